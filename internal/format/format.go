@@ -1,0 +1,326 @@
+// Package format is the one contract between the packer and the runtime: the
+// normalised model configuration, the manifest of a packed directory, and the
+// layout of an expert record.
+//
+// A packed model is a directory:
+//
+//	manifest.json   this package's Manifest
+//	dense.bin       every non-expert tensor, each 64-byte aligned
+//	experts.bin     one record per (layer, expert), record id = layer*E + e,
+//	                the MTP layer last; the stride is a multiple of 4096 so a
+//	                record is one aligned O_DIRECT read
+//	tokenizer.json, tokenizer_config.json, config.json, generation_config.json
+//
+// Matrices are row-major [rows][cols]: rows are outputs, cols the input
+// dimension that quantisation groups run along.
+package format
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+)
+
+// Version is bumped whenever the bytes written by the packer change meaning.
+const Version = 1
+
+// GroupSize is the quantisation group along the input dimension.
+const GroupSize = 64
+
+// RecordAlign is the alignment of expert records (O_DIRECT needs 4096).
+const RecordAlign = 4096
+
+// DenseAlign is the alignment of every tensor in dense.bin.
+const DenseAlign = 64
+
+// Families sluice runs.
+const (
+	FamilyQwen3MoE  = "qwen3_moe"
+	FamilyQwen35MoE = "qwen3_5_moe"
+)
+
+// Layer kinds of Config.LayerTypes.
+const (
+	FullAttention   = "full_attention"
+	LinearAttention = "linear_attention"
+)
+
+// Config is the model configuration after normalisation: the fields the
+// engine needs, whatever nesting or naming the checkpoint used.
+type Config struct {
+	Family     string   `json:"family"`
+	Hidden     int      `json:"hidden_size"`
+	Layers     int      `json:"num_hidden_layers"`
+	Vocab      int      `json:"vocab_size"`
+	Heads      int      `json:"num_attention_heads"`
+	KVHeads    int      `json:"num_key_value_heads"`
+	HeadDim    int      `json:"head_dim"`
+	RotaryDim  int      `json:"rotary_dim"`
+	RopeTheta  float64  `json:"rope_theta"`
+	RMSEps     float64  `json:"rms_norm_eps"`
+	MaxPos     int      `json:"max_position_embeddings"`
+	LayerTypes []string `json:"layer_types"`
+
+	Experts     int  `json:"num_experts"`
+	TopK        int  `json:"num_experts_per_tok"`
+	MoEInter    int  `json:"moe_intermediate_size"`
+	SharedInter int  `json:"shared_expert_intermediate_size"`
+	NormTopK    bool `json:"norm_topk_prob"`
+
+	LinearKeyHeads   int `json:"linear_num_key_heads"`
+	LinearValueHeads int `json:"linear_num_value_heads"`
+	LinearKeyDim     int `json:"linear_key_head_dim"`
+	LinearValueDim   int `json:"linear_value_head_dim"`
+	ConvKernel       int `json:"linear_conv_kernel_dim"`
+
+	MTPLayers int   `json:"mtp_num_hidden_layers"`
+	EOS       []int `json:"eos_token_ids"`
+}
+
+// ZeroCentredNorm reports whether RMSNorm weights are stored as w-1
+// (output x*(1+w)), as in qwen3_5_moe.
+func (c *Config) ZeroCentredNorm() bool { return c.Family == FamilyQwen35MoE }
+
+// ExpertLayers is the number of expert layers stored: trunk plus MTP.
+func (c *Config) ExpertLayers() int { return c.Layers + c.MTPLayers }
+
+// Validate checks that the dimensions are consistent.
+func (c *Config) Validate() error {
+	bad := func(f string, a ...any) error { return fmt.Errorf("config: "+f, a...) }
+	switch c.Family {
+	case FamilyQwen3MoE, FamilyQwen35MoE:
+	default:
+		return bad("unsupported family %q (supported: %s, %s)", c.Family, FamilyQwen3MoE, FamilyQwen35MoE)
+	}
+	for _, f := range []struct {
+		n string
+		v int
+	}{{"hidden_size", c.Hidden}, {"num_hidden_layers", c.Layers}, {"vocab_size", c.Vocab},
+		{"num_attention_heads", c.Heads}, {"num_key_value_heads", c.KVHeads}, {"head_dim", c.HeadDim},
+		{"num_experts", c.Experts}, {"num_experts_per_tok", c.TopK}, {"moe_intermediate_size", c.MoEInter}} {
+		if f.v <= 0 {
+			return bad("%s = %d, want > 0", f.n, f.v)
+		}
+	}
+	if c.Heads%c.KVHeads != 0 {
+		return bad("num_attention_heads %d is not a multiple of num_key_value_heads %d", c.Heads, c.KVHeads)
+	}
+	if c.TopK > c.Experts {
+		return bad("num_experts_per_tok %d > num_experts %d", c.TopK, c.Experts)
+	}
+	if c.RotaryDim <= 0 || c.RotaryDim > c.HeadDim || c.RotaryDim%2 != 0 {
+		return bad("rotary dim %d invalid for head_dim %d", c.RotaryDim, c.HeadDim)
+	}
+	if len(c.LayerTypes) != c.Layers {
+		return bad("layer_types has %d entries, want num_hidden_layers = %d", len(c.LayerTypes), c.Layers)
+	}
+	for i, t := range c.LayerTypes {
+		if t != FullAttention && t != LinearAttention {
+			return bad("layer_types[%d] = %q unsupported", i, t)
+		}
+		if t == LinearAttention && c.Family != FamilyQwen35MoE {
+			return bad("layer_types[%d] = linear_attention needs family %s", i, FamilyQwen35MoE)
+		}
+	}
+	if c.Family == FamilyQwen35MoE {
+		for _, f := range []struct {
+			n string
+			v int
+		}{{"linear_num_key_heads", c.LinearKeyHeads}, {"linear_num_value_heads", c.LinearValueHeads},
+			{"linear_key_head_dim", c.LinearKeyDim}, {"linear_value_head_dim", c.LinearValueDim}, {"linear_conv_kernel_dim", c.ConvKernel}} {
+			if f.v <= 0 {
+				return bad("%s = %d, want > 0", f.n, f.v)
+			}
+		}
+		if c.LinearValueHeads%c.LinearKeyHeads != 0 {
+			return bad("linear_num_value_heads %d not a multiple of linear_num_key_heads %d", c.LinearValueHeads, c.LinearKeyHeads)
+		}
+	}
+	if c.MTPLayers < 0 || c.MTPLayers > 1 {
+		return bad("mtp_num_hidden_layers = %d, sluice supports 0 or 1", c.MTPLayers)
+	}
+	return nil
+}
+
+// Kind is how a tensor's values are stored.
+type Kind string
+
+// Storage kinds. Q8 and Q4 are affine, w ≈ scale*q + bias per group of
+// GroupSize along the row, q unsigned; scales and biases are float32
+// [rows][cols/GroupSize]. Q4 packs a group's 64 values in 32 bytes: byte j
+// holds q[j] in its low nibble and q[j+32] in its high nibble, so a SIMD
+// kernel expands one 32-byte load into two contiguous halves.
+const (
+	F32  Kind = "f32"
+	BF16 Kind = "bf16"
+	Q8   Kind = "q8"
+	Q4   Kind = "q4"
+)
+
+// KindForBits maps --bits to the storage kind of quantised matrices.
+func KindForBits(bits int) (Kind, error) {
+	switch bits {
+	case 16:
+		return BF16, nil
+	case 8:
+		return Q8, nil
+	case 4:
+		return Q4, nil
+	}
+	return "", fmt.Errorf("bits %d unsupported (want 16, 8 or 4)", bits)
+}
+
+// Bits is the number of bits per value of the kind (excluding scales).
+func (k Kind) Bits() int {
+	switch k {
+	case F32:
+		return 32
+	case BF16:
+		return 16
+	case Q8:
+		return 8
+	case Q4:
+		return 4
+	}
+	return 0
+}
+
+// Quantised reports whether the kind carries scales and biases.
+func (k Kind) Quantised() bool { return k == Q8 || k == Q4 }
+
+// Sizes returns the bytes of the values and of the scales (the biases are the
+// same size as the scales) of a [rows][cols] matrix of kind k.
+func (k Kind) Sizes(rows, cols int) (values, scales int64) {
+	n := int64(rows) * int64(cols)
+	values = n * int64(k.Bits()) / 8
+	if k.Quantised() {
+		scales = int64(rows) * int64(cols/GroupSize) * 4
+	}
+	return
+}
+
+// Tensor locates one tensor of dense.bin, or one projection inside an expert
+// record (offsets then relative to the record).
+type Tensor struct {
+	Name        string `json:"name,omitempty"`
+	Kind        Kind   `json:"kind"`
+	Shape       []int  `json:"shape"`
+	Offset      int64  `json:"offset"`
+	Size        int64  `json:"size"`
+	ScaleOffset int64  `json:"scale_offset,omitempty"`
+	BiasOffset  int64  `json:"bias_offset,omitempty"`
+}
+
+// Rows and Cols view the shape as a matrix: the last dimension is Cols.
+func (t *Tensor) Rows() int {
+	r := 1
+	for _, d := range t.Shape[:len(t.Shape)-1] {
+		r *= d
+	}
+	return r
+}
+
+// Cols is the last dimension.
+func (t *Tensor) Cols() int { return t.Shape[len(t.Shape)-1] }
+
+// End is one past the last byte the tensor uses.
+func (t *Tensor) End() int64 {
+	_, s := t.Kind.Sizes(t.Rows(), t.Cols())
+	e := t.Offset + t.Size
+	if t.Kind.Quantised() {
+		e = max(e, t.ScaleOffset+s, t.BiasOffset+s)
+	}
+	return e
+}
+
+// ExpertStore is one file of expert records.
+type ExpertStore struct {
+	File   string `json:"file"`
+	Kind   Kind   `json:"kind"`
+	Stride int64  `json:"stride"`
+	Gate   Tensor `json:"gate"` // [moe_inter][hidden]
+	Up     Tensor `json:"up"`   // [moe_inter][hidden]
+	Down   Tensor `json:"down"` // [hidden][moe_inter]
+}
+
+// Manifest describes a packed model directory.
+type Manifest struct {
+	Format       int           `json:"format"`
+	Family       string        `json:"family"`
+	Config       Config        `json:"config"`
+	Bits         int           `json:"bits"`
+	GroupSize    int           `json:"group_size"`
+	Dense        []Tensor      `json:"dense"`
+	DenseBytes   int64         `json:"dense_bytes"`
+	ExpertLayers int           `json:"expert_layers"`
+	Experts      int           `json:"experts"`
+	Stores       []ExpertStore `json:"stores"`
+}
+
+// ExpertRecordLayout returns the record layout of kind k for the config:
+// gate, up, down back to back, each part 64-byte aligned, the stride
+// rounded up to RecordAlign.
+func ExpertRecordLayout(c *Config, k Kind, file string) ExpertStore {
+	st := ExpertStore{File: file, Kind: k}
+	var off int64
+	place := func(rows, cols int) Tensor {
+		t := Tensor{Kind: k, Shape: []int{rows, cols}}
+		v, s := k.Sizes(rows, cols)
+		t.Offset, t.Size = off, v
+		off = alignUp(off+v, DenseAlign)
+		if k.Quantised() {
+			t.ScaleOffset = off
+			off = alignUp(off+s, DenseAlign)
+			t.BiasOffset = off
+			off = alignUp(off+s, DenseAlign)
+		}
+		return t
+	}
+	st.Gate = place(c.MoEInter, c.Hidden)
+	st.Up = place(c.MoEInter, c.Hidden)
+	st.Down = place(c.Hidden, c.MoEInter)
+	st.Stride = alignUp(off, RecordAlign)
+	return st
+}
+
+func alignUp(x, a int64) int64 { return (x + a - 1) / a * a }
+
+// AlignUp rounds x up to a multiple of a.
+func AlignUp(x, a int64) int64 { return alignUp(x, a) }
+
+// ManifestFile is the manifest's name inside a packed directory.
+const ManifestFile = "manifest.json"
+
+// ReadManifest loads and checks dir/manifest.json.
+func ReadManifest(dir string) (*Manifest, error) {
+	p := filepath.Join(dir, ManifestFile)
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return nil, fmt.Errorf("packed model: %v", err)
+	}
+	var m Manifest
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, fmt.Errorf("packed model: %s: %v", p, err)
+	}
+	if m.Format != Version {
+		return nil, fmt.Errorf("packed model %s has format %d, this sluice reads format %d: repack it with `sluice pack --force`", dir, m.Format, Version)
+	}
+	if err := m.Config.Validate(); err != nil {
+		return nil, fmt.Errorf("packed model %s: %v", dir, err)
+	}
+	if len(m.Stores) == 0 {
+		return nil, fmt.Errorf("packed model %s: manifest lists no expert store", dir)
+	}
+	return &m, nil
+}
+
+// Find returns the dense tensor of that name.
+func (m *Manifest) Find(name string) (*Tensor, bool) {
+	for i := range m.Dense {
+		if m.Dense[i].Name == name {
+			return &m.Dense[i], true
+		}
+	}
+	return nil, false
+}

@@ -1,0 +1,120 @@
+package model
+
+import (
+	"math"
+
+	"github.com/sluicelm/sluice/internal/format"
+	"github.com/sluicelm/sluice/internal/kernels"
+)
+
+// attnScratch holds the buffers of the attention block.
+type attnScratch struct {
+	q, k, v []float32 // [rows][heads*(2)*head_dim], [rows][kv*head_dim] x2
+	o       []float32 // [rows][heads*head_dim]
+	scores  []float32 // [threads][ctx] softmax weights, grown on demand
+	task    attnTask
+}
+
+func (a *attnScratch) init(c *format.Config, rows int) {
+	a.q = make([]float32, rows*c.Heads*c.HeadDim*2)
+	a.k = make([]float32, rows*c.KVHeads*c.HeadDim)
+	a.v = make([]float32, rows*c.KVHeads*c.HeadDim)
+	a.o = make([]float32, rows*c.Heads*c.HeadDim)
+}
+
+// attention runs (gated) grouped-query attention for nb rows at positions
+// pos.., appending their keys and values to the cache kc/vc, and leaves the
+// projected output in r.y.
+func (r *Runner) attention(L *Layer, kc, vc []float32, pos, nb int) {
+	c := &r.M.Config
+	a := &r.attn
+	hd, nh, nkv := c.HeadDim, c.Heads, c.KVHeads
+	gated := c.Family == format.FamilyQwen35MoE
+	qw := L.Q.Rows // per row width of the q projection
+	r.Pool.MatMul(a.q, &L.Q, r.h, nb)
+	r.Pool.MatMul(a.k, &L.K, r.h, nb)
+	r.Pool.MatMul(a.v, &L.V, r.h, nb)
+	zc := c.ZeroCentredNorm()
+	eps := float32(c.RMSEps)
+	rh := c.RotaryDim / 2
+	qstride := hd
+	if gated {
+		qstride = 2 * hd // per head: query then gate
+	}
+	kvw := nkv * hd
+	for i := 0; i < nb; i++ {
+		cos, sin := r.cos[i*rh:(i+1)*rh], r.sin[i*rh:(i+1)*rh]
+		for h := 0; h < nh; h++ {
+			q := a.q[i*qw+h*qstride : i*qw+h*qstride+hd]
+			kernels.RMSNorm(q, q, L.QNorm, eps, zc)
+			kernels.Rope(q, cos, sin)
+		}
+		for h := 0; h < nkv; h++ {
+			k := a.k[i*kvw+h*hd : i*kvw+(h+1)*hd]
+			kernels.RMSNorm(k, k, L.KNorm, eps, zc)
+			kernels.Rope(k, cos, sin)
+		}
+		copy(kc[(pos+i)*kvw:(pos+i+1)*kvw], a.k[i*kvw:(i+1)*kvw])
+		copy(vc[(pos+i)*kvw:(pos+i+1)*kvw], a.v[i*kvw:(i+1)*kvw])
+	}
+	threads := r.Pool.Threads()
+	if need := threads * (pos + nb); len(a.scores) < need {
+		a.scores = make([]float32, need)
+	}
+	a.task = attnTask{r: r, kc: kc, vc: vc, pos: pos, nb: nb, qw: qw, qstride: qstride, gated: gated, span: pos + nb}
+	r.Pool.Parallel(nb*nh, 1, &a.task)
+	a.task = attnTask{}
+	r.Pool.MatMul(r.y, &L.O, a.o, nb)
+}
+
+// attnTask computes one (row, head) pair per index: causal softmax over the
+// cache in position order, so the result is independent of the batch.
+type attnTask struct {
+	r                 *Runner
+	kc, vc            []float32
+	pos, nb, qw, span int
+	qstride           int
+	gated             bool
+}
+
+func (t *attnTask) Run(lo, hi int) {
+	c := &t.r.M.Config
+	a := &t.r.attn
+	hd, nh, nkv := c.HeadDim, c.Heads, c.KVHeads
+	kvw := nkv * hd
+	scale := float32(1 / math.Sqrt(float64(hd)))
+	// Each contiguous part gets its own scores row, chosen by its start.
+	part := t.r.Pool.Part(t.nb*nh, 1, lo)
+	sc := a.scores[part*t.span : (part+1)*t.span]
+	for idx := lo; idx < hi; idx++ {
+		i, h := idx/nh, idx%nh
+		q := a.q[i*t.qw+h*t.qstride : i*t.qw+h*t.qstride+hd]
+		kvh := h / (nh / nkv)
+		n := t.pos + i + 1
+		s := sc[:n]
+		mx := float32(math.Inf(-1))
+		for j := 0; j < n; j++ {
+			v := kernels.Dot(q, t.kc[j*kvw+kvh*hd:j*kvw+(kvh+1)*hd]) * scale
+			s[j] = v
+			mx = max(mx, v)
+		}
+		var sum float32
+		for j := range s {
+			e := float32(math.Exp(float64(s[j] - mx)))
+			s[j] = e
+			sum += e
+		}
+		inv := 1 / sum
+		o := a.o[i*nh*hd+h*hd : i*nh*hd+(h+1)*hd]
+		clear(o)
+		for j := 0; j < n; j++ {
+			kernels.Axpy(o, s[j]*inv, t.vc[j*kvw+kvh*hd:j*kvw+(kvh+1)*hd])
+		}
+		if t.gated {
+			g := a.q[i*t.qw+h*t.qstride+hd : i*t.qw+h*t.qstride+2*hd]
+			for d := range o {
+				o[d] *= sigmoid64(g[d])
+			}
+		}
+	}
+}

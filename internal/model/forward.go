@@ -1,0 +1,173 @@
+package model
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/sluicelm/sluice/internal/kernels"
+)
+
+// TraceFunc receives a named intermediate of the forward pass: rows×width
+// values, row-major. Names follow refs/layers: "embed", "input_norm",
+// "mixer_out", "post_norm", "router_logits", "moe_out", "layer_out",
+// "final_norm"; layer is -1 for whole-model values.
+type TraceFunc func(name string, layer, rows int, data []float32)
+
+// Runner runs forward passes of one model. It owns the worker pool and all
+// scratch, sized once for MaxRows rows, so a step allocates nothing. A
+// Runner serves one step at a time.
+type Runner struct {
+	M       *Model
+	Pool    *kernels.Pool
+	MaxRows int
+	Trace   TraceFunc
+
+	x, h, y   []float32 // [rows][hidden] residual, normed input, block output
+	final     []float32 // [rows][hidden] final-normed hidden (for MTP and tracing)
+	logits    []float32 // [rows][vocab]
+	attn      attnScratch
+	dn        dnScratch
+	moe       moeScratch
+	cos, sin  []float32 // [rows][rotary/2]
+	positions []int
+}
+
+// NewRunner prepares scratch for batches of up to maxRows rows.
+func NewRunner(m *Model, threads, maxRows int) *Runner {
+	c := &m.Config
+	if maxRows < 1 {
+		maxRows = 1
+	}
+	r := &Runner{M: m, Pool: kernels.NewPool(threads), MaxRows: maxRows}
+	H := c.Hidden
+	r.x = make([]float32, maxRows*H)
+	r.h = make([]float32, maxRows*H)
+	r.y = make([]float32, maxRows*H)
+	r.final = make([]float32, maxRows*H)
+	r.logits = make([]float32, maxRows*c.Vocab)
+	r.cos = make([]float32, maxRows*c.RotaryDim/2)
+	r.sin = make([]float32, maxRows*c.RotaryDim/2)
+	r.positions = make([]int, maxRows)
+	r.attn.init(c, maxRows)
+	r.dn.init(c, maxRows)
+	r.moe.init(c, maxRows)
+	return r
+}
+
+// Close stops the runner's workers.
+func (r *Runner) Close() { r.Pool.Close() }
+
+// Forward consumes tokens at positions st.Pos.. and advances st. When all is
+// true it writes logits for every token into out ([n][vocab]); otherwise
+// only the last token's ([vocab]). Tokens are processed in chunks of
+// MaxRows; the result does not depend on the chunking.
+func (r *Runner) Forward(st *State, tokens []int, out []float32, all bool) error {
+	V := r.M.Config.Vocab
+	if len(tokens) == 0 {
+		return fmt.Errorf("forward: no tokens")
+	}
+	if st.Pos+len(tokens) > st.Ctx {
+		return fmt.Errorf("forward: %d tokens at position %d exceed the context of %d", len(tokens), st.Pos, st.Ctx)
+	}
+	for _, t := range tokens {
+		if t < 0 || t >= V {
+			return fmt.Errorf("forward: token id %d outside the vocabulary [0,%d)", t, V)
+		}
+	}
+	if all && len(out) < len(tokens)*V || !all && len(out) < V {
+		return fmt.Errorf("forward: logits buffer too small")
+	}
+	for done := 0; done < len(tokens); {
+		nb := min(r.MaxRows, len(tokens)-done)
+		last := done+nb == len(tokens)
+		if err := r.step(st, tokens[done:done+nb], all || last); err != nil {
+			return err
+		}
+		if all {
+			copy(out[done*V:], r.logits[:nb*V])
+		} else if last {
+			copy(out[:V], r.logits[(nb-1)*V:nb*V])
+		}
+		done += nb
+	}
+	return nil
+}
+
+// Hidden returns the final-normed hidden state of row i of the last step
+// (the input of the MTP head).
+func (r *Runner) Hidden(i int) []float32 {
+	H := r.M.Config.Hidden
+	return r.final[i*H : (i+1)*H]
+}
+
+func (r *Runner) trace(name string, layer, nb, width int, v []float32) {
+	if r.Trace != nil {
+		r.Trace(name, layer, nb, v[:nb*width])
+	}
+}
+
+// step runs one batch of nb ≤ MaxRows rows through the trunk.
+func (r *Runner) step(st *State, tokens []int, wantLogits bool) error {
+	m := r.M
+	c := &m.Config
+	H := c.Hidden
+	nb := len(tokens)
+	for i, t := range tokens {
+		m.Embed.Row(r.x[i*H:(i+1)*H], t)
+		r.positions[i] = st.Pos + i
+	}
+	r.trace("embed", -1, nb, H, r.x)
+	r.ropeTables(nb)
+	zc := c.ZeroCentredNorm()
+	eps := float32(c.RMSEps)
+	for li := range m.Layers {
+		L := &m.Layers[li]
+		for i := 0; i < nb; i++ {
+			kernels.RMSNorm(r.h[i*H:(i+1)*H], r.x[i*H:(i+1)*H], L.InNorm, eps, zc)
+		}
+		r.trace("input_norm", li, nb, H, r.h)
+		if L.Attn {
+			r.attention(L, st.kc[li], st.vc[li], st.Pos, nb)
+		} else {
+			r.deltanet(L, st.conv[li], st.rec[li], nb)
+		}
+		r.trace("mixer_out", li, nb, H, r.y)
+		kernels.Add(r.x[:nb*H], r.y[:nb*H])
+		for i := 0; i < nb; i++ {
+			kernels.RMSNorm(r.h[i*H:(i+1)*H], r.x[i*H:(i+1)*H], L.PostNorm, eps, zc)
+		}
+		r.trace("post_norm", li, nb, H, r.h)
+		if err := r.moeBlock(L, nb); err != nil {
+			return err
+		}
+		r.trace("moe_out", li, nb, H, r.y)
+		kernels.Add(r.x[:nb*H], r.y[:nb*H])
+		r.trace("layer_out", li, nb, H, r.x)
+	}
+	for i := 0; i < nb; i++ {
+		kernels.RMSNorm(r.final[i*H:(i+1)*H], r.x[i*H:(i+1)*H], m.Norm, eps, zc)
+	}
+	r.trace("final_norm", -1, nb, H, r.final)
+	if wantLogits {
+		r.Pool.MatMul(r.logits, &m.LMHead, r.final, nb)
+	}
+	st.Pos += nb
+	return nil
+}
+
+// ropeTables fills cos/sin for the batch's positions.
+func (r *Runner) ropeTables(nb int) {
+	c := &r.M.Config
+	h := c.RotaryDim / 2
+	for i := 0; i < nb; i++ {
+		kernels.RopeTable(r.cos[i*h:(i+1)*h], r.sin[i*h:(i+1)*h], r.positions[i], c.RotaryDim, c.RopeTheta)
+	}
+}
+
+// Logits returns row i's logits of the last step that computed them.
+func (r *Runner) Logits(i int) []float32 {
+	V := r.M.Config.Vocab
+	return r.logits[i*V : (i+1)*V]
+}
+
+func sigmoid64(x float32) float32 { return float32(1 / (1 + math.Exp(-float64(x)))) }

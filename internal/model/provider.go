@@ -1,0 +1,104 @@
+package model
+
+import (
+	"fmt"
+	"path/filepath"
+	"syscall"
+
+	"github.com/sluicelm/sluice/internal/format"
+	"github.com/sluicelm/sluice/internal/kernels"
+)
+
+// Expert is one routed expert's weights, ready to compute.
+type Expert struct {
+	Gate, Up kernels.Mat // [moe_inter][hidden]
+	Down     kernels.Mat // [hidden][moe_inter]
+}
+
+// Provider gives the forward pass the routed experts of one layer. The
+// forward calls Begin with the distinct experts a step needs, then Next
+// until every one was returned: a streaming provider returns resident
+// experts first and misses as they land, so compute overlaps the reads. An
+// Expert is valid until the next Begin.
+type Provider interface {
+	Begin(layer int, ids []int) error
+	// Next returns the position in ids of the next ready expert.
+	Next() (i int, e *Expert, err error)
+	Close() error
+}
+
+// ExpertFromRecord builds the views of one record laid out as st says.
+func ExpertFromRecord(rec []byte, st *format.ExpertStore) (Expert, error) {
+	var e Expert
+	var err error
+	if e.Gate, err = kernels.MatFrom(rec, &st.Gate); err != nil {
+		return e, err
+	}
+	if e.Up, err = kernels.MatFrom(rec, &st.Up); err != nil {
+		return e, err
+	}
+	e.Down, err = kernels.MatFrom(rec, &st.Down)
+	return e, err
+}
+
+// Resident serves every expert from experts.bin mapped whole: the right
+// provider when the model fits in memory, and the reference the streaming
+// pool is tested against.
+type Resident struct {
+	data    []byte
+	experts []Expert // [layer*E + e]
+	E       int
+	ids     []int
+	layer   int
+	next    int
+}
+
+// NewResidentProvider maps the packed model's expert store.
+func NewResidentProvider(m *Model) (*Resident, error) {
+	st := &m.Manifest.Stores[0]
+	path := filepath.Join(m.Dir, st.File)
+	data, err := mapFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("packed model %s: %v", m.Dir, err)
+	}
+	n := m.Manifest.ExpertLayers * m.Manifest.Experts
+	if int64(len(data)) < int64(n)*st.Stride {
+		syscall.Munmap(data)
+		return nil, fmt.Errorf("packed model %s: %s has %d bytes, want %d records of %d (truncated?)", m.Dir, st.File, len(data), n, st.Stride)
+	}
+	r := &Resident{data: data, experts: make([]Expert, n), E: m.Manifest.Experts}
+	for i := range r.experts {
+		rec := data[int64(i)*st.Stride : int64(i+1)*st.Stride]
+		if r.experts[i], err = ExpertFromRecord(rec, st); err != nil {
+			syscall.Munmap(data)
+			return nil, fmt.Errorf("packed model %s: expert record %d: %v", m.Dir, i, err)
+		}
+	}
+	return r, nil
+}
+
+// Begin implements Provider.
+func (r *Resident) Begin(layer int, ids []int) error {
+	r.layer, r.ids, r.next = layer, ids, 0
+	return nil
+}
+
+// Next implements Provider.
+func (r *Resident) Next() (int, *Expert, error) {
+	i := r.next
+	if i >= len(r.ids) {
+		return -1, nil, fmt.Errorf("resident provider: Next after the last expert")
+	}
+	r.next++
+	return i, &r.experts[r.layer*r.E+r.ids[i]], nil
+}
+
+// Close unmaps the store.
+func (r *Resident) Close() error {
+	if r.data == nil {
+		return nil
+	}
+	err := syscall.Munmap(r.data)
+	r.data = nil
+	return err
+}

@@ -1,0 +1,279 @@
+// Package pack converts a Hugging Face checkpoint into a packed model
+// directory (see package format). The directory is built under a temporary
+// name beside the destination and renamed into place only when complete, so
+// an interrupted pack never leaves a half-written model behind.
+package pack
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/sluicelm/sluice/internal/format"
+	"github.com/sluicelm/sluice/internal/hf"
+	"github.com/sluicelm/sluice/internal/quant"
+)
+
+// Options control a pack.
+type Options struct {
+	Bits     int       // 16 (bf16, exact), 8 or 4
+	Force    bool      // replace an existing destination
+	Progress io.Writer // nil: silent
+}
+
+// CopiedFiles are the checkpoint files a packed directory carries along.
+var CopiedFiles = []string{"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"}
+
+// Pack writes the packed form of the checkpoint at src into dst.
+func Pack(ctx context.Context, src, dst string, o Options) (err error) {
+	kind, err := format.KindForBits(o.Bits)
+	if err != nil {
+		return fmt.Errorf("pack: %v", err)
+	}
+	if _, err := os.Stat(dst); err == nil && !o.Force {
+		return fmt.Errorf("pack: %s already exists (use --force to replace it)", dst)
+	}
+	ck, err := hf.Open(src)
+	if err != nil {
+		return err
+	}
+	defer ck.Close()
+	cfg := ck.Config
+	if cfg.Hidden%format.GroupSize != 0 || cfg.MoEInter%format.GroupSize != 0 {
+		if kind.Quantised() {
+			return fmt.Errorf("pack: hidden_size %d and moe_intermediate_size %d must be multiples of %d to quantise", cfg.Hidden, cfg.MoEInter, format.GroupSize)
+		}
+	}
+	if err := os.MkdirAll(filepath.Dir(filepath.Clean(dst)), 0o755); err != nil {
+		return fmt.Errorf("pack: %v", err)
+	}
+	tmp, err := os.MkdirTemp(filepath.Dir(filepath.Clean(dst)), "."+filepath.Base(dst)+".packing-")
+	if err != nil {
+		return fmt.Errorf("pack: %v", err)
+	}
+	defer func() {
+		if err != nil {
+			os.RemoveAll(tmp)
+		}
+	}()
+	p := &progress{w: o.Progress, start: time.Now()}
+	m := &format.Manifest{Format: format.Version, Family: cfg.Family, Config: cfg, Bits: o.Bits, GroupSize: format.GroupSize,
+		ExpertLayers: cfg.ExpertLayers(), Experts: cfg.Experts}
+	if err := writeDense(ctx, ck, m, kind, filepath.Join(tmp, "dense.bin"), p); err != nil {
+		return err
+	}
+	st := format.ExpertRecordLayout(&cfg, kind, "experts.bin")
+	if err := writeExperts(ctx, ck, &st, filepath.Join(tmp, st.File), p); err != nil {
+		return err
+	}
+	m.Stores = []format.ExpertStore{st}
+	for _, f := range CopiedFiles {
+		if err := copyFile(filepath.Join(src, f), filepath.Join(tmp, f)); err != nil && !os.IsNotExist(err) {
+			return fmt.Errorf("pack: %v", err)
+		}
+	}
+	mb, _ := json.MarshalIndent(m, "", " ")
+	if err := writeFileSync(filepath.Join(tmp, format.ManifestFile), mb); err != nil {
+		return fmt.Errorf("pack: %v", err)
+	}
+	if o.Force {
+		// Move the old copy aside first so that a failure in between still
+		// leaves one complete model.
+		old := tmp + ".old"
+		if err := os.Rename(dst, old); err == nil {
+			defer os.RemoveAll(old)
+		}
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		return fmt.Errorf("pack: %v", err)
+	}
+	p.done(dst)
+	return nil
+}
+
+// writeDense writes every dense tensor of DenseSpecs, 64-byte aligned.
+func writeDense(ctx context.Context, ck *hf.Checkpoint, m *format.Manifest, kind format.Kind, path string, p *progress) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("pack: %v", err)
+	}
+	defer f.Close()
+	w := &alignedWriter{w: bufio.NewWriterSize(f, 1<<20)}
+	specs := format.DenseSpecs(&m.Config)
+	for i, s := range specs {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		p.step("dense", i+1, len(specs))
+		v, err := ck.Float32(s.Name, s.Shape)
+		if err != nil {
+			return err
+		}
+		k := format.F32
+		if s.Quant {
+			k = kind
+		}
+		t := format.Tensor{Name: s.Name, Kind: k, Shape: s.Shape}
+		if err := w.put(&t, v); err != nil {
+			return fmt.Errorf("pack: %s: %v", s.Name, err)
+		}
+		m.Dense = append(m.Dense, t)
+	}
+	m.DenseBytes = w.off
+	if err := w.w.Flush(); err != nil {
+		return fmt.Errorf("pack: %v", err)
+	}
+	return f.Sync()
+}
+
+// writeExperts writes one fixed-stride record per (layer, expert).
+func writeExperts(ctx context.Context, ck *hf.Checkpoint, st *format.ExpertStore, path string, p *progress) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("pack: %v", err)
+	}
+	defer f.Close()
+	bw := bufio.NewWriterSize(f, 4<<20)
+	cfg := &ck.Config
+	rec := make([]byte, st.Stride)
+	n := cfg.ExpertLayers() * cfg.Experts
+	for l := 0; l < cfg.ExpertLayers(); l++ {
+		for e := 0; e < cfg.Experts; e++ {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			p.step("experts", l*cfg.Experts+e+1, n)
+			gate, up, down, err := ck.Expert(l, e)
+			if err != nil {
+				return err
+			}
+			clear(rec)
+			for _, pr := range []struct {
+				t *format.Tensor
+				v []float32
+			}{{&st.Gate, gate}, {&st.Up, up}, {&st.Down, down}} {
+				enc, err := quant.Encode(pr.v, pr.t.Rows(), pr.t.Cols(), st.Kind)
+				if err != nil {
+					return fmt.Errorf("pack: layer %d expert %d: %v", l, e, err)
+				}
+				copy(rec[pr.t.Offset:], enc.Values)
+				putFloats(rec[pr.t.ScaleOffset:], enc.Scales)
+				putFloats(rec[pr.t.BiasOffset:], enc.Biases)
+			}
+			if _, err := bw.Write(rec); err != nil {
+				return fmt.Errorf("pack: %v", err)
+			}
+		}
+	}
+	if err := bw.Flush(); err != nil {
+		return fmt.Errorf("pack: %v", err)
+	}
+	return f.Sync()
+}
+
+func putFloats(dst []byte, v []float32) {
+	for i, x := range v {
+		binary.LittleEndian.PutUint32(dst[4*i:], math.Float32bits(x))
+	}
+}
+
+// alignedWriter appends tensors, padding each part to format.DenseAlign.
+type alignedWriter struct {
+	w   *bufio.Writer
+	off int64
+}
+
+func (a *alignedWriter) pad() error {
+	n := format.AlignUp(a.off, format.DenseAlign) - a.off
+	if n == 0 {
+		return nil
+	}
+	_, err := a.w.Write(make([]byte, n))
+	a.off += n
+	return err
+}
+
+func (a *alignedWriter) write(b []byte) (int64, error) {
+	if err := a.pad(); err != nil {
+		return 0, err
+	}
+	at := a.off
+	_, err := a.w.Write(b)
+	a.off += int64(len(b))
+	return at, err
+}
+
+func (a *alignedWriter) put(t *format.Tensor, v []float32) error {
+	enc, err := quant.Encode(v, t.Rows(), t.Cols(), t.Kind)
+	if err != nil {
+		return err
+	}
+	if t.Offset, err = a.write(enc.Values); err != nil {
+		return err
+	}
+	t.Size = int64(len(enc.Values))
+	if t.Kind.Quantised() {
+		b := make([]byte, 4*len(enc.Scales))
+		putFloats(b, enc.Scales)
+		if t.ScaleOffset, err = a.write(b); err != nil {
+			return err
+		}
+		putFloats(b, enc.Biases)
+		if t.BiasOffset, err = a.write(b); err != nil {
+			return err
+		}
+	}
+	return a.pad()
+}
+
+func copyFile(src, dst string) error {
+	b, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	return writeFileSync(dst, b)
+}
+
+func writeFileSync(path string, b []byte) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// progress prints one updating line when w is set, at most every 100 ms.
+type progress struct {
+	w     io.Writer
+	start time.Time
+	last  time.Time
+}
+
+func (p *progress) step(what string, i, n int) {
+	if p.w == nil || (i != n && time.Since(p.last) < 100*time.Millisecond) {
+		return
+	}
+	p.last = time.Now()
+	fmt.Fprintf(p.w, "\rpacking %-7s %6d/%-6d %5.1f%%  %5.1fs", what, i, n, 100*float64(i)/float64(n), time.Since(p.start).Seconds())
+}
+
+func (p *progress) done(dst string) {
+	if p.w != nil {
+		fmt.Fprintf(p.w, "\rpacked %s in %.1fs%30s\n", dst, time.Since(p.start).Seconds(), "")
+	}
+}

@@ -1,0 +1,131 @@
+// Package quant converts float32 weights to the storage kinds of the packed
+// format (bf16, affine q8 and q4 in groups of format.GroupSize) and back.
+//
+// Affine quantisation per group: scale = (max-min)/(2^b-1), bias = min,
+// q = round((w-bias)/scale), so w ≈ scale*q + bias and the group's extreme
+// values are exact up to float rounding.
+package quant
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/sluicelm/sluice/internal/format"
+)
+
+// BF16 rounds a float32 to bfloat16 (round to nearest even), as torch does.
+func BF16(f float32) uint16 {
+	b := math.Float32bits(f)
+	if b&0x7fffffff > 0x7f800000 { // NaN: keep it a NaN
+		return uint16(b>>16) | 0x40
+	}
+	return uint16((b + 0x7fff + (b>>16)&1) >> 16)
+}
+
+// BF16ToF32 widens a bfloat16 (a 16-bit shift).
+func BF16ToF32(h uint16) float32 { return math.Float32frombits(uint32(h) << 16) }
+
+// Encoded is a matrix in a storage kind; Scales and Biases are nil unless
+// the kind is quantised.
+type Encoded struct {
+	Values []byte
+	Scales []float32 // [rows][cols/GroupSize]
+	Biases []float32
+}
+
+// Encode converts a row-major [rows][cols] float32 matrix to kind k.
+func Encode(w []float32, rows, cols int, k format.Kind) (*Encoded, error) {
+	if len(w) != rows*cols {
+		return nil, fmt.Errorf("quant: %d values for a [%d %d] matrix", len(w), rows, cols)
+	}
+	if k.Quantised() && cols%format.GroupSize != 0 {
+		return nil, fmt.Errorf("quant: %s needs columns divisible by %d, have %d", k, format.GroupSize, cols)
+	}
+	vb, _ := k.Sizes(rows, cols)
+	e := &Encoded{Values: make([]byte, vb)}
+	switch k {
+	case format.F32:
+		for i, v := range w {
+			putU32(e.Values[4*i:], math.Float32bits(v))
+		}
+	case format.BF16:
+		for i, v := range w {
+			h := BF16(v)
+			e.Values[2*i] = byte(h)
+			e.Values[2*i+1] = byte(h >> 8)
+		}
+	case format.Q8, format.Q4:
+		G := format.GroupSize
+		ng := rows * cols / G
+		e.Scales = make([]float32, ng)
+		e.Biases = make([]float32, ng)
+		levels := float32(int(1)<<k.Bits() - 1)
+		q := make([]uint8, G)
+		for g := 0; g < ng; g++ {
+			grp := w[g*G : (g+1)*G]
+			lo, hi := grp[0], grp[0]
+			for _, v := range grp {
+				lo = min(lo, v)
+				hi = max(hi, v)
+			}
+			scale := (hi - lo) / levels
+			e.Scales[g], e.Biases[g] = scale, lo
+			for i, v := range grp {
+				if scale == 0 {
+					q[i] = 0
+					continue
+				}
+				r := float32(math.Round(float64((v - lo) / scale)))
+				q[i] = uint8(min(max(r, 0), levels))
+			}
+			if k == format.Q8 {
+				copy(e.Values[g*G:], q)
+			} else {
+				dst := e.Values[g*G/2 : g*G/2+G/2]
+				for j := 0; j < G/2; j++ {
+					dst[j] = q[j] | q[j+G/2]<<4
+				}
+			}
+		}
+	default:
+		return nil, fmt.Errorf("quant: cannot encode kind %q", k)
+	}
+	return e, nil
+}
+
+// Decode is Encode's inverse (lossy for quantised kinds): it writes the
+// float32 values of a [rows][cols] matrix of kind k into dst.
+func Decode(dst []float32, values []byte, scales, biases []float32, rows, cols int, k format.Kind) {
+	switch k {
+	case format.F32:
+		for i := range dst[:rows*cols] {
+			dst[i] = math.Float32frombits(getU32(values[4*i:]))
+		}
+	case format.BF16:
+		for i := range dst[:rows*cols] {
+			dst[i] = BF16ToF32(uint16(values[2*i]) | uint16(values[2*i+1])<<8)
+		}
+	case format.Q8:
+		for i := range dst[:rows*cols] {
+			g := i / format.GroupSize
+			dst[i] = scales[g]*float32(values[i]) + biases[g]
+		}
+	case format.Q4:
+		G := format.GroupSize
+		for g := 0; g < rows*cols/G; g++ {
+			src := values[g*G/2:]
+			for j := 0; j < G/2; j++ {
+				dst[g*G+j] = scales[g]*float32(src[j]&15) + biases[g]
+				dst[g*G+j+G/2] = scales[g]*float32(src[j]>>4) + biases[g]
+			}
+		}
+	}
+}
+
+func putU32(b []byte, v uint32) {
+	b[0], b[1], b[2], b[3] = byte(v), byte(v>>8), byte(v>>16), byte(v>>24)
+}
+
+func getU32(b []byte) uint32 {
+	return uint32(b[0]) | uint32(b[1])<<8 | uint32(b[2])<<16 | uint32(b[3])<<24
+}

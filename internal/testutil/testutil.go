@@ -1,0 +1,130 @@
+// Package testutil finds the shared test models and references and packs
+// them once per test binary.
+package testutil
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"testing"
+
+	"github.com/sluicelm/sluice/internal/pack"
+)
+
+// Models are the two shared test checkpoints.
+var Models = []string{"tiny-qwen3-5-moe", "tiny-qwen3-moe"}
+
+// Shared returns the path of ../shared beside the repository root.
+func Shared(t testing.TB) string {
+	_, file, _, _ := runtime.Caller(0)
+	root := filepath.Join(filepath.Dir(file), "..", "..")
+	p := filepath.Join(root, "..", "shared")
+	if _, err := os.Stat(p); err != nil {
+		t.Fatalf("shared test data not found at %s: %v", p, err)
+	}
+	return p
+}
+
+// ModelDir is the Hugging Face directory of a shared model.
+func ModelDir(t testing.TB, name string) string {
+	return filepath.Join(Shared(t), "models", name)
+}
+
+// Case is one reference case of refs/<model>.json.
+type Case struct {
+	Prompt       []int       `json:"prompt"`
+	Argmax       []int       `json:"argmax"`
+	Top5IDs      [][]int     `json:"top5_ids"`
+	Top5Logprobs [][]float64 `json:"top5_logprobs"`
+	LastLogits   []float64   `json:"last_logits"`
+	Greedy       []int       `json:"greedy"`
+	MTPArgmax    []int       `json:"mtp_argmax"`
+}
+
+// Refs is refs/<model>.json.
+type Refs struct {
+	Arch      string    `json:"arch"`
+	Cases     []Case    `json:"cases"`
+	Long      []Case    `json:"long"`
+	Routes    [][][]int `json:"routes_long0"`
+	Tokenizer []struct {
+		Text string `json:"text"`
+		IDs  []int  `json:"ids"`
+	} `json:"tokenizer"`
+}
+
+var (
+	refsMu sync.Mutex
+	refs   = map[string]*Refs{}
+)
+
+// LoadRefs reads and caches refs/<name>.json.
+func LoadRefs(t testing.TB, name string) *Refs {
+	refsMu.Lock()
+	defer refsMu.Unlock()
+	if r, ok := refs[name]; ok {
+		return r
+	}
+	b, err := os.ReadFile(filepath.Join(Shared(t), "refs", name+".json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &Refs{}
+	if err := json.Unmarshal(b, r); err != nil {
+		t.Fatal(err)
+	}
+	refs[name] = r
+	return r
+}
+
+var (
+	packMu sync.Mutex
+	packed = map[string]string{}
+	tmpDir string
+)
+
+// Packed packs a shared model at bits once per test binary and returns the
+// packed directory.
+func Packed(t testing.TB, name string, bits int) string {
+	packMu.Lock()
+	defer packMu.Unlock()
+	key := name + "/" + string(rune('0'+bits/4))
+	if d, ok := packed[key]; ok {
+		return d
+	}
+	if tmpDir == "" {
+		d, err := os.MkdirTemp("", "sluice-test-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		tmpDir = d
+	}
+	dst := filepath.Join(tmpDir, name+"-"+itoa(bits))
+	if err := pack.Pack(context.Background(), ModelDir(t, name), dst, pack.Options{Bits: bits}); err != nil {
+		t.Fatalf("pack %s at %d bits: %v", name, bits, err)
+	}
+	packed[key] = dst
+	return dst
+}
+
+// Cleanup removes the packed models; call it from TestMain.
+func Cleanup() {
+	if tmpDir != "" {
+		os.RemoveAll(tmpDir)
+	}
+}
+
+func itoa(n int) string {
+	if n == 0 {
+		return "0"
+	}
+	s := ""
+	for n > 0 {
+		s = string(rune('0'+n%10)) + s
+		n /= 10
+	}
+	return s
+}
