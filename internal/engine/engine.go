@@ -1,0 +1,339 @@
+// Package engine turns a model into a text generator: it opens a model
+// (packing a Hugging Face directory on first use), tokenizes, prefills in
+// chunks, decodes with a sampler, streams text, and scores token sequences.
+package engine
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/sluicelm/sluice/internal/format"
+	"github.com/sluicelm/sluice/internal/hf"
+	"github.com/sluicelm/sluice/internal/model"
+	"github.com/sluicelm/sluice/internal/pack"
+	"github.com/sluicelm/sluice/internal/sample"
+	"github.com/sluicelm/sluice/internal/tokenizer"
+)
+
+// Options configure an Engine.
+type Options struct {
+	Threads   int       // worker threads; 0 = one per CPU
+	Ctx       int       // context length in tokens; 0 = min(model max, 4096)
+	ChunkRows int       // prefill chunk size; 0 = 64
+	PackBits  int       // bits for packing a Hugging Face directory; 0 = 4
+	CacheDir  string    // where packed copies of Hugging Face directories go; "" = user cache
+	Progress  io.Writer // pack progress; nil = silent
+}
+
+// Engine is one loaded model with its tokenizer and runner.
+type Engine struct {
+	Model  *model.Model
+	Runner *model.Runner
+	Tok    *tokenizer.Tokenizer
+	Ctx    int
+	Dir    string // the packed directory in use
+}
+
+// Open loads a packed directory, or packs a Hugging Face checkpoint
+// directory into the cache first (once) and loads that.
+func Open(ctx context.Context, dir string, o Options) (*Engine, error) {
+	st, err := os.Stat(dir)
+	if err != nil {
+		return nil, fmt.Errorf("model: %v", err)
+	}
+	if !st.IsDir() {
+		return nil, fmt.Errorf("model: %s is not a directory", dir)
+	}
+	packed := dir
+	if _, err := os.Stat(filepath.Join(dir, format.ManifestFile)); err != nil {
+		if !hf.IsCheckpoint(dir) {
+			return nil, fmt.Errorf("model: %s holds neither a packed model (manifest.json) nor a Hugging Face checkpoint (config.json)", dir)
+		}
+		if packed, err = PackCached(ctx, dir, o); err != nil {
+			return nil, err
+		}
+	}
+	m, err := model.Load(packed)
+	if err != nil {
+		return nil, err
+	}
+	prov, err := model.NewResidentProvider(m)
+	if err != nil {
+		m.Close()
+		return nil, err
+	}
+	m.Experts = prov
+	tok, err := tokenizer.Load(packed)
+	if err != nil {
+		m.Close()
+		return nil, err
+	}
+	e := &Engine{Model: m, Tok: tok, Dir: packed}
+	e.Ctx = o.Ctx
+	if e.Ctx <= 0 {
+		e.Ctx = 4096
+		if mp := m.Config.MaxPos; mp > 0 && mp < e.Ctx {
+			e.Ctx = mp
+		}
+	}
+	chunk := o.ChunkRows
+	if chunk <= 0 {
+		chunk = 64
+	}
+	e.Runner = model.NewRunner(m, o.Threads, chunk)
+	return e, nil
+}
+
+// PackCached packs a Hugging Face directory into the cache unless an
+// up-to-date copy is there, and returns the packed directory.
+func PackCached(ctx context.Context, src string, o Options) (string, error) {
+	bits := o.PackBits
+	if bits == 0 {
+		bits = 4
+	}
+	abs, err := filepath.Abs(src)
+	if err != nil {
+		return "", err
+	}
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\n%d\n%d\n", abs, bits, format.Version)
+	entries, err := os.ReadDir(abs)
+	if err != nil {
+		return "", fmt.Errorf("model: %v", err)
+	}
+	for _, e := range entries {
+		if info, err := e.Info(); err == nil {
+			fmt.Fprintf(h, "%s %d %d\n", e.Name(), info.Size(), info.ModTime().UnixNano())
+		}
+	}
+	cache := o.CacheDir
+	if cache == "" {
+		if cache, err = CacheDir(); err != nil {
+			return "", err
+		}
+	}
+	dst := filepath.Join(cache, fmt.Sprintf("%s-q%d-%s", filepath.Base(abs), bits, hex.EncodeToString(h.Sum(nil))[:12]))
+	if _, err := format.ReadManifest(dst); err == nil {
+		return dst, nil
+	}
+	if o.Progress != nil {
+		fmt.Fprintf(o.Progress, "packing %s at %d bits into %s (once)\n", src, bits, dst)
+	}
+	if err := pack.Pack(ctx, abs, dst, pack.Options{Bits: bits, Force: true, Progress: o.Progress}); err != nil {
+		return "", err
+	}
+	return dst, nil
+}
+
+// CacheDir is $SLUICE_CACHE, else the user cache directory's sluice folder.
+func CacheDir() (string, error) {
+	if d := os.Getenv("SLUICE_CACHE"); d != "" {
+		return d, nil
+	}
+	d, err := os.UserCacheDir()
+	if err != nil {
+		return "", fmt.Errorf("no cache directory (set SLUICE_CACHE): %v", err)
+	}
+	return filepath.Join(d, "sluice"), nil
+}
+
+// Close releases the model.
+func (e *Engine) Close() {
+	e.Runner.Close()
+	e.Model.Close()
+}
+
+// NewState allocates a sequence state of the engine's context length.
+func (e *Engine) NewState() (*model.State, error) { return e.Model.NewState(e.Ctx) }
+
+// GenOptions control one generation.
+type GenOptions struct {
+	MaxTokens int
+	Sample    sample.Params
+	IgnoreEOS bool
+}
+
+// Stats describe one generation.
+type Stats struct {
+	PromptTokens    int     `json:"prompt_tokens"`
+	GeneratedTokens int     `json:"generated_tokens"`
+	PrefillTokS     float64 `json:"prefill_tok_s"`
+	DecodeTokS      float64 `json:"decode_tok_s"`
+	PrefillMS       float64 `json:"prefill_ms"`
+	DecodeMS        float64 `json:"decode_ms"`
+	StopReason      string  `json:"stop_reason"` // "eos", "length", "context"
+}
+
+// Emit receives each generated token and the text it completes (possibly
+// empty while a UTF-8 sequence is incomplete). Returning an error stops.
+type Emit func(token int, text string) error
+
+// Generate prefills prompt into st (which must be fresh or hold a prefix
+// the caller accounts for) and decodes up to MaxTokens tokens.
+func (e *Engine) Generate(ctx context.Context, st *model.State, prompt []int, o GenOptions, emit Emit) ([]int, Stats, error) {
+	var s Stats
+	if len(prompt) == 0 {
+		return nil, s, fmt.Errorf("generate: empty prompt")
+	}
+	if st.Pos+len(prompt) > st.Ctx {
+		return nil, s, fmt.Errorf("generate: prompt of %d tokens does not fit the context of %d (at position %d); raise --ctx", len(prompt), st.Ctx, st.Pos)
+	}
+	V := e.Model.Config.Vocab
+	smp, err := sample.New(o.Sample, V)
+	if err != nil {
+		return nil, s, err
+	}
+	eos := map[int]bool{}
+	for _, id := range e.Model.Config.EOS {
+		eos[id] = true
+	}
+	logits := make([]float32, V)
+	history := make([]int, 0, len(prompt)+o.MaxTokens)
+	history = append(history, prompt...)
+	s.PromptTokens = len(prompt)
+	t0 := time.Now()
+	if err := e.prefill(ctx, st, prompt, logits); err != nil {
+		return nil, s, err
+	}
+	s.PrefillMS = msSince(t0)
+	s.PrefillTokS = rate(len(prompt), s.PrefillMS)
+	dec := e.Tok.NewStreamDecoder()
+	var out []int
+	t1 := time.Now()
+	s.StopReason = "length"
+	tok := [1]int{}
+	for len(out) < o.MaxTokens {
+		next := smp.Sample(logits, history)
+		out = append(out, next)
+		history = append(history, next)
+		if eos[next] && !o.IgnoreEOS {
+			s.StopReason = "eos"
+			break
+		}
+		text := ""
+		if !e.Tok.IsSpecial(next) {
+			text = dec.Add(next)
+		}
+		if emit != nil {
+			if err := emit(next, text); err != nil {
+				return out, s, err
+			}
+		}
+		if len(out) == o.MaxTokens {
+			break
+		}
+		if st.Pos >= st.Ctx {
+			s.StopReason = "context"
+			break
+		}
+		if err := ctx.Err(); err != nil {
+			return out, s, err
+		}
+		tok[0] = next
+		if err := e.Runner.Forward(st, tok[:], logits, false); err != nil {
+			return out, s, err
+		}
+	}
+	if rest := dec.Flush(); rest != "" && emit != nil {
+		if err := emit(-1, rest); err != nil {
+			return out, s, err
+		}
+	}
+	s.GeneratedTokens = len(out)
+	s.DecodeMS = msSince(t1)
+	if len(out) > 1 {
+		// The first token comes from the prefill's logits; decode rate counts
+		// the forward passes that followed.
+		s.DecodeTokS = rate(len(out)-1, s.DecodeMS)
+	}
+	return out, s, nil
+}
+
+// prefill feeds the prompt chunk by chunk so a long prompt can be cancelled.
+func (e *Engine) prefill(ctx context.Context, st *model.State, prompt []int, logits []float32) error {
+	step := e.Runner.MaxRows
+	for i := 0; i < len(prompt); i += step {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		j := min(i+step, len(prompt))
+		if err := e.Runner.Forward(st, prompt[i:j], logits, false); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Score is what `sluice score` prints.
+type Score struct {
+	N          int       `json:"n"`
+	Argmax     []int     `json:"argmax"`
+	Logprobs   []float64 `json:"logprobs"`
+	NLL        float64   `json:"nll"`
+	LastLogits []float32 `json:"last_logits"`
+}
+
+// Score runs tokens through a fresh state and reports, per position, the
+// argmax and the log-probability of the next token.
+func (e *Engine) Score(ctx context.Context, tokens []int) (*Score, error) {
+	if len(tokens) == 0 {
+		return nil, fmt.Errorf("score: no tokens")
+	}
+	if len(tokens) > e.Ctx {
+		return nil, fmt.Errorf("score: %d tokens exceed the context of %d; raise --ctx", len(tokens), e.Ctx)
+	}
+	st, err := e.NewState()
+	if err != nil {
+		return nil, err
+	}
+	V := e.Model.Config.Vocab
+	sc := &Score{N: len(tokens), Argmax: make([]int, len(tokens)), Logprobs: make([]float64, 0, len(tokens)-1)}
+	step := e.Runner.MaxRows
+	logits := make([]float32, step*V)
+	lp := make([]float32, V)
+	for i := 0; i < len(tokens); i += step {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		j := min(i+step, len(tokens))
+		if err := e.Runner.Forward(st, tokens[i:j], logits, true); err != nil {
+			return nil, err
+		}
+		for r := 0; r < j-i; r++ {
+			row := logits[r*V : (r+1)*V]
+			p := i + r
+			sc.Argmax[p] = sample.Argmax(row)
+			if p+1 < len(tokens) {
+				sample.LogSoftmax(lp, row)
+				sc.Logprobs = append(sc.Logprobs, float64(lp[tokens[p+1]]))
+			}
+			if p == len(tokens)-1 {
+				sc.LastLogits = append([]float32(nil), row...)
+			}
+		}
+	}
+	var sum float64
+	for _, v := range sc.Logprobs {
+		sum -= v
+	}
+	if len(sc.Logprobs) > 0 {
+		sc.NLL = sum / float64(len(sc.Logprobs))
+	}
+	return sc, nil
+}
+
+func msSince(t time.Time) float64 { return float64(time.Since(t).Nanoseconds()) / 1e6 }
+
+func rate(n int, ms float64) float64 {
+	if ms <= 0 {
+		return 0
+	}
+	return float64(n) / ms * 1000
+}
