@@ -63,6 +63,9 @@ func Pack(ctx context.Context, src, dst string, o Options) (err error) {
 			os.RemoveAll(tmp)
 		}
 	}()
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		return fmt.Errorf("pack: %v", err)
+	}
 	p := &progress{w: o.Progress, start: time.Now()}
 	m := &format.Manifest{Format: format.Version, Family: cfg.Family, Config: cfg, Bits: o.Bits, GroupSize: format.GroupSize,
 		ExpertLayers: cfg.ExpertLayers(), Experts: cfg.Experts}

@@ -1,0 +1,101 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"sort"
+
+	"github.com/sluicelm/sluice/internal/engine"
+	"github.com/sluicelm/sluice/internal/sample"
+)
+
+func cmdBench(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	var mf modelFlags
+	mf.register(fs)
+	promptN := fs.Int("prompt", 512, "prompt tokens")
+	genN := fs.Int("gen", 128, "generated tokens")
+	repeat := fs.Int("repeat", 3, "trials (after one warm-up)")
+	asJSON := fs.Bool("json", false, "print one JSON object")
+	if _, err := parse(fs, args); err != nil {
+		return err
+	}
+	if *promptN < 1 || *genN < 2 || *repeat < 1 {
+		return fmt.Errorf("want --prompt >= 1, --gen >= 2, --repeat >= 1")
+	}
+	if mf.ctx == 0 {
+		mf.ctx = *promptN + *genN
+	}
+	e, err := mf.open(ctx)
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	if *promptN+*genN > e.Ctx {
+		return fmt.Errorf("--prompt + --gen = %d exceeds the context of %d", *promptN+*genN, e.Ctx)
+	}
+	// Random ids, as llama-bench uses: the speed of a step does not depend
+	// on which tokens it sees, only (for MoE) on the experts they route to.
+	rng := rand.New(rand.NewPCG(1, 2))
+	prompt := make([]int, *promptN)
+	for i := range prompt {
+		prompt[i] = rng.IntN(e.Model.Config.Vocab - 8)
+	}
+	st, err := e.NewState()
+	if err != nil {
+		return err
+	}
+	var pre, dec []float64
+	for t := 0; t <= *repeat; t++ {
+		st.Reset()
+		_, s, err := e.Generate(ctx, st, prompt, engine.GenOptions{MaxTokens: *genN, IgnoreEOS: true, Sample: sample.Params{}}, nil)
+		if err != nil {
+			return err
+		}
+		if t == 0 {
+			continue // warm-up: page in weights, grow scratch
+		}
+		pre = append(pre, s.PrefillTokS)
+		dec = append(dec, s.DecodeTokS)
+		if isTerminal(os.Stderr) && !*asJSON {
+			fmt.Fprintf(os.Stderr, "\rtrial %d/%d", t, *repeat)
+		}
+	}
+	res := map[string]any{
+		"model": e.Dir, "family": e.Model.Config.Family, "bits": e.Model.Manifest.Bits, "threads": e.Runner.Pool.Threads(),
+		"prompt_tokens": *promptN, "gen_tokens": *genN, "repeat": *repeat,
+		"prefill_tok_s": median(pre), "decode_tok_s": median(dec), "prefill_all": pre, "decode_all": dec,
+	}
+	if *asJSON {
+		return json.NewEncoder(os.Stdout).Encode(res)
+	}
+	if isTerminal(os.Stderr) {
+		fmt.Fprint(os.Stderr, "\r")
+	}
+	fmt.Printf("%-40s %-12s %5s %8s %14s %14s\n", "model", "family", "bits", "threads", "pp"+fmt.Sprint(*promptN)+" tok/s", "tg"+fmt.Sprint(*genN)+" tok/s")
+	fmt.Printf("%-40s %-12s %5d %8d %14.1f %14.1f\n", trim(e.Dir, 40), e.Model.Config.Family, e.Model.Manifest.Bits, e.Runner.Pool.Threads(), median(pre), median(dec))
+	return nil
+}
+
+func median(v []float64) float64 {
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	if len(s) == 0 {
+		return 0
+	}
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func trim(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return "…" + s[len(s)-n+1:]
+}
