@@ -59,7 +59,13 @@ func (r *Runner) attention(L *Layer, kc, vc []float32, pos, nb int) {
 	}
 	threads := r.Pool.Threads()
 	if need := threads * (pos + nb); len(a.scores) < need {
-		a.scores = make([]float32, need)
+		// Grow to a power of two of at least 4096 positions per thread, so
+		// decoding reallocates O(log ctx) times at most, never per token.
+		span := 4096
+		for span < pos+nb {
+			span *= 2
+		}
+		a.scores = make([]float32, threads*span)
 	}
 	a.task = attnTask{r: r, kc: kc, vc: vc, pos: pos, nb: nb, qw: qw, qstride: qstride, gated: gated, span: pos + nb}
 	r.Pool.Parallel(nb*nh, 1, &a.task)
