@@ -1,0 +1,231 @@
+package kernels
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/sluicelm/sluice/internal/format"
+	"github.com/sluicelm/sluice/internal/quant"
+)
+
+// encodeMat builds a Mat of kind k from float32 weights via the packer's
+// encoder, laid out in one buffer as the packed format would.
+func encodeMat(t testing.TB, w []float32, rows, cols int, k format.Kind) (Mat, []float32) {
+	t.Helper()
+	enc, err := quant.Encode(w, rows, cols, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := Mat{Rows: rows, Cols: cols, Kind: k, Scales: enc.Scales, Biases: enc.Biases}
+	switch k {
+	case format.F32:
+		m.F32 = append([]float32(nil), w...)
+	case format.BF16:
+		m.BF16 = make([]uint16, rows*cols)
+		for i := range m.BF16 {
+			m.BF16[i] = uint16(enc.Values[2*i]) | uint16(enc.Values[2*i+1])<<8
+		}
+	default:
+		m.Q = enc.Values
+	}
+	deq := make([]float32, rows*cols)
+	quant.Decode(deq, enc.Values, enc.Scales, enc.Biases, rows, cols, k)
+	return m, deq
+}
+
+func randVec(r *rand.Rand, n int) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = float32(r.NormFloat64())
+	}
+	return v
+}
+
+// TestMatMulScalarTwin checks every storage kind's product against the plain
+// float64 product of the dequantised matrix.
+func TestMatMulScalarTwin(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	p := NewPool(2)
+	defer p.Close()
+	for _, k := range []format.Kind{format.F32, format.BF16, format.Q8, format.Q4} {
+		for _, sh := range [][3]int{{1, 64, 1}, {37, 128, 3}, {256, 256, 1}, {64, 512, 9}} {
+			rows, cols, nb := sh[0], sh[1], sh[2]
+			w := randVec(r, rows*cols)
+			m, deq := encodeMat(t, w, rows, cols, k)
+			x := randVec(r, nb*cols)
+			out := make([]float32, nb*rows)
+			p.MatMul(out, &m, x, nb)
+			for b := 0; b < nb; b++ {
+				for o := 0; o < rows; o++ {
+					var want float64
+					for i := 0; i < cols; i++ {
+						want += float64(deq[o*cols+i]) * float64(x[b*cols+i])
+					}
+					if d := math.Abs(float64(out[b*rows+o]) - want); d > 1e-4*math.Sqrt(float64(cols))*(1+math.Abs(want)) {
+						t.Fatalf("%s [%d %d] row %d out %d: %v, scalar %v", k, rows, cols, b, o, out[b*rows+o], want)
+					}
+				}
+			}
+			// Row view matches the dequantised matrix.
+			row := make([]float32, cols)
+			m.Row(row, rows-1)
+			for i := range row {
+				if row[i] != deq[(rows-1)*cols+i] {
+					t.Fatalf("%s: Row(%d)[%d] = %v, want %v", k, rows-1, i, row[i], deq[(rows-1)*cols+i])
+				}
+			}
+		}
+	}
+}
+
+// TestQuantError bounds the round-trip error of each quantised kind by half
+// a quantisation step.
+func TestQuantError(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	w := randVec(r, 64*256)
+	for _, k := range []format.Kind{format.Q8, format.Q4} {
+		_, deq := encodeMat(t, w, 64, 256, k)
+		enc, _ := quant.Encode(w, 64, 256, k)
+		for i := range w {
+			step := enc.Scales[i/format.GroupSize]
+			if d := math.Abs(float64(w[i] - deq[i])); d > float64(step)/2*1.001+1e-7 {
+				t.Fatalf("%s: value %d error %g > half step %g", k, i, d, step/2)
+			}
+		}
+	}
+}
+
+// TestMatMulRowInvariance: a row's product is bit-identical alone or in a
+// batch, on one thread or two.
+func TestMatMulRowInvariance(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	p1, p2 := NewPool(1), NewPool(2)
+	defer p1.Close()
+	defer p2.Close()
+	for _, k := range []format.Kind{format.F32, format.BF16, format.Q8, format.Q4} {
+		rows, cols, nb := 300, 256, 5
+		m, _ := encodeMat(t, randVec(r, rows*cols), rows, cols, k)
+		x := randVec(r, nb*cols)
+		batch := make([]float32, nb*rows)
+		p2.MatMul(batch, &m, x, nb)
+		one := make([]float32, rows)
+		for b := 0; b < nb; b++ {
+			p1.MatMul(one, &m, x[b*cols:(b+1)*cols], 1)
+			for o := range one {
+				if math.Float32bits(one[o]) != math.Float32bits(batch[b*rows+o]) {
+					t.Fatalf("%s: row %d out %d differs alone vs batched", k, b, o)
+				}
+			}
+		}
+	}
+}
+
+func TestNormsAndActivations(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	x := randVec(r, 256)
+	w := randVec(r, 256)
+	var ss float64
+	for _, v := range x {
+		ss += float64(v) * float64(v)
+	}
+	inv := 1 / math.Sqrt(ss/256+1e-6)
+	for _, zc := range []bool{false, true} {
+		got := make([]float32, 256)
+		RMSNorm(got, x, w, 1e-6, zc)
+		for i := range x {
+			ww := float64(w[i])
+			if zc {
+				ww += 1
+			}
+			if d := math.Abs(float64(got[i]) - float64(x[i])*inv*ww); d > 1e-5*(1+math.Abs(float64(got[i]))) {
+				t.Fatalf("RMSNorm zc=%v [%d]: %v", zc, i, d)
+			}
+		}
+	}
+	y := append([]float32(nil), x...)
+	L2Norm(y, 1e-6)
+	var n float64
+	for _, v := range y {
+		n += float64(v) * float64(v)
+	}
+	if math.Abs(n-1) > 1e-5 {
+		t.Errorf("L2Norm: |y|² = %v", n)
+	}
+	s := append([]float32(nil), x[:16]...)
+	Softmax(s)
+	var sum, mx float64
+	for _, v := range x[:16] {
+		mx = math.Max(mx, float64(v))
+	}
+	for _, v := range x[:16] {
+		sum += math.Exp(float64(v) - mx)
+	}
+	for i, v := range x[:16] {
+		if d := math.Abs(float64(s[i]) - math.Exp(float64(v)-mx)/sum); d > 1e-6 {
+			t.Fatalf("Softmax[%d] off by %g", i, d)
+		}
+	}
+	for _, v := range []float32{-30, -2, 0, 0.5, 3, 25} {
+		sp := math.Log1p(math.Exp(float64(v)))
+		if d := math.Abs(float64(Softplus(v)) - sp); d > 1e-6*(1+sp) {
+			t.Errorf("Softplus(%v) off by %g", v, d)
+		}
+		si := float64(v) / (1 + math.Exp(-float64(v)))
+		if d := math.Abs(float64(SiLU(v)) - si); d > 1e-6*(1+math.Abs(si)) {
+			t.Errorf("SiLU(%v) off by %g", v, d)
+		}
+	}
+}
+
+func TestRope(t *testing.T) {
+	const dim, hd, pos = 16, 64, 37
+	cos, sin := make([]float32, dim/2), make([]float32, dim/2)
+	RopeTable(cos, sin, pos, dim, 10000)
+	r := rand.New(rand.NewPCG(9, 10))
+	x := randVec(r, hd)
+	y := append([]float32(nil), x...)
+	Rope(y, cos, sin)
+	for i := 0; i < dim/2; i++ {
+		f := float64(pos) / math.Pow(10000, float64(2*i)/dim)
+		c, s := math.Cos(f), math.Sin(f)
+		w1 := float64(x[i])*c - float64(x[i+dim/2])*s
+		w2 := float64(x[i+dim/2])*c + float64(x[i])*s
+		if math.Abs(float64(y[i])-w1) > 1e-4 || math.Abs(float64(y[i+dim/2])-w2) > 1e-4 {
+			t.Fatalf("Rope pair %d: (%v,%v), want (%v,%v)", i, y[i], y[i+dim/2], w1, w2)
+		}
+	}
+	for i := dim; i < hd; i++ {
+		if y[i] != x[i] {
+			t.Fatalf("Rope changed pass-through dim %d", i)
+		}
+	}
+}
+
+func TestMatFromBounds(t *testing.T) {
+	tn := &format.Tensor{Name: "w", Kind: format.Q4, Shape: []int{4, 64}, Offset: 0, Size: 128, ScaleOffset: 128, BiasOffset: 192}
+	if _, err := MatFrom(make([]byte, 100), tn); err == nil {
+		t.Error("MatFrom accepted a buffer shorter than the tensor")
+	}
+	if _, err := MatFrom(make([]byte, 512), tn); err != nil {
+		t.Errorf("MatFrom: %v", err)
+	}
+}
+
+func BenchmarkMatVec(b *testing.B) {
+	r := rand.New(rand.NewPCG(1, 1))
+	p := NewPool(0)
+	defer p.Close()
+	for _, k := range []format.Kind{format.BF16, format.Q8, format.Q4} {
+		rows, cols := 4096, 256
+		m, _ := encodeMat(b, randVec(r, rows*cols), rows, cols, k)
+		x := randVec(r, cols)
+		out := make([]float32, rows)
+		b.Run(string(k), func(b *testing.B) {
+			b.SetBytes(int64(len(m.Q) + 2*len(m.BF16)))
+			for b.Loop() {
+				p.MatMul(out, &m, x, 1)
+			}
+		})
+	}
+}
