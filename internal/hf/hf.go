@@ -139,11 +139,10 @@ func ReadConfig(dir string) (format.Config, bool, error) {
 	if r.PartialRotary != nil {
 		partial = *r.PartialRotary
 	}
-	rp := r.RopeParameters
-	if rp == nil {
-		rp = r.RopeScaling
-	}
-	if rp != nil {
+	for _, rp := range []map[string]any{r.RopeScaling, r.RopeParameters} {
+		if rp == nil {
+			continue
+		}
 		if v, ok := rp["rope_theta"].(float64); ok {
 			theta = v
 		}
@@ -265,8 +264,10 @@ func Open(dir string) (*Checkpoint, error) {
 		// it): run without it rather than fail.
 		c.Config.MTPLayers = 0
 	}
-	if _, ok := c.byName["lm_head.weight"]; !ok && tie {
-		c.byName["lm_head.weight"] = c.byName["embed_tokens.weight"]
+	if emb, ok := c.byName["embed_tokens.weight"]; ok && tie {
+		if _, ok := c.byName["lm_head.weight"]; !ok {
+			c.byName["lm_head.weight"] = emb
+		}
 	}
 	return c, nil
 }
@@ -304,13 +305,13 @@ func (c *Checkpoint) Expert(l, e int) (gate, up, down []float32, err error) {
 		if !slices.Equal(d.Shape, []int{cfg.Experts, H, I}) {
 			return nil, nil, nil, fmt.Errorf("checkpoint %s: tensor %sdown_proj is %v, want %v", c.Dir, p, d.Shape, []int{cfg.Experts, H, I})
 		}
-		es := len(t.Data) / t.Elems()
+		es, esD := len(t.Data)/t.Elems(), len(d.Data)/d.Elems()
 		gu := &safetensors.Tensor{Name: t.Name, DType: t.DType, Shape: []int{2 * I, H}, Data: t.Data[e*2*I*H*es : (e+1)*2*I*H*es]}
 		all, err := gu.Float32()
 		if err != nil {
 			return nil, nil, nil, err
 		}
-		ds := &safetensors.Tensor{Name: d.Name, DType: d.DType, Shape: []int{H, I}, Data: d.Data[e*H*I*es : (e+1)*H*I*es]}
+		ds := &safetensors.Tensor{Name: d.Name, DType: d.DType, Shape: []int{H, I}, Data: d.Data[e*H*I*esD : (e+1)*H*I*esD]}
 		down, err = ds.Float32()
 		return all[:I*H], all[I*H:], down, err
 	}

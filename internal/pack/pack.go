@@ -86,16 +86,20 @@ func Pack(ctx context.Context, src, dst string, o Options) (err error) {
 	if err := writeFileSync(filepath.Join(tmp, format.ManifestFile), mb); err != nil {
 		return fmt.Errorf("pack: %v", err)
 	}
+	// Move the old copy aside first, and back if the swap fails, so that a
+	// failure in between still leaves one complete model.
+	old, moved := tmp+".old", false
 	if o.Force {
-		// Move the old copy aside first so that a failure in between still
-		// leaves one complete model.
-		old := tmp + ".old"
-		if err := os.Rename(dst, old); err == nil {
-			defer os.RemoveAll(old)
-		}
+		moved = os.Rename(dst, old) == nil
 	}
 	if err := os.Rename(tmp, dst); err != nil {
+		if moved {
+			os.Rename(old, dst)
+		}
 		return fmt.Errorf("pack: %v", err)
+	}
+	if moved {
+		os.RemoveAll(old)
 	}
 	p.done(dst)
 	return nil
