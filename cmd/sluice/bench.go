@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"runtime/pprof"
 	"sort"
 
 	"github.com/sluicelm/sluice/internal/engine"
@@ -21,6 +22,8 @@ func cmdBench(ctx context.Context, args []string) error {
 	genN := fs.Int("gen", 128, "generated tokens")
 	repeat := fs.Int("repeat", 3, "trials (after one warm-up)")
 	asJSON := fs.Bool("json", false, "print one JSON object")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the timed trials to this file")
+	genOnly := fs.Bool("profile-decode-only", false, "with --cpuprofile, profile only decode (prompt of 1 token)")
 	if _, err := parse(fs, args); err != nil {
 		return err
 	}
@@ -49,8 +52,26 @@ func cmdBench(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	if *genOnly {
+		prompt = prompt[:1]
+	}
 	var pre, dec []float64
+	var prof *os.File
+	defer func() {
+		if prof != nil {
+			pprof.StopCPUProfile()
+			prof.Close()
+		}
+	}()
 	for t := 0; t <= *repeat; t++ {
+		if t == 1 && *cpuProfile != "" {
+			if prof, err = os.Create(*cpuProfile); err != nil {
+				return err
+			}
+			if err := pprof.StartCPUProfile(prof); err != nil {
+				return err
+			}
+		}
 		st.Reset()
 		_, s, err := e.Generate(ctx, st, prompt, engine.GenOptions{MaxTokens: *genN, IgnoreEOS: true, Sample: sample.Params{}}, nil)
 		if err != nil {

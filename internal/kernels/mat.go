@@ -176,9 +176,11 @@ func dotBF16(w []uint16, x []float32) float32 {
 func dotQ8(q []byte, scales, biases, x, xsum []float32) float32 {
 	const G = format.GroupSize
 	var acc float32
+	biases = biases[:len(scales)]
+	xsum = xsum[:len(scales)]
 	for g := range scales {
-		qs := q[g*G : g*G+G]
-		xs := x[g*G : g*G+G]
+		qs := (*[G]byte)(q[g*G:])
+		xs := (*[G]float32)(x[g*G:])
 		var s0, s1, s2, s3 float32
 		for j := 0; j < G; j += 4 {
 			s0 += float32(qs[j]) * xs[j]
@@ -194,10 +196,14 @@ func dotQ8(q []byte, scales, biases, x, xsum []float32) float32 {
 func dotQ4(q []byte, scales, biases, x, xsum []float32) float32 {
 	const G = format.GroupSize
 	var acc float32
+	biases = biases[:len(scales)]
+	xsum = xsum[:len(scales)]
 	for g := range scales {
-		qs := q[g*G/2 : g*G/2+G/2]
-		lo := x[g*G : g*G+G/2]
-		hi := x[g*G+G/2 : g*G+G]
+		// Fixed-size array views let the compiler drop every bounds check
+		// in the inner loop.
+		qs := (*[G / 2]byte)(q[g*G/2:])
+		lo := (*[G / 2]float32)(x[g*G:])
+		hi := (*[G / 2]float32)(x[g*G+G/2:])
 		var s0, s1, s2, s3 float32
 		for j := 0; j < G/2; j += 2 {
 			a, b := qs[j], qs[j+1]
