@@ -60,6 +60,9 @@ func cmdInspect(ctx context.Context, args []string) error {
 		return fmt.Errorf("want one DIR (usage: sluice inspect DIR)")
 	}
 	dir := pos[0]
+	if _, err := os.Stat(dir); err != nil {
+		return err
+	}
 	var man *format.Manifest
 	if _, err := os.Stat(filepath.Join(dir, format.ManifestFile)); err == nil {
 		if man, err = format.ReadManifest(dir); err != nil {

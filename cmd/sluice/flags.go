@@ -15,7 +15,10 @@ import (
 	"github.com/sluicelm/sluice/models"
 )
 
-var errUsage = errors.New("usage")
+var (
+	errUsage = errors.New("usage")
+	errHelp  = errors.New("help")
+)
 
 // parse parses flags that may stand before, between or after positional
 // arguments, and returns the positionals.
@@ -25,7 +28,7 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 	for {
 		if err := fs.Parse(args); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
-				return nil, errUsage
+				return nil, errHelp
 			}
 			return nil, errUsage
 		}
@@ -92,7 +95,9 @@ func (s *sampleFlags) register(fs *flag.FlagSet) {
 func (s *sampleFlags) params() (sample.Params, error) {
 	seed := uint64(s.seed)
 	if s.seed < 0 {
-		seed = randomSeed()
+		// Keep the reported seed within --seed's int64 range so that it can
+		// be passed back to reproduce the run.
+		seed = randomSeed() &^ (1 << 63)
 	}
 	p := sample.Params{Temperature: s.temp, TopK: s.topK, TopP: s.topP, MinP: s.minP,
 		RepetitionPenalty: s.rep, PresencePenalty: s.presence, FrequencyPenalty: s.frequency, Seed: seed}

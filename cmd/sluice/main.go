@@ -52,6 +52,9 @@ func main() {
 		if c.name == os.Args[1] {
 			err := c.run(ctx, os.Args[2:])
 			if err != nil {
+				if errors.Is(err, errHelp) {
+					return
+				}
 				if errors.Is(err, errUsage) {
 					os.Exit(2)
 				}

@@ -76,6 +76,10 @@ func Open(ctx context.Context, dir string, o Options) (*Engine, error) {
 	}
 	e := &Engine{Model: m, Tok: tok, Dir: packed}
 	e.Ctx = o.Ctx
+	if mp := m.Config.MaxPos; mp > 0 && e.Ctx > mp {
+		m.Close()
+		return nil, fmt.Errorf("context %d exceeds the model's maximum of %d positions", e.Ctx, mp)
+	}
 	if e.Ctx <= 0 {
 		e.Ctx = 4096
 		if mp := m.Config.MaxPos; mp > 0 && mp < e.Ctx {

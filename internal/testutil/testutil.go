@@ -91,7 +91,7 @@ var (
 func Packed(t testing.TB, name string, bits int) string {
 	packMu.Lock()
 	defer packMu.Unlock()
-	key := name + "/" + string(rune('0'+bits/4))
+	key := name + "/" + itoa(bits)
 	if d, ok := packed[key]; ok {
 		return d
 	}

@@ -1,0 +1,434 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicelm/sluice/internal/testutil"
+)
+
+// bin is the sluice binary built once for these system tests; cache is the
+// SLUICE_CACHE of every run.
+var bin, cache string
+
+func TestMain(m *testing.M) {
+	os.Exit(testMain(m))
+}
+
+func testMain(m *testing.M) int {
+	defer testutil.Cleanup()
+	tmp, err := os.MkdirTemp("", "sluice-cli-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(tmp)
+	bin = filepath.Join(tmp, "sluice")
+	cache = filepath.Join(tmp, "cache")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "go build: %v\n%s", err, out)
+		return 1
+	}
+	return m.Run()
+}
+
+// sluice runs the binary and returns stdout, stderr and the exit code.
+func sluice(t *testing.T, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), "SLUICE_CACHE="+cache)
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err := cmd.Run()
+	var exit *exec.ExitError
+	switch {
+	case err == nil:
+	case errors.As(err, &exit):
+		code = exit.ExitCode()
+	default:
+		t.Fatalf("sluice %v: %v", args, err)
+	}
+	if strings.Contains(e.String(), "goroutine ") || strings.Contains(e.String(), "panic:") {
+		t.Fatalf("sluice %v panicked:\n%s", args, e.String())
+	}
+	return o.String(), e.String(), code
+}
+
+// ok runs the binary and fails the test unless it exits 0.
+func ok(t *testing.T, args ...string) (stdout, stderr string) {
+	t.Helper()
+	o, e, code := sluice(t, args...)
+	if code != 0 {
+		t.Fatalf("sluice %v: exit %d\n%s", args, code, e)
+	}
+	return o, e
+}
+
+func decode(t *testing.T, s string, v any) {
+	t.Helper()
+	if err := json.Unmarshal([]byte(s), v); err != nil {
+		t.Fatalf("output is not JSON: %v\n%s", err, s)
+	}
+}
+
+type runJSON struct {
+	Tokens []int  `json:"tokens"`
+	Text   string `json:"text"`
+	Stats  struct {
+		PromptTokens    *int     `json:"prompt_tokens"`
+		GeneratedTokens *int     `json:"generated_tokens"`
+		PrefillTokS     *float64 `json:"prefill_tok_s"`
+		DecodeTokS      *float64 `json:"decode_tok_s"`
+		StopReason      string   `json:"stop_reason"`
+	} `json:"stats"`
+}
+
+func TestRun(t *testing.T) {
+	args := []string{"run", "--temp", "0", "-n", "16", "--json", "--threads", "2", "-p", "def add(a, b):"}
+	out, _ := ok(t, args...)
+	var a runJSON
+	decode(t, out, &a)
+	s := a.Stats
+	if a.Tokens == nil || s.PromptTokens == nil || s.GeneratedTokens == nil || s.PrefillTokS == nil || s.DecodeTokS == nil {
+		t.Fatalf("JSON lacks tokens or a stats key: %s", out)
+	}
+	if len(a.Tokens) == 0 || len(a.Tokens) > 16 || *s.GeneratedTokens != len(a.Tokens) {
+		t.Errorf("%d tokens, generated_tokens %d; want 1..16 and equal", len(a.Tokens), *s.GeneratedTokens)
+	}
+	if *s.PromptTokens < 3 || *s.PrefillTokS <= 0 || (len(a.Tokens) > 1 && *s.DecodeTokS <= 0) {
+		t.Errorf("stats %s", out)
+	}
+	if a.Text == "" {
+		t.Errorf("empty text for tokens %v", a.Tokens)
+	}
+
+	out2, _ := ok(t, args...)
+	var b runJSON
+	decode(t, out2, &b)
+	if !equalInts(a.Tokens, b.Tokens) || a.Text != b.Text {
+		t.Errorf("greedy runs differ:\n%v %q\n%v %q", a.Tokens, a.Text, b.Tokens, b.Text)
+	}
+
+	// Streaming mode: the same text on stdout (then a newline), a summary on stderr.
+	text, summary := ok(t, "run", "--temp", "0", "-n", "16", "--threads", "2", "-p", "def add(a, b):")
+	if text != a.Text+"\n" {
+		t.Errorf("streamed text %q, want the JSON text %q and a newline", text, a.Text)
+	}
+	if !strings.Contains(summary, "decode") || !strings.Contains(summary, fmt.Sprintf("generated %d tokens", len(a.Tokens))) {
+		t.Errorf("summary line %q", summary)
+	}
+
+	// The same prompt given as token ids generates the same tokens.
+	tok, _ := ok(t, "tokenize", "--text", "def add(a, b):")
+	var ids struct{ IDs []int }
+	decode(t, tok, &ids)
+	if len(ids.IDs) != *s.PromptTokens {
+		t.Fatalf("tokenize gave %d ids, run reported %d prompt tokens", len(ids.IDs), *s.PromptTokens)
+	}
+	out3, _ := ok(t, "run", "--temp", "0", "-n", "16", "--json", "--threads", "2", "--tokens", joinInts(ids.IDs))
+	var c runJSON
+	decode(t, out3, &c)
+	if !equalInts(a.Tokens, c.Tokens) {
+		t.Errorf("--tokens %v generated %v, -p generated %v", ids.IDs, c.Tokens, a.Tokens)
+	}
+}
+
+func TestRunSeeded(t *testing.T) {
+	gen := func(seed string) []int {
+		out, _ := ok(t, "run", "--seed", seed, "-n", "24", "--ignore-eos", "--json", "--threads", "2", "-p", "def add(a, b):")
+		var r runJSON
+		decode(t, out, &r)
+		if len(r.Tokens) != 24 {
+			t.Fatalf("--ignore-eos -n 24 gave %d tokens", len(r.Tokens))
+		}
+		return r.Tokens
+	}
+	a, b := gen("7"), gen("7")
+	if !equalInts(a, b) {
+		t.Errorf("--seed 7 twice: %v and %v", a, b)
+	}
+	if c := gen("8"); equalInts(a, c) {
+		t.Errorf("--seed 7 and --seed 8 gave the same tokens %v", a)
+	}
+
+	// The random seed reported in --json reproduces the run when passed back.
+	// Several runs, since a seed only falls outside int64 half the time.
+	for range 6 {
+		out, _ := ok(t, "run", "-n", "8", "--ignore-eos", "--json", "--threads", "2", "-p", "def add(a, b):")
+		var first struct {
+			Tokens []int
+			Stats  struct{ Seed uint64 }
+		}
+		decode(t, out, &first)
+		seed := strconv.FormatUint(first.Stats.Seed, 10)
+		out, e, code := sluice(t, "run", "-n", "8", "--ignore-eos", "--json", "--threads", "2", "--seed", seed, "-p", "def add(a, b):")
+		if code != 0 {
+			t.Fatalf("--seed %s (the reported seed): exit %d\n%s", seed, code, e)
+		}
+		var again runJSON
+		decode(t, out, &again)
+		if !equalInts(first.Tokens, again.Tokens) {
+			t.Fatalf("--seed %s gave %v, the run that reported it %v", seed, again.Tokens, first.Tokens)
+		}
+	}
+
+	var r runJSON
+	out, _ := ok(t, "run", "-n", "0", "--json", "-p", "x")
+	decode(t, out, &r)
+	if r.Tokens == nil || len(r.Tokens) != 0 {
+		t.Errorf("-n 0: %s", out)
+	}
+}
+
+func TestScore(t *testing.T) {
+	name := testutil.Models[1]
+	c := testutil.LoadRefs(t, name).Cases[0]
+	dir := testutil.Packed(t, name, 16)
+	out, _ := ok(t, "score", "-m", dir, "--threads", "2", "--tokens", joinInts(c.Prompt), "--json")
+	var sc struct {
+		N          int       `json:"n"`
+		Argmax     []int     `json:"argmax"`
+		Logprobs   []float64 `json:"logprobs"`
+		NLL        float64   `json:"nll"`
+		LastLogits []float64 `json:"last_logits"`
+	}
+	decode(t, out, &sc)
+	n := len(c.Prompt)
+	if sc.N != n || len(sc.Argmax) != n || len(sc.Logprobs) != n-1 || len(sc.LastLogits) != len(c.LastLogits) {
+		t.Fatalf("n %d, %d argmax, %d logprobs, %d last logits; want %d, %d, %d, %d",
+			sc.N, len(sc.Argmax), len(sc.Logprobs), len(sc.LastLogits), n, n, n-1, len(c.LastLogits))
+	}
+	same := 0
+	for i := range n {
+		if sc.Argmax[i] == c.Argmax[i] {
+			same++
+		}
+	}
+	if float64(same) < 0.97*float64(n) {
+		t.Errorf("argmax agrees with transformers at %d of %d positions", same, n)
+	}
+	var sum float64
+	for _, v := range sc.Logprobs {
+		sum -= v
+	}
+	if mean := sum / float64(n-1); math.Abs(mean-sc.NLL) > 1e-9*max(1, mean) || !(sc.NLL > 0) {
+		t.Errorf("nll %v, mean of -logprobs %v", sc.NLL, mean)
+	}
+	for i, v := range sc.LastLogits {
+		if d := math.Abs(v - c.LastLogits[i]); !(d <= 1e-3) {
+			t.Fatalf("last_logits[%d] = %v, transformers %v", i, v, c.LastLogits[i])
+		}
+	}
+
+	// --text-file tokenizes the file and scores it.
+	f := filepath.Join(t.TempDir(), "p.txt")
+	if err := os.WriteFile(f, []byte("def add(a, b):\n    return a + b\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, _ = ok(t, "score", "-m", dir, "--threads", "2", "--text-file", f)
+	decode(t, out, &sc)
+	if sc.N < 5 || len(sc.Logprobs) != sc.N-1 {
+		t.Errorf("--text-file: n %d, %d logprobs", sc.N, len(sc.Logprobs))
+	}
+}
+
+func TestTokenize(t *testing.T) {
+	for _, name := range testutil.Models {
+		refs := testutil.LoadRefs(t, name)
+		for i, c := range refs.Tokenizer[:min(3, len(refs.Tokenizer))] {
+			out, _ := ok(t, "tokenize", "-m", testutil.ModelDir(t, name), "--text", c.Text)
+			var got struct {
+				IDs []int `json:"ids"`
+			}
+			decode(t, out, &got)
+			if got.IDs == nil || !equalInts(got.IDs, c.IDs) {
+				t.Errorf("%s tokenizer case %d: ids %v, want %v", name, i, got.IDs, c.IDs)
+			}
+		}
+	}
+	out, _ := ok(t, "tokenize", "--text", "")
+	if strings.TrimSpace(out) != `{"ids":[]}` {
+		t.Errorf("empty text: %q", out)
+	}
+}
+
+func TestPackInspect(t *testing.T) {
+	src := testutil.ModelDir(t, testutil.Models[0])
+	dst := filepath.Join(t.TempDir(), "packed")
+	ok(t, "pack", "--bits", "8", src, dst)
+	for _, f := range []string{"manifest.json", "dense.bin", "experts.bin"} {
+		if _, err := os.Stat(filepath.Join(dst, f)); err != nil {
+			t.Errorf("packed directory lacks %s: %v", f, err)
+		}
+	}
+	out, _ := ok(t, "inspect", dst)
+	for _, want := range []string{"family", "qwen3_5_moe", "experts.bin", "stride", "8-bit"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("inspect output lacks %q:\n%s", want, out)
+		}
+	}
+	out, _ = ok(t, "inspect", "--json", dst)
+	var js map[string]any
+	decode(t, out, &js)
+	if js["family"] != "qwen3_5_moe" || js["bits"] != 8.0 {
+		t.Errorf("inspect --json: family %v, bits %v", js["family"], js["bits"])
+	}
+	if stride, _ := js["record_stride"].(float64); stride <= 0 || math.Mod(stride, 4096) != 0 {
+		t.Errorf("record_stride %v, want a positive multiple of 4096", js["record_stride"])
+	}
+	// Flags after the positional argument work too.
+	out2, _ := ok(t, "inspect", dst, "--json")
+	if out2 != out {
+		t.Errorf("inspect DIR --json differs from inspect --json DIR")
+	}
+	// A second pack into the same place needs --force.
+	if _, e, code := sluice(t, "pack", "--bits", "8", src, dst); code == 0 || e == "" {
+		t.Errorf("pack over an existing DST without --force: exit %d, stderr %q", code, e)
+	}
+	// The packed copy runs.
+	out, _ = ok(t, "run", "-m", dst, "--temp", "0", "-n", "4", "--json", "--threads", "2", "-p", "def")
+	var r runJSON
+	decode(t, out, &r)
+	if len(r.Tokens) == 0 {
+		t.Errorf("run on the packed copy: %s", out)
+	}
+	// inspect of a checkpoint describes it without packing.
+	out, _ = ok(t, "inspect", src)
+	if !strings.Contains(out, "not packed") || !strings.Contains(out, "qwen3_5_moe") {
+		t.Errorf("inspect of a checkpoint:\n%s", out)
+	}
+}
+
+func TestBench(t *testing.T) {
+	out, _ := ok(t, "bench", "--prompt", "32", "--gen", "8", "--repeat", "1", "--threads", "2", "--json")
+	var b struct {
+		Prefill *float64 `json:"prefill_tok_s"`
+		Decode  *float64 `json:"decode_tok_s"`
+	}
+	decode(t, out, &b)
+	if b.Prefill == nil || b.Decode == nil || !(*b.Prefill > 0) || !(*b.Decode > 0) {
+		t.Errorf("bench: %s", out)
+	}
+}
+
+// Ctrl-C stops a command cleanly with exit status 130.
+func TestInterrupt(t *testing.T) {
+	cmd := exec.Command(bin, "bench", "--prompt", "2048", "--gen", "1024", "--repeat", "50", "--threads", "2")
+	cmd.Env = append(os.Environ(), "SLUICE_CACHE="+cache)
+	var e bytes.Buffer
+	cmd.Stderr = &e
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	if err := cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		cmd.Process.Kill()
+		<-done
+		t.Fatal("bench did not stop within 10 s of SIGINT")
+	}
+	if code := cmd.ProcessState.ExitCode(); code != 130 || !strings.Contains(e.String(), "interrupted") {
+		t.Errorf("after SIGINT: exit %d, stderr %q; want 130 and 'interrupted'", code, e.String())
+	}
+	if strings.Contains(e.String(), "goroutine ") || strings.Contains(e.String(), "panic:") {
+		t.Errorf("panic after SIGINT:\n%s", e.String())
+	}
+}
+
+func TestChatPiped(t *testing.T) {
+	cmd := exec.Command(bin, "chat", "--temp", "0", "-n", "8", "--threads", "2")
+	cmd.Env = append(os.Environ(), "SLUICE_CACHE="+cache)
+	cmd.Stdin = strings.NewReader("hello\nwhat is 2+2?\n")
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("chat: %v\n%s", err, e.String())
+	}
+	if n := strings.Count(o.String(), "\n"); n < 2 {
+		t.Errorf("chat printed %d lines for 2 turns: %q", n, o.String())
+	}
+}
+
+func TestErrors(t *testing.T) {
+	empty := t.TempDir()
+	long := strings.Repeat("def add(a, b): return a + b\n", 4)
+	cases := []struct {
+		name string
+		args []string
+		want string // in stderr
+	}{
+		{"unknown command", []string{"frobnicate"}, "unknown command"},
+		{"run without prompt", []string{"run"}, "-p"},
+		{"run with -p and --tokens", []string{"run", "-p", "x", "--tokens", "1,2"}, "exactly one"},
+		{"run bad id", []string{"run", "--tokens", "1,x"}, `"x"`},
+		{"run id outside vocab", []string{"run", "--tokens", "99999"}, "vocabulary"},
+		{"run negative id", []string{"run", "--tokens", "-1"}, "vocabulary"},
+		{"run missing model", []string{"run", "-m", "/nonexistent", "-p", "x"}, "/nonexistent"},
+		{"run empty model dir", []string{"run", "-m", empty, "-p", "x"}, "config.json"},
+		{"run prompt beyond ctx", []string{"run", "--ctx", "8", "-p", long}, "context"},
+		{"run negative temp", []string{"run", "--temp", "-1", "-p", "x"}, "temperature"},
+		{"run bad top-p", []string{"run", "--top-p", "2", "-p", "x"}, "top_p"},
+		{"run negative -n", []string{"run", "-n", "-1", "-p", "x"}, "-n"},
+		{"run unknown flag", []string{"run", "--bogus", "-p", "x"}, "bogus"},
+		{"score without input", []string{"score"}, "--tokens"},
+		{"score with both inputs", []string{"score", "--tokens", "1", "--text-file", "f"}, "--tokens"},
+		{"score id outside vocab", []string{"score", "--tokens", "1,99999"}, "vocabulary"},
+		{"score missing file", []string{"score", "--text-file", filepath.Join(empty, "none.txt")}, "none.txt"},
+		{"pack one arg", []string{"pack", "src"}, "SRC and DST"},
+		{"pack bits 3", []string{"pack", "--bits", "3", testutil.ModelDir(t, testutil.Models[0]), filepath.Join(empty, "out")}, "bits"},
+		{"inspect missing dir", []string{"inspect", filepath.Join(empty, "missing")}, "missing"},
+		{"inspect no dir", []string{"inspect"}, "DIR"},
+		{"bench gen 1", []string{"bench", "--gen", "1"}, "--gen"},
+		{"tokenize missing model", []string{"tokenize", "-m", "/nonexistent", "--text", "x"}, "nonexistent"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, e, code := sluice(t, c.args...)
+			if code == 0 {
+				t.Fatalf("sluice %v exited 0", c.args)
+			}
+			if strings.TrimSpace(e) == "" || !strings.Contains(e, c.want) {
+				t.Errorf("sluice %v: exit %d, stderr %q; want a message containing %q", c.args, code, e, c.want)
+			}
+		})
+	}
+	if _, err := os.Stat(filepath.Join(empty, "out")); err == nil {
+		t.Errorf("pack --bits 3 left its output behind")
+	}
+}
+
+func joinInts(v []int) string {
+	s := make([]string, len(v))
+	for i, x := range v {
+		s[i] = strconv.Itoa(x)
+	}
+	return strings.Join(s, ",")
+}
+
+func equalInts(a, b []int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
