@@ -73,30 +73,6 @@ func writeSafetensors(t testing.TB, path string, ts map[string]rawTensor) {
 	}
 }
 
-func readJSON(t testing.TB, path string) map[string]any {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var m map[string]any
-	if err := json.Unmarshal(b, &m); err != nil {
-		t.Fatal(err)
-	}
-	return m
-}
-
-func writeJSON(t testing.TB, path string, v any) {
-	t.Helper()
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // variant describes how to rewrite a shared checkpoint.
 type variant struct {
 	nested bool                                 // text fields under text_config
@@ -126,7 +102,7 @@ func makeVariant(t testing.TB, model string, v variant) string {
 			t.Fatal(err)
 		}
 	}
-	cfg := readJSON(t, filepath.Join(src, "config.json"))
+	cfg := testutil.ReadJSON(t, filepath.Join(src, "config.json"))
 	if v.config != nil {
 		v.config(cfg)
 	}
@@ -148,7 +124,7 @@ func makeVariant(t testing.TB, model string, v variant) string {
 			"vision_config":       map[string]any{"depth": 2, "hidden_size": 64},
 		}
 	}
-	writeJSON(t, filepath.Join(dst, "config.json"), cfg)
+	testutil.WriteJSON(t, filepath.Join(dst, "config.json"), cfg)
 
 	if !v.rewritesTensors() {
 		ents, err := os.ReadDir(src)
@@ -811,7 +787,7 @@ func TestPackMTP(t *testing.T) {
 	}
 
 	src := makeVariant(t, model, variant{edit: func(n string, r *rawTensor) bool { return !strings.HasPrefix(n, "mtp.") }})
-	if cfg := readJSON(t, filepath.Join(src, "config.json")); cfg["mtp_num_hidden_layers"] != 1.0 {
+	if cfg := testutil.ReadJSON(t, filepath.Join(src, "config.json")); cfg["mtp_num_hidden_layers"] != 1.0 {
 		t.Fatalf("variant config lost mtp_num_hidden_layers: %v", cfg["mtp_num_hidden_layers"])
 	}
 	dir := packTo(t, src, 4)
