@@ -358,3 +358,33 @@ func TestBadInput(t *testing.T) {
 		t.Errorf("truncated experts.bin: %v", err)
 	}
 }
+
+// TestStateCopy: a sequence resumed from a copied state continues exactly as
+// the original.
+func TestStateCopy(t *testing.T) {
+	m := load(t, "tiny-qwen3-5-moe", 4)
+	r := NewRunner(m, 2, 16)
+	defer r.Close()
+	p := testutil.LoadRefs(t, "tiny-qwen3-5-moe").Cases[0].Prompt
+	V := m.Config.Vocab
+	a, _ := m.NewState(256)
+	b, _ := m.NewState(128)
+	la, lb := make([]float32, V), make([]float32, V)
+	if err := r.Forward(a, p[:40], la, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.CopyFrom(a); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Forward(a, p[40:60], la, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Forward(b, p[40:60], lb, false); err != nil {
+		t.Fatal(err)
+	}
+	for i := range la {
+		if la[i] != lb[i] {
+			t.Fatalf("logit %d: original %v, resumed copy %v", i, la[i], lb[i])
+		}
+	}
+}

@@ -65,3 +65,33 @@ func (s *State) Bytes() int64 {
 	n += len(s.mk) + len(s.mv)
 	return int64(n) * 4
 }
+
+// CopyFrom makes s an exact copy of src's first src.Pos positions (both
+// from the same model; s.Ctx >= src.Pos). The server uses it to save and
+// resume sequences and to start a request from a cached prefix.
+func (s *State) CopyFrom(src *State) error {
+	if len(s.kc) != len(src.kc) {
+		return fmt.Errorf("state: copying between states of different models")
+	}
+	if src.Pos > s.Ctx {
+		return fmt.Errorf("state: %d positions do not fit a context of %d", src.Pos, s.Ctx)
+	}
+	for i := range s.kc {
+		if s.kc[i] != nil {
+			w := len(src.kc[i]) / src.Ctx
+			copy(s.kc[i][:src.Pos*w], src.kc[i][:src.Pos*w])
+			copy(s.vc[i][:src.Pos*w], src.vc[i][:src.Pos*w])
+		} else {
+			copy(s.conv[i], src.conv[i])
+			copy(s.rec[i], src.rec[i])
+		}
+	}
+	if s.mk != nil && src.mk != nil {
+		w := len(src.mk) / src.Ctx
+		n := min(src.MTPPos, s.Ctx)
+		copy(s.mk[:n*w], src.mk[:n*w])
+		copy(s.mv[:n*w], src.mv[:n*w])
+	}
+	s.Pos, s.MTPPos = src.Pos, src.MTPPos
+	return nil
+}
