@@ -178,100 +178,42 @@ type Stats struct {
 // empty while a UTF-8 sequence is incomplete). Returning an error stops.
 type Emit func(token int, text string) error
 
-// Generate prefills prompt into st (which must be fresh or hold a prefix
-// the caller accounts for) and decodes up to MaxTokens tokens.
+// Generate prefills prompt into st (fresh, or holding a prefix the caller
+// accounts for) and decodes up to MaxTokens tokens, passing each to emit.
 func (e *Engine) Generate(ctx context.Context, st *model.State, prompt []int, o GenOptions, emit Emit) ([]int, Stats, error) {
-	var s Stats
-	if len(prompt) == 0 {
-		return nil, s, fmt.Errorf("generate: empty prompt")
-	}
-	if st.Pos+len(prompt) > st.Ctx {
-		return nil, s, fmt.Errorf("generate: prompt of %d tokens does not fit the context of %d (at position %d); raise --ctx", len(prompt), st.Ctx, st.Pos)
-	}
-	V := e.Model.Config.Vocab
-	smp, err := sample.New(o.Sample, V)
+	q, err := e.NewSequence(st, o)
 	if err != nil {
-		return nil, s, err
+		return nil, Stats{}, err
 	}
-	eos := map[int]bool{}
-	for _, id := range e.Model.Config.EOS {
-		eos[id] = true
+	if err := q.Prefill(ctx, prompt); err != nil {
+		return nil, q.Stats(), err
 	}
-	logits := make([]float32, V)
-	history := make([]int, 0, len(prompt)+o.MaxTokens)
-	history = append(history, prompt...)
-	s.PromptTokens = len(prompt)
-	t0 := time.Now()
-	if err := e.prefill(ctx, st, prompt, logits); err != nil {
-		return nil, s, err
-	}
-	s.PrefillMS = msSince(t0)
-	s.PrefillTokS = rate(len(prompt), s.PrefillMS)
-	dec := e.Tok.NewStreamDecoder()
-	var out []int
-	t1 := time.Now()
-	s.StopReason = "length"
-	tok := [1]int{}
-	for len(out) < o.MaxTokens {
-		next := smp.Sample(logits, history)
-		out = append(out, next)
-		history = append(history, next)
-		if eos[next] && !o.IgnoreEOS {
-			s.StopReason = "eos"
-			break
-		}
-		text := ""
-		if !e.Tok.IsSpecial(next) {
-			text = dec.Add(next)
+	for !q.Done() {
+		toks, text, err := q.Step(ctx)
+		if err != nil {
+			return q.Tokens(), q.Stats(), err
 		}
 		if emit != nil {
-			if err := emit(next, text); err != nil {
-				return out, s, err
+			for i, t := range toks {
+				if q.IsEOS(t) {
+					continue // the stop token is returned, not emitted
+				}
+				s := ""
+				if i == len(toks)-1 {
+					s = text
+				}
+				if err := emit(t, s); err != nil {
+					return q.Tokens(), q.Stats(), err
+				}
 			}
 		}
-		if len(out) == o.MaxTokens {
-			break
-		}
-		if st.Pos >= st.Ctx {
-			s.StopReason = "context"
-			break
-		}
-		if err := ctx.Err(); err != nil {
-			return out, s, err
-		}
-		tok[0] = next
-		if err := e.Runner.Forward(st, tok[:], logits, false); err != nil {
-			return out, s, err
-		}
 	}
-	if rest := dec.Flush(); rest != "" && emit != nil {
+	if rest := q.Flush(); rest != "" && emit != nil {
 		if err := emit(-1, rest); err != nil {
-			return out, s, err
+			return q.Tokens(), q.Stats(), err
 		}
 	}
-	s.GeneratedTokens = len(out)
-	s.DecodeMS = msSince(t1)
-	if len(out) > 1 {
-		// The first token comes from the prefill's logits; decode rate counts
-		// the forward passes that followed.
-		s.DecodeTokS = rate(len(out)-1, s.DecodeMS)
-	}
-	return out, s, nil
-}
-
-// prefill feeds the prompt chunk by chunk so a long prompt can be cancelled.
-func (e *Engine) prefill(ctx context.Context, st *model.State, prompt []int, logits []float32) error {
-	step := e.Runner.MaxRows
-	for i := 0; i < len(prompt); i += step {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		j := min(i+step, len(prompt))
-		if err := e.Runner.Forward(st, prompt[i:j], logits, false); err != nil {
-			return err
-		}
-	}
-	return nil
+	return q.Tokens(), q.Stats(), nil
 }
 
 // Score is what `sluice score` prints.

@@ -1,0 +1,143 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/sluicelm/sluice/internal/model"
+	"github.com/sluicelm/sluice/internal/sample"
+	"github.com/sluicelm/sluice/internal/tokenizer"
+)
+
+// Sequence is one generation in progress: its state, sampler, token history
+// and text decoder. Generate drives one to completion; the server
+// interleaves many, a few Steps each, on the engine's one runner.
+type Sequence struct {
+	e       *Engine
+	St      *model.State
+	opts    GenOptions
+	smp     *sample.Sampler
+	eos     map[int]bool
+	logits  []float32 // the next token's logits, valid after Prefill
+	history []int     // prompt + generated, for penalties
+	out     []int
+	dec     *tokenizer.StreamDecoder
+	done    bool
+	stats   Stats
+	decodeT time.Duration
+}
+
+// NewSequence prepares a generation into st.
+func (e *Engine) NewSequence(st *model.State, o GenOptions) (*Sequence, error) {
+	smp, err := sample.New(o.Sample, e.Model.Config.Vocab)
+	if err != nil {
+		return nil, err
+	}
+	q := &Sequence{e: e, St: st, opts: o, smp: smp, eos: map[int]bool{},
+		logits: make([]float32, e.Model.Config.Vocab), dec: e.Tok.NewStreamDecoder()}
+	for _, id := range e.Model.Config.EOS {
+		q.eos[id] = true
+	}
+	q.stats.StopReason = "length"
+	return q, nil
+}
+
+// Prefill feeds prompt tokens after whatever st already holds, chunk by
+// chunk so that a long prompt can be cancelled. It may be called with only
+// the suffix past a cached prefix; history for penalties then covers the
+// tokens given here.
+func (q *Sequence) Prefill(ctx context.Context, prompt []int) error {
+	if len(prompt) == 0 {
+		return fmt.Errorf("generate: empty prompt")
+	}
+	st := q.St
+	if st.Pos+len(prompt) > st.Ctx {
+		return fmt.Errorf("generate: prompt of %d tokens does not fit the context of %d (at position %d); raise --ctx", len(prompt), st.Ctx, st.Pos)
+	}
+	t0 := time.Now()
+	step := q.e.Runner.MaxRows
+	for i := 0; i < len(prompt); i += step {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		j := min(i+step, len(prompt))
+		if err := q.e.Runner.Forward(st, prompt[i:j], q.logits, false); err != nil {
+			return err
+		}
+	}
+	q.history = append(q.history, prompt...)
+	q.stats.PromptTokens += len(prompt)
+	q.stats.PrefillMS += msSince(t0)
+	q.stats.PrefillTokS = rate(q.stats.PromptTokens, q.stats.PrefillMS)
+	if q.opts.MaxTokens <= 0 {
+		q.done = true
+	}
+	return nil
+}
+
+// IsEOS reports whether tok stops this sequence.
+func (q *Sequence) IsEOS(tok int) bool { return q.eos[tok] && !q.opts.IgnoreEOS }
+
+// Done reports whether the sequence has stopped (EOS, length or context).
+func (q *Sequence) Done() bool { return q.done }
+
+// Tokens returns the generated tokens so far.
+func (q *Sequence) Tokens() []int { return q.out }
+
+// Stats returns the generation's statistics so far.
+func (q *Sequence) Stats() Stats {
+	s := q.stats
+	s.GeneratedTokens = len(q.out)
+	s.DecodeMS = float64(q.decodeT.Nanoseconds()) / 1e6
+	if len(q.out) > 1 {
+		// The first token comes from the prefill's logits; the decode rate
+		// counts the forward passes that followed.
+		s.DecodeTokS = rate(len(q.out)-1, s.DecodeMS)
+	}
+	return s
+}
+
+// Step samples the next token, and unless the sequence stops there, runs it
+// through the model so that the following Step has its logits. It returns
+// the tokens accepted this step (one, for plain decoding) and the text they
+// complete. An EOS token ends the sequence and is returned without text.
+func (q *Sequence) Step(ctx context.Context) ([]int, string, error) {
+	if q.done {
+		return nil, "", nil
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, "", err
+	}
+	t0 := time.Now()
+	defer func() { q.decodeT += time.Since(t0) }()
+	next := q.smp.Sample(q.logits, q.history)
+	q.out = append(q.out, next)
+	q.history = append(q.history, next)
+	if q.eos[next] && !q.opts.IgnoreEOS {
+		q.stats.StopReason = "eos"
+		q.done = true
+		return q.out[len(q.out)-1:], "", nil
+	}
+	text := ""
+	if !q.e.Tok.IsSpecial(next) {
+		text = q.dec.Add(next)
+	}
+	switch {
+	case len(q.out) >= q.opts.MaxTokens:
+		q.done = true
+	case q.St.Pos >= q.St.Ctx:
+		q.stats.StopReason = "context"
+		q.done = true
+	default:
+		tok := [1]int{next}
+		if err := q.e.Runner.Forward(q.St, tok[:], q.logits, false); err != nil {
+			q.done = true
+			return q.out[len(q.out)-1:], text, err
+		}
+	}
+	return q.out[len(q.out)-1:], text, nil
+}
+
+// Flush returns text held back for an incomplete UTF-8 sequence.
+func (q *Sequence) Flush() string { return q.dec.Flush() }
