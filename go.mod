@@ -3,3 +3,5 @@ module github.com/sluicelm/sluice
 go 1.26.0
 
 require golang.org/x/text v0.44.0
+
+require golang.org/x/sys v0.50.0

@@ -229,3 +229,27 @@ func BenchmarkMatVec(b *testing.B) {
 		})
 	}
 }
+
+// TestSIMDTwin compares the assembly dot products with their pure-Go twins
+// on every storage kind.
+func TestSIMDTwin(t *testing.T) {
+	if !useAVX2 {
+		t.Skip("no AVX2/FMA on this CPU (or SLUICE_NOSIMD set)")
+	}
+	r := rand.New(rand.NewPCG(11, 12))
+	for _, k := range []format.Kind{format.F32, format.BF16, format.Q8, format.Q4} {
+		for _, cols := range []int{64, 256, 512, 2048} {
+			rows := 8
+			m, _ := encodeMat(t, randVec(r, rows*cols), rows, cols, k)
+			x := randVec(r, cols)
+			xsum := make([]float32, cols/format.GroupSize)
+			GroupSums(xsum, x)
+			for o := 0; o < rows; o++ {
+				a, b := m.dotRow(o, x, xsum), m.dotRowGo(o, x, xsum)
+				if d := math.Abs(float64(a - b)); d > 1e-5*math.Sqrt(float64(cols))*(1+math.Abs(float64(b))) {
+					t.Fatalf("%s cols %d row %d: asm %v, Go %v", k, cols, o, a, b)
+				}
+			}
+		}
+	}
+}

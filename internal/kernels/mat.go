@@ -126,6 +126,31 @@ func GroupSums(dst, x []float32) {
 // through it, which is what makes results batch-invariant.
 func (m *Mat) dotRow(r int, x, xsum []float32) float32 {
 	C := m.Cols
+	if useAVX2 && C%16 == 0 {
+		x = x[:C]
+		switch m.Kind {
+		case format.F32:
+			return dotF32AVX2(&m.F32[r*C], &x[0], C)
+		case format.BF16:
+			return dotBF16AVX2(&m.BF16[r*C], &x[0], C)
+		case format.Q8:
+			ng := C / format.GroupSize
+			_ = m.Q[(r+1)*C-1]
+			_ = xsum[ng-1]
+			return dotQ8AVX2(&m.Q[r*C], &m.Scales[r*ng], &m.Biases[r*ng], &x[0], &xsum[0], ng)
+		case format.Q4:
+			ng := C / format.GroupSize
+			_ = m.Q[(r+1)*C/2-1]
+			_ = xsum[ng-1]
+			return dotQ4AVX2(&m.Q[r*C/2], &m.Scales[r*ng], &m.Biases[r*ng], &x[0], &xsum[0], ng)
+		}
+	}
+	return m.dotRowGo(r, x, xsum)
+}
+
+// dotRowGo is the pure-Go twin of dotRow's assembly kernels.
+func (m *Mat) dotRowGo(r int, x, xsum []float32) float32 {
+	C := m.Cols
 	switch m.Kind {
 	case format.F32:
 		return dotF32(m.F32[r*C:(r+1)*C], x)

@@ -1,0 +1,31 @@
+//go:build amd64
+
+package kernels
+
+import "golang.org/x/sys/cpu"
+
+// useAVX2 selects the assembly kernels; the pure-Go loops remain as their
+// scalar twins and as the path for CPUs without AVX2 and FMA. SLUICE_NOSIMD
+// in the environment forces the pure-Go path (see simd.go).
+var useAVX2 = cpu.X86.HasAVX2 && cpu.X86.HasFMA
+
+// dotQ4AVX2 is Σ_g scale[g]·(q_g·x_g) + Σ_g bias[g]·xsum[g] over ng groups of
+// 64 (format.Q4 packing).
+//
+//go:noescape
+func dotQ4AVX2(q *byte, scales, biases, x, xsum *float32, ng int) float32
+
+// dotQ8AVX2 is the same for format.Q8.
+//
+//go:noescape
+func dotQ8AVX2(q *byte, scales, biases, x, xsum *float32, ng int) float32
+
+// dotBF16AVX2 is Σ w[i]·x[i] over n bf16 weights, n a multiple of 16.
+//
+//go:noescape
+func dotBF16AVX2(w *uint16, x *float32, n int) float32
+
+// dotF32AVX2 is Σ w[i]·x[i], n a multiple of 16.
+//
+//go:noescape
+func dotF32AVX2(w, x *float32, n int) float32

@@ -1,0 +1,197 @@
+//go:build amd64
+
+#include "textflag.h"
+
+// Horizontal sum of Y0 into X0 (lane order fixed, so results are
+// reproducible).
+#define HSUM_Y0 \
+	VEXTRACTF128 $1, Y0, X1 \
+	VADDPS       X1, X0, X0 \
+	VHADDPS      X0, X0, X0 \
+	VHADDPS      X0, X0, X0
+
+// func dotQ4AVX2(q *byte, scales, biases, x, xsum *float32, ng int) float32
+// Per group: 32 bytes hold q[j] (low nibble) and q[j+32] (high nibble).
+// VPMOVZXBD widens 8 bytes to 8 int32 lanes; the low nibbles are elements
+// j..j+7 and the high nibbles j+32..j+39 of the same load.
+TEXT ·dotQ4AVX2(SB), NOSPLIT, $0-52
+	MOVQ q+0(FP), SI
+	MOVQ scales+8(FP), R8
+	MOVQ biases+16(FP), R9
+	MOVQ x+24(FP), DI
+	MOVQ xsum+32(FP), R10
+	MOVQ ng+40(FP), CX
+	VXORPS Y0, Y0, Y0          // total
+	VXORPS X9, X9, X9          // Σ bias·xsum
+	VPCMPEQD Y15, Y15, Y15
+	VPSRLD $28, Y15, Y15       // 0x0000000F per lane
+	TESTQ CX, CX
+	JEQ q4done
+q4loop:
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y10, Y10, Y10
+	VXORPS Y11, Y11, Y11
+	VPMOVZXBD 0(SI), Y1
+	VPAND Y15, Y1, Y2
+	VPSRLD $4, Y1, Y3
+	VCVTDQ2PS Y2, Y2
+	VCVTDQ2PS Y3, Y3
+	VFMADD231PS 0(DI), Y2, Y4
+	VFMADD231PS 128(DI), Y3, Y5
+	VPMOVZXBD 8(SI), Y1
+	VPAND Y15, Y1, Y2
+	VPSRLD $4, Y1, Y3
+	VCVTDQ2PS Y2, Y2
+	VCVTDQ2PS Y3, Y3
+	VFMADD231PS 32(DI), Y2, Y10
+	VFMADD231PS 160(DI), Y3, Y11
+	VPMOVZXBD 16(SI), Y1
+	VPAND Y15, Y1, Y2
+	VPSRLD $4, Y1, Y3
+	VCVTDQ2PS Y2, Y2
+	VCVTDQ2PS Y3, Y3
+	VFMADD231PS 64(DI), Y2, Y4
+	VFMADD231PS 192(DI), Y3, Y5
+	VPMOVZXBD 24(SI), Y1
+	VPAND Y15, Y1, Y2
+	VPSRLD $4, Y1, Y3
+	VCVTDQ2PS Y2, Y2
+	VCVTDQ2PS Y3, Y3
+	VFMADD231PS 96(DI), Y2, Y10
+	VFMADD231PS 224(DI), Y3, Y11
+	VADDPS Y4, Y10, Y4
+	VADDPS Y5, Y11, Y5
+	VADDPS Y4, Y5, Y6
+	VBROADCASTSS (R8), Y7
+	VFMADD231PS Y7, Y6, Y0
+	VMOVSS (R9), X8
+	VMULSS (R10), X8, X8
+	VADDSS X8, X9, X9
+	ADDQ $32, SI
+	ADDQ $256, DI
+	ADDQ $4, R8
+	ADDQ $4, R9
+	ADDQ $4, R10
+	DECQ CX
+	JNE q4loop
+q4done:
+	HSUM_Y0
+	VADDSS X9, X0, X0
+	VZEROUPPER
+	MOVSS X0, ret+48(FP)
+	RET
+
+// func dotQ8AVX2(q *byte, scales, biases, x, xsum *float32, ng int) float32
+TEXT ·dotQ8AVX2(SB), NOSPLIT, $0-52
+	MOVQ q+0(FP), SI
+	MOVQ scales+8(FP), R8
+	MOVQ biases+16(FP), R9
+	MOVQ x+24(FP), DI
+	MOVQ xsum+32(FP), R10
+	MOVQ ng+40(FP), CX
+	VXORPS Y0, Y0, Y0
+	VXORPS X9, X9, X9
+	TESTQ CX, CX
+	JEQ q8done
+q8loop:
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VPMOVZXBD 0(SI), Y1
+	VCVTDQ2PS Y1, Y1
+	VFMADD231PS 0(DI), Y1, Y4
+	VPMOVZXBD 8(SI), Y2
+	VCVTDQ2PS Y2, Y2
+	VFMADD231PS 32(DI), Y2, Y5
+	VPMOVZXBD 16(SI), Y1
+	VCVTDQ2PS Y1, Y1
+	VFMADD231PS 64(DI), Y1, Y4
+	VPMOVZXBD 24(SI), Y2
+	VCVTDQ2PS Y2, Y2
+	VFMADD231PS 96(DI), Y2, Y5
+	VPMOVZXBD 32(SI), Y1
+	VCVTDQ2PS Y1, Y1
+	VFMADD231PS 128(DI), Y1, Y4
+	VPMOVZXBD 40(SI), Y2
+	VCVTDQ2PS Y2, Y2
+	VFMADD231PS 160(DI), Y2, Y5
+	VPMOVZXBD 48(SI), Y1
+	VCVTDQ2PS Y1, Y1
+	VFMADD231PS 192(DI), Y1, Y4
+	VPMOVZXBD 56(SI), Y2
+	VCVTDQ2PS Y2, Y2
+	VFMADD231PS 224(DI), Y2, Y5
+	VADDPS Y4, Y5, Y6
+	VBROADCASTSS (R8), Y7
+	VFMADD231PS Y7, Y6, Y0
+	VMOVSS (R9), X8
+	VMULSS (R10), X8, X8
+	VADDSS X8, X9, X9
+	ADDQ $64, SI
+	ADDQ $256, DI
+	ADDQ $4, R8
+	ADDQ $4, R9
+	ADDQ $4, R10
+	DECQ CX
+	JNE q8loop
+q8done:
+	HSUM_Y0
+	VADDSS X9, X0, X0
+	VZEROUPPER
+	MOVSS X0, ret+48(FP)
+	RET
+
+// func dotBF16AVX2(w *uint16, x *float32, n int) float32
+// bf16 → f32 is a 16-bit shift of the widened word.
+TEXT ·dotBF16AVX2(SB), NOSPLIT, $0-28
+	MOVQ w+0(FP), SI
+	MOVQ x+8(FP), DI
+	MOVQ n+16(FP), CX
+	SHRQ $4, CX
+	VXORPS Y0, Y0, Y0
+	VXORPS Y4, Y4, Y4
+	TESTQ CX, CX
+	JEQ bfdone
+bfloop:
+	VPMOVZXWD 0(SI), Y1
+	VPSLLD $16, Y1, Y1
+	VFMADD231PS 0(DI), Y1, Y0
+	VPMOVZXWD 16(SI), Y2
+	VPSLLD $16, Y2, Y2
+	VFMADD231PS 32(DI), Y2, Y4
+	ADDQ $32, SI
+	ADDQ $64, DI
+	DECQ CX
+	JNE bfloop
+bfdone:
+	VADDPS Y4, Y0, Y0
+	HSUM_Y0
+	VZEROUPPER
+	MOVSS X0, ret+24(FP)
+	RET
+
+// func dotF32AVX2(w, x *float32, n int) float32
+TEXT ·dotF32AVX2(SB), NOSPLIT, $0-28
+	MOVQ w+0(FP), SI
+	MOVQ x+8(FP), DI
+	MOVQ n+16(FP), CX
+	SHRQ $4, CX
+	VXORPS Y0, Y0, Y0
+	VXORPS Y4, Y4, Y4
+	TESTQ CX, CX
+	JEQ f32done
+f32loop:
+	VMOVUPS 0(SI), Y1
+	VFMADD231PS 0(DI), Y1, Y0
+	VMOVUPS 32(SI), Y2
+	VFMADD231PS 32(DI), Y2, Y4
+	ADDQ $64, SI
+	ADDQ $64, DI
+	DECQ CX
+	JNE f32loop
+f32done:
+	VADDPS Y4, Y0, Y0
+	HSUM_Y0
+	VZEROUPPER
+	MOVSS X0, ret+24(FP)
+	RET

@@ -1,0 +1,10 @@
+//go:build !amd64
+
+package kernels
+
+var useAVX2 = false
+
+func dotQ4AVX2(q *byte, scales, biases, x, xsum *float32, ng int) float32 { panic("no AVX2") }
+func dotQ8AVX2(q *byte, scales, biases, x, xsum *float32, ng int) float32 { panic("no AVX2") }
+func dotBF16AVX2(w *uint16, x *float32, n int) float32                    { panic("no AVX2") }
+func dotF32AVX2(w, x *float32, n int) float32                             { panic("no AVX2") }
