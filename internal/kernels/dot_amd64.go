@@ -29,3 +29,10 @@ func dotBF16AVX2(w *uint16, x *float32, n int) float32
 //
 //go:noescape
 func dotF32AVX2(w, x *float32, n int) float32
+
+// dotQ4I8AVX2 is the integer-activation design of the q4 dot product: x
+// quantised to int8 per group (x ≈ xs[g]·x8), exact group sums for the bias
+// term.
+//
+//go:noescape
+func dotQ4I8AVX2(q *byte, scales, biases *float32, x8 *int8, xs, xsum *float32, ng int) float32

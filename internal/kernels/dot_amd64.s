@@ -195,3 +195,57 @@ f32done:
 	VZEROUPPER
 	MOVSS X0, ret+24(FP)
 	RET
+
+// func dotQ4I8AVX2(q *byte, scales, biases *float32, x8 *int8, xs, xsum *float32, ng int) float32
+// The integer design: activations quantised to int8 per group of 64
+// (x ≈ xs·x8); VPMADDUBSW multiplies the unsigned nibbles by the signed
+// activations into int16 pairs (at most 2·15·127 per pair, no saturation),
+// VPMADDWD widens to int32, and one conversion per group goes to float.
+TEXT ·dotQ4I8AVX2(SB), NOSPLIT, $0-60
+	MOVQ q+0(FP), SI
+	MOVQ scales+8(FP), R8
+	MOVQ biases+16(FP), R9
+	MOVQ x8+24(FP), DI
+	MOVQ xs+32(FP), R11
+	MOVQ xsum+40(FP), R10
+	MOVQ ng+48(FP), CX
+	VXORPS Y0, Y0, Y0
+	VXORPS X9, X9, X9
+	VPCMPEQW Y14, Y14, Y14
+	VPSRLW $15, Y14, Y14       // 1 per int16 lane
+	VPCMPEQB Y15, Y15, Y15
+	VPSRLW $12, Y15, Y15       // 0x000F per int16 lane
+	VPACKUSWB Y15, Y15, Y15    // 0x0F per byte
+	TESTQ CX, CX
+	JEQ i8done
+i8loop:
+	VMOVDQU (SI), Y1
+	VPAND Y15, Y1, Y2
+	VPSRLW $4, Y1, Y3
+	VPAND Y15, Y3, Y3
+	VPMADDUBSW 0(DI), Y2, Y2
+	VPMADDUBSW 32(DI), Y3, Y3
+	VPADDW Y2, Y3, Y2
+	VPMADDWD Y14, Y2, Y2
+	VCVTDQ2PS Y2, Y2
+	VMOVSS (R8), X7
+	VMULSS (R11), X7, X7
+	VBROADCASTSS X7, Y7
+	VFMADD231PS Y7, Y2, Y0
+	VMOVSS (R9), X8
+	VMULSS (R10), X8, X8
+	VADDSS X8, X9, X9
+	ADDQ $32, SI
+	ADDQ $64, DI
+	ADDQ $4, R8
+	ADDQ $4, R9
+	ADDQ $4, R10
+	ADDQ $4, R11
+	DECQ CX
+	JNE i8loop
+i8done:
+	HSUM_Y0
+	VADDSS X9, X0, X0
+	VZEROUPPER
+	MOVSS X0, ret+56(FP)
+	RET

@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -62,7 +63,13 @@ func TestMatMulScalarTwin(t *testing.T) {
 					for i := 0; i < cols; i++ {
 						want += float64(deq[o*cols+i]) * float64(x[b*cols+i])
 					}
-					if d := math.Abs(float64(out[b*rows+o]) - want); d > 1e-4*math.Sqrt(float64(cols))*(1+math.Abs(want)) {
+					tol := 1e-4 * math.Sqrt(float64(cols)) * (1 + math.Abs(want))
+					if k == format.Q4 {
+						// int8 activations: each term's error is at most half
+						// an activation step, max|x|/254 per group.
+						tol = 0.05 * math.Sqrt(float64(cols))
+					}
+					if d := math.Abs(float64(out[b*rows+o]) - want); d > tol {
 						t.Fatalf("%s [%d %d] row %d out %d: %v, scalar %v", k, rows, cols, b, o, out[b*rows+o], want)
 					}
 				}
@@ -251,5 +258,75 @@ func TestSIMDTwin(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestQ4Int8Design checks the integer-activation q4 kernel against its Go
+// twin exactly-ish and against the float product within the error that
+// int8 activations add.
+func TestQ4Int8Design(t *testing.T) {
+	if !useAVX2 {
+		t.Skip("no AVX2/FMA")
+	}
+	r := rand.New(rand.NewPCG(13, 14))
+	rows, cols := 16, 512
+	m, deq := encodeMat(t, randVec(r, rows*cols), rows, cols, format.Q4)
+	x := randVec(r, cols)
+	ng := cols / format.GroupSize
+	x8, xs, xsum := make([]int8, cols), make([]float32, ng), make([]float32, ng)
+	QuantizeRow8(x8, xs, x)
+	GroupSums(xsum, x)
+	for o := 0; o < rows; o++ {
+		a := dotQ4I8AVX2(&m.Q[o*cols/2], &m.Scales[o*ng], &m.Biases[o*ng], &x8[0], &xs[0], &xsum[0], ng)
+		b := dotQ4I8(m.Q[o*cols/2:(o+1)*cols/2], m.Scales[o*ng:(o+1)*ng], m.Biases[o*ng:(o+1)*ng], x8, xs, xsum)
+		if d := math.Abs(float64(a - b)); d > 1e-4*(1+math.Abs(float64(b))) {
+			t.Fatalf("row %d: asm %v, Go twin %v", o, a, b)
+		}
+		var want float64
+		for i := 0; i < cols; i++ {
+			want += float64(deq[o*cols+i]) * float64(x[i])
+		}
+		if d := math.Abs(float64(a) - want); d > 0.05*math.Sqrt(float64(cols)) {
+			t.Fatalf("row %d: int8 design %v, float %v", o, a, want)
+		}
+	}
+}
+
+// BenchmarkQ4Designs compares the two q4 matrix-vector designs on one core:
+// dequantise-and-FMA (float activations) against int8 activations with
+// integer dot products (quantising the activation row included).
+func BenchmarkQ4Designs(b *testing.B) {
+	if !useAVX2 {
+		b.Skip("no AVX2/FMA")
+	}
+	r := rand.New(rand.NewPCG(1, 1))
+	for _, sh := range [][2]int{{4096, 256}, {2048, 2048}, {512, 2048}} {
+		rows, cols := sh[0], sh[1]
+		m, _ := encodeMat(b, randVec(r, rows*cols), rows, cols, format.Q4)
+		x := randVec(r, cols)
+		ng := cols / format.GroupSize
+		xsum := make([]float32, ng)
+		x8, xs := make([]int8, cols), make([]float32, ng)
+		out := make([]float32, rows)
+		name := fmt.Sprintf("%dx%d", rows, cols)
+		b.Run("float-fma/"+name, func(b *testing.B) {
+			b.SetBytes(int64(len(m.Q)))
+			for b.Loop() {
+				GroupSums(xsum, x)
+				for o := range out {
+					out[o] = dotQ4AVX2(&m.Q[o*cols/2], &m.Scales[o*ng], &m.Biases[o*ng], &x[0], &xsum[0], ng)
+				}
+			}
+		})
+		b.Run("int8-dot/"+name, func(b *testing.B) {
+			b.SetBytes(int64(len(m.Q)))
+			for b.Loop() {
+				GroupSums(xsum, x)
+				QuantizeRow8(x8, xs, x)
+				for o := range out {
+					out[o] = dotQ4I8AVX2(&m.Q[o*cols/2], &m.Scales[o*ng], &m.Biases[o*ng], &x8[0], &xs[0], &xsum[0], ng)
+				}
+			}
+		})
 	}
 }

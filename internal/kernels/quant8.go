@@ -1,0 +1,45 @@
+package kernels
+
+import (
+	"math"
+
+	"github.com/sluicelm/sluice/internal/format"
+)
+
+// QuantizeRow8 quantises x to int8 per group of format.GroupSize,
+// symmetric: x ≈ xs[g]·x8[i], xs[g] = max|x|/127. It feeds the integer design
+// of the q4 dot product (dotQ4I8).
+func QuantizeRow8(x8 []int8, xs []float32, x []float32) {
+	G := format.GroupSize
+	for g := range xs[:len(x)/G] {
+		grp := x[g*G : g*G+G]
+		var m float32
+		for _, v := range grp {
+			m = max(m, float32(math.Abs(float64(v))))
+		}
+		s := m / 127
+		xs[g] = s
+		inv := float32(0)
+		if s > 0 {
+			inv = 1 / s
+		}
+		for i, v := range grp {
+			x8[g*G+i] = int8(math.Round(float64(v * inv)))
+		}
+	}
+}
+
+// dotQ4I8 is the pure-Go twin of dotQ4I8AVX2.
+func dotQ4I8(q []byte, scales, biases []float32, x8 []int8, xs, xsum []float32) float32 {
+	const G = format.GroupSize
+	var acc float32
+	for g := range scales {
+		qs := q[g*G/2 : g*G/2+G/2]
+		var s int32
+		for j, b := range qs {
+			s += int32(b&15)*int32(x8[g*G+j]) + int32(b>>4)*int32(x8[g*G+G/2+j])
+		}
+		acc += scales[g]*xs[g]*float32(s) + biases[g]*xsum[g]
+	}
+	return acc
+}
