@@ -36,3 +36,15 @@ func dotF32AVX2(w, x *float32, n int) float32
 //
 //go:noescape
 func dotQ4I8AVX2(q *byte, scales, biases *float32, x8 *int8, xs, xsum *float32, ng int) float32
+
+// axpyAVX2 is y += a·x, n a multiple of 16.
+//
+//go:noescape
+func axpyAVX2(y *float32, a float32, x *float32, n int)
+
+// dotQ4I8x4AVX2 runs dotQ4I8AVX2 for four activation rows at once (x8 rows
+// x8stride bytes apart, xs and xsum rows fstride bytes apart), writing
+// out[0..3]; each result is bit-identical to the single-row kernel's.
+//
+//go:noescape
+func dotQ4I8x4AVX2(q *byte, scales, biases *float32, x8 *int8, xs, xsum *float32, ng, x8stride, fstride int, out *float32)

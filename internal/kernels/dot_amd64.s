@@ -249,3 +249,112 @@ i8done:
 	VZEROUPPER
 	MOVSS X0, ret+56(FP)
 	RET
+
+// func axpyAVX2(y *float32, a float32, x *float32, n int)
+// y += a·x for n a multiple of 16.
+TEXT ·axpyAVX2(SB), NOSPLIT, $0-32
+	MOVQ y+0(FP), DI
+	VBROADCASTSS a+8(FP), Y7
+	MOVQ x+16(FP), SI
+	MOVQ n+24(FP), CX
+	SHRQ $4, CX
+	TESTQ CX, CX
+	JEQ axdone
+axloop:
+	VMOVUPS 0(DI), Y0
+	VMOVUPS 32(DI), Y1
+	VFMADD231PS 0(SI), Y7, Y0
+	VFMADD231PS 32(SI), Y7, Y1
+	VMOVUPS Y0, 0(DI)
+	VMOVUPS Y1, 32(DI)
+	ADDQ $64, SI
+	ADDQ $64, DI
+	DECQ CX
+	JNE axloop
+axdone:
+	VZEROUPPER
+	RET
+
+// One row of the 4-row q4 kernel: Y5/Y6 hold the group's low/high nibbles.
+// xr is the row's int8 activations, fr the offset of its xs/xsum entry, T
+// its float total and B its scalar bias sum. The operations and their order
+// are those of dotQ4I8AVX2, so every row's result is bit-identical to the
+// single-row kernel.
+#define Q4ROW(xr0, xr1, fxs, fsum, T, B) \
+	VPMADDUBSW xr0, Y5, Y7 \
+	VPMADDUBSW xr1, Y6, Y8 \
+	VPADDW Y7, Y8, Y7 \
+	VPMADDWD Y14, Y7, Y7 \
+	VCVTDQ2PS Y7, Y7 \
+	VMOVSS (R8), X13 \
+	VMULSS fxs, X13, X13 \
+	VBROADCASTSS X13, Y13 \
+	VFMADD231PS Y13, Y7, T \
+	VMOVSS (R9), X13 \
+	VMULSS fsum, X13, X13 \
+	VADDSS X13, B, B
+
+#define HSUMTO(T, XT, B, dst) \
+	VEXTRACTF128 $1, T, X8 \
+	VADDPS X8, XT, XT \
+	VHADDPS XT, XT, XT \
+	VHADDPS XT, XT, XT \
+	VADDSS B, XT, XT \
+	MOVSS XT, dst
+
+// func dotQ4I8x4AVX2(q *byte, scales, biases *float32, x8 *int8, xs, xsum *float32, ng, x8stride, fstride int, out *float32)
+// Four activation rows against one weight row: the nibbles are unpacked once
+// per group and used four times, which is what makes prefill and verify
+// batches cheaper per row than decode.
+TEXT ·dotQ4I8x4AVX2(SB), NOSPLIT, $0-80
+	MOVQ q+0(FP), SI
+	MOVQ scales+8(FP), R8
+	MOVQ biases+16(FP), R9
+	MOVQ x8+24(FP), DI
+	MOVQ xs+32(FP), R11
+	MOVQ xsum+40(FP), R10
+	MOVQ ng+48(FP), CX
+	MOVQ x8stride+56(FP), BX
+	LEAQ (BX)(BX*2), DX
+	MOVQ fstride+64(FP), R12
+	LEAQ (R12)(R12*2), R13
+	MOVQ out+72(FP), AX
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS X9, X9, X9
+	VXORPS X10, X10, X10
+	VXORPS X11, X11, X11
+	VXORPS X12, X12, X12
+	VPCMPEQW Y14, Y14, Y14
+	VPSRLW $15, Y14, Y14
+	VPCMPEQB Y15, Y15, Y15
+	VPSRLW $12, Y15, Y15
+	VPACKUSWB Y15, Y15, Y15
+	TESTQ CX, CX
+	JEQ x4done
+x4loop:
+	VMOVDQU (SI), Y4
+	VPAND Y15, Y4, Y5
+	VPSRLW $4, Y4, Y6
+	VPAND Y15, Y6, Y6
+	Q4ROW(0(DI), 32(DI), (R11), (R10), Y0, X9)
+	Q4ROW(0(DI)(BX*1), 32(DI)(BX*1), (R11)(R12*1), (R10)(R12*1), Y1, X10)
+	Q4ROW(0(DI)(BX*2), 32(DI)(BX*2), (R11)(R12*2), (R10)(R12*2), Y2, X11)
+	Q4ROW(0(DI)(DX*1), 32(DI)(DX*1), (R11)(R13*1), (R10)(R13*1), Y3, X12)
+	ADDQ $32, SI
+	ADDQ $64, DI
+	ADDQ $4, R8
+	ADDQ $4, R9
+	ADDQ $4, R10
+	ADDQ $4, R11
+	DECQ CX
+	JNE x4loop
+x4done:
+	HSUMTO(Y0, X0, X9, 0(AX))
+	HSUMTO(Y1, X1, X10, 4(AX))
+	HSUMTO(Y2, X2, X11, 8(AX))
+	HSUMTO(Y3, X3, X12, 12(AX))
+	VZEROUPPER
+	RET

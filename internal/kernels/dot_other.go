@@ -8,3 +8,9 @@ func dotQ4AVX2(q *byte, scales, biases, x, xsum *float32, ng int) float32 { pani
 func dotQ8AVX2(q *byte, scales, biases, x, xsum *float32, ng int) float32 { panic("no AVX2") }
 func dotBF16AVX2(w *uint16, x *float32, n int) float32                    { panic("no AVX2") }
 func dotF32AVX2(w, x *float32, n int) float32                             { panic("no AVX2") }
+
+func axpyAVX2(y *float32, a float32, x *float32, n int) { panic("no AVX2") }
+
+func dotQ4I8x4AVX2(q *byte, scales, biases *float32, x8 *int8, xs, xsum *float32, ng, x8stride, fstride int, out *float32) {
+	panic("no AVX2")
+}

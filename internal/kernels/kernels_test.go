@@ -111,7 +111,7 @@ func TestMatMulRowInvariance(t *testing.T) {
 	defer p1.Close()
 	defer p2.Close()
 	for _, k := range []format.Kind{format.F32, format.BF16, format.Q8, format.Q4} {
-		rows, cols, nb := 300, 256, 5
+		rows, cols, nb := 300, 256, 9 // two 4-row blocks and a single row
 		m, _ := encodeMat(t, randVec(r, rows*cols), rows, cols, k)
 		x := randVec(r, nb*cols)
 		batch := make([]float32, nb*rows)
@@ -327,6 +327,44 @@ func BenchmarkQ4Designs(b *testing.B) {
 					out[o] = dotQ4I8AVX2(&m.Q[o*cols/2], &m.Scales[o*ng], &m.Biases[o*ng], &x8[0], &xs[0], &xsum[0], ng)
 				}
 			}
+		})
+	}
+}
+
+func TestAxpyDotTwins(t *testing.T) {
+	r := rand.New(rand.NewPCG(15, 16))
+	for _, n := range []int{16, 64, 100, 128} {
+		x, y := randVec(r, n), randVec(r, n)
+		want := append([]float32(nil), y...)
+		axpyGo(want, 0.37, x)
+		got := append([]float32(nil), y...)
+		Axpy(got, 0.37, x)
+		for i := range got {
+			if d := math.Abs(float64(got[i] - want[i])); d > 1e-6*(1+math.Abs(float64(want[i]))) {
+				t.Fatalf("Axpy n=%d [%d]: %v, twin %v", n, i, got[i], want[i])
+			}
+		}
+		if d := math.Abs(float64(Dot(x, y) - dotF32(x, y))); d > 1e-5*math.Sqrt(float64(n)) {
+			t.Fatalf("Dot n=%d off by %g", n, d)
+		}
+	}
+}
+
+// BenchmarkMatMulBatch measures a prefill-shaped product (64 rows).
+func BenchmarkMatMulBatch(b *testing.B) {
+	r := rand.New(rand.NewPCG(1, 1))
+	p := NewPool(0)
+	defer p.Close()
+	for _, k := range []format.Kind{format.Q8, format.Q4} {
+		rows, cols, nb := 1024, 256, 64
+		m, _ := encodeMat(b, randVec(r, rows*cols), rows, cols, k)
+		x := randVec(r, nb*cols)
+		out := make([]float32, nb*rows)
+		b.Run(string(k), func(b *testing.B) {
+			for b.Loop() {
+				p.MatMul(out, &m, x, nb)
+			}
+			b.ReportMetric(float64(rows*cols*nb)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GMAC/s")
 		})
 	}
 }

@@ -103,6 +103,16 @@ func RopeTable(cos, sin []float32, pos int, dim int, theta float64) {
 
 // Axpy adds a*x to y.
 func Axpy(y []float32, a float32, x []float32) {
+	if useAVX2 && len(y)%16 == 0 && len(y) > 0 {
+		x = x[:len(y)]
+		axpyAVX2(&y[0], a, &x[0], len(y))
+		return
+	}
+	axpyGo(y, a, x)
+}
+
+// axpyGo is the pure-Go twin of Axpy's assembly.
+func axpyGo(y []float32, a float32, x []float32) {
 	x = x[:len(y)]
 	for i := range y {
 		y[i] += a * x[i]
@@ -117,5 +127,11 @@ func Add(y, x []float32) {
 	}
 }
 
-// Dot is Σ a[i]·b[i] with four accumulators.
-func Dot(a, b []float32) float32 { return dotF32(a, b) }
+// Dot is Σ a[i]·b[i].
+func Dot(a, b []float32) float32 {
+	if useAVX2 && len(a)%16 == 0 && len(a) > 0 {
+		b = b[:len(a)]
+		return dotF32AVX2(&a[0], &b[0], len(a))
+	}
+	return dotF32(a, b)
+}

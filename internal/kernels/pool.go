@@ -203,8 +203,16 @@ func (t *matmulTask) Run(lo, hi int) {
 		switch w.Kind {
 		case format.Q4:
 			_, _ = w.Q[hi*C/2-1], w.Scales[hi*ng-1]
+			var o4 [4]float32
 			for o := lo; o < hi; o++ {
-				for r := 0; r < t.nb; r++ {
+				r := 0
+				for ; r+4 <= t.nb; r += 4 {
+					dotQ4I8x4AVX2(&w.Q[o*C/2], &w.Scales[o*ng], &w.Biases[o*ng], &t.x8[r*C], &t.xs[r*ng], &t.xsum[r*ng], ng, C, 4*ng, &o4[0])
+					for j, v := range o4 {
+						out[(r+j)*w.Rows+o] = v
+					}
+				}
+				for ; r < t.nb; r++ {
 					out[r*w.Rows+o] = dotQ4I8AVX2(&w.Q[o*C/2], &w.Scales[o*ng], &w.Biases[o*ng], &t.x8[r*C], &t.xs[r*ng], &t.xsum[r*ng], ng)
 				}
 			}
