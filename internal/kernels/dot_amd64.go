@@ -48,3 +48,6 @@ func axpyAVX2(y *float32, a float32, x *float32, n int)
 //
 //go:noescape
 func dotQ4I8x4AVX2(q *byte, scales, biases *float32, x8 *int8, xs, xsum *float32, ng, x8stride, fstride int, out *float32)
+
+//go:noescape
+func deltaRuleAVX2(S, k, q, v, kv, o *float32, decay, beta float32, dk, dv int)

@@ -358,3 +358,93 @@ x4done:
 	HSUMTO(Y3, X3, X12, 12(AX))
 	VZEROUPPER
 	RET
+
+// func deltaRuleAVX2(S, k, q, v, kv, o *float32, decay, beta float32, dk, dv int)
+// One gated delta-rule step for one value head, S [dk][dv] row-major:
+//   S = decay·S; kv = Sᵀk; kv = beta·(v − kv); S += k⊗kv; o = Sᵀq.
+// dv must be a multiple of 8. kv is scratch of dv floats.
+TEXT ·deltaRuleAVX2(SB), NOSPLIT, $0-72
+	MOVQ S+0(FP), SI
+	MOVQ k+8(FP), R8
+	MOVQ q+16(FP), R9
+	MOVQ v+24(FP), R10
+	MOVQ kv+32(FP), R11
+	MOVQ o+40(FP), R12
+	VBROADCASTSS decay+48(FP), Y14
+	VBROADCASTSS beta+52(FP), Y15
+	MOVQ dk+56(FP), CX
+	MOVQ dv+64(FP), DX
+	SHRQ $3, DX                // 8-float chunks per row
+	// kv = 0, o = 0
+	VXORPS Y0, Y0, Y0
+	MOVQ DX, BX
+	XORQ AX, AX
+dzero:
+	VMOVUPS Y0, (R11)(AX*1)
+	VMOVUPS Y0, (R12)(AX*1)
+	ADDQ $32, AX
+	DECQ BX
+	JNE dzero
+	// pass 1: S *= decay; kv += S[a]·k[a]
+	MOVQ SI, DI
+	MOVQ R8, R13
+	MOVQ CX, R14
+dp1row:
+	VBROADCASTSS (R13), Y1
+	MOVQ DX, BX
+	XORQ AX, AX
+dp1col:
+	VMULPS (DI)(AX*1), Y14, Y2
+	VMOVUPS Y2, (DI)(AX*1)
+	VMOVUPS (R11)(AX*1), Y3
+	VFMADD231PS Y2, Y1, Y3
+	VMOVUPS Y3, (R11)(AX*1)
+	ADDQ $32, AX
+	DECQ BX
+	JNE dp1col
+	MOVQ DX, AX
+	SHLQ $5, AX
+	ADDQ AX, DI
+	ADDQ $4, R13
+	DECQ R14
+	JNE dp1row
+	// kv = beta·(v − kv)
+	MOVQ DX, BX
+	XORQ AX, AX
+dmid:
+	VMOVUPS (R10)(AX*1), Y2
+	VSUBPS (R11)(AX*1), Y2, Y2
+	VMULPS Y15, Y2, Y2
+	VMOVUPS Y2, (R11)(AX*1)
+	ADDQ $32, AX
+	DECQ BX
+	JNE dmid
+	// pass 2: S[a] += k[a]·kv; o += S[a]·q[a]
+	MOVQ SI, DI
+	MOVQ R8, R13
+	MOVQ R9, R15
+	MOVQ CX, R14
+dp2row:
+	VBROADCASTSS (R13), Y1
+	VBROADCASTSS (R15), Y4
+	MOVQ DX, BX
+	XORQ AX, AX
+dp2col:
+	VMOVUPS (DI)(AX*1), Y2
+	VFMADD231PS (R11)(AX*1), Y1, Y2
+	VMOVUPS Y2, (DI)(AX*1)
+	VMOVUPS (R12)(AX*1), Y3
+	VFMADD231PS Y2, Y4, Y3
+	VMOVUPS Y3, (R12)(AX*1)
+	ADDQ $32, AX
+	DECQ BX
+	JNE dp2col
+	MOVQ DX, AX
+	SHLQ $5, AX
+	ADDQ AX, DI
+	ADDQ $4, R13
+	ADDQ $4, R15
+	DECQ R14
+	JNE dp2row
+	VZEROUPPER
+	RET

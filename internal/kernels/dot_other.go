@@ -14,3 +14,5 @@ func axpyAVX2(y *float32, a float32, x *float32, n int) { panic("no AVX2") }
 func dotQ4I8x4AVX2(q *byte, scales, biases *float32, x8 *int8, xs, xsum *float32, ng, x8stride, fstride int, out *float32) {
 	panic("no AVX2")
 }
+
+func deltaRuleAVX2(S, k, q, v, kv, o *float32, decay, beta float32, dk, dv int) { panic("no AVX2") }

@@ -368,3 +368,30 @@ func BenchmarkMatMulBatch(b *testing.B) {
 		})
 	}
 }
+
+func TestDeltaRuleTwin(t *testing.T) {
+	r := rand.New(rand.NewPCG(17, 18))
+	for _, d := range [][2]int{{64, 64}, {128, 128}, {16, 24}} {
+		dk, dv := d[0], d[1]
+		S := randVec(r, dk*dv)
+		k, q, v := randVec(r, dk), randVec(r, dk), randVec(r, dv)
+		L2Norm(k, 1e-6)
+		S2 := append([]float32(nil), S...)
+		o1, o2 := make([]float32, dv), make([]float32, dv)
+		kv := make([]float32, dv)
+		for step := 0; step < 3; step++ {
+			DeltaRule(S, k, q, v, kv, o1, 0.9, 0.6)
+			deltaRuleGo(S2, k, q, v, kv, o2, 0.9, 0.6)
+		}
+		for i := range S {
+			if d := math.Abs(float64(S[i] - S2[i])); d > 1e-4*(1+math.Abs(float64(S2[i]))) {
+				t.Fatalf("dk %d dv %d: S[%d] %v, twin %v", dk, dv, i, S[i], S2[i])
+			}
+		}
+		for i := range o1 {
+			if d := math.Abs(float64(o1[i] - o2[i])); d > 1e-4*(1+math.Abs(float64(o2[i]))) {
+				t.Fatalf("dk %d dv %d: o[%d] %v, twin %v", dk, dv, i, o1[i], o2[i])
+			}
+		}
+	}
+}

@@ -1,0 +1,46 @@
+package kernels
+
+// DeltaRule runs one gated delta-rule step of one value head in place:
+//
+//	S = decay·S;  kv = Sᵀk;  kv = beta·(v − kv);  S += k⊗kv;  o = Sᵀq
+//
+// S is [dk][dv] row-major (dk = len(k) = len(q), dv = len(v) = len(o)); kv
+// is scratch of dv floats. Each element's arithmetic depends only on its own
+// head's inputs, so the result does not depend on batching or threads.
+func DeltaRule(S, k, q, v, kv, o []float32, decay, beta float32) {
+	dk, dv := len(k), len(v)
+	if useAVX2 && dv%8 == 0 && dk > 0 {
+		_, _, _, _ = S[dk*dv-1], q[dk-1], kv[dv-1], o[dv-1]
+		deltaRuleAVX2(&S[0], &k[0], &q[0], &v[0], &kv[0], &o[0], decay, beta, dk, dv)
+		return
+	}
+	deltaRuleGo(S, k, q, v, kv, o, decay, beta)
+}
+
+// deltaRuleGo is DeltaRule's pure-Go twin.
+func deltaRuleGo(S, k, q, v, kv, o []float32, decay, beta float32) {
+	dk, dv := len(k), len(v)
+	kv = kv[:dv]
+	o = o[:dv]
+	clear(kv)
+	for a := 0; a < dk; a++ {
+		row := S[a*dv : (a+1)*dv]
+		ka := k[a]
+		for j := range row {
+			row[j] *= decay
+			kv[j] += row[j] * ka
+		}
+	}
+	for j := range kv {
+		kv[j] = (v[j] - kv[j]) * beta
+	}
+	clear(o)
+	for a := 0; a < dk; a++ {
+		row := S[a*dv : (a+1)*dv]
+		ka, qa := k[a], q[a]
+		for j := range row {
+			row[j] += ka * kv[j]
+			o[j] += row[j] * qa
+		}
+	}
+}
