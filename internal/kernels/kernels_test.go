@@ -395,3 +395,24 @@ func TestDeltaRuleTwin(t *testing.T) {
 		}
 	}
 }
+
+// TestScratchMatMul: the single-thread product equals the pool's bit for bit.
+func TestScratchMatMul(t *testing.T) {
+	r := rand.New(rand.NewPCG(19, 20))
+	p := NewPool(2)
+	defer p.Close()
+	var sc Scratch
+	for _, k := range []format.Kind{format.F32, format.BF16, format.Q8, format.Q4} {
+		rows, cols, nb := 200, 256, 6
+		m, _ := encodeMat(t, randVec(r, rows*cols), rows, cols, k)
+		x := randVec(r, nb*cols)
+		a, b := make([]float32, nb*rows), make([]float32, nb*rows)
+		p.MatMul(a, &m, x, nb)
+		sc.MatMul(b, &m, x, nb)
+		for i := range a {
+			if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+				t.Fatalf("%s: element %d: pool %v, scratch %v", k, i, a[i], b[i])
+			}
+		}
+	}
+}

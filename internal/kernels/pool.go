@@ -36,10 +36,7 @@ type Pool struct {
 	mainParked atomic.Bool
 	mainWake   chan struct{}
 
-	mm   matmulTask
-	xsum []float32
-	x8   []int8    // [rows][cols] int8 activations for q4 products
-	xs   []float32 // [rows][cols/64] their scales
+	sc Scratch
 }
 
 // spinFor is how long an idle worker polls before parking: longer than the
@@ -273,31 +270,55 @@ func (t *matmulTask) Run(lo, hi int) {
 // float activations: 8-bit weights times int8 would overflow VPMADDUBSW's
 // int16 pairs, and bf16 is the exact mode.
 func (p *Pool) MatMul(out []float32, w *Mat, x []float32, nb int) {
+	p.sc.prepare(out, w, x, nb)
+	// Below ~16K multiply-adds per part, waking a worker costs more than it saves.
+	grain := max(1, 16384/(w.Cols*nb))
+	p.Parallel(w.Rows, grain, &p.sc.mm)
+	p.sc.mm = matmulTask{}
+}
+
+// Scratch holds the activation buffers of a product (group sums, int8
+// activations). A Pool has one; a task that runs many small products on
+// every thread at once gives each thread its own and calls Scratch.MatMul.
+type Scratch struct {
+	mm   matmulTask
+	xsum []float32
+	x8   []int8    // [rows][cols] int8 activations for q4 products
+	xs   []float32 // [rows][cols/64] their scales
+}
+
+// prepare computes the activation side of out = W·x and sets up s.mm.
+func (s *Scratch) prepare(out []float32, w *Mat, x []float32, nb int) {
 	var x8 []int8
 	var xs []float32
 	if w.Kind.Quantised() {
 		C := w.Cols
 		ng := C / format.GroupSize
-		p.xsum = grow(p.xsum, nb*ng)
+		s.xsum = grow(s.xsum, nb*ng)
 		for r := 0; r < nb; r++ {
-			GroupSums(p.xsum[r*ng:(r+1)*ng], x[r*C:(r+1)*C])
+			GroupSums(s.xsum[r*ng:(r+1)*ng], x[r*C:(r+1)*C])
 		}
 		if w.Kind == format.Q4 {
-			if cap(p.x8) < nb*C {
-				p.x8 = make([]int8, nb*C)
+			if cap(s.x8) < nb*C {
+				s.x8 = make([]int8, nb*C)
 			}
-			p.xs = grow(p.xs, nb*ng)
-			x8, xs = p.x8[:nb*C], p.xs
+			s.xs = grow(s.xs, nb*ng)
+			x8, xs = s.x8[:nb*C], s.xs
 			for r := 0; r < nb; r++ {
 				QuantizeRow8(x8[r*C:(r+1)*C], xs[r*ng:(r+1)*ng], x[r*C:(r+1)*C])
 			}
 		}
 	}
-	p.mm = matmulTask{out: out[:nb*w.Rows], x: x[:nb*w.Cols], xsum: p.xsum, xs: xs, x8: x8, w: w, nb: nb}
-	// Below ~16K multiply-adds per part, waking a worker costs more than it saves.
-	grain := max(1, 16384/(w.Cols*nb))
-	p.Parallel(w.Rows, grain, &p.mm)
-	p.mm = matmulTask{}
+	s.mm = matmulTask{out: out[:nb*w.Rows], x: x[:nb*w.Cols], xsum: s.xsum, xs: xs, x8: x8, w: w, nb: nb}
+}
+
+// MatMul is Pool.MatMul on the calling thread alone; its results are
+// bit-identical to the pool's (a product is split by output rows, which
+// changes no element's arithmetic).
+func (s *Scratch) MatMul(out []float32, w *Mat, x []float32, nb int) {
+	s.prepare(out, w, x, nb)
+	s.mm.Run(0, w.Rows)
+	s.mm = matmulTask{}
 }
 
 // grow returns b with length n, reallocating only when its capacity is short.
