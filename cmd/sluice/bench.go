@@ -8,10 +8,9 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime/pprof"
+	"slices"
 	"sort"
-
-	"github.com/sluicelm/sluice/internal/engine"
-	"github.com/sluicelm/sluice/internal/sample"
+	"strings"
 )
 
 func cmdBench(ctx context.Context, args []string) error {
@@ -24,8 +23,18 @@ func cmdBench(ctx context.Context, args []string) error {
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the timed trials to this file")
 	genOnly := fs.Bool("profile-decode-only", false, "with --cpuprofile, profile only decode (prompt of 1 token)")
+	disk := fs.Bool("disk", false, "also measure the O_DIRECT random-read bandwidth of the expert store at the record size and queue depth in use")
 	if _, err := parse(fs, args); err != nil {
 		return err
+	}
+	if pools := strings.Split(mf.experts.poolMB, ","); len(pools) > 1 {
+		// One bench per pool size, each with its own engine.
+		for _, p := range pools {
+			if err := cmdBench(ctx, append(slices.Clone(args), "--pool-mb", strings.TrimSpace(p))); err != nil {
+				return err
+			}
+		}
+		return nil
 	}
 	if *promptN < 1 || *genN < 2 || *repeat < 1 {
 		return fmt.Errorf("want --prompt >= 1, --gen >= 2, --repeat >= 1")
@@ -56,6 +65,13 @@ func cmdBench(ctx context.Context, args []string) error {
 		prompt = prompt[:1]
 	}
 	var pre, dec []float64
+	var trials []benchTrial
+	var diskBefore float64
+	if *disk && e.Stream != nil {
+		if diskBefore, err = measureDisk(e); err != nil {
+			return err
+		}
+	}
 	var prof *os.File
 	defer func() {
 		if prof != nil {
@@ -73,13 +89,15 @@ func cmdBench(ctx context.Context, args []string) error {
 			}
 		}
 		st.Reset()
-		_, s, err := e.Generate(ctx, st, prompt, engine.GenOptions{MaxTokens: *genN, IgnoreEOS: true, Sample: sample.Params{}}, nil)
+		bt, err := runTrial(ctx, e, st, prompt, *genN)
 		if err != nil {
 			return err
 		}
+		s := bt.stats
 		if t == 0 {
 			continue // warm-up: page in weights, grow scratch
 		}
+		trials = append(trials, bt)
 		pre = append(pre, s.PrefillTokS)
 		dec = append(dec, s.DecodeTokS)
 		if isTerminal(os.Stderr) && !*asJSON {
@@ -91,11 +109,29 @@ func cmdBench(ctx context.Context, args []string) error {
 		"prompt_tokens": *promptN, "gen_tokens": *genN, "repeat": *repeat,
 		"prefill_tok_s": median(pre), "decode_tok_s": median(dec), "prefill_all": pre, "decode_all": dec,
 	}
+	var xs *poolBench
+	if e.Stream != nil {
+		xs = summarisePool(e, trials)
+		if *disk {
+			// The disk's speed swings between runs: average a measurement
+			// before the trials with one after.
+			after, err := measureDisk(e)
+			if err != nil {
+				return err
+			}
+			xs.DiskMBs = (diskBefore + after) / 2
+		}
+		res["experts"] = xs
+	}
+	res["experts_plan"] = e.ExpertPlan
 	if *asJSON {
 		return json.NewEncoder(os.Stdout).Encode(res)
 	}
 	if isTerminal(os.Stderr) {
 		fmt.Fprint(os.Stderr, "\r")
+	}
+	if xs != nil {
+		defer xs.print(os.Stdout, e)
 	}
 	fmt.Printf("%-40s %-12s %5s %8s %14s %14s\n", "model", "family", "bits", "threads", "pp"+fmt.Sprint(*promptN)+" tok/s", "tg"+fmt.Sprint(*genN)+" tok/s")
 	fmt.Printf("%-40s %-12s %5d %8d %14.1f %14.1f\n", trim(e.Dir, 40), e.Model.Config.Family, e.Model.Manifest.Bits, e.Runner.Pool.Threads(), median(pre), median(dec))

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -35,9 +36,20 @@ func cmdPack(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("pack", flag.ContinueOnError)
 	bits := fs.Int("bits", 4, "16 (bf16, exact), 8 or 4")
 	force := fs.Bool("force", false, "replace DST if it exists")
+	lowBits := fs.String("low-bits", "", "also write low-bit expert stores for lossy --miss-bits, e.g. 3,2")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
+	}
+	var lows []int
+	if *lowBits != "" {
+		for _, f := range strings.Split(*lowBits, ",") {
+			b, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || (b != 2 && b != 3) {
+				return fmt.Errorf("--low-bits %q: want 3, 2 or 3,2", *lowBits)
+			}
+			lows = append(lows, b)
+		}
 	}
 	if len(pos) != 2 {
 		return fmt.Errorf("want SRC and DST, got %d arguments (usage: sluice pack [--bits 16|8|4] [--force] SRC DST)", len(pos))
@@ -46,7 +58,7 @@ func cmdPack(ctx context.Context, args []string) error {
 	if isTerminal(os.Stderr) {
 		progress = os.Stderr
 	}
-	return pack.Pack(ctx, pos[0], pos[1], pack.Options{Bits: *bits, Force: *force, Progress: progress})
+	return pack.Pack(ctx, pos[0], pos[1], pack.Options{Bits: *bits, Force: *force, Progress: progress, LowBits: lows})
 }
 
 func cmdInspect(ctx context.Context, args []string) error {
@@ -271,7 +283,8 @@ func cmdRun(ctx context.Context, args []string) error {
 		out.WriteString(s)
 		return out.Flush()
 	}
-	gen, stats, err := e.Generate(ctx, st, ids, engine.GenOptions{MaxTokens: *n, Sample: sp, IgnoreEOS: *ignoreEOS}, emit)
+	sf.draftNote(e)
+	gen, stats, err := e.Generate(ctx, st, ids, engine.GenOptions{MaxTokens: *n, Sample: sp, IgnoreEOS: *ignoreEOS, Drafts: sf.drafts}, emit)
 	if err != nil {
 		return err
 	}
@@ -285,13 +298,45 @@ func cmdRun(ctx context.Context, args []string) error {
 	out.Flush()
 	fmt.Fprintf(os.Stderr, "prompt %d tokens, generated %d tokens (%s), prefill %.1f tok/s, decode %.1f tok/s\n",
 		stats.PromptTokens, stats.GeneratedTokens, stats.StopReason, stats.PrefillTokS, stats.DecodeTokS)
+	fmt.Fprintln(os.Stderr, expertSummary(e, stats))
 	return nil
 }
 
+// expertSummary is the run summary's line about the experts: what was
+// chosen and, when they stream, the hit rate and MB read per token.
+func expertSummary(e *engine.Engine, s engine.Stats) string {
+	line := "experts: " + e.ExpertPlan
+	if x := s.Experts; x != nil {
+		line += fmt.Sprintf("\nexperts: hit rate %.1f%%, %.2f MB read per prompt token, %.2f MB per generated token, io wait %.0f ms",
+			100*x.HitRate, perToken(x.PrefillBytesRead, s.PromptTokens), perToken(x.DecodeBytesRead, s.GeneratedTokens-1), x.IOWaitMS)
+		if la := s.Lookahead; la != nil {
+			line += fmt.Sprintf("; lookahead %d issued, %d useful, %d wasted", la.Issued, la.Useful, la.Wasted)
+		}
+	}
+	return line
+}
+
+func perToken(bytes int64, n int) float64 {
+	if n <= 0 {
+		return 0
+	}
+	return float64(bytes) / 1e6 / float64(n)
+}
+
 func statsJSON(s engine.Stats, seed uint64) map[string]any {
-	return map[string]any{"prompt_tokens": s.PromptTokens, "generated_tokens": s.GeneratedTokens,
+	m := map[string]any{"prompt_tokens": s.PromptTokens, "generated_tokens": s.GeneratedTokens,
 		"prefill_tok_s": s.PrefillTokS, "decode_tok_s": s.DecodeTokS, "prefill_ms": s.PrefillMS,
 		"decode_ms": s.DecodeMS, "stop_reason": s.StopReason, "seed": seed}
+	if s.Experts != nil {
+		m["experts"] = s.Experts
+	}
+	if s.Lookahead != nil {
+		m["lookahead"] = s.Lookahead
+	}
+	if s.MTP != nil {
+		m["mtp"] = s.MTP
+	}
+	return m
 }
 
 func cmdChat(ctx context.Context, args []string) error {
@@ -314,6 +359,7 @@ func cmdChat(ctx context.Context, args []string) error {
 		return err
 	}
 	defer e.Close()
+	sf.draftNote(e)
 	if e.Tok.TemplateIsFallback() {
 		fmt.Fprintln(os.Stderr, "note: the model's chat template could not be used; using ChatML")
 	}
@@ -347,7 +393,7 @@ func cmdChat(ctx context.Context, args []string) error {
 			return err
 		}
 		var reply strings.Builder
-		_, stats, err := e.Generate(ctx, st, e.Tok.Encode(prompt), engine.GenOptions{MaxTokens: *n, Sample: sp}, func(_ int, s string) error {
+		_, stats, err := e.Generate(ctx, st, e.Tok.Encode(prompt), engine.GenOptions{MaxTokens: *n, Sample: sp, Drafts: sf.drafts}, func(_ int, s string) error {
 			reply.WriteString(s)
 			fmt.Print(s)
 			return nil

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/sluicelm/sluice/internal/engine"
+	"github.com/sluicelm/sluice/internal/experts"
 	"github.com/sluicelm/sluice/internal/sample"
 	"github.com/sluicelm/sluice/models"
 )
@@ -47,6 +48,18 @@ type modelFlags struct {
 	threads int
 	ctx     int
 	chunk   int
+	experts expertFlags
+}
+
+// expertFlags choose how routed experts are served (engine.ExpertOptions).
+type expertFlags struct {
+	poolMB    string
+	memoryGB  float64
+	lookahead bool
+	evict     string
+	missBits  int
+	cutWeak   float64
+	readers   int
 }
 
 func (m *modelFlags) register(fs *flag.FlagSet) {
@@ -54,6 +67,48 @@ func (m *modelFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&m.threads, "threads", 0, "worker threads (0 = one per CPU)")
 	fs.IntVar(&m.ctx, "ctx", 0, "context length in tokens (0 = min(model maximum, 4096))")
 	fs.IntVar(&m.chunk, "chunk", 64, "prefill chunk size in tokens")
+	x := &m.experts
+	fs.StringVar(&x.poolMB, "pool-mb", "", "stream experts through a pool of N MiB, or N% of the expert store (default: map them whole if they fit, else auto-size)")
+	fs.Float64Var(&x.memoryGB, "memory-gb", 0, "total memory budget in GiB (dense + state + scratch + expert pool); experts stream when they do not fit")
+	fs.BoolVar(&x.lookahead, "lookahead", true, "prefetch the next layer's predicted experts while this layer computes")
+	fs.StringVar(&x.evict, "evict", "", "expert pool eviction: lru or flru (frequency-weighted LRU); default flru")
+	fs.IntVar(&x.missBits, "miss-bits", 0, "lossy: read missed experts from the 3- or 2-bit store (sluice pack --low-bits)")
+	fs.Float64Var(&x.cutWeak, "cut-weak", 0, "lossy: skip a late-arriving expert whose routing weight is below W in every row")
+	fs.IntVar(&x.readers, "readers", 0, "expert reader goroutines, i.e. read queue depth (0 = 8)")
+}
+
+// options converts the flags; verbose notes go to log.
+func (x *expertFlags) options(log io.Writer) (engine.ExpertOptions, error) {
+	o := engine.ExpertOptions{MemoryBytes: int64(x.memoryGB * (1 << 30)), NoLookahead: !x.lookahead,
+		Policy: experts.Policy(x.evict), MissBits: x.missBits, CutWeak: x.cutWeak, Readers: x.readers, Log: log}
+	if x.poolMB != "" {
+		if x.memoryGB > 0 {
+			return o, fmt.Errorf("give --pool-mb or --memory-gb, not both")
+		}
+		if p, ok := strings.CutSuffix(x.poolMB, "%"); ok {
+			v, err := strconv.ParseFloat(p, 64)
+			if err != nil || v <= 0 || v > 100 {
+				return o, fmt.Errorf("--pool-mb %q: want a percentage in (0,100]", x.poolMB)
+			}
+			o.PoolShare = v / 100
+		} else {
+			v, err := strconv.ParseFloat(x.poolMB, 64)
+			if err != nil || v <= 0 {
+				return o, fmt.Errorf("--pool-mb %q: want a positive size in MiB or a percentage", x.poolMB)
+			}
+			o.PoolBytes = int64(v * (1 << 20))
+		}
+	}
+	if x.memoryGB < 0 {
+		return o, fmt.Errorf("--memory-gb %g must be positive", x.memoryGB)
+	}
+	if x.missBits != 0 && x.missBits != 2 && x.missBits != 3 {
+		return o, fmt.Errorf("--miss-bits %d: want 3 or 2", x.missBits)
+	}
+	if x.cutWeak < 0 || x.cutWeak >= 1 {
+		return o, fmt.Errorf("--cut-weak %g: want a routing weight in [0,1)", x.cutWeak)
+	}
+	return o, nil
 }
 
 func (m *modelFlags) open(ctx context.Context) (*engine.Engine, error) {
@@ -71,15 +126,28 @@ func (m *modelFlags) open(ctx context.Context) (*engine.Engine, error) {
 	if isTerminal(os.Stderr) {
 		progress = os.Stderr
 	}
-	return engine.Open(ctx, dir, engine.Options{Threads: m.threads, Ctx: m.ctx, ChunkRows: m.chunk, Progress: progress})
+	xo, err := m.experts.options(os.Stderr)
+	if err != nil {
+		return nil, err
+	}
+	return engine.Open(ctx, dir, engine.Options{Threads: m.threads, Ctx: m.ctx, ChunkRows: m.chunk, Progress: progress, Experts: xo})
 }
 
-// sampleFlags are the sampling flags of run and chat.
+// sampleFlags are the sampling flags of run and chat, with the number of
+// MTP drafts per step.
 type sampleFlags struct {
 	temp, topP, minP, rep, presence, frequency float64
 	topK                                       int
 	seed                                       int64
+	drafts                                     int
 }
+
+// defaultDrafts is --drafts by default: the D with the best measured decode
+// speed on the bundled model with the full store and a 25% expert pool
+// (README, "Speculative decoding"). On this 2-core machine the tiny model's
+// step is bound by per-expert dispatch, whose count grows with the rows of a
+// batch, so drafts do not pay yet; measure again on a real checkpoint.
+const defaultDrafts = 0
 
 func (s *sampleFlags) register(fs *flag.FlagSet) {
 	fs.Float64Var(&s.temp, "temp", 0.8, "temperature; 0 = greedy")
@@ -90,6 +158,14 @@ func (s *sampleFlags) register(fs *flag.FlagSet) {
 	fs.Float64Var(&s.presence, "presence-penalty", 0, "subtracted from tokens already present")
 	fs.Float64Var(&s.frequency, "frequency-penalty", 0, "subtracted per occurrence")
 	fs.Int64Var(&s.seed, "seed", -1, "random seed (-1 = random)")
+	fs.IntVar(&s.drafts, "drafts", defaultDrafts, "tokens the model's MTP head drafts per step for speculative decoding (0 = off; ignored, with a note, for models without an MTP head)")
+}
+
+// draftNote tells the user when --drafts cannot apply to the model.
+func (s *sampleFlags) draftNote(e *engine.Engine) {
+	if s.drafts > 0 && !e.CanDraft() {
+		fmt.Fprintln(os.Stderr, "note: the model has no MTP head; decoding without drafts")
+	}
 }
 
 func (s *sampleFlags) params() (sample.Params, error) {
@@ -98,6 +174,9 @@ func (s *sampleFlags) params() (sample.Params, error) {
 		// Keep the reported seed within --seed's int64 range so that it can
 		// be passed back to reproduce the run.
 		seed = randomSeed() &^ (1 << 63)
+	}
+	if s.drafts < 0 {
+		return sample.Params{}, fmt.Errorf("--drafts %d must be >= 0", s.drafts)
 	}
 	p := sample.Params{Temperature: s.temp, TopK: s.topK, TopP: s.topP, MinP: s.minP,
 		RepetitionPenalty: s.rep, PresencePenalty: s.presence, FrequencyPenalty: s.frequency, Seed: seed}

@@ -26,7 +26,9 @@ func init() {
 		{"bench", "bench [-m DIR] [--prompt 512] [--gen 128] [--threads N] [--repeat R] [--json]", "median prefill and decode speed", cmdBench},
 		{"pack", "pack [--bits 16|8|4] [--force] SRC DST", "convert a Hugging Face checkpoint to a packed model", cmdPack},
 		{"inspect", "inspect DIR", "describe a packed model or checkpoint", cmdInspect},
+		{"serve", "serve [-m DIR] [--addr 127.0.0.1:8080] [--memory-gb G] [--max-queue N] [--api-key K]", "OpenAI-compatible HTTP server", cmdServe},
 		{"tokenize", "tokenize [-m DIR] --text T", "print token ids as JSON", cmdTokenize},
+		{"synth", "synth --like qwen3.5-35b-a3b|qwen3-30b-a3b [--layers N] --out DIR", "write a random model of real shapes for streaming benchmarks", cmdSynth},
 	}
 }
 

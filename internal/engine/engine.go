@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/sluicelm/sluice/internal/experts"
 	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/hf"
 	"github.com/sluicelm/sluice/internal/model"
@@ -29,6 +30,7 @@ type Options struct {
 	PackBits  int       // bits for packing a Hugging Face directory; 0 = 4
 	CacheDir  string    // where packed copies of Hugging Face directories go; "" = user cache
 	Progress  io.Writer // pack progress; nil = silent
+	Experts   ExpertOptions
 }
 
 // Engine is one loaded model with its tokenizer and runner.
@@ -38,6 +40,10 @@ type Engine struct {
 	Tok    *tokenizer.Tokenizer
 	Ctx    int
 	Dir    string // the packed directory in use
+	// Stream is the expert pool when experts stream from disk; nil when
+	// the store is mapped whole. ExpertPlan says which and why.
+	Stream     *experts.Stream
+	ExpertPlan string
 }
 
 // Open loads a packed directory, or packs a Hugging Face checkpoint
@@ -63,18 +69,17 @@ func Open(ctx context.Context, dir string, o Options) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	prov, err := model.NewResidentProvider(m)
+	stream, plan, err := openExperts(m, o)
 	if err != nil {
 		m.Close()
 		return nil, err
 	}
-	m.Experts = prov
 	tok, err := tokenizer.Load(packed)
 	if err != nil {
 		m.Close()
 		return nil, err
 	}
-	e := &Engine{Model: m, Tok: tok, Dir: packed}
+	e := &Engine{Model: m, Tok: tok, Dir: packed, Stream: stream, ExpertPlan: plan}
 	e.Ctx = o.Ctx
 	if mp := m.Config.MaxPos; mp > 0 && e.Ctx > mp {
 		m.Close()
@@ -91,6 +96,10 @@ func Open(ctx context.Context, dir string, o Options) (*Engine, error) {
 		chunk = 64
 	}
 	e.Runner = model.NewRunner(m, o.Threads, chunk)
+	if e.Runner.Routes, err = experts.LoadRoutes(packed, &m.Config); err != nil {
+		e.Close()
+		return nil, err
+	}
 	return e, nil
 }
 
@@ -161,6 +170,11 @@ type GenOptions struct {
 	MaxTokens int
 	Sample    sample.Params
 	IgnoreEOS bool
+	// Drafts is the number of tokens the model's MTP head drafts per step
+	// for speculative decoding (0 = off). Greedy output is the same with or
+	// without drafts; sampled output has the same distribution. Models
+	// without an MTP head decode plainly and say so in Stats.MTP.
+	Drafts int
 }
 
 // Stats describe one generation.
@@ -172,6 +186,12 @@ type Stats struct {
 	PrefillMS       float64 `json:"prefill_ms"`
 	DecodeMS        float64 `json:"decode_ms"`
 	StopReason      string  `json:"stop_reason"` // "eos", "length", "context"
+	// MTP describes speculative decoding; nil when no drafts were asked for.
+	MTP *MTPStats `json:"mtp,omitempty"`
+	// Experts and Lookahead describe the expert pool; nil when the
+	// experts are mapped whole (or lookahead is off).
+	Experts   *ExpertStats    `json:"experts,omitempty"`
+	Lookahead *LookaheadStats `json:"lookahead,omitempty"`
 }
 
 // Emit receives each generated token and the text it completes (possibly

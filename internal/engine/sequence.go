@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/sluicelm/sluice/internal/experts"
 	"github.com/sluicelm/sluice/internal/model"
 	"github.com/sluicelm/sluice/internal/sample"
 	"github.com/sluicelm/sluice/internal/tokenizer"
@@ -26,6 +27,9 @@ type Sequence struct {
 	done    bool
 	stats   Stats
 	decodeT time.Duration
+	sp      *spec // speculative decoding with the MTP head; nil when off
+	// Expert pool counters at the start and after the last prefill.
+	xStart, xPrefilled experts.Snapshot
 }
 
 // NewSequence prepares a generation into st.
@@ -40,6 +44,11 @@ func (e *Engine) NewSequence(st *model.State, o GenOptions) (*Sequence, error) {
 		q.eos[id] = true
 	}
 	q.stats.StopReason = "length"
+	q.xStart = e.expertSnap()
+	var off string
+	if q.sp, off = e.newSpec(o); off != "" {
+		q.stats.MTP = &MTPStats{Disabled: off}
+	}
 	return q, nil
 }
 
@@ -65,11 +74,17 @@ func (q *Sequence) Prefill(ctx context.Context, prompt []int) error {
 		if err := q.e.Runner.Forward(st, prompt[i:j], q.logits, false); err != nil {
 			return err
 		}
+		if q.sp != nil {
+			if err := q.prefillMTP(prompt[i:j]); err != nil {
+				return err
+			}
+		}
 	}
 	q.history = append(q.history, prompt...)
 	q.stats.PromptTokens += len(prompt)
 	q.stats.PrefillMS += msSince(t0)
 	q.stats.PrefillTokS = rate(q.stats.PromptTokens, q.stats.PrefillMS)
+	q.xPrefilled = q.e.expertSnap()
 	if q.opts.MaxTokens <= 0 {
 		q.done = true
 	}
@@ -95,6 +110,10 @@ func (q *Sequence) Stats() Stats {
 		// counts the forward passes that followed.
 		s.DecodeTokS = rate(len(q.out)-1, s.DecodeMS)
 	}
+	if q.sp != nil {
+		s.MTP = q.sp.statsCopy()
+	}
+	q.e.fillExpertStats(&s, q.xStart, q.xPrefilled)
 	return s
 }
 
@@ -111,6 +130,9 @@ func (q *Sequence) Step(ctx context.Context) ([]int, string, error) {
 	}
 	t0 := time.Now()
 	defer func() { q.decodeT += time.Since(t0) }()
+	if q.sp != nil {
+		return q.specStep(ctx)
+	}
 	next := q.smp.Sample(q.logits, q.history)
 	q.out = append(q.out, next)
 	q.history = append(q.history, next)

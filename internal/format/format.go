@@ -156,7 +156,37 @@ const (
 	BF16 Kind = "bf16"
 	Q8   Kind = "q8"
 	Q4   Kind = "q4"
+	// Q3 and Q2 exist only as low-bit copies of the expert store
+	// (experts3.bin, experts2.bin) that lossy miss reads use; the runtime
+	// widens them to the main store's kind on arrival. A group's 64 values
+	// are a little-endian bit stream: value i is bits [i*b, (i+1)*b).
+	Q3 Kind = "q3"
+	Q2 Kind = "q2"
 )
+
+// LowKind maps --low-bits / --miss-bits to the kind of a low-bit store.
+func LowKind(bits int) (Kind, error) {
+	switch bits {
+	case 3:
+		return Q3, nil
+	case 2:
+		return Q2, nil
+	}
+	return "", fmt.Errorf("low bits %d unsupported (want 3 or 2)", bits)
+}
+
+// LowStoreFile names the low-bit copy of the expert store.
+func LowStoreFile(bits int) string { return fmt.Sprintf("experts%d.bin", bits) }
+
+// Store returns the expert store of kind k, if the manifest lists one.
+func (m *Manifest) Store(k Kind) (*ExpertStore, bool) {
+	for i := range m.Stores {
+		if m.Stores[i].Kind == k {
+			return &m.Stores[i], true
+		}
+	}
+	return nil, false
+}
 
 // KindForBits maps --bits to the storage kind of quantised matrices.
 func KindForBits(bits int) (Kind, error) {
@@ -182,12 +212,16 @@ func (k Kind) Bits() int {
 		return 8
 	case Q4:
 		return 4
+	case Q3:
+		return 3
+	case Q2:
+		return 2
 	}
 	return 0
 }
 
 // Quantised reports whether the kind carries scales and biases.
-func (k Kind) Quantised() bool { return k == Q8 || k == Q4 }
+func (k Kind) Quantised() bool { return k == Q8 || k == Q4 || k == Q3 || k == Q2 }
 
 // Sizes returns the bytes of the values and of the scales (the biases are the
 // same size as the scales) of a [rows][cols] matrix of kind k.

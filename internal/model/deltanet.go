@@ -28,9 +28,12 @@ func (d *dnScratch) init(c *format.Config, rows int) {
 	d.o = make([]float32, rows*vd)
 }
 
-// deltanet runs the gated DeltaNet block over nb rows in order, updating the
-// conv history and recurrent state, and leaves the projected output in r.y.
-func (r *Runner) deltanet(L *Layer, conv, rec []float32, nb int) {
+// deltanet runs the gated DeltaNet block of trunk layer li over nb rows in
+// order, updating st's conv history and recurrent state, and leaves the
+// projected output in r.y. Under State.Speculate it also saves both after
+// each row, for Commit to roll back to.
+func (r *Runner) deltanet(L *Layer, st *State, li, nb int) {
+	conv, rec := st.conv[li], st.rec[li]
 	c := &r.M.Config
 	d := &r.dn
 	nk, nv, dk, dv, K := c.LinearKeyHeads, c.LinearValueHeads, c.LinearKeyDim, c.LinearValueDim, c.ConvKernel
@@ -58,6 +61,9 @@ func (r *Runner) deltanet(L *Layer, conv, rec []float32, nb int) {
 			conv[(K-2)*cd+ch] = xv
 			x[ch] = kernels.SiLU(s)
 		}
+		if sc, _ := st.snapRow(li, i); sc != nil {
+			copy(sc, conv)
+		}
 		for h := 0; h < nk; h++ {
 			q := x[h*dk : (h+1)*dk]
 			kernels.L2Norm(q, 1e-6)
@@ -72,7 +78,7 @@ func (r *Runner) deltanet(L *Layer, conv, rec []float32, nb int) {
 			d.a[ai] = float32(math.Exp(float64(-float32(math.Exp(float64(L.ALog[h]))) * kernels.Softplus(d.a[ai]+L.DtBias[h])))) // decay = exp(g)
 		}
 	}
-	d.task = dnTask{r: r, rec: rec, nb: nb}
+	d.task = dnTask{r: r, rec: rec, nb: nb, st: st, li: li}
 	r.Pool.Parallel(nv, 1, &d.task)
 	d.task = dnTask{}
 	eps := float32(c.RMSEps)
@@ -96,6 +102,8 @@ type dnTask struct {
 	r   *Runner
 	rec []float32
 	nb  int
+	st  *State // for per-row snapshots under Speculate
+	li  int
 }
 
 func (t *dnTask) Run(lo, hi int) {
@@ -118,27 +126,9 @@ func (t *dnTask) Run(lo, hi int) {
 			if dv > len(mem) {
 				kv = make([]float32, dv) // heads wider than 256 are not in any known model
 			}
-			clear(kv)
-			for a := 0; a < dk; a++ {
-				row := S[a*dv : (a+1)*dv]
-				ka := k[a]
-				for j := range row {
-					row[j] *= decay
-					kv[j] += row[j] * ka
-				}
-			}
-			for j := range kv {
-				kv[j] = (v[j] - kv[j]) * beta
-			}
-			o := d.o[i*vd+h*dv : i*vd+(h+1)*dv]
-			clear(o)
-			for a := 0; a < dk; a++ {
-				row := S[a*dv : (a+1)*dv]
-				ka, qa := k[a], q[a]
-				for j := range row {
-					row[j] += ka * kv[j]
-					o[j] += row[j] * qa
-				}
+			kernels.DeltaRule(S, k, q, v, kv, d.o[i*vd+h*dv:i*vd+(h+1)*dv], decay, beta)
+			if _, sr := t.st.snapRow(t.li, i); sr != nil {
+				copy(sr[h*dk*dv:(h+1)*dk*dv], S)
 			}
 		}
 	}

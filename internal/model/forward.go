@@ -21,15 +21,19 @@ type Runner struct {
 	Pool    *kernels.Pool
 	MaxRows int
 	Trace   TraceFunc
+	// Routes, when set, replaces the router's top-k choice of each row
+	// (a benchmark replaying recorded routes on a synthetic model); the
+	// weights stay the router's probabilities of the chosen experts.
+	Routes RouteFunc
 
 	x, h, y   []float32 // [rows][hidden] residual, normed input, block output
 	final     []float32 // [rows][hidden] final-normed hidden (for MTP and tracing)
-	logits    []float32 // [rows][vocab]
 	attn      attnScratch
 	dn        dnScratch
 	moe       moeScratch
 	cos, sin  []float32 // [rows][rotary/2]
 	positions []int
+	mtp       mtpScratch // the MTP head's buffers, allocated on first use
 }
 
 // NewRunner prepares scratch for batches of up to maxRows rows.
@@ -44,7 +48,6 @@ func NewRunner(m *Model, threads, maxRows int) *Runner {
 	r.h = make([]float32, maxRows*H)
 	r.y = make([]float32, maxRows*H)
 	r.final = make([]float32, maxRows*H)
-	r.logits = make([]float32, maxRows*c.Vocab)
 	r.cos = make([]float32, maxRows*c.RotaryDim/2)
 	r.sin = make([]float32, maxRows*c.RotaryDim/2)
 	r.positions = make([]int, maxRows)
@@ -80,13 +83,18 @@ func (r *Runner) Forward(st *State, tokens []int, out []float32, all bool) error
 	for done := 0; done < len(tokens); {
 		nb := min(r.MaxRows, len(tokens)-done)
 		last := done+nb == len(tokens)
-		if err := r.step(st, tokens[done:done+nb], all || last); err != nil {
-			return err
+		// Logits go straight into out: only the rows asked for are
+		// computed, and no [rows][vocab] scratch is held (it would be
+		// hundreds of MB for a 150k vocabulary and a 256-row chunk).
+		var dst []float32
+		switch {
+		case all:
+			dst = out[done*V : (done+nb)*V]
+		case last:
+			dst = out[:V]
 		}
-		if all {
-			copy(out[done*V:], r.logits[:nb*V])
-		} else if last {
-			copy(out[:V], r.logits[(nb-1)*V:nb*V])
+		if err := r.step(st, tokens[done:done+nb], dst, all); err != nil {
+			return err
 		}
 		done += nb
 	}
@@ -107,7 +115,7 @@ func (r *Runner) trace(name string, layer, nb, width int, v []float32) {
 }
 
 // step runs one batch of nb ≤ MaxRows rows through the trunk.
-func (r *Runner) step(st *State, tokens []int, wantLogits bool) error {
+func (r *Runner) step(st *State, tokens []int, logits []float32, allRows bool) error {
 	m := r.M
 	c := &m.Config
 	H := c.Hidden
@@ -129,7 +137,7 @@ func (r *Runner) step(st *State, tokens []int, wantLogits bool) error {
 		if L.Attn {
 			r.attention(L, st.kc[li], st.vc[li], st.Pos, nb)
 		} else {
-			r.deltanet(L, st.conv[li], st.rec[li], nb)
+			r.deltanet(L, st, li, nb)
 		}
 		r.trace("mixer_out", li, nb, H, r.y)
 		kernels.Add(r.x[:nb*H], r.y[:nb*H])
@@ -148,8 +156,12 @@ func (r *Runner) step(st *State, tokens []int, wantLogits bool) error {
 		kernels.RMSNorm(r.final[i*H:(i+1)*H], r.x[i*H:(i+1)*H], m.Norm, eps, zc)
 	}
 	r.trace("final_norm", -1, nb, H, r.final)
-	if wantLogits {
-		r.Pool.MatMul(r.logits, &m.LMHead, r.final, nb)
+	switch {
+	case logits == nil:
+	case allRows:
+		r.Pool.MatMul(logits, &m.LMHead, r.final, nb)
+	default:
+		r.Pool.MatMul(logits, &m.LMHead, r.final[(nb-1)*H:nb*H], 1)
 	}
 	st.Pos += nb
 	return nil
@@ -162,12 +174,6 @@ func (r *Runner) ropeTables(nb int) {
 	for i := 0; i < nb; i++ {
 		kernels.RopeTable(r.cos[i*h:(i+1)*h], r.sin[i*h:(i+1)*h], r.positions[i], c.RotaryDim, c.RopeTheta)
 	}
-}
-
-// Logits returns row i's logits of the last step that computed them.
-func (r *Runner) Logits(i int) []float32 {
-	V := r.M.Config.Vocab
-	return r.logits[i*V : (i+1)*V]
 }
 
 func sigmoid64(x float32) float32 { return float32(1 / (1 + math.Exp(-float64(x)))) }

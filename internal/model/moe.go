@@ -1,6 +1,8 @@
 package model
 
 import (
+	"slices"
+
 	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/kernels"
 )
@@ -17,6 +19,13 @@ type moeScratch struct {
 	g, u     []float32 // [rows][inter]
 	dout     []float32 // [rows][hidden]
 	outk     []float32 // [rows][top_k][hidden] each routed expert's output
+	maxw     []float32 // [experts] per distinct expert: largest routing weight (Hint)
+	nrows    []int     // [experts] per distinct expert: rows routed to it (Hint)
+	plogits  []float32 // [rows][experts] lookahead: next layer's router logits
+	pnorm    []float32 // [rows][hidden] lookahead: residual under the next layer's norm
+	pred     []int     // lookahead: predicted experts of the next layer, first-use order
+	pmark    []bool    // [experts] lookahead: already in pred
+	pk       []int     // [top_k] lookahead: one row's picks
 	sg, su   []float32 // [rows][shared_inter]
 	sgate    []float32 // [rows]
 	shared   []float32 // [rows][hidden]
@@ -36,6 +45,13 @@ func (s *moeScratch) init(c *format.Config, rows int) {
 	for i := range s.members {
 		s.members[i] = make([]int, 0, rows*K)
 	}
+	s.maxw = make([]float32, E)
+	s.nrows = make([]int, E)
+	s.plogits = make([]float32, rows*E)
+	s.pnorm = make([]float32, rows*H)
+	s.pred = make([]int, 0, E)
+	s.pmark = make([]bool, E)
+	s.pk = make([]int, 0, K)
 	s.in = make([]float32, rows*H)
 	s.g = make([]float32, rows*max(I, c.SharedInter))
 	s.u = make([]float32, rows*max(I, c.SharedInter))
@@ -80,6 +96,10 @@ func Route(probs []float32, k int, norm bool, ids []int, w []float32) {
 	}
 }
 
+// RouteFunc overwrites ids (top-k distinct experts) of the row at pos of
+// layer.
+type RouteFunc func(layer, pos int, ids []int)
+
 // moeBlock routes nb rows of r.h, runs the shared and routed experts, and
 // leaves Σ_k w_k·expert_k(h) (+ gated shared expert) in r.y. Routed outputs
 // are summed in router order, so the result does not depend on the order in
@@ -95,6 +115,18 @@ func (r *Runner) moeBlock(L *Layer, nb int) error {
 		p := s.logits[i*E : (i+1)*E]
 		kernels.Softmax(p)
 		Route(p, K, c.NormTopK, s.ids[i*K:(i+1)*K], s.w[i*K:(i+1)*K])
+		if r.Routes != nil {
+			ids, w := s.ids[i*K:(i+1)*K], s.w[i*K:(i+1)*K]
+			r.Routes(L.Index, r.positions[i], ids)
+			var sum float32
+			for k, e := range ids {
+				w[k] = p[e]
+				sum += w[k]
+			}
+			for k := range w {
+				w[k] /= sum
+			}
+		}
 		for k, e := range s.ids[i*K : (i+1)*K] {
 			if s.slot[e] < 0 {
 				s.slot[e] = len(s.distinct)
@@ -104,18 +136,34 @@ func (r *Runner) moeBlock(L *Layer, nb int) error {
 			s.members[e] = append(s.members[e], i*K+k)
 		}
 	}
-	for _, e := range s.distinct {
+	for di, e := range s.distinct {
 		s.slot[e] = -1
+		mem := s.members[e]
+		s.nrows[di] = len(mem)
+		var mw float32
+		for _, rk := range mem {
+			mw = max(mw, s.w[rk])
+		}
+		s.maxw[di] = mw
 	}
-	if err := r.M.Experts.Begin(L.Index, s.distinct); err != nil {
+	nd := len(s.distinct)
+	if err := r.M.Experts.Begin(L.Index, s.distinct, Hint{MaxWeight: s.maxw[:nd], Rows: s.nrows[:nd]}); err != nil {
 		return err
 	}
+	r.lookahead(L, nb)
 	for range s.distinct {
 		di, ex, err := r.M.Experts.Next()
 		if err != nil {
 			return err
 		}
 		mem := s.members[s.distinct[di]]
+		if ex == nil {
+			// Cut by a lossy deadline policy: the expert adds nothing.
+			for _, rk := range mem {
+				clear(s.outk[rk*H : (rk+1)*H])
+			}
+			continue
+		}
 		n := len(mem)
 		for j, rk := range mem {
 			copy(s.in[j*H:(j+1)*H], r.h[(rk/K)*H:(rk/K+1)*H])
@@ -147,4 +195,49 @@ func (r *Runner) moeBlock(L *Layer, nb int) error {
 		}
 	}
 	return nil
+}
+
+// lookahead predicts the next layer's experts while this layer's reads are
+// in flight: the next layer's router applied to the residual stream under
+// the next layer's post-attention norm. The residual still lacks this
+// layer's MoE output and the next layer's mixer output, so the prediction
+// is approximate; it only decides what to read early, never what is
+// computed. Issued after Begin so that this layer's misses queue first.
+func (r *Runner) lookahead(L *Layer, nb int) {
+	pf, ok := r.M.Experts.(Prefetcher)
+	if !ok || !pf.Lookahead() || L.Index+1 >= len(r.M.Layers) {
+		return
+	}
+	c := &r.M.Config
+	s := &r.moe
+	H, E, K := c.Hidden, c.Experts, c.TopK
+	next := &r.M.Layers[L.Index+1]
+	eps := float32(c.RMSEps)
+	for i := 0; i < nb; i++ {
+		kernels.RMSNorm(s.pnorm[i*H:(i+1)*H], r.x[i*H:(i+1)*H], next.PostNorm, eps, c.ZeroCentredNorm())
+	}
+	r.Pool.MatMul(s.plogits, &next.Router, s.pnorm, nb)
+	s.pred = s.pred[:0]
+	for i := 0; i < nb; i++ {
+		row := s.plogits[i*E : (i+1)*E]
+		pk := s.pk[:0]
+		// Top-k by logit (softmax keeps the order), then the union over rows.
+		for k := 0; k < K; k++ {
+			best := -1
+			for e, v := range row {
+				if (best < 0 || v > row[best]) && !slices.Contains(pk, e) {
+					best = e
+				}
+			}
+			pk = append(pk, best)
+			if !s.pmark[best] {
+				s.pmark[best] = true
+				s.pred = append(s.pred, best)
+			}
+		}
+	}
+	for _, e := range s.pred {
+		s.pmark[e] = false
+	}
+	pf.Prefetch(L.Index+1, s.pred)
 }

@@ -19,12 +19,35 @@ type Expert struct {
 // forward calls Begin with the distinct experts a step needs, then Next
 // until every one was returned: a streaming provider returns resident
 // experts first and misses as they land, so compute overlaps the reads. An
-// Expert is valid until the next Begin.
+// Expert is valid until the next call of Next or Begin, so a provider may
+// recycle its memory once the forward moved on.
 type Provider interface {
-	Begin(layer int, ids []int) error
-	// Next returns the position in ids of the next ready expert.
+	// Begin starts a layer's step. hint says what the router decided about
+	// each of ids; providers that keep no policy ignore it.
+	Begin(layer int, ids []int, hint Hint) error
+	// Next returns the position in ids of the next ready expert. A nil
+	// Expert with a nil error means the provider cut that expert (a lossy,
+	// opt-in deadline policy): the forward counts its output as zero.
 	Next() (i int, e *Expert, err error)
 	Close() error
+}
+
+// Hint is what the router decided about each expert of a step, in the
+// order of Begin's ids. The slices belong to the caller and are valid until
+// the next Begin.
+type Hint struct {
+	MaxWeight []float32 // [len(ids)] largest routing weight over the rows
+	Rows      []int     // [len(ids)] number of rows routed to the expert
+}
+
+// Prefetcher is implemented by providers that read ahead. Once a layer's
+// step has begun, the forward predicts the next layer's experts (that
+// layer's router applied to the current hidden state) and passes them to
+// Prefetch, which must not block and must not evict what the current step
+// needs.
+type Prefetcher interface {
+	Lookahead() bool // whether predictions are wanted at all
+	Prefetch(layer int, ids []int)
 }
 
 // ExpertFromRecord builds the views of one record laid out as st says.
@@ -78,7 +101,7 @@ func NewResidentProvider(m *Model) (*Resident, error) {
 }
 
 // Begin implements Provider.
-func (r *Resident) Begin(layer int, ids []int) error {
+func (r *Resident) Begin(layer int, ids []int, _ Hint) error {
 	r.layer, r.ids, r.next = layer, ids, 0
 	return nil
 }

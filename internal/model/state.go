@@ -5,6 +5,11 @@ import "fmt"
 // State is one sequence's memory: the KV cache of each attention layer and
 // the conv history and recurrent matrix of each DeltaNet layer, plus the
 // MTP layer's own KV cache. Everything is allocated once, for Ctx positions.
+//
+// The MTP cache holds one row per trunk position: row j pairs the trunk's
+// final hidden state h_j with the token at j+1 and sits at rotary position
+// j+1. Rows below MTPPos are valid; row MTPPos-1 was computed with token
+// mtpTok, which may still be a sampled token the trunk has not consumed.
 type State struct {
 	Pos int // tokens consumed so far
 	Ctx int // capacity in positions
@@ -14,7 +19,22 @@ type State struct {
 	rec    [][]float32 // per layer: [v_heads][k_dim][v_dim]
 
 	MTPPos int       // MTP rows consumed
-	mk, mv []float32 // MTP layer KV cache
+	mk, mv []float32 // MTP layer KV cache: [ctx][kv_heads*head_dim]
+	mh     []float32 // [hidden] h_{Pos-1}, the trunk hidden whose MTP row may still wait for its token
+	mtpTok int       // the token row MTPPos-1 was computed with
+
+	snap snapshots // per-row DeltaNet snapshots of a speculative verify
+}
+
+// snapshots hold the DeltaNet state after each row of a verify batch but
+// the last, so that Commit can roll rejected rows back. Allocated once, on
+// the first Speculate, for the largest batch asked for.
+type snapshots struct {
+	rows int         // rows armed for the current verify; 0 = off
+	base int         // Pos when armed
+	cap  int         // rows the buffers hold (rows-1 snapshots are kept)
+	conv [][]float32 // per layer: [cap][kernel-1][conv_dim], nil for attention layers
+	rec  [][]float32 // per layer: [cap][v_heads][k_dim][v_dim]
 }
 
 // NewState allocates a sequence state for ctx positions.
@@ -42,6 +62,7 @@ func (m *Model) NewState(ctx int) (*State, error) {
 	if m.MTP != nil {
 		s.mk = make([]float32, ctx*kvw)
 		s.mv = make([]float32, ctx*kvw)
+		s.mh = make([]float32, c.Hidden)
 	}
 	return s, nil
 }
@@ -49,7 +70,8 @@ func (m *Model) NewState(ctx int) (*State, error) {
 // Reset empties the state for a new sequence. KV rows need no clearing:
 // positions past Pos are never read.
 func (s *State) Reset() {
-	s.Pos, s.MTPPos = 0, 0
+	s.Pos, s.MTPPos, s.mtpTok = 0, 0, 0
+	s.snap.rows = 0
 	for i := range s.conv {
 		clear(s.conv[i])
 		clear(s.rec[i])
@@ -62,7 +84,10 @@ func (s *State) Bytes() int64 {
 	for i := range s.kc {
 		n += len(s.kc[i]) + len(s.vc[i]) + len(s.conv[i]) + len(s.rec[i])
 	}
-	n += len(s.mk) + len(s.mv)
+	n += len(s.mk) + len(s.mv) + len(s.mh)
+	for i := range s.snap.conv {
+		n += len(s.snap.conv[i]) + len(s.snap.rec[i])
+	}
 	return int64(n) * 4
 }
 
@@ -91,7 +116,87 @@ func (s *State) CopyFrom(src *State) error {
 		n := min(src.MTPPos, s.Ctx)
 		copy(s.mk[:n*w], src.mk[:n*w])
 		copy(s.mv[:n*w], src.mv[:n*w])
+		copy(s.mh, src.mh)
 	}
-	s.Pos, s.MTPPos = src.Pos, src.MTPPos
+	s.Pos, s.MTPPos, s.mtpTok = src.Pos, min(src.MTPPos, s.Ctx), src.mtpTok
+	if s.mk == nil || src.mk == nil {
+		s.MTPPos = 0
+	}
+	s.snap.rows = 0
 	return nil
+}
+
+// Speculate arms per-row snapshots for a verify batch of rows tokens: the
+// next Forward (of at most rows tokens, in one step or several) records the
+// DeltaNet conv history and recurrent state after each row but the last,
+// and Commit then keeps any prefix of the batch. Snapshot memory is
+// allocated on the first call for a given batch size and reused; plain
+// forwards, without Speculate, record nothing.
+func (s *State) Speculate(rows int) error {
+	if rows < 1 {
+		return fmt.Errorf("state: speculate over %d rows", rows)
+	}
+	if s.Pos+rows > s.Ctx {
+		return fmt.Errorf("state: a verify of %d rows at position %d exceeds the context of %d", rows, s.Pos, s.Ctx)
+	}
+	if need := rows - 1; need > s.snap.cap {
+		if s.snap.conv == nil {
+			s.snap.conv = make([][]float32, len(s.conv))
+			s.snap.rec = make([][]float32, len(s.rec))
+		}
+		for i := range s.conv {
+			if s.conv[i] != nil {
+				s.snap.conv[i] = make([]float32, need*len(s.conv[i]))
+				s.snap.rec[i] = make([]float32, need*len(s.rec[i]))
+			}
+		}
+		s.snap.cap = need
+	}
+	s.snap.rows, s.snap.base = rows, s.Pos
+	return nil
+}
+
+// Commit ends a speculative verify begun by Speculate, keeping its first n
+// rows: Pos becomes the armed position + n and every DeltaNet layer returns
+// to its state after row n-1. KV rows past the new Pos need no clearing;
+// they are overwritten before they are read.
+func (s *State) Commit(n int) error {
+	sp := &s.snap
+	if sp.rows == 0 {
+		return fmt.Errorf("state: commit without a speculative verify")
+	}
+	done := s.Pos - sp.base
+	sp.rows = 0
+	if n < 1 || n > done {
+		return fmt.Errorf("state: commit of %d rows, the verify consumed %d", n, done)
+	}
+	if n < done {
+		for i := range s.conv {
+			if s.conv[i] == nil {
+				continue
+			}
+			cw, rw := len(s.conv[i]), len(s.rec[i])
+			copy(s.conv[i], sp.conv[i][(n-1)*cw:n*cw])
+			copy(s.rec[i], sp.rec[i][(n-1)*rw:n*rw])
+		}
+	}
+	s.Pos = sp.base + n
+	return nil
+}
+
+// snapRow returns where row i of the current step saves its DeltaNet state
+// for layer l (conv history and recurrent matrix), or nils when no snapshot
+// is wanted for it: when not speculating, and for the verify's last row,
+// whose state is the current one if everything is accepted.
+func (s *State) snapRow(l, i int) (conv, rec []float32) {
+	sp := &s.snap
+	if sp.rows == 0 {
+		return nil, nil
+	}
+	j := s.Pos - sp.base + i
+	if j >= sp.rows-1 || sp.conv[l] == nil {
+		return nil, nil
+	}
+	cw, rw := len(s.conv[l]), len(s.rec[l])
+	return sp.conv[l][j*cw : (j+1)*cw], sp.rec[l][j*rw : (j+1)*rw]
 }

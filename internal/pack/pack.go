@@ -25,6 +25,7 @@ import (
 type Options struct {
 	Bits     int       // 16 (bf16, exact), 8 or 4
 	Force    bool      // replace an existing destination
+	LowBits  []int     // also write low-bit expert stores (3, 2) for lossy miss reads
 	Progress io.Writer // nil: silent
 }
 
@@ -77,6 +78,20 @@ func Pack(ctx context.Context, src, dst string, o Options) (err error) {
 		return err
 	}
 	m.Stores = []format.ExpertStore{st}
+	for _, b := range o.LowBits {
+		lk, err := format.LowKind(b)
+		if err != nil {
+			return fmt.Errorf("pack: --low-bits: %v", err)
+		}
+		if cfg.Hidden%format.GroupSize != 0 || cfg.MoEInter%format.GroupSize != 0 {
+			return fmt.Errorf("pack: --low-bits needs hidden_size and moe_intermediate_size multiples of %d", format.GroupSize)
+		}
+		ls := format.ExpertRecordLayout(&cfg, lk, format.LowStoreFile(b))
+		if err := writeRecords(ctx, &cfg, ck.Expert, &ls, filepath.Join(tmp, ls.File), p); err != nil {
+			return err
+		}
+		m.Stores = append(m.Stores, ls)
+	}
 	for _, f := range CopiedFiles {
 		if err := copyFile(filepath.Join(src, f), filepath.Join(tmp, f)); err != nil && !os.IsNotExist(err) {
 			return fmt.Errorf("pack: %v", err)
@@ -142,13 +157,21 @@ func writeDense(ctx context.Context, ck *hf.Checkpoint, m *format.Manifest, kind
 
 // writeExperts writes one fixed-stride record per (layer, expert).
 func writeExperts(ctx context.Context, ck *hf.Checkpoint, st *format.ExpertStore, path string, p *progress) error {
+	return writeRecords(ctx, &ck.Config, ck.Expert, st, path, p)
+}
+
+// expertSource yields one expert's gate, up and down weights as float32.
+type expertSource func(layer, expert int) (gate, up, down []float32, err error)
+
+// writeRecords writes one fixed-stride record of st's layout per (layer,
+// expert) of cfg, taking the weights from src.
+func writeRecords(ctx context.Context, cfg *format.Config, src expertSource, st *format.ExpertStore, path string, p *progress) error {
 	f, err := os.Create(path)
 	if err != nil {
 		return fmt.Errorf("pack: %v", err)
 	}
 	defer f.Close()
 	bw := bufio.NewWriterSize(f, 4<<20)
-	cfg := &ck.Config
 	rec := make([]byte, st.Stride)
 	n := cfg.ExpertLayers() * cfg.Experts
 	for l := 0; l < cfg.ExpertLayers(); l++ {
@@ -156,8 +179,8 @@ func writeExperts(ctx context.Context, ck *hf.Checkpoint, st *format.ExpertStore
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			p.step("experts", l*cfg.Experts+e+1, n)
-			gate, up, down, err := ck.Expert(l, e)
+			p.step(st.File, l*cfg.Experts+e+1, n)
+			gate, up, down, err := src(l, e)
 			if err != nil {
 				return err
 			}
@@ -283,4 +306,73 @@ func (p *progress) done(dst string) {
 	if p.w != nil {
 		fmt.Fprintf(p.w, "\rpacked %s in %.1fs%30s\n", dst, time.Since(p.start).Seconds(), "")
 	}
+}
+
+// AddLowBits adds the low-bit expert store of bits (3 or 2) to the packed
+// model in dir, re-quantising its main store's records (so a model packed
+// without --low-bits can use --miss-bits). The store is written under a
+// temporary name and the manifest replaced atomically.
+func AddLowBits(ctx context.Context, dir string, bits int, w io.Writer) error {
+	lk, err := format.LowKind(bits)
+	if err != nil {
+		return err
+	}
+	m, err := format.ReadManifest(dir)
+	if err != nil {
+		return err
+	}
+	if _, ok := m.Store(lk); ok {
+		return nil
+	}
+	main := m.Stores[0]
+	if main.Kind != format.BF16 && !main.Kind.Quantised() {
+		return fmt.Errorf("low-bit store: main expert store is %s", main.Kind)
+	}
+	f, err := os.Open(filepath.Join(dir, main.File))
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	cfg := m.Config
+	rec := make([]byte, main.Stride)
+	dec := func(t *format.Tensor) []float32 {
+		out := make([]float32, t.Rows()*t.Cols())
+		var sc, bi []float32
+		if t.Kind.Quantised() {
+			_, sb := t.Kind.Sizes(t.Rows(), t.Cols())
+			sc, bi = getFloats(rec[t.ScaleOffset:], int(sb/4)), getFloats(rec[t.BiasOffset:], int(sb/4))
+		}
+		quant.Decode(out, rec[t.Offset:], sc, bi, t.Rows(), t.Cols(), t.Kind)
+		return out
+	}
+	src := func(l, e int) (g, u, d []float32, err error) {
+		if _, err = f.ReadAt(rec, int64(l*m.Experts+e)*main.Stride); err != nil {
+			return
+		}
+		return dec(&main.Gate), dec(&main.Up), dec(&main.Down), nil
+	}
+	ls := format.ExpertRecordLayout(&cfg, lk, format.LowStoreFile(bits))
+	tmp := filepath.Join(dir, "."+ls.File+".tmp")
+	defer os.Remove(tmp)
+	if err := writeRecords(ctx, &cfg, src, &ls, tmp, &progress{w: w, start: time.Now()}); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, ls.File)); err != nil {
+		return err
+	}
+	m.Stores = append(m.Stores, ls)
+	mb, _ := json.MarshalIndent(m, "", " ")
+	mt := filepath.Join(dir, "."+format.ManifestFile+".tmp")
+	if err := writeFileSync(mt, mb); err != nil {
+		return err
+	}
+	return os.Rename(mt, filepath.Join(dir, format.ManifestFile))
+}
+
+func getFloats(b []byte, n int) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+	}
+	return v
 }

@@ -54,7 +54,7 @@ func Encode(w []float32, rows, cols int, k format.Kind) (*Encoded, error) {
 			e.Values[2*i] = byte(h)
 			e.Values[2*i+1] = byte(h >> 8)
 		}
-	case format.Q8, format.Q4:
+	case format.Q8, format.Q4, format.Q3, format.Q2:
 		G := format.GroupSize
 		ng := rows * cols / G
 		e.Scales = make([]float32, ng)
@@ -78,9 +78,13 @@ func Encode(w []float32, rows, cols int, k format.Kind) (*Encoded, error) {
 				r := float32(math.Round(float64((v - lo) / scale)))
 				q[i] = uint8(min(max(r, 0), levels))
 			}
-			if k == format.Q8 {
+			switch k {
+			case format.Q3, format.Q2:
+				b := k.Bits()
+				PackLow(e.Values[g*G*b/8:(g+1)*G*b/8], q, b)
+			case format.Q8:
 				copy(e.Values[g*G:], q)
-			} else {
+			default:
 				dst := e.Values[g*G/2 : g*G/2+G/2]
 				for j := 0; j < G/2; j++ {
 					dst[j] = q[j] | q[j+G/2]<<4
@@ -110,6 +114,15 @@ func Decode(dst []float32, values []byte, scales, biases []float32, rows, cols i
 			g := i / format.GroupSize
 			dst[i] = scales[g]*float32(values[i]) + biases[g]
 		}
+	case format.Q3, format.Q2:
+		G, b := format.GroupSize, k.Bits()
+		var q [format.GroupSize]uint8
+		for g := 0; g < rows*cols/G; g++ {
+			UnpackLow(q[:], values[g*G*b/8:(g+1)*G*b/8], b)
+			for j, v := range q {
+				dst[g*G+j] = scales[g]*float32(v) + biases[g]
+			}
+		}
 	case format.Q4:
 		G := format.GroupSize
 		for g := 0; g < rows*cols/G; g++ {
@@ -128,4 +141,31 @@ func putU32(b []byte, v uint32) {
 
 func getU32(b []byte) uint32 {
 	return uint32(b[0]) | uint32(b[1])<<8 | uint32(b[2])<<16 | uint32(b[3])<<24
+}
+
+// PackLow writes the b-bit values q (b = 2 or 3) as a little-endian bit
+// stream: value i occupies bits [i*b, (i+1)*b) of dst.
+func PackLow(dst []byte, q []uint8, b int) {
+	clear(dst)
+	for i, v := range q {
+		bit := i * b
+		w := uint16(v) << (bit & 7)
+		dst[bit>>3] |= byte(w)
+		if hi := byte(w >> 8); hi != 0 {
+			dst[bit>>3+1] |= hi
+		}
+	}
+}
+
+// UnpackLow is PackLow's inverse: it fills q from the bit stream src.
+func UnpackLow(q []uint8, src []byte, b int) {
+	mask := uint16(1)<<b - 1
+	for i := range q {
+		bit := i * b
+		w := uint16(src[bit>>3])
+		if bit>>3+1 < len(src) {
+			w |= uint16(src[bit>>3+1]) << 8
+		}
+		q[i] = uint8(w >> (bit & 7) & mask)
+	}
 }

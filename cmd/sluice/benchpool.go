@@ -1,0 +1,149 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/sluicelm/sluice/internal/engine"
+	"github.com/sluicelm/sluice/internal/experts"
+	"github.com/sluicelm/sluice/internal/model"
+	"github.com/sluicelm/sluice/internal/sample"
+)
+
+// benchTrial is one timed generation and what the pool did during its
+// decode.
+type benchTrial struct {
+	stats  engine.Stats
+	decode experts.Snapshot
+}
+
+// runTrial prefills prompt and decodes gen tokens greedily, snapshotting
+// the pool's counters around the decode so that per-layer figures are
+// decode-only.
+func runTrial(ctx context.Context, e *engine.Engine, st *model.State, prompt []int, gen int) (benchTrial, error) {
+	var bt benchTrial
+	q, err := e.NewSequence(st, engine.GenOptions{MaxTokens: gen, IgnoreEOS: true, Sample: sample.Params{}})
+	if err != nil {
+		return bt, err
+	}
+	if err := q.Prefill(ctx, prompt); err != nil {
+		return bt, err
+	}
+	var before experts.Snapshot
+	if e.Stream != nil {
+		before = e.Stream.Stats()
+	}
+	for !q.Done() {
+		if _, _, err := q.Step(ctx); err != nil {
+			return bt, err
+		}
+	}
+	if e.Stream != nil {
+		bt.decode = e.Stream.Stats().Sub(before)
+	}
+	bt.stats = q.Stats()
+	return bt, nil
+}
+
+// poolBench is the medians over trials of the pool's decode figures.
+type poolBench struct {
+	Slots        int          `json:"pool_slots"`
+	PoolMB       float64      `json:"pool_mb"`
+	PoolShare    float64      `json:"pool_share"`
+	HitRate      float64      `json:"hit_rate"`
+	MBPerToken   float64      `json:"mb_per_token"`
+	PrefillMBTok float64      `json:"prefill_mb_per_token"`
+	IOWaitMSTok  float64      `json:"io_wait_ms_per_token"`
+	MSPerToken   float64      `json:"decode_ms_per_token"`
+	ReadMBs      float64      `json:"read_mb_s"` // achieved: bytes / wall time with reads in flight
+	DiskMBs      float64      `json:"disk_mb_s"` // --disk: O_DIRECT limit at the same record size and depth
+	LookRecall   float64      `json:"lookahead_recall"`
+	LookWaste    float64      `json:"lookahead_waste_per_useful"`
+	Layers       []layerBench `json:"layers"`
+}
+
+type layerBench struct {
+	HitRate     float64 `json:"hit_rate"`
+	MBPerToken  float64 `json:"mb_per_token"`
+	IOWaitMSTok float64 `json:"io_wait_ms_per_token"`
+}
+
+func summarisePool(e *engine.Engine, trials []benchTrial) *poolBench {
+	s := e.Stream
+	man := e.Model.Manifest
+	pb := &poolBench{Slots: s.Slots(), PoolMB: float64(int64(s.Slots())*s.Stride()) / 1e6,
+		PoolShare: float64(s.Slots()) / float64(man.ExpertLayers*man.Experts)}
+	var hit, mbt, pmbt, iow, mst, rbw, rec, waste []float64
+	nl := 0
+	for _, t := range trials {
+		nl = len(t.decode.Layers)
+		d := t.decode
+		n := float64(max(t.stats.GeneratedTokens-1, 1))
+		hit = append(hit, d.HitRate())
+		mbt = append(mbt, float64(d.BytesRead)/1e6/n)
+		pmbt = append(pmbt, float64(t.stats.Experts.PrefillBytesRead)/1e6/float64(max(t.stats.PromptTokens, 1)))
+		iow = append(iow, d.IOWaitMS/n)
+		mst = append(mst, t.stats.DecodeMS/n)
+		if d.ReadBusyMS > 0 {
+			rbw = append(rbw, float64(d.BytesRead)/1e6/(d.ReadBusyMS/1e3))
+		}
+		if u := d.LookUseful; u+d.Misses > 0 {
+			rec = append(rec, float64(u)/float64(u+d.Misses))
+			waste = append(waste, float64(d.LookWasted)/float64(max(u, 1)))
+		}
+	}
+	pb.HitRate, pb.MBPerToken, pb.PrefillMBTok, pb.IOWaitMSTok, pb.MSPerToken = median(hit), median(mbt), median(pmbt), median(iow), median(mst)
+	pb.ReadMBs, pb.LookRecall, pb.LookWaste = median(rbw), median(rec), median(waste)
+	for l := 0; l < nl; l++ {
+		var h, m, w []float64
+		for _, t := range trials {
+			ls := t.decode.Layers[l]
+			n := float64(max(t.stats.GeneratedTokens-1, 1))
+			if ls.Hits+ls.Misses > 0 {
+				h = append(h, float64(ls.Hits)/float64(ls.Hits+ls.Misses))
+			}
+			m = append(m, float64(ls.BytesRead)/1e6/n)
+			w = append(w, ls.IOWaitMS/n)
+		}
+		pb.Layers = append(pb.Layers, layerBench{median(h), median(m), median(w)})
+	}
+	return pb
+}
+
+func measureDisk(e *engine.Engine) (float64, error) {
+	bw, err := experts.MeasureRead(e.Stream.StorePath(), e.Stream.Stride(), e.Stream.Options().Readers, 3*time.Second)
+	return bw / 1e6, err
+}
+
+// fullResidencyMS is the decode ms/token of a bench whose pool held every
+// expert, for the predicted decode time of smaller pools in the same run.
+var fullResidencyMS float64
+
+func (pb *poolBench) print(w io.Writer, e *engine.Engine) {
+	fmt.Fprintf(w, "experts: %s\n", e.ExpertPlan)
+	fmt.Fprintf(w, "pool %d slots (%.0f MB, %.1f%%): decode hit rate %.1f%%, %.2f MB/token, io wait %.2f ms/token, %.2f ms/token; prefill %.2f MB/prompt token\n",
+		pb.Slots, pb.PoolMB, 100*pb.PoolShare, 100*pb.HitRate, pb.MBPerToken, pb.IOWaitMSTok, pb.MSPerToken, pb.PrefillMBTok)
+	fmt.Fprintf(w, "reads achieved %.0f MB/s", pb.ReadMBs)
+	if pb.DiskMBs > 0 {
+		fmt.Fprintf(w, " = %.0f%% of the disk's %.0f MB/s (O_DIRECT, %s records, depth %d)", 100*pb.ReadMBs/pb.DiskMBs, pb.DiskMBs, fmtMB(e.Stream.Stride()), e.Stream.Options().Readers)
+	}
+	fmt.Fprintln(w)
+	if pb.PoolShare >= 1 {
+		fullResidencyMS = pb.MSPerToken
+	} else if fullResidencyMS > 0 && pb.DiskMBs > 0 {
+		pred := fullResidencyMS + pb.MBPerToken/pb.DiskMBs*1e3
+		fmt.Fprintf(w, "decode %.2f ms/token vs %.2f predicted (full-residency compute %.2f + %.2f MB / %.0f MB/s): %.2fx\n",
+			pb.MSPerToken, pred, fullResidencyMS, pb.MBPerToken, pb.DiskMBs, pb.MSPerToken/pred)
+	}
+	if e.Stream.Lookahead() {
+		fmt.Fprintf(w, "lookahead recall %.1f%%, waste %.2f per useful\n", 100*pb.LookRecall, pb.LookWaste)
+	}
+	fmt.Fprintf(w, "%6s %9s %10s %12s\n", "layer", "hit rate", "MB/token", "io ms/token")
+	for l, lb := range pb.Layers {
+		fmt.Fprintf(w, "%6d %8.1f%% %10.3f %12.3f\n", l, 100*lb.HitRate, lb.MBPerToken, lb.IOWaitMSTok)
+	}
+}
+
+func fmtMB(n int64) string { return fmt.Sprintf("%.2f MB", float64(n)/1e6) }

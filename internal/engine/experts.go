@@ -1,0 +1,170 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"io"
+
+	"github.com/sluicelm/sluice/internal/experts"
+	"github.com/sluicelm/sluice/internal/format"
+	"github.com/sluicelm/sluice/internal/model"
+	"github.com/sluicelm/sluice/internal/pack"
+)
+
+// ExpertOptions choose how routed experts are served. With no pool or
+// memory size and enough memory, the store is mapped whole; otherwise
+// experts stream through a fixed pool.
+type ExpertOptions struct {
+	PoolBytes   int64          // --pool-mb: stream through a pool of this size
+	PoolShare   float64        // --pool-mb N%: a pool of this share (0..1] of the expert store
+	MemoryBytes int64          // --memory-gb: total budget; the pool gets what the rest leaves
+	NoLookahead bool           // --lookahead=false
+	Policy      experts.Policy // --evict; "" = experts.DefaultPolicy
+	MissBits    int            // --miss-bits 3|2 (lossy)
+	CutWeak     float64        // --cut-weak W (lossy)
+	Readers     int            // reader goroutines; 0 = default
+	Log         io.Writer      // notes (O_DIRECT refused); nil = silent
+}
+
+// openExperts sets m.Experts: the resident mapping or a streaming pool.
+func openExperts(m *model.Model, o Options) (*experts.Stream, string, error) {
+	c := &m.Config
+	xo := o.Experts
+	ctxLen := o.Ctx
+	if ctxLen <= 0 {
+		ctxLen = 4096
+		if c.MaxPos > 0 && c.MaxPos < ctxLen {
+			ctxLen = c.MaxPos
+		}
+	}
+	rows := o.ChunkRows
+	if rows <= 0 {
+		rows = 64
+	}
+	st := &m.Manifest.Stores[0]
+	records := m.Manifest.ExpertLayers * m.Manifest.Experts
+	if xo.PoolShare > 0 {
+		xo.PoolBytes = max(int64(xo.PoolShare*float64(records))*st.Stride, int64(experts.MinSlots(c))*st.Stride)
+	}
+	b := experts.Budget{PoolBytes: xo.PoolBytes, MemoryBytes: xo.MemoryBytes, DenseBytes: m.DenseBytes(),
+		StateBytes: experts.StateBytes(c, ctxLen), ScratchBytes: experts.ScratchBytes(c, rows)}
+	plan, err := b.Size(c, st, records)
+	if err != nil {
+		return nil, "", err
+	}
+	lossy := xo.MissBits != 0 || xo.CutWeak > 0
+	if plan.Resident && !lossy {
+		prov, err := model.NewResidentProvider(m)
+		if err != nil {
+			return nil, "", err
+		}
+		m.Experts = prov
+		return nil, plan.Why, nil
+	}
+	if plan.Resident {
+		// The lossy options act on misses, so they need the pool; give
+		// it every record.
+		plan.Slots = records
+		plan.Why = fmt.Sprintf("pool of all %d records (lossy options need the pool)", records)
+	}
+	if xo.MissBits != 0 {
+		k, err := format.LowKind(xo.MissBits)
+		if err != nil {
+			return nil, "", fmt.Errorf("--miss-bits: %v", err)
+		}
+		if _, ok := m.Manifest.Store(k); !ok {
+			// On first use: derive the low-bit store from the main one.
+			if xo.Log != nil {
+				fmt.Fprintf(xo.Log, "experts: writing the %d-bit expert store of %s (once)\n", xo.MissBits, m.Dir)
+			}
+			if err := pack.AddLowBits(context.Background(), m.Dir, xo.MissBits, nil); err != nil {
+				return nil, "", fmt.Errorf("--miss-bits %d: %v", xo.MissBits, err)
+			}
+			man, err := format.ReadManifest(m.Dir)
+			if err != nil {
+				return nil, "", err
+			}
+			m.Manifest.Stores = man.Stores
+		}
+	}
+	pol := xo.Policy
+	if pol == "" {
+		pol = experts.DefaultPolicy
+	}
+	s, err := experts.Open(m.Dir, m.Manifest, experts.Options{Slots: plan.Slots, Readers: xo.Readers, Lookahead: !xo.NoLookahead,
+		Policy: pol, MissBits: xo.MissBits, CutWeak: float32(xo.CutWeak), Log: xo.Log})
+	if err != nil {
+		return nil, "", err
+	}
+	m.Experts = s
+	why := plan.Why
+	how := "O_DIRECT"
+	if !s.Direct() {
+		how = "buffered reads"
+	}
+	la := "lookahead on"
+	if xo.NoLookahead {
+		la = "lookahead off"
+	}
+	why += fmt.Sprintf("; %s, %d readers, evict %s, %s", how, s.Options().Readers, pol, la)
+	if xo.MissBits != 0 {
+		why += fmt.Sprintf(", misses read at %d bits (lossy)", xo.MissBits)
+	}
+	if xo.CutWeak > 0 {
+		why += fmt.Sprintf(", cut-weak %.3g (lossy)", xo.CutWeak)
+	}
+	return s, why, nil
+}
+
+// ExpertStats are what the expert pool did for one generation.
+type ExpertStats struct {
+	PoolSlots        int     `json:"pool_slots"`
+	Hits             int64   `json:"hits"`
+	Misses           int64   `json:"misses"`
+	BytesRead        int64   `json:"bytes_read"`
+	IOWaitMS         float64 `json:"io_wait_ms"`
+	HitRate          float64 `json:"hit_rate"`
+	PrefillBytesRead int64   `json:"prefill_bytes_read"`
+	DecodeBytesRead  int64   `json:"decode_bytes_read"`
+	DecodeHitRate    float64 `json:"decode_hit_rate"`
+	Cuts             int64   `json:"cuts,omitempty"`
+}
+
+// LookaheadStats count next-layer prefetches: issued, used by the layer
+// they were issued for, and read for nothing.
+type LookaheadStats struct {
+	Issued int64 `json:"issued"`
+	Useful int64 `json:"useful"`
+	Wasted int64 `json:"wasted"`
+}
+
+// expertSnap is the pool's counters at a point of a sequence (zero value
+// when experts are resident).
+func (e *Engine) expertSnap() experts.Snapshot {
+	if e.Stream == nil {
+		return experts.Snapshot{}
+	}
+	return e.Stream.Stats()
+}
+
+// fillExpertStats sets s.Experts and s.Lookahead from the counters at the
+// sequence's start, after its prefill, and now.
+func (e *Engine) fillExpertStats(s *Stats, start, afterPrefill experts.Snapshot) {
+	if e.Stream == nil {
+		return
+	}
+	now := e.Stream.Stats()
+	d := now.Sub(start)
+	s.Experts = &ExpertStats{PoolSlots: d.PoolSlots, Hits: d.Hits, Misses: d.Misses, BytesRead: d.BytesRead,
+		IOWaitMS: d.IOWaitMS, HitRate: d.HitRate(), Cuts: d.Cuts}
+	if afterPrefill.Layers != nil {
+		s.Experts.PrefillBytesRead = afterPrefill.BytesRead - start.BytesRead
+		s.Experts.DecodeBytesRead = now.BytesRead - afterPrefill.BytesRead
+		s.Experts.DecodeHitRate = now.Sub(afterPrefill).HitRate()
+	} else {
+		s.Experts.PrefillBytesRead = d.BytesRead
+	}
+	if e.Stream.Lookahead() {
+		s.Lookahead = &LookaheadStats{Issued: d.LookIssued, Useful: d.LookUseful, Wasted: d.LookWasted}
+	}
+}

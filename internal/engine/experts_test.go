@@ -1,0 +1,122 @@
+package engine_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/sluicelm/sluice/internal/engine"
+	"github.com/sluicelm/sluice/internal/experts"
+	"github.com/sluicelm/sluice/internal/format"
+	"github.com/sluicelm/sluice/internal/testutil"
+)
+
+// TestStreamingMatchesReference generates through a streaming pool of a
+// quarter of the experts and requires the reference's greedy tokens and
+// the pool's telemetry.
+func TestStreamingMatchesReference(t *testing.T) {
+	name := "tiny-qwen3-5-moe"
+	e := open(t, name, engine.Options{Experts: engine.ExpertOptions{PoolShare: 0.25}})
+	if e.Stream == nil {
+		t.Fatalf("PoolShare 0.25 did not stream (%s)", e.ExpertPlan)
+	}
+	c := testutil.LoadRefs(t, name).Cases[1]
+	got, s := generate(t, e, c.Prompt, greedy48, nil)
+	if !slices.Equal(got, c.Greedy) {
+		t.Fatalf("first difference at %d", firstDiff(got, c.Greedy))
+	}
+	x := s.Experts
+	if x == nil || s.Lookahead == nil || x.Misses == 0 || x.BytesRead == 0 || x.PrefillBytesRead == 0 || x.DecodeBytesRead == 0 || x.PoolSlots != e.Stream.Slots() {
+		t.Fatalf("expert stats %+v, lookahead %+v", x, s.Lookahead)
+	}
+	t.Logf("%s; hit rate %.2f, %d bytes read", e.ExpertPlan, x.HitRate, x.BytesRead)
+}
+
+// TestMemoryBudget runs a generation in a child process under a --memory-gb
+// budget that forces streaming (a quarter of the experts' bytes beyond the
+// rest) and requires its peak RSS (VmHWM) within the budget.
+func TestMemoryBudget(t *testing.T) {
+	if dir := os.Getenv("SLUICE_BUDGET_DIR"); dir != "" {
+		budgetChild(t, dir)
+		return
+	}
+	dir := testutil.Packed(t, "tiny-qwen3-moe", 16)
+	man, err := format.ReadManifest(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &man.Config
+	st := man.Stores[0]
+	all := int64(man.ExpertLayers*man.Experts) * st.Stride
+	budget := experts.Overhead + man.DenseBytes + experts.StateBytes(c, 512) + experts.ScratchBytes(c, 64) + all/4
+	cmd := exec.Command(os.Args[0], "-test.run=^TestMemoryBudget$", "-test.v")
+	cmd.Env = append(os.Environ(), "SLUICE_BUDGET_DIR="+dir, "SLUICE_BUDGET="+strconv.FormatInt(budget, 10))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("child: %v\n%s", err, out)
+	}
+	var hwm int64 = -1
+	for _, line := range strings.Split(string(out), "\n") {
+		if _, v, ok := strings.Cut(line, "VmHWM="); ok {
+			hwm, _ = strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		}
+	}
+	if hwm < 0 {
+		t.Fatalf("child printed no VmHWM:\n%s", out)
+	}
+	t.Logf("budget %.1f MiB (experts %.1f MiB), peak RSS %.1f MiB", float64(budget)/(1<<20), float64(all)/(1<<20), float64(hwm)/(1<<20))
+	if hwm > budget {
+		t.Errorf("peak RSS %d exceeds the budget %d", hwm, budget)
+	}
+}
+
+func budgetChild(t *testing.T, dir string) {
+	budget, _ := strconv.ParseInt(os.Getenv("SLUICE_BUDGET"), 10, 64)
+	e, err := engine.Open(context.Background(), dir, engine.Options{Threads: 2, Ctx: 512, ChunkRows: 64, Experts: engine.ExpertOptions{MemoryBytes: budget}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	if e.Stream == nil || e.Stream.Slots() >= e.Model.Manifest.ExpertLayers*e.Model.Manifest.Experts {
+		t.Fatalf("budget did not force streaming: %s", e.ExpertPlan)
+	}
+	prompt := make([]int, 300)
+	for i := range prompt {
+		prompt[i] = (i*7919 + 13) % (e.Model.Config.Vocab - 8)
+	}
+	st, err := e.NewState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := e.Generate(context.Background(), st, prompt, engine.GenOptions{MaxTokens: 64, IgnoreEOS: true}, nil); err != nil {
+		t.Fatal(err)
+	}
+	fmt.Println(e.ExpertPlan)
+	fmt.Printf("VmHWM=%d\n", vmHWM(t))
+}
+
+func vmHWM(t *testing.T) int64 {
+	f, err := os.Open("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "VmHWM:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return kb << 10
+		}
+	}
+	t.Fatal("no VmHWM in /proc/self/status")
+	return 0
+}

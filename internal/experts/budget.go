@@ -1,0 +1,160 @@
+package experts
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/sluicelm/sluice/internal/format"
+)
+
+// Budget sizes the pool. Exactly one of PoolBytes, MemoryBytes, or neither
+// (auto) applies.
+type Budget struct {
+	PoolBytes   int64 // --pool-mb: the pool alone
+	MemoryBytes int64 // --memory-gb: everything (dense + state + scratch + pool)
+	// What else the process holds, for MemoryBytes and auto.
+	DenseBytes, StateBytes, ScratchBytes int64
+}
+
+// Overhead is what the Go runtime, the binary and the tokenizer take
+// beyond the counted buffers, measured as the VmHWM of `sluice run` on the
+// tiny models minus their counted bytes (about 20 MiB), with margin.
+const Overhead = 48 << 20
+
+// Plan is the pool a Budget yields.
+type Plan struct {
+	Slots    int    // pool slots (0 with Resident)
+	Resident bool   // auto only: every expert fits, so map the store whole
+	Why      string // what was chosen and from what, for the summary line
+}
+
+// Size plans the pool for a model whose expert store is st with records
+// records.
+func (b Budget) Size(c *format.Config, st *format.ExpertStore, records int) (Plan, error) {
+	all := int64(records) * st.Stride
+	fixed := b.DenseBytes + b.StateBytes + b.ScratchBytes + Overhead
+	minSlots := MinSlots(c)
+	minPool := int64(minSlots) * st.Stride
+	slotsFor := func(bytes int64) int { return int(min(bytes/st.Stride, int64(records))) }
+	switch {
+	case b.PoolBytes > 0:
+		if b.PoolBytes < minPool {
+			return Plan{}, fmt.Errorf("--pool-mb %.3g is below the smallest pool, %d experts of %s = %.3g MiB", mb(b.PoolBytes), minSlots, mib(st.Stride), mb(minPool))
+		}
+		n := slotsFor(b.PoolBytes)
+		return Plan{Slots: n, Why: fmt.Sprintf("pool %d slots (%s, %.0f%% of the experts' %s) from --pool-mb", n, mib(int64(n)*st.Stride), pct(n, records), mib(all))}, nil
+	case b.MemoryBytes > 0:
+		pool := b.MemoryBytes - fixed
+		if pool < minPool {
+			return Plan{}, fmt.Errorf("--memory-gb %.2f leaves %.1f MiB for experts after dense %s, state %s, scratch %s and runtime %s; the smallest pool is %.1f MiB (--memory-gb %.2f)",
+				float64(b.MemoryBytes)/(1<<30), mb(pool), mib(b.DenseBytes), mib(b.StateBytes), mib(b.ScratchBytes), mib(Overhead), mb(minPool), float64(fixed+minPool)/(1<<30)+0.005)
+		}
+		n := slotsFor(pool)
+		return Plan{Slots: n, Why: fmt.Sprintf("pool %d slots (%s, %.0f%% of the experts' %s) from --memory-gb %.2f", n, mib(int64(n)*st.Stride), pct(n, records), mib(all), float64(b.MemoryBytes)/(1<<30))}, nil
+	}
+	avail, src := Available()
+	if avail <= 0 {
+		return Plan{Resident: true, Why: "experts mapped whole (no memory limit found)"}, nil
+	}
+	// Headroom: a tenth of what is available and at least 256 MiB, for
+	// the page cache of dense.bin and for other processes.
+	usable := avail - max(avail/10, 256<<20)
+	if fixed+all <= usable {
+		return Plan{Resident: true, Why: fmt.Sprintf("experts mapped whole: %s fit in %s usable of %s", mib(all), mib(usable-fixed), src)}, nil
+	}
+	pool := usable - fixed
+	if pool < minPool {
+		return Plan{}, fmt.Errorf("%s leaves %.1f MiB for experts; the smallest pool is %.1f MiB", src, mb(pool), mb(minPool))
+	}
+	n := slotsFor(pool)
+	return Plan{Slots: n, Why: fmt.Sprintf("pool %d slots (%s, %.0f%% of the experts' %s) auto-sized from %s", n, mib(int64(n)*st.Stride), pct(n, records), mib(all), src)}, nil
+}
+
+func mb(n int64) float64         { return float64(n) / (1 << 20) }
+func pct(n, records int) float64 { return 100 * float64(n) / float64(records) }
+
+// Available returns the memory this process may still use, the smaller of
+// the cgroup's limit less its usage (v2 memory.max, else v1
+// memory.limit_in_bytes) and MemAvailable, with a description.
+func Available() (int64, string) {
+	best, src := int64(-1), ""
+	if v, ok := readMeminfo("MemAvailable"); ok {
+		best, src = v, fmt.Sprintf("MemAvailable %s", mib(v))
+	}
+	for _, p := range [][2]string{
+		{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
+		{"/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"},
+	} {
+		lim, ok := readInt(p[0])
+		if !ok || lim <= 0 || lim >= 1<<60 {
+			continue // absent or "max" / unlimited
+		}
+		used, _ := readInt(p[1])
+		if free := lim - used; best < 0 || free < best {
+			best, src = free, fmt.Sprintf("cgroup limit %s (%s used)", mib(lim), mib(used))
+		}
+		break
+	}
+	return best, src
+}
+
+func readInt(path string) (int64, bool) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, false
+	}
+	v, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	return v, err == nil
+}
+
+func readMeminfo(key string) (int64, bool) {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return 0, false
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, rest, ok := strings.Cut(sc.Text(), ":")
+		if ok && k == key {
+			fs := strings.Fields(rest)
+			if len(fs) > 0 {
+				v, err := strconv.ParseInt(fs[0], 10, 64)
+				return v << 10, err == nil
+			}
+		}
+	}
+	return 0, false
+}
+
+// StateBytes estimates a sequence state of ctx positions plus a runner's
+// scratch for rows rows: what the budget must leave besides the pool.
+func StateBytes(c *format.Config, ctx int) int64 {
+	var n int64
+	kvw := int64(c.KVHeads * c.HeadDim)
+	convDim := int64(2*c.LinearKeyHeads*c.LinearKeyDim + c.LinearValueHeads*c.LinearValueDim)
+	for _, t := range c.LayerTypes {
+		if t == format.FullAttention {
+			n += 2 * int64(ctx) * kvw * 4
+		} else {
+			n += (int64(c.ConvKernel-1)*convDim + int64(c.LinearValueHeads*c.LinearKeyDim*c.LinearValueDim)) * 4
+		}
+	}
+	if c.MTPLayers > 0 {
+		n += 2 * int64(ctx) * kvw * 4
+	}
+	return n
+}
+
+// ScratchBytes estimates a runner's buffers for batches of rows rows.
+func ScratchBytes(c *format.Config, rows int) int64 {
+	r := int64(rows)
+	H, E, K := int64(c.Hidden), int64(c.Experts), int64(c.TopK)
+	I := int64(max(c.MoEInter, c.SharedInter))
+	qkv := int64(max(c.Heads*c.HeadDim*2, 2*c.LinearKeyHeads*c.LinearKeyDim+c.LinearValueHeads*c.LinearValueDim))
+	perRow := 8*H + int64(c.Vocab) + 2*E + K*H + 4*I + 4*qkv
+	return 4*r*perRow + 4*int64(c.Vocab)
+}

@@ -1,0 +1,692 @@
+// Package experts streams routed experts from a packed model's expert store
+// into a fixed-size pool of slots, so that a model larger than memory runs
+// with only its dense weights and a bounded share of its experts resident.
+//
+// The pool is one anonymous mapping cut into slots of the record stride
+// (a multiple of 4096, so each slot is an aligned O_DIRECT target). A miss
+// is one pread of one record by one of a fixed set of reader goroutines.
+// Everything else (the record → slot table, eviction, lookahead accounting)
+// belongs to the goroutine that runs the forward pass, which is the only
+// caller of Begin, Next and Prefetch: readers touch nothing but the slot
+// they were handed, and report back on a channel, so the pool needs no
+// locks and the channel receive orders the slot's bytes before their use.
+//
+// Which experts are resident changes only speed, never results: the forward
+// sums expert outputs in router order whatever order they arrive in.
+package experts
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/sluicelm/sluice/internal/format"
+	"github.com/sluicelm/sluice/internal/model"
+)
+
+// Options configure a Stream.
+type Options struct {
+	Slots     int     // pool slots; at least MinSlots
+	Readers   int     // reader goroutines, i.e. the queue depth of misses; 0 = DefaultReaders
+	Lookahead bool    // accept next-layer predictions and prefetch them
+	Policy    Policy  // eviction policy; "" = LRU
+	Prefetch  int     // prefetches in flight at most; 0 = Readers
+	MissBits  int     // 0 = lossless; 3 or 2: demand misses read the low-bit store (lossy)
+	CutWeak   float32 // 0 = off; else cut late misses whose weight is below this in every row (lossy)
+	Buffered  bool    // never use O_DIRECT (tests; filesystems without it are detected anyway)
+	Log       io.Writer
+}
+
+// DefaultReaders is the default queue depth: on the virtio disks measured
+// (DESIGN §7) random reads of expert-sized records reach their plateau at a
+// depth of 8 to 16; more goroutines only add contention on two cores.
+const DefaultReaders = 8
+
+// slot states.
+const (
+	free uint8 = iota
+	loading
+	ready
+)
+
+// slot is one record-sized buffer of the pool.
+type slot struct {
+	rec      int32 // record id held or being read; -1 when free
+	state    uint8
+	held     bool  // the current step needs it: never evicted
+	low      bool  // holds a low-bit (lossy) copy
+	demand   int32 // position in the current step's ids waiting for it, or -1
+	pre      bool  // read by a prefetch not yet used
+	cut      bool  // its demand was cut; the read lands as a plain pool entry
+	last     int64 // clock of last use (eviction)
+	ex       model.Expert
+	cancel   atomic.Bool // a queued prefetch that is no longer wanted
+	buf      []byte
+	readLow  bool // the read in flight targets the low-bit store
+	prefetch int  // layer a prefetch was issued for
+}
+
+type request struct {
+	slot int32
+	off  int64
+	low  bool
+}
+
+type completion struct {
+	slot      int32
+	cancelled bool
+	err       error
+}
+
+// Stream is a streaming model.Provider over a fixed pool of slots.
+type Stream struct {
+	o       Options
+	st      format.ExpertStore
+	low     *format.ExpertStore // the low-bit store of MissBits, or nil
+	E, L    int                 // experts per layer, expert layers
+	records int
+
+	file, lowFile *os.File
+	direct        bool
+	mem           []byte
+	slots         []slot
+	where         []int32   // [record] slot, or -1
+	freq          []float32 // [record] use count, halved periodically (FLRU)
+
+	demand, pre chan request
+	done        chan completion
+	stop        context.CancelFunc
+	wg          sync.WaitGroup
+	inflight    int // reads issued and not yet completed
+	preInflight int
+
+	// The current step.
+	clock   int64
+	layer   int
+	ids     []int
+	hint    model.Hint
+	readyQ  []int32 // positions of ids ready to return, in order, from readyH
+	missQ   []int32 // positions of ids not yet issued for lack of a free slot, from missH
+	readyH  int
+	missH   int
+	waiting int     // positions issued (or prefetched) and not yet returned
+	slotOf  []int32 // [position] slot
+	cur     int32   // slot returned by the last Next, -1
+	left    int     // positions not yet returned
+	prefs   []int32 // slots prefetched for the next layer
+	share   int     // pool share per layer (prefill retention)
+	missOut int     // misses issued this step and not yet returned
+	isMiss  []bool  // [position] issued as a miss this step
+	thresh  int     // rows an expert needs this step to be in its layer's share; 0 = all are
+
+	stats Stats
+}
+
+// MinSlots is the smallest legal pool: one token's experts of one layer.
+func MinSlots(c *format.Config) int { return c.TopK }
+
+// Open starts a stream over dir's expert store with o.Slots slots.
+func Open(dir string, man *format.Manifest, o Options) (*Stream, error) {
+	c := &man.Config
+	st := man.Stores[0]
+	records := man.ExpertLayers * man.Experts
+	if o.Slots < MinSlots(c) {
+		return nil, fmt.Errorf("expert pool of %d slots is too small: one step needs at least %d (top-k) experts of %s each, i.e. --pool-mb %d",
+			o.Slots, MinSlots(c), mib(st.Stride), (int64(MinSlots(c))*st.Stride+(1<<20)-1)>>20)
+	}
+	o.Slots = min(o.Slots, records)
+	if o.Readers <= 0 {
+		o.Readers = DefaultReaders
+	}
+	if o.Prefetch <= 0 {
+		o.Prefetch = o.Readers
+	}
+	if o.Policy == "" {
+		o.Policy = LRU
+	}
+	if err := o.Policy.valid(); err != nil {
+		return nil, err
+	}
+	if o.Log == nil {
+		o.Log = io.Discard
+	}
+	s := &Stream{o: o, st: st, E: man.Experts, L: man.ExpertLayers, records: records, cur: -1}
+	path := filepath.Join(dir, st.File)
+	var err error
+	if s.file, s.direct, err = openRecords(path, o.Buffered); err != nil {
+		return nil, err
+	}
+	if fi, err := s.file.Stat(); err != nil || fi.Size() < int64(records)*st.Stride {
+		s.file.Close()
+		return nil, fmt.Errorf("packed model %s: %s is shorter than %d records of %d bytes (truncated?)", dir, st.File, records, st.Stride)
+	}
+	if !s.direct && !o.Buffered {
+		fmt.Fprintf(o.Log, "experts: O_DIRECT refused on %s; reading through the page cache\n", path)
+	}
+	if o.MissBits != 0 {
+		if s.low, err = LowStore(man, o.MissBits); err != nil {
+			s.file.Close()
+			return nil, err
+		}
+		lp := filepath.Join(dir, s.low.File)
+		if s.lowFile, _, err = openRecords(lp, o.Buffered || !s.direct); err != nil {
+			s.file.Close()
+			return nil, fmt.Errorf("--miss-bits %d: %v (make it with `sluice pack --low-bits %d`)", o.MissBits, err, o.MissBits)
+		}
+	}
+	size := int64(o.Slots) * st.Stride
+	// Anonymous memory is page-aligned, so every slot (stride a multiple
+	// of 4096) is a valid O_DIRECT destination.
+	if s.mem, err = syscall.Mmap(-1, 0, int(size), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON); err != nil {
+		s.closeFiles()
+		return nil, fmt.Errorf("expert pool: mapping %s: %v", mib(size), err)
+	}
+	s.slots = make([]slot, o.Slots)
+	for i := range s.slots {
+		sl := &s.slots[i]
+		sl.rec, sl.demand, sl.prefetch = -1, -1, -1
+		sl.buf = s.mem[int64(i)*st.Stride : int64(i+1)*st.Stride]
+		if sl.ex, err = model.ExpertFromRecord(sl.buf, &s.st); err != nil {
+			s.Close()
+			return nil, err
+		}
+	}
+	s.where = make([]int32, records)
+	for i := range s.where {
+		s.where[i] = -1
+	}
+	s.freq = make([]float32, records)
+	s.slotOf = make([]int32, s.E)
+	s.isMiss = make([]bool, s.E)
+	s.readyQ = make([]int32, 0, s.E)
+	s.missQ = make([]int32, 0, s.E)
+	s.prefs = make([]int32, 0, s.E)
+	// The ring a prefill chunk streams through (a queue depth of slots) is
+	// left out of the layers' shares.
+	s.share = max(c.TopK, (o.Slots-o.Readers)/max(c.Layers, 1))
+	s.stats.init(s.L, o.Slots)
+	// Every read ever outstanding fits in the channels, so no send blocks.
+	s.demand = make(chan request, o.Slots)
+	s.pre = make(chan request, o.Slots)
+	s.done = make(chan completion, o.Slots)
+	ctx, cancel := context.WithCancel(context.Background())
+	s.stop = cancel
+	for range o.Readers {
+		s.wg.Add(1)
+		go s.reader(ctx)
+	}
+	return s, nil
+}
+
+// Direct reports whether misses are read with O_DIRECT.
+func (s *Stream) Direct() bool { return s.direct }
+
+// Slots is the number of pool slots.
+func (s *Stream) Slots() int { return len(s.slots) }
+
+// Stride is the size of one slot.
+func (s *Stream) Stride() int64 { return s.st.Stride }
+
+// Options returns the options in effect (defaults filled in).
+func (s *Stream) Options() Options { return s.o }
+
+// Lookahead implements model.Prefetcher.
+func (s *Stream) Lookahead() bool { return s.o.Lookahead }
+
+// Begin implements model.Provider.
+func (s *Stream) Begin(layer int, ids []int, hint model.Hint) error {
+	if layer < 0 || layer >= s.L {
+		return fmt.Errorf("expert stream: layer %d outside [0,%d)", layer, s.L)
+	}
+	s.endStep()
+	s.drain()
+	s.clock++
+	if s.clock%int64(64*s.L) == 0 {
+		// Halve use counts every 64 tokens so that frequency follows
+		// the recent past (FLRU).
+		for i := range s.freq {
+			s.freq[i] *= 0.5
+		}
+	}
+	s.layer, s.ids, s.hint = layer, ids, hint
+	s.left = len(ids)
+	s.accountPrefetches(layer)
+	ls := &s.stats.layers[layer]
+	// Prefill retention: in a multi-row step only the layer's most-used
+	// experts (its share of the pool) are stamped as recent; the rest are
+	// stamped old, so the step recycles their slots first and the pool
+	// keeps each layer's hot experts for decode.
+	s.thresh = s.rowThreshold(hint)
+	for i, e := range ids {
+		if e < 0 || e >= s.E {
+			return fmt.Errorf("expert stream: expert %d outside [0,%d)", e, s.E)
+		}
+		rec := int32(layer*s.E + e)
+		rows := 1
+		if hint.Rows != nil {
+			rows = hint.Rows[i]
+		}
+		s.freq[rec] += float32(rows)
+		stamp := s.stamp(int32(i))
+		si := s.where[rec]
+		if si < 0 {
+			s.missQ = append(s.missQ, int32(i))
+			ls.Misses.Add(1)
+			continue
+		}
+		sl := &s.slots[si]
+		sl.held, sl.last, sl.cut = true, stamp, false
+		s.slotOf[i] = si
+		ls.Hits.Add(1)
+		if sl.pre {
+			sl.pre = false
+			s.stats.LookUseful.Add(1)
+		}
+		if sl.state == ready {
+			s.readyQ = append(s.readyQ, int32(i))
+		} else {
+			sl.demand = int32(i)
+			s.waiting++
+		}
+	}
+	s.issueMisses()
+	return nil
+}
+
+// stamp is the recency position i of the step gets: now, or, in a
+// multi-row step, older than any recent step for experts outside the
+// layer's most-used share.
+func (s *Stream) stamp(i int32) int64 {
+	if s.thresh > 0 && s.hint.Rows != nil && s.hint.Rows[i] < s.thresh {
+		return s.clock - int64(4*s.L)
+	}
+	return s.clock
+}
+
+// rowThreshold is the row count an expert needs in a multi-row step to be
+// among the layer's pool share, or 0 when every expert qualifies.
+func (s *Stream) rowThreshold(h model.Hint) int {
+	if h.Rows == nil || len(h.Rows) <= s.share {
+		return 0
+	}
+	// The share-th largest row count, by counting (rows ≤ chunk size).
+	mx := 0
+	for _, r := range h.Rows {
+		mx = max(mx, r)
+	}
+	for t := mx; t > 1; t-- {
+		n := 0
+		for _, r := range h.Rows {
+			if r >= t {
+				n++
+			}
+		}
+		if n >= s.share {
+			return t
+		}
+	}
+	return 0
+}
+
+// issueMisses reads queued misses into free or evictable slots.
+func (s *Stream) issueMisses() {
+	// At most a queue depth of misses at a time: more would not read any
+	// faster, and in a prefill chunk each extra slot taken up front would
+	// evict another layer's kept experts instead of recycling this step's
+	// own once computed.
+	for s.missH < len(s.missQ) && s.missOut < s.o.Readers {
+		si := s.victim()
+		if si < 0 {
+			return
+		}
+		i := s.missQ[s.missH]
+		s.missH++
+		rec := int32(s.layer*s.E + s.ids[i])
+		sl := s.evict(si)
+		sl.rec, sl.state, sl.held, sl.demand, sl.last, sl.prefetch = rec, loading, true, i, s.stamp(i), -1
+		s.where[rec] = si
+		s.slotOf[i] = si
+		s.waiting++
+		s.missOut++
+		s.isMiss[i] = true
+		low := s.low != nil
+		sl.readLow = low
+		s.inflight++
+		s.demand <- request{slot: si, off: int64(rec) * s.recStride(low), low: low}
+	}
+}
+
+func (s *Stream) recStride(low bool) int64 {
+	if low {
+		return s.low.Stride
+	}
+	return s.st.Stride
+}
+
+// evict frees slot si for a new record.
+func (s *Stream) evict(si int32) *slot {
+	sl := &s.slots[si]
+	if sl.rec >= 0 {
+		s.where[sl.rec] = -1
+		s.stats.Evictions.Add(1)
+	}
+	sl.rec, sl.state, sl.pre, sl.cut, sl.low = -1, free, false, false, false
+	sl.cancel.Store(false)
+	return sl
+}
+
+// Next implements model.Provider.
+func (s *Stream) Next() (int, *model.Expert, error) {
+	s.release()
+	if s.left <= 0 {
+		return -1, nil, fmt.Errorf("expert stream: Next after the last expert")
+	}
+	for {
+		s.issueMisses()
+		if s.readyH < len(s.readyQ) {
+			i := s.readyQ[s.readyH]
+			s.readyH++
+			return s.deliver(i)
+		}
+		if s.o.CutWeak > 0 {
+			s.drain()
+			if s.readyH < len(s.readyQ) {
+				continue
+			}
+			if i, ok := s.cutOne(); ok {
+				s.left--
+				s.stats.Cuts.Add(1)
+				return int(i), nil, nil
+			}
+		}
+		if s.inflight == 0 {
+			return -1, nil, fmt.Errorf("expert stream: %d experts outstanding but no read in flight (pool of %d slots all held)", s.left, len(s.slots))
+		}
+		t0 := time.Now()
+		c := <-s.done
+		s.stats.layers[s.layer].IOWaitNs.Add(time.Since(t0).Nanoseconds())
+		if err := s.complete(c); err != nil {
+			return -1, nil, err
+		}
+	}
+}
+
+// deliver returns position i's expert and makes its slot current.
+func (s *Stream) deliver(i int32) (int, *model.Expert, error) {
+	si := s.slotOf[i]
+	s.cur = si
+	s.left--
+	if s.isMiss[i] {
+		s.isMiss[i] = false
+		s.missOut--
+	}
+	return int(i), &s.slots[si].ex, nil
+}
+
+// release un-holds the slot returned by the previous Next: the forward is
+// done with it, so a later miss of the same step may recycle it.
+func (s *Stream) release() {
+	if s.cur >= 0 {
+		s.slots[s.cur].held = false
+		s.cur = -1
+	}
+}
+
+// endStep releases everything the previous step held, including what an
+// aborted step (an error mid-layer) left behind.
+func (s *Stream) endStep() {
+	s.release()
+	for i := range s.slots {
+		sl := &s.slots[i]
+		sl.held = false
+		if sl.demand >= 0 {
+			sl.demand = -1
+			sl.cut = true // still loading: lands as a plain pool entry
+		}
+	}
+	s.missOut = 0
+	clear(s.isMiss)
+	s.readyQ, s.readyH = s.readyQ[:0], 0
+	s.missQ, s.missH = s.missQ[:0], 0
+	s.waiting = 0
+}
+
+// drain processes completions that have already arrived.
+func (s *Stream) drain() {
+	for {
+		select {
+		case c := <-s.done:
+			s.complete(c) // an error here has no step to fail; the slot is freed
+		default:
+			return
+		}
+	}
+}
+
+// complete records a finished read; a demanded slot joins the ready queue.
+func (s *Stream) complete(c completion) error {
+	s.inflight--
+	sl := &s.slots[c.slot]
+	if sl.prefetch >= 0 {
+		s.preInflight--
+		sl.prefetch = -1
+	}
+	if c.err != nil || c.cancelled {
+		if c.err != nil {
+			s.stats.ReadErrors.Add(1)
+		}
+		d := sl.demand
+		s.where[sl.rec] = -1
+		sl.rec, sl.state, sl.demand, sl.held, sl.pre = -1, free, -1, false, false
+		sl.cancel.Store(false)
+		if d >= 0 {
+			s.waiting--
+			if c.err == nil {
+				// A cancelled prefetch that a step then needed: read it.
+				s.missQ = append(s.missQ, d)
+				s.stats.layers[s.layer].Misses.Add(1)
+				s.stats.layers[s.layer].Hits.Add(-1)
+				return nil
+			}
+			return fmt.Errorf("expert stream: reading layer %d expert %d: %v", s.layer, s.ids[d], c.err)
+		}
+		return nil
+	}
+	sl.state = ready
+	sl.low = sl.readLow
+	n := s.recStride(sl.readLow)
+	s.stats.BytesRead.Add(n)
+	if sl.demand >= 0 {
+		s.readyQ = append(s.readyQ, sl.demand)
+		s.stats.layers[s.layer].BytesRead.Add(n)
+		sl.demand = -1
+		s.waiting--
+	}
+	return nil
+}
+
+// cutOne applies --cut-weak once the resident part is done: a position
+// whose read has not landed and whose weight is below the threshold in
+// every row is dropped from this step.
+func (s *Stream) cutOne() (int32, bool) {
+	w := s.hint.MaxWeight
+	if w == nil {
+		return 0, false
+	}
+	for k := s.missH; k < len(s.missQ); k++ {
+		if i := s.missQ[k]; w[i] < s.o.CutWeak {
+			copy(s.missQ[s.missH+1:k+1], s.missQ[s.missH:k])
+			s.missH++
+			return i, true
+		}
+	}
+	for si := range s.slots {
+		sl := &s.slots[si]
+		if sl.demand >= 0 && sl.state == loading && w[sl.demand] < s.o.CutWeak {
+			i := sl.demand
+			sl.demand, sl.held, sl.cut = -1, false, true
+			s.waiting--
+			if s.isMiss[i] {
+				s.isMiss[i] = false
+				s.missOut--
+			}
+			return i, true
+		}
+	}
+	return 0, false
+}
+
+// Prefetch implements model.Prefetcher: read the predicted experts of
+// layer into slots that the current step does not hold, at most
+// Options.Prefetch in flight.
+func (s *Stream) Prefetch(layer int, ids []int) {
+	if !s.o.Lookahead || layer < 0 || layer >= s.L {
+		return
+	}
+	for _, e := range ids {
+		if s.preInflight >= s.o.Prefetch {
+			return
+		}
+		rec := int32(layer*s.E + e)
+		if s.where[rec] >= 0 {
+			continue
+		}
+		si := s.victim()
+		if si < 0 {
+			return
+		}
+		sl := s.evict(si)
+		sl.rec, sl.state, sl.pre, sl.last, sl.readLow = rec, loading, true, s.clock, false
+		sl.prefetch = layer
+		s.where[rec] = si
+		s.prefs = append(s.prefs, si)
+		s.inflight++
+		s.preInflight++
+		s.stats.LookIssued.Add(1)
+		s.pre <- request{slot: si, off: int64(rec) * s.st.Stride}
+	}
+}
+
+// accountPrefetches settles the prefetches issued for layer as the step
+// of that layer begins: those the step does not use are counted wasted,
+// and those still queued are cancelled.
+func (s *Stream) accountPrefetches(layer int) {
+	for _, si := range s.prefs {
+		sl := &s.slots[si]
+		if !sl.pre || s.isNeeded(sl.rec, layer) {
+			continue // already used or evicted, or Begin counts it useful
+		}
+		s.stats.LookWasted.Add(1)
+		sl.pre = false
+		if sl.state == loading {
+			sl.cancel.Store(true)
+		}
+	}
+	s.prefs = s.prefs[:0]
+}
+
+func (s *Stream) isNeeded(rec int32, layer int) bool {
+	if rec < 0 || int(rec)/s.E != layer {
+		return false
+	}
+	e := int(rec) % s.E
+	for _, id := range s.ids {
+		if id == e {
+			return true
+		}
+	}
+	return false
+}
+
+// reader serves read requests, demand misses before prefetches.
+func (s *Stream) reader(ctx context.Context) {
+	defer s.wg.Done()
+	var stage []byte
+	if s.low != nil {
+		stage = alignedBuf(s.low.Stride)
+		defer syscall.Munmap(stage)
+	}
+	for {
+		var r request
+		select {
+		case r = <-s.demand:
+		default:
+			select {
+			case r = <-s.demand:
+			case r = <-s.pre:
+			case <-ctx.Done():
+				return
+			}
+		}
+		sl := &s.slots[r.slot]
+		if sl.cancel.Load() {
+			s.done <- completion{slot: r.slot, cancelled: true}
+			continue
+		}
+		var err error
+		s.stats.readStart()
+		if r.low {
+			if err = preadFull(s.lowFile, stage, r.off); err == nil {
+				err = expandLow(sl.buf, stage, &s.st, s.low)
+			}
+		} else {
+			err = preadFull(s.file, sl.buf, r.off)
+		}
+		s.stats.readEnd()
+		s.done <- completion{slot: r.slot, err: err}
+	}
+}
+
+// Close stops the readers and releases the pool.
+func (s *Stream) Close() error {
+	if s.stop == nil {
+		s.closeFiles()
+		if s.mem != nil {
+			syscall.Munmap(s.mem)
+			s.mem = nil
+		}
+		return nil
+	}
+	for i := range s.slots {
+		s.slots[i].cancel.Store(true)
+	}
+	// Wait for what is in flight before the slots' memory goes away.
+	for s.inflight > 0 {
+		<-s.done
+		s.inflight--
+	}
+	s.stop()
+	s.wg.Wait()
+	s.stop = nil
+	s.closeFiles()
+	err := syscall.Munmap(s.mem)
+	s.mem = nil
+	return err
+}
+
+func (s *Stream) closeFiles() {
+	if s.file != nil {
+		s.file.Close()
+	}
+	if s.lowFile != nil {
+		s.lowFile.Close()
+	}
+}
+
+func mib(n int64) string {
+	if n < 1<<20 {
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+}
+
+var (
+	_ model.Provider   = (*Stream)(nil)
+	_ model.Prefetcher = (*Stream)(nil)
+)

@@ -1,0 +1,350 @@
+package experts
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"unsafe"
+
+	"github.com/sluicelm/sluice/internal/format"
+	"github.com/sluicelm/sluice/internal/model"
+	"github.com/sluicelm/sluice/internal/testutil"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testutil.Cleanup()
+	os.Exit(code)
+}
+
+// loadStream loads a shared model with its experts streamed through a pool
+// of slots slots.
+func loadStream(t testing.TB, name string, bits int, o Options) (*model.Model, *Stream) {
+	t.Helper()
+	dir := testutil.Packed(t, name, bits)
+	m, err := model.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(dir, m.Manifest, o)
+	if err != nil {
+		m.Close()
+		t.Fatal(err)
+	}
+	m.Experts = s
+	t.Cleanup(func() { m.Close() })
+	return m, s
+}
+
+func records(m *model.Model) int { return m.Manifest.ExpertLayers * m.Manifest.Experts }
+
+// greedy prefills prompt in chunks of rows and decodes n tokens greedily.
+func greedy(t testing.TB, m *model.Model, prompt []int, n, rows int) []int {
+	t.Helper()
+	r := model.NewRunner(m, 2, rows)
+	defer r.Close()
+	st, err := m.NewState(len(prompt) + n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	V := m.Config.Vocab
+	logits := make([]float32, V)
+	if err := r.Forward(st, prompt, logits, false); err != nil {
+		t.Fatal(err)
+	}
+	var out []int
+	for len(out) < n {
+		next := argmax(logits)
+		out = append(out, next)
+		if len(out) == n {
+			break
+		}
+		if err := r.Forward(st, []int{next}, logits, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return out
+}
+
+func argmax(x []float32) int {
+	b := 0
+	for i, v := range x {
+		if v > x[b] {
+			b = i
+		}
+	}
+	return b
+}
+
+// TestGreedyAnyPool decodes the reference prompts greedily (exact mode)
+// through the smallest legal pool, a quarter of the experts and all of
+// them, with lookahead on and off, and requires the reference's tokens
+// every time: the pool changes speed, never results.
+func TestGreedyAnyPool(t *testing.T) {
+	for _, name := range testutil.Models {
+		refs := testutil.LoadRefs(t, name)
+		dir := testutil.Packed(t, name, 16)
+		man, err := format.ReadManifest(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := man.ExpertLayers * man.Experts
+		for _, v := range []struct {
+			slots int
+			look  bool
+			cases int // 0 = all
+		}{{MinSlots(&man.Config), true, 0}, {n / 4, true, 0}, {n, true, 0}, {n / 4, false, 3}} {
+			t.Run(fmt.Sprintf("%s/slots=%d/lookahead=%v", name, v.slots, v.look), func(t *testing.T) {
+				m, s := loadStream(t, name, 16, Options{Slots: v.slots, Lookahead: v.look})
+				cases := refs.Cases
+				if testing.Short() || v.cases > 0 {
+					cases = cases[:3]
+				}
+				for ci, c := range cases {
+					got := greedy(t, m, c.Prompt, len(c.Greedy), 64)
+					if !slices.Equal(got, c.Greedy) {
+						t.Fatalf("case %d: greedy %v, want %v", ci, got, c.Greedy)
+					}
+				}
+				st := s.Stats()
+				t.Logf("hit rate %.3f, %d misses, %.1f MiB read, lookahead issued %d useful %d wasted %d",
+					st.HitRate(), st.Misses, float64(st.BytesRead)/(1<<20), st.LookIssued, st.LookUseful, st.LookWasted)
+				if v.slots < n && st.Misses == 0 {
+					t.Errorf("no misses with %d of %d slots", v.slots, n)
+				}
+			})
+		}
+	}
+}
+
+// TestDecodeAllocs keeps a streamed decode step allocation-free, with every
+// expert a hit and with misses and prefetches in flight.
+func TestDecodeAllocs(t *testing.T) {
+	dir := testutil.Packed(t, "tiny-qwen3-moe", 4)
+	man, err := format.ReadManifest(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := man.ExpertLayers * man.Experts
+	for _, slots := range []int{n, n / 4} {
+		m, _ := loadStream(t, "tiny-qwen3-moe", 4, Options{Slots: slots, Lookahead: true})
+		r := model.NewRunner(m, 2, 16)
+		st, _ := m.NewState(512)
+		logits := make([]float32, m.Config.Vocab)
+		if err := r.Forward(st, []int{1, 2, 3}, logits, false); err != nil {
+			t.Fatal(err)
+		}
+		tok := []int{42}
+		i := 0
+		allocs := testing.AllocsPerRun(50, func() {
+			tok[0] = 10 + i%300 // vary tokens so that routes, hence misses, vary
+			i++
+			if err := r.Forward(st, tok, logits, false); err != nil {
+				t.Fatal(err)
+			}
+		})
+		r.Close()
+		if allocs != 0 {
+			t.Errorf("%d slots: decode step allocates %.1f times", slots, allocs)
+		}
+	}
+}
+
+// TestSmallPoolErrors names the minimum.
+func TestSmallPoolErrors(t *testing.T) {
+	dir := testutil.Packed(t, "tiny-qwen3-moe", 4)
+	man, err := format.ReadManifest(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = Open(dir, man, Options{Slots: 2})
+	if err == nil || !strings.Contains(err.Error(), "at least 4") {
+		t.Fatalf("2 slots: got %v, want an error naming the minimum of 4", err)
+	}
+	b := Budget{PoolBytes: 1 << 10}
+	if _, err := b.Size(&man.Config, &man.Stores[0], n(man)); err == nil || !strings.Contains(err.Error(), "smallest pool") {
+		t.Fatalf("--pool-mb 1KiB: got %v", err)
+	}
+	b = Budget{MemoryBytes: 1 << 20, DenseBytes: man.DenseBytes}
+	if _, err := b.Size(&man.Config, &man.Stores[0], n(man)); err == nil || !strings.Contains(err.Error(), "smallest pool") {
+		t.Fatalf("--memory-gb tiny: got %v", err)
+	}
+}
+
+func n(man *format.Manifest) int { return man.ExpertLayers * man.Experts }
+
+// TestBufferedFallback reads through the page cache when asked (as when
+// O_DIRECT is refused) and still gives the same tokens.
+func TestBufferedFallback(t *testing.T) {
+	refs := testutil.LoadRefs(t, "tiny-qwen3-moe")
+	m, s := loadStream(t, "tiny-qwen3-moe", 16, Options{Slots: 8, Buffered: true, Lookahead: true})
+	if s.Direct() {
+		t.Fatal("Buffered option ignored")
+	}
+	c := refs.Cases[0]
+	if got := greedy(t, m, c.Prompt, 16, 7); !slices.Equal(got, c.Greedy[:16]) {
+		t.Fatalf("greedy %v, want %v", got, c.Greedy[:16])
+	}
+}
+
+// TestCutWeak checks the lossy deadline policy: with an impossible
+// threshold every late miss is cut, and the forward still runs.
+func TestCutWeak(t *testing.T) {
+	m, s := loadStream(t, "tiny-qwen3-moe", 4, Options{Slots: 16, CutWeak: 0.99})
+	c := testutil.LoadRefs(t, "tiny-qwen3-moe").Cases[0]
+	greedy(t, m, c.Prompt[:20], 8, 1)
+	if s.Stats().Cuts == 0 {
+		t.Fatal("no expert was cut with --cut-weak 0.99")
+	}
+}
+
+// TestStreamDelivers drives a small pool directly, as the forward would,
+// with random steps and random (often wrong) lookahead predictions, and
+// checks that every expert handed out holds its own record's bytes. Run
+// under -race it also checks the reader hand-off.
+func TestStreamDelivers(t *testing.T) {
+	dir := testutil.Packed(t, "tiny-qwen3-moe", 4)
+	man, err := format.ReadManifest(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	file, err := os.ReadFile(filepath.Join(dir, man.Stores[0].File))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stride := man.Stores[0].Stride
+	for _, pol := range Policies {
+		s, err := Open(dir, man, Options{Slots: 9, Readers: 3, Lookahead: true, Policy: pol, Prefetch: 3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rng := rand.New(rand.NewPCG(1, uint64(len(pol))))
+		E := man.Experts
+		ids := make([]int, 0, E)
+		rows := make([]int, E)
+		for step := 0; step < 400; step++ {
+			layer := step % man.ExpertLayers
+			ids = ids[:0]
+			for _, e := range rng.Perm(E)[:1+rng.IntN(12)] {
+				ids = append(ids, e)
+			}
+			for i := range ids {
+				rows[i] = 1 + rng.IntN(5)
+			}
+			if err := s.Begin(layer, ids, model.Hint{Rows: rows[:len(ids)]}); err != nil {
+				t.Fatal(err)
+			}
+			s.Prefetch((layer+1)%man.ExpertLayers, rng.Perm(E)[:6])
+			seen := make([]bool, len(ids))
+			for range ids {
+				i, ex, err := s.Next()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if seen[i] {
+					t.Fatalf("step %d: position %d returned twice", step, i)
+				}
+				seen[i] = true
+				rec := int64(layer*E + ids[i])
+				want := file[rec*stride+man.Stores[0].Gate.Offset:][:len(ex.Gate.Q)]
+				if !slices.Equal(ex.Gate.Q, want) {
+					t.Fatalf("%s step %d: layer %d expert %d: wrong bytes", pol, step, layer, ids[i])
+				}
+			}
+			if _, _, err := s.Next(); err == nil {
+				t.Fatal("Next past the last expert: no error")
+			}
+		}
+		st := s.Stats()
+		t.Logf("%s: hit rate %.2f, %d misses, lookahead issued %d useful %d wasted %d", pol, st.HitRate(), st.Misses, st.LookIssued, st.LookUseful, st.LookWasted)
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func loadStreamDir(t testing.TB, dir string, o Options) (*model.Model, *Stream) {
+	t.Helper()
+	m, err := model.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(dir, m.Manifest, o)
+	if err != nil {
+		m.Close()
+		t.Fatal(err)
+	}
+	m.Experts = s
+	t.Cleanup(func() { m.Close() })
+	return m, s
+}
+
+func unsafeBytes(v []float32) []byte { return unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), 4*len(v)) }
+
+// recorder wraps a provider and keeps each layer's last step.
+type recorder struct {
+	*Stream
+	ids  map[int][]int
+	rows map[int][]int
+}
+
+func (r *recorder) Begin(layer int, ids []int, h model.Hint) error {
+	r.ids[layer] = slices.Clone(ids)
+	r.rows[layer] = slices.Clone(h.Rows)
+	return r.Stream.Begin(layer, ids, h)
+}
+
+// TestPrefillRetention checks point 3 of the design: a prefill chunk reads
+// each expert it needs once per layer, and each layer's most-used experts
+// stay in the pool for decode, the first layer's included, although a
+// pure recency order would have evicted them for the last layers'.
+func TestPrefillRetention(t *testing.T) {
+	dir := testutil.Packed(t, "tiny-qwen3-moe", 4)
+	man, err := format.ReadManifest(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := testutil.LoadRefs(t, "tiny-qwen3-moe").Long[0]
+	for _, pol := range Policies {
+		slots := 6 * man.Config.Layers // a share of 6 per layer
+		m, s := loadStreamDir(t, dir, Options{Slots: slots, Policy: pol})
+		rec := &recorder{Stream: s, ids: map[int][]int{}, rows: map[int][]int{}}
+		m.Experts = rec
+		r := model.NewRunner(m, 2, 64)
+		st, _ := m.NewState(64)
+		logits := make([]float32, m.Config.Vocab)
+		if err := r.Forward(st, c.Prompt[:64], logits, false); err != nil {
+			t.Fatal(err)
+		}
+		r.Close()
+		m.Experts = s
+		var distinct int
+		for l := 0; l < man.Config.Layers; l++ {
+			distinct += len(rec.ids[l])
+		}
+		if got := s.Stats().Misses; got != int64(distinct) {
+			t.Errorf("%s: %d reads for %d distinct (layer, expert) pairs of one chunk", pol, got, distinct)
+		}
+		for l := 0; l < man.Config.Layers; l++ {
+			ids, rows := rec.ids[l], rec.rows[l]
+			order := make([]int, len(ids))
+			for i := range order {
+				order[i] = i
+			}
+			slices.SortStableFunc(order, func(a, b int) int { return rows[b] - rows[a] })
+			kept := 0
+			for _, i := range order[:3] { // the three most used
+				if s.where[l*man.Experts+ids[i]] >= 0 {
+					kept++
+				}
+			}
+			if kept < 3 {
+				t.Errorf("%s: layer %d keeps %d of its 3 most-used experts after prefill", pol, l, kept)
+			}
+		}
+	}
+}
