@@ -54,6 +54,7 @@ func NewRunner(m *Model, threads, maxRows int) *Runner {
 	r.attn.init(c, maxRows)
 	r.dn.init(c, maxRows)
 	r.moe.init(c, maxRows)
+	r.moe.initThreads(c, maxRows, r.Pool.Threads())
 	return r
 }
 

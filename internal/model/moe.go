@@ -9,15 +9,16 @@ import (
 
 // moeScratch holds the buffers of the MoE block.
 type moeScratch struct {
+	main     moeThread   // the sequential path's buffers
+	threads  []moeThread // per pool thread, for experts computed in parallel
+	exps     []*Expert   // [distinct] experts of a step, when they stay valid
+	task     moeTask
 	logits   []float32 // [rows][experts] router logits, then probabilities
 	ids      []int     // [rows][top_k] chosen experts in router order
 	w        []float32 // [rows][top_k] their weights
 	slot     []int     // [experts] position in distinct, or -1
 	distinct []int     // experts the batch needs, in first-use order
 	members  [][]int   // per distinct expert: the (row*top_k+k) that use it
-	in       []float32 // [rows][hidden] gathered rows of one expert
-	g, u     []float32 // [rows][inter]
-	dout     []float32 // [rows][hidden]
 	outk     []float32 // [rows][top_k][hidden] each routed expert's output
 	maxw     []float32 // [experts] per distinct expert: largest routing weight (Hint)
 	nrows    []int     // [experts] per distinct expert: rows routed to it (Hint)
@@ -26,9 +27,42 @@ type moeScratch struct {
 	pred     []int     // lookahead: predicted experts of the next layer, first-use order
 	pmark    []bool    // [experts] lookahead: already in pred
 	pk       []int     // [top_k] lookahead: one row's picks
-	sg, su   []float32 // [rows][shared_inter]
 	sgate    []float32 // [rows]
 	shared   []float32 // [rows][hidden]
+}
+
+// moeThread is one thread's buffers for computing whole experts.
+type moeThread struct {
+	sc             kernels.Scratch
+	in, g, u, dout []float32
+}
+
+// matmuler is kernels.Pool (one product over every thread) or
+// kernels.Scratch (one product on the calling thread); both give
+// bit-identical results.
+type matmuler interface {
+	MatMul(out []float32, w *kernels.Mat, x []float32, nb int)
+}
+
+// stableExperts is implemented by providers whose Expert values stay valid
+// for the whole step (every expert resident): the MoE block then collects
+// them all and computes different experts on different threads, one
+// dispatch per layer instead of three per expert.
+type stableExperts interface {
+	StableExperts() bool
+}
+
+func (s *moeScratch) initThreads(c *format.Config, rows, threads int) {
+	H, I := c.Hidden, max(c.MoEInter, c.SharedInter)
+	s.threads = make([]moeThread, threads)
+	for i := range s.threads {
+		t := &s.threads[i]
+		t.in = make([]float32, rows*H)
+		t.g = make([]float32, rows*I)
+		t.u = make([]float32, rows*I)
+		t.dout = make([]float32, rows*H)
+	}
+	s.exps = make([]*Expert, c.Experts)
 }
 
 func (s *moeScratch) init(c *format.Config, rows int) {
@@ -52,14 +86,10 @@ func (s *moeScratch) init(c *format.Config, rows int) {
 	s.pred = make([]int, 0, E)
 	s.pmark = make([]bool, E)
 	s.pk = make([]int, 0, K)
-	s.in = make([]float32, rows*H)
-	s.g = make([]float32, rows*max(I, c.SharedInter))
-	s.u = make([]float32, rows*max(I, c.SharedInter))
-	s.dout = make([]float32, rows*H)
+	s.main = moeThread{in: make([]float32, rows*H), g: make([]float32, rows*max(I, c.SharedInter)),
+		u: make([]float32, rows*max(I, c.SharedInter)), dout: make([]float32, rows*H)}
 	s.outk = make([]float32, rows*K*H)
 	if c.SharedInter > 0 {
-		s.sg = make([]float32, rows*c.SharedInter)
-		s.su = make([]float32, rows*c.SharedInter)
 		s.sgate = make([]float32, rows)
 		s.shared = make([]float32, rows*H)
 	}
@@ -107,7 +137,7 @@ type RouteFunc func(layer, pos int, ids []int)
 func (r *Runner) moeBlock(L *Layer, nb int) error {
 	c := &r.M.Config
 	s := &r.moe
-	H, E, K, I := c.Hidden, c.Experts, c.TopK, c.MoEInter
+	H, E, K := c.Hidden, c.Experts, c.TopK
 	r.Pool.MatMul(s.logits, &L.Router, r.h, nb)
 	r.trace("router_logits", L.Index, nb, E, s.logits)
 	s.distinct = s.distinct[:0]
@@ -151,37 +181,34 @@ func (r *Runner) moeBlock(L *Layer, nb int) error {
 		return err
 	}
 	r.lookahead(L, nb)
-	for range s.distinct {
-		di, ex, err := r.M.Experts.Next()
-		if err != nil {
-			return err
-		}
-		mem := s.members[s.distinct[di]]
-		if ex == nil {
-			// Cut by a lossy deadline policy: the expert adds nothing.
-			for _, rk := range mem {
-				clear(s.outk[rk*H : (rk+1)*H])
+	if st, ok := r.M.Experts.(stableExperts); ok && st.StableExperts() && r.Pool.Threads() > 1 {
+		for range s.distinct {
+			di, ex, err := r.M.Experts.Next()
+			if err != nil {
+				return err
 			}
-			continue
+			s.exps[di] = ex
 		}
-		n := len(mem)
-		for j, rk := range mem {
-			copy(s.in[j*H:(j+1)*H], r.h[(rk/K)*H:(rk/K+1)*H])
+		items := len(s.distinct)
+		if L.HasShared {
+			items++ // the shared expert is one more work item
 		}
-		r.Pool.MatMul(s.g, &ex.Gate, s.in, n)
-		r.Pool.MatMul(s.u, &ex.Up, s.in, n)
-		kernels.SwiGLU(s.g[:n*I], s.g[:n*I], s.u[:n*I])
-		r.Pool.MatMul(s.dout, &ex.Down, s.g, n)
-		for j, rk := range mem {
-			copy(s.outk[rk*H:(rk+1)*H], s.dout[j*H:(j+1)*H])
+		s.task = moeTask{r: r, L: L, nb: nb, items: items}
+		r.Pool.Parallel(items, 1, &s.task)
+		s.task = moeTask{}
+	} else {
+		for range s.distinct {
+			di, ex, err := r.M.Experts.Next()
+			if err != nil {
+				return err
+			}
+			r.runExpert(ex, s.members[s.distinct[di]], &s.main, r.Pool)
+		}
+		if L.HasShared {
+			r.sharedExpert(L, nb, &s.main, r.Pool)
 		}
 	}
 	if L.HasShared {
-		SI := c.SharedInter
-		r.Pool.MatMul(s.sg, &L.SharedGate, r.h, nb)
-		r.Pool.MatMul(s.su, &L.SharedUp, r.h, nb)
-		kernels.SwiGLU(s.sg[:nb*SI], s.sg[:nb*SI], s.su[:nb*SI])
-		r.Pool.MatMul(s.shared, &L.SharedDown, s.sg, nb)
 		r.Pool.MatMul(s.sgate, &L.SharedExpertGate, r.h, nb)
 	}
 	for i := 0; i < nb; i++ {
@@ -240,4 +267,62 @@ func (r *Runner) lookahead(L *Layer, nb int) {
 		s.pmark[e] = false
 	}
 	pf.Prefetch(L.Index+1, s.pred)
+}
+
+// runExpert computes one routed expert for the rows that chose it (mem holds
+// row*top_k+k) into moe.outk. A nil expert was cut by a lossy deadline
+// policy and contributes zero.
+func (r *Runner) runExpert(ex *Expert, mem []int, t *moeThread, mm matmuler) {
+	c := &r.M.Config
+	s := &r.moe
+	H, K, I := c.Hidden, c.TopK, c.MoEInter
+	if ex == nil {
+		for _, rk := range mem {
+			clear(s.outk[rk*H : (rk+1)*H])
+		}
+		return
+	}
+	n := len(mem)
+	for j, rk := range mem {
+		copy(t.in[j*H:(j+1)*H], r.h[(rk/K)*H:(rk/K+1)*H])
+	}
+	mm.MatMul(t.g, &ex.Gate, t.in, n)
+	mm.MatMul(t.u, &ex.Up, t.in, n)
+	kernels.SwiGLU(t.g[:n*I], t.g[:n*I], t.u[:n*I])
+	mm.MatMul(t.dout, &ex.Down, t.g, n)
+	for j, rk := range mem {
+		copy(s.outk[rk*H:(rk+1)*H], t.dout[j*H:(j+1)*H])
+	}
+}
+
+// sharedExpert computes the ungated shared expert of every row into
+// moe.shared.
+func (r *Runner) sharedExpert(L *Layer, nb int, t *moeThread, mm matmuler) {
+	SI := r.M.Config.SharedInter
+	s := &r.moe
+	mm.MatMul(t.g, &L.SharedGate, r.h, nb)
+	mm.MatMul(t.u, &L.SharedUp, r.h, nb)
+	kernels.SwiGLU(t.g[:nb*SI], t.g[:nb*SI], t.u[:nb*SI])
+	mm.MatMul(s.shared, &L.SharedDown, t.g, nb)
+}
+
+// moeTask computes whole experts, a range of them per thread; item
+// len(distinct) is the shared expert.
+type moeTask struct {
+	r         *Runner
+	L         *Layer
+	nb, items int
+}
+
+func (t *moeTask) Run(lo, hi int) {
+	r := t.r
+	s := &r.moe
+	th := &s.threads[r.Pool.Part(t.items, 1, lo)]
+	for di := lo; di < hi; di++ {
+		if di == len(s.distinct) {
+			r.sharedExpert(t.L, t.nb, th, &th.sc)
+			continue
+		}
+		r.runExpert(s.exps[di], s.members[s.distinct[di]], th, &th.sc)
+	}
 }

@@ -76,6 +76,9 @@ type Resident struct {
 	next    int
 }
 
+// StableExperts reports that every Expert stays valid for the whole step.
+func (r *Resident) StableExperts() bool { return true }
+
 // NewResidentProvider maps the packed model's expert store.
 func NewResidentProvider(m *Model) (*Resident, error) {
 	st := &m.Manifest.Stores[0]
