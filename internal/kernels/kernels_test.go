@@ -416,3 +416,34 @@ func TestScratchMatMul(t *testing.T) {
 		}
 	}
 }
+
+// TestQuantizeRow8 checks the int8 activations against round-half-even of
+// x/scale computed in float64, and the scale against max|x|/127.
+func TestQuantizeRow8(t *testing.T) {
+	r := rand.New(rand.NewPCG(21, 22))
+	x := randVec(r, 256)
+	x[5] = 0
+	for i := 64; i < 128; i++ {
+		x[i] = 0 // an all-zero group
+	}
+	x8, xs := make([]int8, 256), make([]float32, 4)
+	QuantizeRow8(x8, xs, x)
+	for g := 0; g < 4; g++ {
+		var m float64
+		for _, v := range x[g*64 : g*64+64] {
+			m = math.Max(m, math.Abs(float64(v)))
+		}
+		if math.Abs(float64(xs[g])-m/127) > 1e-6*m {
+			t.Fatalf("group %d scale %v, want %v", g, xs[g], m/127)
+		}
+		for i := g * 64; i < g*64+64; i++ {
+			want := 0.0
+			if xs[g] > 0 {
+				want = math.RoundToEven(float64(x[i] * (1 / xs[g])))
+			}
+			if math.Abs(float64(x8[i])-want) > 0 || want > 127 || want < -127 {
+				t.Fatalf("x8[%d] = %d, want %v", i, x8[i], want)
+			}
+		}
+	}
+}
