@@ -51,3 +51,9 @@ func dotQ4I8x4AVX2(q *byte, scales, biases *float32, x8 *int8, xs, xsum *float32
 
 //go:noescape
 func deltaRuleAVX2(S, k, q, v, kv, o *float32, decay, beta float32, dk, dv int)
+
+//go:noescape
+func scoresAVX2(q, k *float32, stride, n, hd int, scale float32, out *float32)
+
+//go:noescape
+func mixAVX2(o, v *float32, stride, n, hd int, p *float32)

@@ -448,3 +448,85 @@ dp2col:
 	JNE dp2row
 	VZEROUPPER
 	RET
+
+// func scoresAVX2(q, k *float32, stride, n, hd int, scale float32, out *float32)
+// out[j] = scale·(q·k_j) for n keys stride bytes apart; hd a multiple of 16.
+// Per key the arithmetic is dotF32AVX2's, so a score equals Dot(q,k)·scale.
+TEXT ·scoresAVX2(SB), NOSPLIT, $0-56
+	MOVQ q+0(FP), SI
+	MOVQ k+8(FP), DI
+	MOVQ stride+16(FP), R8
+	MOVQ n+24(FP), R9
+	MOVQ hd+32(FP), R10
+	SHRQ $4, R10
+	VMOVSS scale+40(FP), X6
+	MOVQ out+48(FP), R11
+	TESTQ R9, R9
+	JEQ scdone
+sckey:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y4, Y4, Y4
+	MOVQ R10, CX
+	XORQ AX, AX
+scdim:
+	VMOVUPS 0(SI)(AX*1), Y1
+	VFMADD231PS 0(DI)(AX*1), Y1, Y0
+	VMOVUPS 32(SI)(AX*1), Y2
+	VFMADD231PS 32(DI)(AX*1), Y2, Y4
+	ADDQ $64, AX
+	DECQ CX
+	JNE scdim
+	VADDPS Y4, Y0, Y0
+	HSUM_Y0
+	VMULSS X6, X0, X0
+	VMOVSS X0, (R11)
+	ADDQ $4, R11
+	ADDQ R8, DI
+	DECQ R9
+	JNE sckey
+scdone:
+	VZEROUPPER
+	RET
+
+// func mixAVX2(o, v *float32, stride, n, hd int, p *float32)
+// o = Σ_j p[j]·v_j over n values stride bytes apart, in j order (each
+// element is the FMA chain Axpy would compute); hd a multiple of 32.
+TEXT ·mixAVX2(SB), NOSPLIT, $0-48
+	MOVQ o+0(FP), DI
+	MOVQ v+8(FP), SI
+	MOVQ stride+16(FP), R8
+	MOVQ n+24(FP), R9
+	MOVQ hd+32(FP), R10
+	SHRQ $5, R10
+	MOVQ p+40(FP), R11
+mxchunk:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	MOVQ SI, BX
+	MOVQ R11, DX
+	MOVQ R9, CX
+	TESTQ CX, CX
+	JEQ mxstore
+mxkey:
+	VBROADCASTSS (DX), Y7
+	VFMADD231PS 0(BX), Y7, Y0
+	VFMADD231PS 32(BX), Y7, Y1
+	VFMADD231PS 64(BX), Y7, Y2
+	VFMADD231PS 96(BX), Y7, Y3
+	ADDQ $4, DX
+	ADDQ R8, BX
+	DECQ CX
+	JNE mxkey
+mxstore:
+	VMOVUPS Y0, 0(DI)
+	VMOVUPS Y1, 32(DI)
+	VMOVUPS Y2, 64(DI)
+	VMOVUPS Y3, 96(DI)
+	ADDQ $128, DI
+	ADDQ $128, SI
+	DECQ R10
+	JNE mxchunk
+	VZEROUPPER
+	RET

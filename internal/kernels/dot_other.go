@@ -16,3 +16,6 @@ func dotQ4I8x4AVX2(q *byte, scales, biases *float32, x8 *int8, xs, xsum *float32
 }
 
 func deltaRuleAVX2(S, k, q, v, kv, o *float32, decay, beta float32, dk, dv int) { panic("no AVX2") }
+
+func scoresAVX2(q, k *float32, stride, n, hd int, scale float32, out *float32) { panic("no AVX2") }
+func mixAVX2(o, v *float32, stride, n, hd int, p *float32)                     { panic("no AVX2") }

@@ -97,25 +97,8 @@ func (t *attnTask) Run(lo, hi int) {
 		q := a.q[i*t.qw+h*t.qstride : i*t.qw+h*t.qstride+hd]
 		kvh := h / (nh / nkv)
 		n := t.pos + i + 1
-		s := sc[:n]
-		mx := float32(math.Inf(-1))
-		for j := 0; j < n; j++ {
-			v := kernels.Dot(q, t.kc[j*kvw+kvh*hd:j*kvw+(kvh+1)*hd]) * scale
-			s[j] = v
-			mx = max(mx, v)
-		}
-		var sum float32
-		for j := range s {
-			e := float32(math.Exp(float64(s[j] - mx)))
-			s[j] = e
-			sum += e
-		}
-		inv := 1 / sum
 		o := a.o[i*nh*hd+h*hd : i*nh*hd+(h+1)*hd]
-		clear(o)
-		for j := 0; j < n; j++ {
-			kernels.Axpy(o, s[j]*inv, t.vc[j*kvw+kvh*hd:j*kvw+(kvh+1)*hd])
-		}
+		kernels.Attend(o, q, t.kc[kvh*hd:], t.vc[kvh*hd:], kvw, n, scale, sc)
 		if t.gated {
 			g := a.q[i*t.qw+h*t.qstride+hd : i*t.qw+h*t.qstride+2*hd]
 			for d := range o {

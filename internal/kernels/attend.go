@@ -1,0 +1,73 @@
+package kernels
+
+import "math"
+
+// Attend computes one query head's causal attention over n cached
+// positions: s_j = scale·(q·k_j), p = softmax(s), o = Σ_j p_j·v_j. Keys and
+// values are rows stride floats apart in kc and vc, starting at their
+// first element; s is scratch of at least n floats. Positions are visited
+// in order, so the result does not depend on batching or threads.
+func Attend(o, q, kc, vc []float32, stride, n int, scale float32, s []float32) {
+	hd := len(q)
+	s = s[:n]
+	if useAVX2 && hd%32 == 0 && n > 0 {
+		_, _ = kc[(n-1)*stride+hd-1], vc[(n-1)*stride+hd-1]
+		scoresAVX2(&q[0], &kc[0], 4*stride, n, hd, scale, &s[0])
+	} else {
+		for j := range s {
+			s[j] = Dot(q, kc[j*stride:j*stride+hd]) * scale
+		}
+	}
+	mx := float32(math.Inf(-1))
+	for _, v := range s {
+		mx = max(mx, v)
+	}
+	var sum float32
+	for j, v := range s {
+		e := Exp(v - mx)
+		s[j] = e
+		sum += e
+	}
+	inv := 1 / sum
+	for j := range s {
+		s[j] *= inv
+	}
+	o = o[:hd]
+	if useAVX2 && hd%32 == 0 && n > 0 {
+		mixAVX2(&o[0], &vc[0], 4*stride, n, hd, &s[0])
+		return
+	}
+	clear(o)
+	for j, p := range s {
+		Axpy(o, p, vc[j*stride:j*stride+hd])
+	}
+}
+
+// Exp is e^x in float32 for the softmax: range reduction to 2^k·e^r with
+// |r| ≤ ln2/2 and a degree-6 polynomial, within 2 ulp of the correctly
+// rounded value over the softmax's domain (x ≤ 0), without the float64
+// round trip of math.Exp.
+func Exp(x float32) float32 {
+	if x < -87.3 {
+		return 0
+	}
+	if x > 88.7 {
+		return float32(math.Inf(1))
+	}
+	const (
+		log2e = 1.44269504088896341
+		ln2hi = 0.693359375
+		ln2lo = -2.12194440e-4
+	)
+	k := float32(math.Floor(float64(x*log2e + 0.5)))
+	r := x - k*ln2hi - k*ln2lo
+	// e^r ≈ 1 + r + r²/2 + … + r⁶/720 (Horner).
+	p := float32(1.0 / 720)
+	p = p*r + 1.0/120
+	p = p*r + 1.0/24
+	p = p*r + 1.0/6
+	p = p*r + 0.5
+	p = p*r + 1
+	p = p*r + 1
+	return p * math.Float32frombits(uint32(int32(k)+127)<<23)
+}
