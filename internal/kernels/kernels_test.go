@@ -501,3 +501,34 @@ func TestAttend(t *testing.T) {
 		}
 	}
 }
+
+// TestMatMul2: a pair of products sharing their input equals two products.
+func TestMatMul2(t *testing.T) {
+	r := rand.New(rand.NewPCG(25, 26))
+	p := NewPool(2)
+	defer p.Close()
+	var sc Scratch
+	rows, cols, nb := 96, 256, 5
+	a, _ := encodeMat(t, randVec(r, rows*cols), rows, cols, format.Q4)
+	b, _ := encodeMat(t, randVec(r, 2*rows*cols), 2*rows, cols, format.Q4)
+	x := randVec(r, nb*cols)
+	wa, wb := make([]float32, nb*rows), make([]float32, 2*nb*rows)
+	p.MatMul(wa, &a, x, nb)
+	p.MatMul(wb, &b, x, nb)
+	for _, mm := range []interface {
+		MatMul2(o1 []float32, w1 *Mat, o2 []float32, w2 *Mat, x []float32, nb int)
+	}{p, &sc} {
+		ga, gb := make([]float32, nb*rows), make([]float32, 2*nb*rows)
+		mm.MatMul2(ga, &a, gb, &b, x, nb)
+		for i := range wa {
+			if ga[i] != wa[i] {
+				t.Fatalf("first product differs at %d", i)
+			}
+		}
+		for i := range wb {
+			if gb[i] != wb[i] {
+				t.Fatalf("second product differs at %d", i)
+			}
+		}
+	}
+}

@@ -289,8 +289,13 @@ type Scratch struct {
 
 // prepare computes the activation side of out = W·x and sets up s.mm.
 func (s *Scratch) prepare(out []float32, w *Mat, x []float32, nb int) {
-	var x8 []int8
-	var xs []float32
+	x8, xs := s.activations(w, x, nb)
+	s.mm = matmulTask{out: out[:nb*w.Rows], x: x[:nb*w.Cols], xsum: s.xsum, xs: xs, x8: x8, w: w, nb: nb}
+}
+
+// activations computes what a product with w needs of x: group sums for
+// quantised kinds, int8 activations and scales for q4.
+func (s *Scratch) activations(w *Mat, x []float32, nb int) (x8 []int8, xs []float32) {
 	if w.Kind.Quantised() {
 		C := w.Cols
 		ng := C / format.GroupSize
@@ -309,7 +314,37 @@ func (s *Scratch) prepare(out []float32, w *Mat, x []float32, nb int) {
 			}
 		}
 	}
-	s.mm = matmulTask{out: out[:nb*w.Rows], x: x[:nb*w.Cols], xsum: s.xsum, xs: xs, x8: x8, w: w, nb: nb}
+	return x8, xs
+}
+
+// MatMul2 computes out1 = W1·x and out2 = W2·x, preparing x once; W1 and W2
+// must have the same kind and columns (gate and up, or q and k).
+func (s *Scratch) MatMul2(out1 []float32, w1 *Mat, out2 []float32, w2 *Mat, x []float32, nb int) {
+	if w1.Kind != w2.Kind || w1.Cols != w2.Cols {
+		s.MatMul(out1, w1, x, nb)
+		s.MatMul(out2, w2, x, nb)
+		return
+	}
+	s.prepare(out1, w1, x, nb)
+	s.mm.Run(0, w1.Rows)
+	s.mm.w, s.mm.out = w2, out2[:nb*w2.Rows]
+	s.mm.Run(0, w2.Rows)
+	s.mm = matmulTask{}
+}
+
+// MatMul2 is Scratch.MatMul2 over the pool's threads.
+func (p *Pool) MatMul2(out1 []float32, w1 *Mat, out2 []float32, w2 *Mat, x []float32, nb int) {
+	if w1.Kind != w2.Kind || w1.Cols != w2.Cols {
+		p.MatMul(out1, w1, x, nb)
+		p.MatMul(out2, w2, x, nb)
+		return
+	}
+	p.sc.prepare(out1, w1, x, nb)
+	grain := max(1, 16384/(w1.Cols*nb))
+	p.Parallel(w1.Rows, grain, &p.sc.mm)
+	p.sc.mm.w, p.sc.mm.out = w2, out2[:nb*w2.Rows]
+	p.Parallel(w2.Rows, grain, &p.sc.mm)
+	p.sc.mm = matmulTask{}
 }
 
 // MatMul is Pool.MatMul on the calling thread alone; its results are

@@ -31,8 +31,7 @@ func (r *Runner) attention(L *Layer, kc, vc []float32, pos, nb int) {
 	hd, nh, nkv := c.HeadDim, c.Heads, c.KVHeads
 	gated := c.Family == format.FamilyQwen35MoE
 	qw := L.Q.Rows // per row width of the q projection
-	r.Pool.MatMul(a.q, &L.Q, r.h, nb)
-	r.Pool.MatMul(a.k, &L.K, r.h, nb)
+	r.Pool.MatMul2(a.q, &L.Q, a.k, &L.K, r.h, nb)
 	r.Pool.MatMul(a.v, &L.V, r.h, nb)
 	zc := c.ZeroCentredNorm()
 	eps := float32(c.RMSEps)

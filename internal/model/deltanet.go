@@ -39,8 +39,7 @@ func (r *Runner) deltanet(L *Layer, st *State, li, nb int) {
 	nk, nv, dk, dv, K := c.LinearKeyHeads, c.LinearValueHeads, c.LinearKeyDim, c.LinearValueDim, c.ConvKernel
 	kd, vd := nk*dk, nv*dv
 	cd := 2*kd + vd
-	r.Pool.MatMul(d.qkv, &L.QKV, r.h, nb)
-	r.Pool.MatMul(d.z, &L.Z, r.h, nb)
+	r.Pool.MatMul2(d.qkv, &L.QKV, d.z, &L.Z, r.h, nb)
 	r.Pool.MatMul(d.b, &L.B, r.h, nb)
 	r.Pool.MatMul(d.a, &L.A, r.h, nb)
 	qscale := float32(1 / math.Sqrt(float64(dk)))

@@ -42,6 +42,7 @@ type moeThread struct {
 // bit-identical results.
 type matmuler interface {
 	MatMul(out []float32, w *kernels.Mat, x []float32, nb int)
+	MatMul2(out1 []float32, w1 *kernels.Mat, out2 []float32, w2 *kernels.Mat, x []float32, nb int)
 }
 
 // stableExperts is implemented by providers whose Expert values stay valid
@@ -286,8 +287,7 @@ func (r *Runner) runExpert(ex *Expert, mem []int, t *moeThread, mm matmuler) {
 	for j, rk := range mem {
 		copy(t.in[j*H:(j+1)*H], r.h[(rk/K)*H:(rk/K+1)*H])
 	}
-	mm.MatMul(t.g, &ex.Gate, t.in, n)
-	mm.MatMul(t.u, &ex.Up, t.in, n)
+	mm.MatMul2(t.g, &ex.Gate, t.u, &ex.Up, t.in, n)
 	kernels.SwiGLU(t.g[:n*I], t.g[:n*I], t.u[:n*I])
 	mm.MatMul(t.dout, &ex.Down, t.g, n)
 	for j, rk := range mem {
@@ -300,8 +300,7 @@ func (r *Runner) runExpert(ex *Expert, mem []int, t *moeThread, mm matmuler) {
 func (r *Runner) sharedExpert(L *Layer, nb int, t *moeThread, mm matmuler) {
 	SI := r.M.Config.SharedInter
 	s := &r.moe
-	mm.MatMul(t.g, &L.SharedGate, r.h, nb)
-	mm.MatMul(t.u, &L.SharedUp, r.h, nb)
+	mm.MatMul2(t.g, &L.SharedGate, t.u, &L.SharedUp, r.h, nb)
 	kernels.SwiGLU(t.g[:nb*SI], t.g[:nb*SI], t.u[:nb*SI])
 	mm.MatMul(s.shared, &L.SharedDown, t.g, nb)
 }
