@@ -57,3 +57,10 @@ func scoresAVX2(q, k *float32, stride, n, hd int, scale float32, out *float32)
 
 //go:noescape
 func mixAVX2(o, v *float32, stride, n, hd int, p *float32)
+
+// dotQ4I8w4AVX2 runs dotQ4I8AVX2 for four consecutive weight rows against
+// one activation row, writing out[0..3]; each result is bit-identical to
+// the single-row kernel's.
+//
+//go:noescape
+func dotQ4I8w4AVX2(q *byte, qstride int, scales, biases *float32, sstride int, x8 *int8, xs, xsum *float32, ng int, out *float32)

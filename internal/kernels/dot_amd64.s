@@ -530,3 +530,96 @@ mxstore:
 	JNE mxchunk
 	VZEROUPPER
 	RET
+
+// One weight row of the 4-weight-row q4 kernel: Y4/Y5 hold the group's
+// int8 activations (elements 0..31 and 32..63), X10 the activation scale,
+// X11 the activation group sum; wq is the row's 32 packed bytes, sc and bs
+// its scale and bias, T its total. The row's bias sum is in register B, or
+// in memory for Q4WROWM (registers run out at four rows). The operations
+// are dotQ4I8AVX2's, in its order, so each row's result is bit-identical.
+#define Q4WDOT(wq, sc, T) \
+	VMOVDQU wq, Y6 \
+	VPAND Y15, Y6, Y7 \
+	VPSRLW $4, Y6, Y8 \
+	VPAND Y15, Y8, Y8 \
+	VPMADDUBSW Y4, Y7, Y7 \
+	VPMADDUBSW Y5, Y8, Y8 \
+	VPADDW Y7, Y8, Y7 \
+	VPMADDWD Y14, Y7, Y7 \
+	VCVTDQ2PS Y7, Y7 \
+	VMOVSS sc, X13 \
+	VMULSS X10, X13, X13 \
+	VBROADCASTSS X13, Y13 \
+	VFMADD231PS Y13, Y7, T
+
+#define Q4WROW(wq, sc, bs, T, B) \
+	Q4WDOT(wq, sc, T) \
+	VMOVSS bs, X13 \
+	VMULSS X11, X13, X13 \
+	VADDSS X13, B, B
+
+#define Q4WROWM(wq, sc, bs, T, M) \
+	Q4WDOT(wq, sc, T) \
+	VMOVSS bs, X13 \
+	VMULSS X11, X13, X13 \
+	VADDSS M, X13, X13 \
+	VMOVSS X13, M
+
+// func dotQ4I8w4AVX2(q *byte, qstride int, scales, biases *float32, sstride int, x8 *int8, xs, xsum *float32, ng int, out *float32)
+// Four consecutive weight rows (qstride bytes apart; scales and biases
+// sstride bytes apart) against one activation row: the activations are
+// loaded once per group and the call overhead is paid once for four
+// outputs, which is what a decode step's matrix-vector products need.
+TEXT ·dotQ4I8w4AVX2(SB), NOSPLIT, $16-80
+	MOVQ q+0(FP), SI
+	MOVQ qstride+8(FP), BX
+	LEAQ (BX)(BX*2), DX
+	MOVQ scales+16(FP), R8
+	MOVQ biases+24(FP), R9
+	MOVQ sstride+32(FP), R12
+	LEAQ (R12)(R12*2), R13
+	MOVQ x8+40(FP), DI
+	MOVQ xs+48(FP), R11
+	MOVQ xsum+56(FP), R10
+	MOVQ ng+64(FP), CX
+	MOVQ out+72(FP), AX
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS X9, X9, X9
+	VXORPS X12, X12, X12
+	MOVQ $0, 0(SP)
+	VPCMPEQW Y14, Y14, Y14
+	VPSRLW $15, Y14, Y14
+	VPCMPEQB Y15, Y15, Y15
+	VPSRLW $12, Y15, Y15
+	VPACKUSWB Y15, Y15, Y15
+	TESTQ CX, CX
+	JEQ w4sum
+w4loop:
+	VMOVDQU 0(DI), Y4
+	VMOVDQU 32(DI), Y5
+	VMOVSS (R11), X10
+	VMOVSS (R10), X11
+	Q4WROW(0(SI), (R8), (R9), Y0, X9)
+	Q4WROW(0(SI)(BX*1), (R8)(R12*1), (R9)(R12*1), Y1, X12)
+	Q4WROWM(0(SI)(BX*2), (R8)(R12*2), (R9)(R12*2), Y2, 0(SP))
+	Q4WROWM(0(SI)(DX*1), (R8)(R13*1), (R9)(R13*1), Y3, 4(SP))
+	ADDQ $32, SI
+	ADDQ $64, DI
+	ADDQ $4, R8
+	ADDQ $4, R9
+	ADDQ $4, R10
+	ADDQ $4, R11
+	DECQ CX
+	JNE w4loop
+w4sum:
+	VMOVSS 0(SP), X10
+	VMOVSS 4(SP), X11
+	HSUMTO(Y0, X0, X9, 0(AX))
+	HSUMTO(Y1, X1, X12, 4(AX))
+	HSUMTO(Y2, X2, X10, 8(AX))
+	HSUMTO(Y3, X3, X11, 12(AX))
+	VZEROUPPER
+	RET

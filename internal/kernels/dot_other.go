@@ -19,3 +19,7 @@ func deltaRuleAVX2(S, k, q, v, kv, o *float32, decay, beta float32, dk, dv int) 
 
 func scoresAVX2(q, k *float32, stride, n, hd int, scale float32, out *float32) { panic("no AVX2") }
 func mixAVX2(o, v *float32, stride, n, hd int, p *float32)                     { panic("no AVX2") }
+
+func dotQ4I8w4AVX2(q *byte, qstride int, scales, biases *float32, sstride int, x8 *int8, xs, xsum *float32, ng int, out *float32) {
+	panic("no AVX2")
+}

@@ -532,3 +532,32 @@ func TestMatMul2(t *testing.T) {
 		}
 	}
 }
+
+// TestQ4BlockedKernels: the 4-weight-row and 4-activation-row q4 kernels
+// give each output bit-identical to the single-row kernel.
+func TestQ4BlockedKernels(t *testing.T) {
+	if !useAVX2 {
+		t.Skip("no AVX2/FMA")
+	}
+	r := rand.New(rand.NewPCG(27, 28))
+	rows, cols := 11, 512
+	m, _ := encodeMat(t, randVec(r, rows*cols), rows, cols, format.Q4)
+	ng := cols / format.GroupSize
+	for _, nb := range []int{1, 3, 4, 9} {
+		x := randVec(r, nb*cols)
+		var sc Scratch
+		out := make([]float32, nb*rows)
+		sc.MatMul(out, &m, x, nb)
+		x8, xs, xsum := make([]int8, cols), make([]float32, ng), make([]float32, ng)
+		for b := 0; b < nb; b++ {
+			QuantizeRow8(x8, xs, x[b*cols:(b+1)*cols])
+			GroupSums(xsum, x[b*cols:(b+1)*cols])
+			for o := 0; o < rows; o++ {
+				want := dotQ4I8AVX2(&m.Q[o*cols/2], &m.Scales[o*ng], &m.Biases[o*ng], &x8[0], &xs[0], &xsum[0], ng)
+				if math.Float32bits(out[b*rows+o]) != math.Float32bits(want) {
+					t.Fatalf("nb %d row %d out %d: %v, single-row kernel %v", nb, b, o, out[b*rows+o], want)
+				}
+			}
+		}
+	}
+}

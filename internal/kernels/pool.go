@@ -201,6 +201,20 @@ func (t *matmulTask) Run(lo, hi int) {
 		case format.Q4:
 			_, _ = w.Q[hi*C/2-1], w.Scales[hi*ng-1]
 			var o4 [4]float32
+			if t.nb < 4 {
+				// Matrix-vector: block four weight rows per call.
+				for r := 0; r < t.nb; r++ {
+					o := lo
+					for ; o+4 <= hi; o += 4 {
+						dotQ4I8w4AVX2(&w.Q[o*C/2], C/2, &w.Scales[o*ng], &w.Biases[o*ng], 4*ng, &t.x8[r*C], &t.xs[r*ng], &t.xsum[r*ng], ng, &o4[0])
+						copy(out[r*w.Rows+o:r*w.Rows+o+4], o4[:])
+					}
+					for ; o < hi; o++ {
+						out[r*w.Rows+o] = dotQ4I8AVX2(&w.Q[o*C/2], &w.Scales[o*ng], &w.Biases[o*ng], &t.x8[r*C], &t.xs[r*ng], &t.xsum[r*ng], ng)
+					}
+				}
+				return
+			}
 			for o := lo; o < hi; o++ {
 				r := 0
 				for ; r+4 <= t.nb; r += 4 {
