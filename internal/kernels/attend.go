@@ -23,8 +23,13 @@ func Attend(o, q, kc, vc []float32, stride, n int, scale float32, s []float32) {
 		mx = max(mx, v)
 	}
 	var sum float32
-	for j, v := range s {
-		e := Exp(v - mx)
+	j0 := 0
+	if useAVX2 && n >= 8 {
+		j0 = n &^ 7
+		sum = expSubAVX2(&s[0], j0, mx)
+	}
+	for j := j0; j < n; j++ {
+		e := Exp(s[j] - mx)
 		s[j] = e
 		sum += e
 	}

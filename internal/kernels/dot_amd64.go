@@ -64,3 +64,6 @@ func mixAVX2(o, v *float32, stride, n, hd int, p *float32)
 //
 //go:noescape
 func dotQ4I8w4AVX2(q *byte, qstride int, scales, biases *float32, sstride int, x8 *int8, xs, xsum *float32, ng int, out *float32)
+
+//go:noescape
+func expSubAVX2(s *float32, n int, mx float32) float32

@@ -461,9 +461,64 @@ TEXT ·scoresAVX2(SB), NOSPLIT, $0-56
 	SHRQ $4, R10
 	VMOVSS scale+40(FP), X6
 	MOVQ out+48(FP), R11
+	LEAQ (R8)(R8*2), R12            // 3·stride
+	// Blocks of four keys share each load of q; their horizontal sums are
+	// one VHADDPS tree whose additions per key are exactly HSUM_Y0's, so
+	// every score is bit-identical to the one-key loop's.
+sc4:
+	CMPQ R9, $4
+	JLT sckey
+	VXORPS Y8, Y8, Y8
+	VXORPS Y9, Y9, Y9
+	VXORPS Y10, Y10, Y10
+	VXORPS Y11, Y11, Y11
+	VXORPS Y12, Y12, Y12
+	VXORPS Y13, Y13, Y13
+	VXORPS Y14, Y14, Y14
+	VXORPS Y15, Y15, Y15
+	MOVQ R10, CX
+	XORQ AX, AX
+	MOVQ DI, BX
+sc4dim:
+	VMOVUPS 0(SI)(AX*1), Y1
+	VMOVUPS 32(SI)(AX*1), Y2
+	VFMADD231PS 0(BX), Y1, Y8
+	VFMADD231PS 32(BX), Y2, Y9
+	VFMADD231PS 0(BX)(R8*1), Y1, Y10
+	VFMADD231PS 32(BX)(R8*1), Y2, Y11
+	VFMADD231PS 0(BX)(R8*2), Y1, Y12
+	VFMADD231PS 32(BX)(R8*2), Y2, Y13
+	VFMADD231PS 0(BX)(R12*1), Y1, Y14
+	VFMADD231PS 32(BX)(R12*1), Y2, Y15
+	ADDQ $64, AX
+	ADDQ $64, BX
+	DECQ CX
+	JNE sc4dim
+	VADDPS Y9, Y8, Y8
+	VADDPS Y11, Y10, Y10
+	VADDPS Y13, Y12, Y12
+	VADDPS Y15, Y14, Y14
+	VEXTRACTF128 $1, Y8, X1
+	VADDPS X1, X8, X8
+	VEXTRACTF128 $1, Y10, X1
+	VADDPS X1, X10, X10
+	VEXTRACTF128 $1, Y12, X1
+	VADDPS X1, X12, X12
+	VEXTRACTF128 $1, Y14, X1
+	VADDPS X1, X14, X14
+	VHADDPS X10, X8, X8             // [a01 a23 b01 b23]
+	VHADDPS X14, X12, X12           // [c01 c23 d01 d23]
+	VHADDPS X12, X8, X8             // [a b c d]
+	VBROADCASTSS X6, X7
+	VMULPS X7, X8, X8
+	VMOVUPS X8, (R11)
+	ADDQ $16, R11
+	LEAQ (DI)(R8*4), DI
+	SUBQ $4, R9
+	JMP sc4
+sckey:
 	TESTQ R9, R9
 	JEQ scdone
-sckey:
 	VXORPS Y0, Y0, Y0
 	VXORPS Y4, Y4, Y4
 	MOVQ R10, CX
@@ -483,7 +538,7 @@ scdim:
 	ADDQ $4, R11
 	ADDQ R8, DI
 	DECQ R9
-	JNE sckey
+	JMP sckey
 scdone:
 	VZEROUPPER
 	RET
@@ -622,4 +677,78 @@ w4sum:
 	HSUMTO(Y2, X2, X10, 8(AX))
 	HSUMTO(Y3, X3, X11, 12(AX))
 	VZEROUPPER
+	RET
+
+DATA expc<>+0(SB)/4, $1.44269504088896341   // log2(e)
+DATA expc<>+4(SB)/4, $0.5
+DATA expc<>+8(SB)/4, $0.693359375           // ln2 high part
+DATA expc<>+12(SB)/4, $-2.12194440e-4       // ln2 low part
+DATA expc<>+16(SB)/4, $0.0013888889         // 1/720
+DATA expc<>+20(SB)/4, $0.0083333333         // 1/120
+DATA expc<>+24(SB)/4, $0.041666667          // 1/24
+DATA expc<>+28(SB)/4, $0.16666667           // 1/6
+DATA expc<>+32(SB)/4, $1.0
+DATA expc<>+36(SB)/4, $-87.3
+GLOBL expc<>(SB), RODATA|NOPTR, $40
+
+// func expSubAVX2(s *float32, n int, mx float32) float32
+// s[j] = e^(s[j]-mx) for n a multiple of 8, returning Σ s[j] (lane sums,
+// then the fixed horizontal order). The polynomial is Exp's; arguments
+// below -87.3 give 0, and the softmax never passes positive ones.
+TEXT ·expSubAVX2(SB), NOSPLIT, $0-28
+	MOVQ s+0(FP), SI
+	MOVQ n+8(FP), CX
+	SHRQ $3, CX
+	VBROADCASTSS mx+16(FP), Y15
+	VBROADCASTSS expc<>+0(SB), Y14
+	VBROADCASTSS expc<>+4(SB), Y13
+	VBROADCASTSS expc<>+8(SB), Y12
+	VBROADCASTSS expc<>+12(SB), Y11
+	VBROADCASTSS expc<>+32(SB), Y10
+	VBROADCASTSS expc<>+36(SB), Y9
+	VXORPS Y0, Y0, Y0
+	TESTQ CX, CX
+	JEQ exdone
+exloop:
+	VMOVUPS (SI), Y1
+	VSUBPS Y15, Y1, Y1              // x = s - mx
+	VCMPPS $5, Y9, Y1, Y8          // keep lanes with x >= -87.3 (not less-than)
+	VMAXPS Y9, Y1, Y1               // clamp so k stays in range
+	VMULPS Y14, Y1, Y2
+	VADDPS Y13, Y2, Y2
+	VROUNDPS $1, Y2, Y2             // k = floor(x·log2e + 0.5)
+	VMULPS Y12, Y2, Y3
+	VSUBPS Y3, Y1, Y3               // r = x - k·ln2hi
+	VMULPS Y11, Y2, Y4
+	VSUBPS Y4, Y3, Y3               //   - k·ln2lo
+	VBROADCASTSS expc<>+16(SB), Y4
+	VBROADCASTSS expc<>+20(SB), Y5
+	VMULPS Y3, Y4, Y4
+	VADDPS Y5, Y4, Y4
+	VBROADCASTSS expc<>+24(SB), Y5
+	VMULPS Y3, Y4, Y4
+	VADDPS Y5, Y4, Y4
+	VBROADCASTSS expc<>+28(SB), Y5
+	VMULPS Y3, Y4, Y4
+	VADDPS Y5, Y4, Y4
+	VMULPS Y3, Y4, Y4
+	VADDPS Y13, Y4, Y4
+	VMULPS Y3, Y4, Y4
+	VADDPS Y10, Y4, Y4
+	VMULPS Y3, Y4, Y4
+	VADDPS Y10, Y4, Y4              // p = Horner(r)
+	VCVTPS2DQ Y2, Y2
+	VPSLLD $23, Y2, Y2
+	VPADDD Y10, Y2, Y2              // 2^k as float bits: (k<<23) + bits(1.0)
+	VMULPS Y2, Y4, Y4
+	VANDPS Y8, Y4, Y4
+	VMOVUPS Y4, (SI)
+	VADDPS Y4, Y0, Y0
+	ADDQ $32, SI
+	DECQ CX
+	JNE exloop
+exdone:
+	HSUM_Y0
+	VZEROUPPER
+	MOVSS X0, ret+24(FP)
 	RET

@@ -561,3 +561,56 @@ func TestQ4BlockedKernels(t *testing.T) {
 		}
 	}
 }
+
+// TestExpSubAVX2: the vector exp is lane for lane the scalar Exp.
+func TestExpSubAVX2(t *testing.T) {
+	if !useAVX2 {
+		t.Skip("no AVX2/FMA")
+	}
+	r := rand.New(rand.NewPCG(29, 30))
+	s := make([]float32, 256)
+	for i := range s {
+		s[i] = float32(r.NormFloat64() * 30)
+	}
+	s[3] = -200 // underflows to 0
+	var mx float32
+	for _, v := range s {
+		mx = max(mx, v)
+	}
+	want := make([]float32, len(s))
+	for i, v := range s {
+		want[i] = Exp(v - mx)
+	}
+	got := append([]float32(nil), s...)
+	sum := expSubAVX2(&got[0], len(got), mx)
+	var ws float64
+	for i := range got {
+		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+			t.Fatalf("lane %d: %v, Exp %v", i, got[i], want[i])
+		}
+		ws += float64(want[i])
+	}
+	if math.Abs(float64(sum)-ws) > 1e-5*ws {
+		t.Fatalf("sum %v, want %v", sum, ws)
+	}
+}
+
+// TestScoresBlocks: scores computed four keys at a time equal one-key dots.
+func TestScoresBlocks(t *testing.T) {
+	if !useAVX2 {
+		t.Skip("no AVX2/FMA")
+	}
+	r := rand.New(rand.NewPCG(31, 32))
+	for _, hd := range []int{64, 128} {
+		stride, n := 2*hd, 11
+		q, kc := randVec(r, hd), randVec(r, n*stride)
+		out := make([]float32, n)
+		scoresAVX2(&q[0], &kc[0], 4*stride, n, hd, 0.125, &out[0])
+		for j := 0; j < n; j++ {
+			want := dotF32AVX2(&q[0], &kc[j*stride], hd) * 0.125
+			if math.Float32bits(out[j]) != math.Float32bits(want) {
+				t.Fatalf("hd %d key %d: %v, one-key %v", hd, j, out[j], want)
+			}
+		}
+	}
+}
