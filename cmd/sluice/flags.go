@@ -66,7 +66,7 @@ func (m *modelFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&m.dir, "m", "", "model: a packed directory or a Hugging Face checkpoint (packed once at 4 bits into the cache); default: the bundled tiny model")
 	fs.IntVar(&m.threads, "threads", 0, "worker threads (0 = one per CPU)")
 	fs.IntVar(&m.ctx, "ctx", 0, "context length in tokens (0 = min(model maximum, 4096))")
-	fs.IntVar(&m.chunk, "chunk", 64, "prefill chunk size in tokens")
+	fs.IntVar(&m.chunk, "chunk", 256, "prefill chunk size in tokens (rows per batched step)")
 	x := &m.experts
 	fs.StringVar(&x.poolMB, "pool-mb", "", "stream experts through a pool of N MiB, or N% of the expert store (default: map them whole if they fit, else auto-size)")
 	fs.Float64Var(&x.memoryGB, "memory-gb", 0, "total memory budget in GiB (dense + state + scratch + expert pool); experts stream when they do not fit")
