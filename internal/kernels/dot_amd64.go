@@ -67,3 +67,6 @@ func dotQ4I8w4AVX2(q *byte, qstride int, scales, biases *float32, sstride int, x
 
 //go:noescape
 func expSubAVX2(s *float32, n int, mx float32) float32
+
+//go:noescape
+func quantizeRow8AVX2(x8 *int8, xs, x *float32, ng int)

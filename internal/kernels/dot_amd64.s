@@ -752,3 +752,100 @@ exdone:
 	VZEROUPPER
 	MOVSS X0, ret+24(FP)
 	RET
+
+DATA q8c<>+0(SB)/4, $0x7fffffff
+DATA q8c<>+4(SB)/4, $127.0
+DATA q8c<>+8(SB)/4, $1.0
+GLOBL q8c<>(SB), RODATA|NOPTR, $12
+DATA q8perm<>+0(SB)/4, $0
+DATA q8perm<>+4(SB)/4, $4
+DATA q8perm<>+8(SB)/4, $1
+DATA q8perm<>+12(SB)/4, $5
+DATA q8perm<>+16(SB)/4, $2
+DATA q8perm<>+20(SB)/4, $6
+DATA q8perm<>+24(SB)/4, $3
+DATA q8perm<>+28(SB)/4, $7
+GLOBL q8perm<>(SB), RODATA|NOPTR, $32
+
+// func quantizeRow8AVX2(x8 *int8, xs, x *float32, ng int)
+// QuantizeRow8 for ng groups of 64: s = max|x|/127, inv = 1/s (0 when s is
+// 0), x8 = round-to-even(x·inv), the arithmetic of the Go version, so the
+// results are identical. VPACKSSDW/VPACKSSWB interleave 128-bit lanes; one
+// VPERMD puts the bytes back in order.
+TEXT ·quantizeRow8AVX2(SB), NOSPLIT, $0-32
+	MOVQ x8+0(FP), DI
+	MOVQ xs+8(FP), R8
+	MOVQ x+16(FP), SI
+	MOVQ ng+24(FP), CX
+	VBROADCASTSS q8c<>+0(SB), Y15
+	VMOVDQU q8perm<>(SB), Y14
+	TESTQ CX, CX
+	JEQ qrdone
+qrloop:
+	VANDPS 0(SI), Y15, Y0
+	VANDPS 32(SI), Y15, Y1
+	VANDPS 64(SI), Y15, Y2
+	VANDPS 96(SI), Y15, Y3
+	VMAXPS Y1, Y0, Y0
+	VMAXPS Y3, Y2, Y2
+	VANDPS 128(SI), Y15, Y4
+	VANDPS 160(SI), Y15, Y5
+	VANDPS 192(SI), Y15, Y6
+	VANDPS 224(SI), Y15, Y7
+	VMAXPS Y5, Y4, Y4
+	VMAXPS Y7, Y6, Y6
+	VMAXPS Y2, Y0, Y0
+	VMAXPS Y6, Y4, Y4
+	VMAXPS Y4, Y0, Y0
+	VEXTRACTF128 $1, Y0, X1
+	VMAXPS X1, X0, X0
+	VPERMILPS $0x4e, X0, X1
+	VMAXPS X1, X0, X0
+	VPERMILPS $0xb1, X0, X1
+	VMAXPS X1, X0, X0              // m = max|x| in every lane
+	VDIVSS q8c<>+4(SB), X0, X0     // s = m/127
+	VMOVSS X0, (R8)
+	VXORPS X1, X1, X1
+	VUCOMISS X1, X0
+	JEQ qrzero
+	VMOVSS q8c<>+8(SB), X2
+	VDIVSS X0, X2, X2              // inv = 1/s
+	VBROADCASTSS X2, Y13
+	JMP qrconv
+qrzero:
+	VXORPS Y13, Y13, Y13
+qrconv:
+	VMULPS 0(SI), Y13, Y0
+	VMULPS 32(SI), Y13, Y1
+	VMULPS 64(SI), Y13, Y2
+	VMULPS 96(SI), Y13, Y3
+	VMULPS 128(SI), Y13, Y4
+	VMULPS 160(SI), Y13, Y5
+	VMULPS 192(SI), Y13, Y6
+	VMULPS 224(SI), Y13, Y7
+	VCVTPS2DQ Y0, Y0
+	VCVTPS2DQ Y1, Y1
+	VCVTPS2DQ Y2, Y2
+	VCVTPS2DQ Y3, Y3
+	VCVTPS2DQ Y4, Y4
+	VCVTPS2DQ Y5, Y5
+	VCVTPS2DQ Y6, Y6
+	VCVTPS2DQ Y7, Y7
+	VPACKSSDW Y1, Y0, Y0
+	VPACKSSDW Y3, Y2, Y2
+	VPACKSSDW Y5, Y4, Y4
+	VPACKSSDW Y7, Y6, Y6
+	VPACKSSWB Y2, Y0, Y0
+	VPACKSSWB Y6, Y4, Y4
+	VPERMD Y0, Y14, Y0
+	VPERMD Y4, Y14, Y4
+	VMOVDQU Y0, 0(DI)
+	VMOVDQU Y4, 32(DI)
+	ADDQ $256, SI
+	ADDQ $64, DI
+	ADDQ $4, R8
+	DECQ CX
+	JNE qrloop
+qrdone:
+	VZEROUPPER
+	RET

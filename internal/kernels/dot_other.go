@@ -25,3 +25,5 @@ func dotQ4I8w4AVX2(q *byte, qstride int, scales, biases *float32, sstride int, x
 }
 
 func expSubAVX2(s *float32, n int, mx float32) float32 { panic("no AVX2") }
+
+func quantizeRow8AVX2(x8 *int8, xs, x *float32, ng int) { panic("no AVX2") }

@@ -614,3 +614,27 @@ func TestScoresBlocks(t *testing.T) {
 		}
 	}
 }
+
+// TestQuantizeRow8Twin: the assembly quantisation equals the Go one exactly.
+func TestQuantizeRow8Twin(t *testing.T) {
+	r := rand.New(rand.NewPCG(33, 34))
+	x := randVec(r, 512)
+	for i := 128; i < 192; i++ {
+		x[i] = 0
+	}
+	x[300] = 1e-30
+	a8, b8 := make([]int8, 512), make([]int8, 512)
+	as, bs := make([]float32, 8), make([]float32, 8)
+	QuantizeRow8(a8, as, x)
+	quantizeRow8Go(b8, bs, x)
+	for i := range a8 {
+		if a8[i] != b8[i] {
+			t.Fatalf("x8[%d]: %d, Go %d", i, a8[i], b8[i])
+		}
+	}
+	for g := range as {
+		if math.Float32bits(as[g]) != math.Float32bits(bs[g]) {
+			t.Fatalf("xs[%d]: %v, Go %v", g, as[g], bs[g])
+		}
+	}
+}

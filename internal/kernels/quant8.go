@@ -10,6 +10,16 @@ import (
 // symmetric: x ≈ xs[g]·x8[i], xs[g] = max|x|/127. It feeds the integer design
 // of the q4 dot product (dotQ4I8).
 func QuantizeRow8(x8 []int8, xs []float32, x []float32) {
+	if ng := len(x) / format.GroupSize; useAVX2 && ng > 0 {
+		_, _ = x8[ng*format.GroupSize-1], xs[ng-1]
+		quantizeRow8AVX2(&x8[0], &xs[0], &x[0], ng)
+		return
+	}
+	quantizeRow8Go(x8, xs, x)
+}
+
+// quantizeRow8Go is QuantizeRow8's pure-Go twin (identical results).
+func quantizeRow8Go(x8 []int8, xs []float32, x []float32) {
 	const G = format.GroupSize
 	// Adding and subtracting 1.5·2^23 rounds a float32 of magnitude below
 	// 2^22 to the nearest integer (ties to even) in two float operations,
