@@ -44,10 +44,10 @@ func axpyAVX2(y *float32, a float32, x *float32, n int)
 
 // dotQ4I8x4AVX2 runs dotQ4I8AVX2 for four activation rows at once (x8 rows
 // x8stride bytes apart, xs and xsum rows fstride bytes apart), writing
-// out[0..3]; each result is bit-identical to the single-row kernel's.
+// out[0], out[ostride], ... (ostride in bytes); each result is bit-identical to the single-row kernel's.
 //
 //go:noescape
-func dotQ4I8x4AVX2(q *byte, scales, biases *float32, x8 *int8, xs, xsum *float32, ng, x8stride, fstride int, out *float32)
+func dotQ4I8x4AVX2(q *byte, scales, biases *float32, x8 *int8, xs, xsum *float32, ng, x8stride, fstride int, out *float32, ostride int)
 
 //go:noescape
 func deltaRuleAVX2(S, k, q, v, kv, o *float32, decay, beta float32, dk, dv int)

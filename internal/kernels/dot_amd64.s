@@ -302,11 +302,12 @@ axdone:
 	VADDSS B, XT, XT \
 	MOVSS XT, dst
 
-// func dotQ4I8x4AVX2(q *byte, scales, biases *float32, x8 *int8, xs, xsum *float32, ng, x8stride, fstride int, out *float32)
+// func dotQ4I8x4AVX2(q *byte, scales, biases *float32, x8 *int8, xs, xsum *float32, ng, x8stride, fstride int, out *float32, ostride int)
+// out[k·ostride bytes] receives activation row k's result.
 // Four activation rows against one weight row: the nibbles are unpacked once
 // per group and used four times, which is what makes prefill and verify
 // batches cheaper per row than decode.
-TEXT ·dotQ4I8x4AVX2(SB), NOSPLIT, $0-80
+TEXT ·dotQ4I8x4AVX2(SB), NOSPLIT, $0-88
 	MOVQ q+0(FP), SI
 	MOVQ scales+8(FP), R8
 	MOVQ biases+16(FP), R9
@@ -352,10 +353,14 @@ x4loop:
 	DECQ CX
 	JNE x4loop
 x4done:
+	MOVQ ostride+80(FP), BX
 	HSUMTO(Y0, X0, X9, 0(AX))
-	HSUMTO(Y1, X1, X10, 4(AX))
-	HSUMTO(Y2, X2, X11, 8(AX))
-	HSUMTO(Y3, X3, X12, 12(AX))
+	ADDQ BX, AX
+	HSUMTO(Y1, X1, X10, 0(AX))
+	ADDQ BX, AX
+	HSUMTO(Y2, X2, X11, 0(AX))
+	ADDQ BX, AX
+	HSUMTO(Y3, X3, X12, 0(AX))
 	VZEROUPPER
 	RET
 

@@ -11,7 +11,7 @@ func dotF32AVX2(w, x *float32, n int) float32                             { pani
 
 func axpyAVX2(y *float32, a float32, x *float32, n int) { panic("no AVX2") }
 
-func dotQ4I8x4AVX2(q *byte, scales, biases *float32, x8 *int8, xs, xsum *float32, ng, x8stride, fstride int, out *float32) {
+func dotQ4I8x4AVX2(q *byte, scales, biases *float32, x8 *int8, xs, xsum *float32, ng, x8stride, fstride int, out *float32, ostride int) {
 	panic("no AVX2")
 }
 

@@ -200,14 +200,13 @@ func (t *matmulTask) Run(lo, hi int) {
 		switch w.Kind {
 		case format.Q4:
 			_, _ = w.Q[hi*C/2-1], w.Scales[hi*ng-1]
-			var o4 [4]float32
 			if t.nb < 4 {
 				// Matrix-vector: block four weight rows per call.
 				for r := 0; r < t.nb; r++ {
 					o := lo
 					for ; o+4 <= hi; o += 4 {
-						dotQ4I8w4AVX2(&w.Q[o*C/2], C/2, &w.Scales[o*ng], &w.Biases[o*ng], 4*ng, &t.x8[r*C], &t.xs[r*ng], &t.xsum[r*ng], ng, &o4[0])
-						copy(out[r*w.Rows+o:r*w.Rows+o+4], o4[:])
+						_ = out[r*w.Rows+o+3]
+						dotQ4I8w4AVX2(&w.Q[o*C/2], C/2, &w.Scales[o*ng], &w.Biases[o*ng], 4*ng, &t.x8[r*C], &t.xs[r*ng], &t.xsum[r*ng], ng, &out[r*w.Rows+o])
 					}
 					for ; o < hi; o++ {
 						out[r*w.Rows+o] = dotQ4I8AVX2(&w.Q[o*C/2], &w.Scales[o*ng], &w.Biases[o*ng], &t.x8[r*C], &t.xs[r*ng], &t.xsum[r*ng], ng)
@@ -218,10 +217,8 @@ func (t *matmulTask) Run(lo, hi int) {
 			for o := lo; o < hi; o++ {
 				r := 0
 				for ; r+4 <= t.nb; r += 4 {
-					dotQ4I8x4AVX2(&w.Q[o*C/2], &w.Scales[o*ng], &w.Biases[o*ng], &t.x8[r*C], &t.xs[r*ng], &t.xsum[r*ng], ng, C, 4*ng, &o4[0])
-					for j, v := range o4 {
-						out[(r+j)*w.Rows+o] = v
-					}
+					_ = out[(r+3)*w.Rows+o]
+					dotQ4I8x4AVX2(&w.Q[o*C/2], &w.Scales[o*ng], &w.Biases[o*ng], &t.x8[r*C], &t.xs[r*ng], &t.xsum[r*ng], ng, C, 4*ng, &out[r*w.Rows+o], 4*w.Rows)
 				}
 				for ; r < t.nb; r++ {
 					out[r*w.Rows+o] = dotQ4I8AVX2(&w.Q[o*C/2], &w.Scales[o*ng], &w.Biases[o*ng], &t.x8[r*C], &t.xs[r*ng], &t.xsum[r*ng], ng)
