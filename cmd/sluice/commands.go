@@ -205,7 +205,7 @@ func cmdScore(ctx context.Context, args []string) error {
 	defer e.Close()
 	var ids []int
 	if *tokens != "" {
-		if ids, err = parseIDs(*tokens); err != nil {
+		if ids, err = vocabIDs(e, *tokens); err != nil {
 			return err
 		}
 	} else {
@@ -257,13 +257,8 @@ func cmdRun(ctx context.Context, args []string) error {
 	defer e.Close()
 	var ids []int
 	if *tokens != "" {
-		if ids, err = parseIDs(*tokens); err != nil {
+		if ids, err = vocabIDs(e, *tokens); err != nil {
 			return err
-		}
-		for _, t := range ids {
-			if t < 0 || t >= e.Model.Config.Vocab {
-				return fmt.Errorf("token id %d outside the vocabulary [0,%d)", t, e.Model.Config.Vocab)
-			}
 		}
 	} else if ids = e.Tok.Encode(*prompt); len(ids) == 0 {
 		return fmt.Errorf("the prompt tokenizes to nothing")
@@ -407,4 +402,18 @@ func cmdChat(ctx context.Context, args []string) error {
 		}
 		msgs = append(msgs, tokenizer.Message{Role: "assistant", Content: reply.String()})
 	}
+}
+
+// vocabIDs parses --tokens and checks every id against the model's vocabulary.
+func vocabIDs(e *engine.Engine, s string) ([]int, error) {
+	ids, err := parseIDs(s)
+	if err != nil {
+		return nil, err
+	}
+	for _, t := range ids {
+		if t < 0 || t >= e.Model.Config.Vocab {
+			return nil, fmt.Errorf("token id %d outside the vocabulary [0,%d)", t, e.Model.Config.Vocab)
+		}
+	}
+	return ids, nil
 }
