@@ -33,21 +33,38 @@ func (d *dnScratch) init(c *format.Config, rows int) {
 // projected output in r.y. Under State.Speculate it also saves both after
 // each row, for Commit to roll back to.
 func (r *Runner) deltanet(L *Layer, st *State, li, nb int) {
-	conv, rec := st.conv[li], st.rec[li]
+	rec := st.rec[li]
 	c := &r.M.Config
 	d := &r.dn
-	nk, nv, dk, dv, K := c.LinearKeyHeads, c.LinearValueHeads, c.LinearKeyDim, c.LinearValueDim, c.ConvKernel
+	nk, nv, dk, dv := c.LinearKeyHeads, c.LinearValueHeads, c.LinearKeyDim, c.LinearValueDim
 	kd, vd := nk*dk, nv*dv
 	cd := 2*kd + vd
 	r.Pool.MatMul2(d.qkv, &L.QKV, d.z, &L.Z, r.h, nb)
 	r.Pool.MatMul(d.b, &L.B, r.h, nb)
 	r.Pool.MatMul(d.a, &L.A, r.h, nb)
-	qscale := float32(1 / math.Sqrt(float64(dk)))
+	r.rows(rowTask{op: opConv, L: L, st: st, li: li, nb: nb}, cd)
+	r.rows(rowTask{op: opDNPrep, L: L}, nb)
+	d.task = dnTask{r: r, rec: rec, nb: nb, st: st, li: li}
+	r.Pool.Parallel(nv, 1, &d.task)
+	d.task = dnTask{}
+	r.rows(rowTask{op: opDNGate, L: L}, nb)
+	r.Pool.MatMul(r.y, &L.Out, d.o, nb)
+}
+
+// dnConv runs the causal depthwise conv over [history..., x] and SiLU for
+// channels lo..hi of every row of the step, in row order, shifting each
+// channel's history by one row per row; under State.Speculate it saves
+// those channels' history after each row.
+func (r *Runner) dnConv(L *Layer, st *State, li, nb, lo, hi int) {
+	c := &r.M.Config
+	d := &r.dn
+	K := c.ConvKernel
+	cd := 2*c.LinearKeyHeads*c.LinearKeyDim + c.LinearValueHeads*c.LinearValueDim
+	conv := st.conv[li]
 	for i := 0; i < nb; i++ {
 		x := d.qkv[i*cd : (i+1)*cd]
-		// Causal depthwise conv over [history..., x], then SiLU; the history
-		// shifts by one row.
-		for ch, xv := range x {
+		for ch := lo; ch < hi; ch++ {
+			xv := x[ch]
 			w := L.Conv[ch*K : (ch+1)*K]
 			var s float32
 			for j := 0; j < K-1; j++ {
@@ -61,8 +78,24 @@ func (r *Runner) deltanet(L *Layer, st *State, li, nb int) {
 			x[ch] = kernels.SiLU(s)
 		}
 		if sc, _ := st.snapRow(li, i); sc != nil {
-			copy(sc, conv)
+			for j := 0; j < K-1; j++ {
+				copy(sc[j*cd+lo:j*cd+hi], conv[j*cd+lo:j*cd+hi])
+			}
 		}
+	}
+}
+
+// dnPrep normalises q and k per head (q also scaled by 1/sqrt(dk)) and turns
+// the b and a projections into beta and the decay, for rows lo..hi.
+func (r *Runner) dnPrep(L *Layer, lo, hi int) {
+	c := &r.M.Config
+	d := &r.dn
+	nk, nv, dk := c.LinearKeyHeads, c.LinearValueHeads, c.LinearKeyDim
+	kd := nk * dk
+	cd := 2*kd + nv*c.LinearValueDim
+	qscale := float32(1 / math.Sqrt(float64(dk)))
+	for i := lo; i < hi; i++ {
+		x := d.qkv[i*cd : (i+1)*cd]
 		for h := 0; h < nk; h++ {
 			q := x[h*dk : (h+1)*dk]
 			kernels.L2Norm(q, 1e-6)
@@ -77,21 +110,6 @@ func (r *Runner) deltanet(L *Layer, st *State, li, nb int) {
 			d.a[ai] = float32(math.Exp(float64(-float32(math.Exp(float64(L.ALog[h]))) * kernels.Softplus(d.a[ai]+L.DtBias[h])))) // decay = exp(g)
 		}
 	}
-	d.task = dnTask{r: r, rec: rec, nb: nb, st: st, li: li}
-	r.Pool.Parallel(nv, 1, &d.task)
-	d.task = dnTask{}
-	eps := float32(c.RMSEps)
-	for i := 0; i < nb; i++ {
-		for h := 0; h < nv; h++ {
-			o := d.o[i*vd+h*dv : i*vd+(h+1)*dv]
-			kernels.RMSNorm(o, o, L.GNorm, eps, false)
-			z := d.z[i*vd+h*dv : i*vd+(h+1)*dv]
-			for j := range o {
-				o[j] *= kernels.SiLU(z[j])
-			}
-		}
-	}
-	r.Pool.MatMul(r.y, &L.Out, d.o, nb)
 }
 
 // dnTask runs the delta rule for a range of value heads over every row:

@@ -33,6 +33,8 @@ type Runner struct {
 	moe       moeScratch
 	cos, sin  []float32 // [rows][rotary/2]
 	positions []int
+	invFreq   []float32  // [rotary/2] theta^(-2i/rotary), as transformers computes it
+	rowT      rowTask    // the row-wise op in flight
 	mtp       mtpScratch // the MTP head's buffers, allocated on first use
 }
 
@@ -51,6 +53,10 @@ func NewRunner(m *Model, threads, maxRows int) *Runner {
 	r.cos = make([]float32, maxRows*c.RotaryDim/2)
 	r.sin = make([]float32, maxRows*c.RotaryDim/2)
 	r.positions = make([]int, maxRows)
+	r.invFreq = make([]float32, c.RotaryDim/2)
+	for i := range r.invFreq {
+		r.invFreq[i] = float32(1 / math.Pow(c.RopeTheta, float64(2*i)/float64(c.RotaryDim)))
+	}
 	r.attn.init(c, maxRows)
 	r.dn.init(c, maxRows)
 	r.moe.init(c, maxRows)
@@ -127,12 +133,14 @@ func (r *Runner) step(st *State, tokens []int, logits []float32, allRows bool) e
 	}
 	r.trace("embed", -1, nb, H, r.x)
 	r.ropeTables(nb)
-	zc := c.ZeroCentredNorm()
-	eps := float32(c.RMSEps)
 	for li := range m.Layers {
 		L := &m.Layers[li]
-		for i := 0; i < nb; i++ {
-			kernels.RMSNorm(r.h[i*H:(i+1)*H], r.x[i*H:(i+1)*H], L.InNorm, eps, zc)
+		if li == 0 {
+			r.norm(r.h, r.x, nil, L.InNorm, nb)
+		} else {
+			// The previous layer's residual add, fused into this norm.
+			r.norm(r.h, r.x, r.y, L.InNorm, nb)
+			r.trace("layer_out", li-1, nb, H, r.x)
 		}
 		r.trace("input_norm", li, nb, H, r.h)
 		if L.Attn {
@@ -141,21 +149,15 @@ func (r *Runner) step(st *State, tokens []int, logits []float32, allRows bool) e
 			r.deltanet(L, st, li, nb)
 		}
 		r.trace("mixer_out", li, nb, H, r.y)
-		kernels.Add(r.x[:nb*H], r.y[:nb*H])
-		for i := 0; i < nb; i++ {
-			kernels.RMSNorm(r.h[i*H:(i+1)*H], r.x[i*H:(i+1)*H], L.PostNorm, eps, zc)
-		}
+		r.norm(r.h, r.x, r.y, L.PostNorm, nb)
 		r.trace("post_norm", li, nb, H, r.h)
 		if err := r.moeBlock(L, nb); err != nil {
 			return err
 		}
 		r.trace("moe_out", li, nb, H, r.y)
-		kernels.Add(r.x[:nb*H], r.y[:nb*H])
-		r.trace("layer_out", li, nb, H, r.x)
 	}
-	for i := 0; i < nb; i++ {
-		kernels.RMSNorm(r.final[i*H:(i+1)*H], r.x[i*H:(i+1)*H], m.Norm, eps, zc)
-	}
+	r.norm(r.final, r.x, r.y, m.Norm, nb)
+	r.trace("layer_out", len(m.Layers)-1, nb, H, r.x)
 	r.trace("final_norm", -1, nb, H, r.final)
 	switch {
 	case logits == nil:
@@ -170,11 +172,7 @@ func (r *Runner) step(st *State, tokens []int, logits []float32, allRows bool) e
 
 // ropeTables fills cos/sin for the batch's positions.
 func (r *Runner) ropeTables(nb int) {
-	c := &r.M.Config
-	h := c.RotaryDim / 2
-	for i := 0; i < nb; i++ {
-		kernels.RopeTable(r.cos[i*h:(i+1)*h], r.sin[i*h:(i+1)*h], r.positions[i], c.RotaryDim, c.RopeTheta)
-	}
+	r.rows(rowTask{op: opRope}, nb)
 }
 
 func sigmoid64(x float32) float32 { return float32(1 / (1 + math.Exp(-float64(x)))) }

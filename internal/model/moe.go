@@ -2,6 +2,7 @@ package model
 
 import (
 	"slices"
+	"sync/atomic"
 
 	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/kernels"
@@ -12,6 +13,7 @@ type moeScratch struct {
 	main     moeThread   // the sequential path's buffers
 	threads  []moeThread // per pool thread, for experts computed in parallel
 	exps     []*Expert   // [distinct] experts of a step, when they stay valid
+	order    []int       // distinct indices (len(distinct): shared expert) by descending rows
 	task     moeTask
 	logits   []float32 // [rows][experts] router logits, then probabilities
 	ids      []int     // [rows][top_k] chosen experts in router order
@@ -64,6 +66,7 @@ func (s *moeScratch) initThreads(c *format.Config, rows, threads int) {
 		t.dout = make([]float32, rows*H)
 	}
 	s.exps = make([]*Expert, c.Experts)
+	s.order = make([]int, 0, c.Experts+1)
 }
 
 func (s *moeScratch) init(c *format.Config, rows int) {
@@ -138,15 +141,14 @@ type RouteFunc func(layer, pos int, ids []int)
 func (r *Runner) moeBlock(L *Layer, nb int) error {
 	c := &r.M.Config
 	s := &r.moe
-	H, E, K := c.Hidden, c.Experts, c.TopK
+	E, K := c.Experts, c.TopK
 	r.Pool.MatMul(s.logits, &L.Router, r.h, nb)
 	r.trace("router_logits", L.Index, nb, E, s.logits)
+	r.rows(rowTask{op: opRoute}, nb)
 	s.distinct = s.distinct[:0]
 	for i := 0; i < nb; i++ {
-		p := s.logits[i*E : (i+1)*E]
-		kernels.Softmax(p)
-		Route(p, K, c.NormTopK, s.ids[i*K:(i+1)*K], s.w[i*K:(i+1)*K])
 		if r.Routes != nil {
+			p := s.logits[i*E : (i+1)*E]
 			ids, w := s.ids[i*K:(i+1)*K], s.w[i*K:(i+1)*K]
 			r.Routes(L.Index, r.positions[i], ids)
 			var sum float32
@@ -194,8 +196,23 @@ func (r *Runner) moeBlock(L *Layer, nb int) error {
 		if L.HasShared {
 			items++ // the shared expert is one more work item
 		}
+		// Largest first, handed out one at a time: experts differ in rows
+		// by an order of magnitude in a prefill chunk, so equal counts per
+		// thread would leave one thread idle.
+		s.order = s.order[:0]
+		if L.HasShared {
+			s.order = append(s.order, len(s.distinct))
+		}
+		for di := range s.distinct {
+			j := len(s.order)
+			s.order = append(s.order, di)
+			for ; j > 0 && s.order[j-1] < len(s.distinct) && s.nrows[s.order[j-1]] < s.nrows[di]; j-- {
+				s.order[j] = s.order[j-1]
+			}
+			s.order[j] = di
+		}
 		s.task = moeTask{r: r, L: L, nb: nb, items: items}
-		r.Pool.Parallel(items, 1, &s.task)
+		r.Pool.Parallel(r.Pool.Threads(), 1, &s.task)
 		s.task = moeTask{}
 	} else {
 		for range s.distinct {
@@ -212,16 +229,7 @@ func (r *Runner) moeBlock(L *Layer, nb int) error {
 	if L.HasShared {
 		r.Pool.MatMul(s.sgate, &L.SharedExpertGate, r.h, nb)
 	}
-	for i := 0; i < nb; i++ {
-		y := r.y[i*H : (i+1)*H]
-		clear(y)
-		for k := 0; k < K; k++ {
-			kernels.Axpy(y, s.w[i*K+k], s.outk[(i*K+k)*H:(i*K+k+1)*H])
-		}
-		if L.HasShared {
-			kernels.Axpy(y, kernels.Sigmoid(s.sgate[i]), s.shared[i*H:(i+1)*H])
-		}
-	}
+	r.rows(rowTask{op: opCombine, L: L}, nb)
 	return nil
 }
 
@@ -305,19 +313,26 @@ func (r *Runner) sharedExpert(L *Layer, nb int, t *moeThread, mm matmuler) {
 	mm.MatMul(s.shared, &L.SharedDown, t.g, nb)
 }
 
-// moeTask computes whole experts, a range of them per thread; item
-// len(distinct) is the shared expert.
+// moeTask computes whole experts: each thread takes the next item of
+// moe.order until none is left; item len(distinct) is the shared expert.
+// Which thread computes an expert changes nothing in its result.
 type moeTask struct {
 	r         *Runner
 	L         *Layer
 	nb, items int
+	next      atomic.Int32
 }
 
 func (t *moeTask) Run(lo, hi int) {
 	r := t.r
 	s := &r.moe
-	th := &s.threads[r.Pool.Part(t.items, 1, lo)]
-	for di := lo; di < hi; di++ {
+	th := &s.threads[lo] // one index per thread
+	for {
+		j := int(t.next.Add(1)) - 1
+		if j >= t.items {
+			return
+		}
+		di := s.order[j]
 		if di == len(s.distinct) {
 			r.sharedExpert(t.L, t.nb, th, &th.sc)
 			continue

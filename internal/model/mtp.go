@@ -85,22 +85,14 @@ func (r *Runner) MTPForward(st *State, pos int, hidden []float32, toks []int, ou
 	r.Pool.MatMul(r.x, &mt.FC, in, nb)
 	r.ropeTables(nb)
 	L := mt.Layer
-	for i := 0; i < nb; i++ {
-		kernels.RMSNorm(r.h[i*H:(i+1)*H], r.x[i*H:(i+1)*H], L.InNorm, eps, zc)
-	}
+	r.norm(r.h, r.x, nil, L.InNorm, nb)
 	r.attention(L, st.mk, st.mv, pos, nb)
-	kernels.Add(r.x[:nb*H], r.y[:nb*H])
-	for i := 0; i < nb; i++ {
-		kernels.RMSNorm(r.h[i*H:(i+1)*H], r.x[i*H:(i+1)*H], L.PostNorm, eps, zc)
-	}
+	r.norm(r.h, r.x, r.y, L.PostNorm, nb)
 	if err := r.moeBlock(L, nb); err != nil {
 		return err
 	}
-	kernels.Add(r.x[:nb*H], r.y[:nb*H])
 	mo := r.mtp.out
-	for i := 0; i < nb; i++ {
-		kernels.RMSNorm(mo[i*H:(i+1)*H], r.x[i*H:(i+1)*H], mt.Norm, eps, zc)
-	}
+	r.norm(mo, r.x, r.y, mt.Norm, nb)
 	switch {
 	case out == nil:
 	case all:

@@ -1,0 +1,141 @@
+package model
+
+import (
+	"math"
+
+	"github.com/sluicelm/sluice/internal/kernels"
+)
+
+// rowOp names the row-wise steps of a forward pass that rowTask runs over
+// the pool. Each touches only its own rows (or channels), in the same order
+// as a single thread would, so splitting them changes no result.
+type rowOp int
+
+const (
+	// opNorm: dst_i = RMSNorm(x_i + add_i) with weight w, storing the sum
+	// back into x when add is set (the residual add fused into the norm).
+	opNorm rowOp = iota
+	// opQKPrep: per-head q/k norms and rotary embedding of the attention
+	// projections, and the row's keys and values appended to the cache.
+	opQKPrep
+	// opRoute: softmax over the router logits and top-k choice per row.
+	opRoute
+	// opCombine: y_i = Σ_k w_ik·expert_k(h_i) (+ sigmoid-gated shared expert).
+	opCombine
+	// opConv: the DeltaNet causal conv + SiLU, split by channel (rows stay
+	// sequential within a channel, since each shifts the history).
+	opConv
+	// opDNPrep: per-row q/k L2 norms, q scaling, beta and decay.
+	opDNPrep
+	// opDNGate: the DeltaNet output's gated RMSNorm per (row, head).
+	opDNGate
+	// opRope: the rotary tables of the batch's positions.
+	opRope
+)
+
+// rowGrain is the fewest rows (or channels) worth a part of their own:
+// these ops cost well under a microsecond per row, below the pool's
+// hand-off, so decode and short verify batches run them inline.
+const rowGrain = 16
+
+// rowTask runs one rowOp over a range of rows; its fields are the op's
+// operands.
+type rowTask struct {
+	r       *Runner
+	op      rowOp
+	L       *Layer
+	st      *State // opConv, opDNPrep
+	li, pos int
+	nb      int       // opConv: rows of the step
+	kc, vc  []float32 // opQKPrep: the layer's cache
+	x, add  []float32 // opNorm
+	dst, w  []float32 // opNorm
+	zc      bool      // opNorm: zero-centred weight
+}
+
+// rows runs t over n indices (rows, or channels for opConv) on the pool.
+func (r *Runner) rows(t rowTask, n int) {
+	grain := rowGrain
+	if t.op == opConv {
+		// A channel costs one row's worth per row of the step.
+		grain = max(rowGrain, 2048/max(t.nb, 1))
+	}
+	r.rowT = t
+	r.rowT.r = r
+	r.Pool.Parallel(n, grain, &r.rowT)
+	r.rowT = rowTask{}
+}
+
+// norm writes RMSNorm(x_i [+ add_i]) into dst for nb rows (x += add first
+// when add is non-nil).
+func (r *Runner) norm(dst, x, add, w []float32, nb int) {
+	r.rows(rowTask{op: opNorm, dst: dst, x: x, add: add, w: w, zc: r.M.Config.ZeroCentredNorm()}, nb)
+}
+
+func (t *rowTask) Run(lo, hi int) {
+	r := t.r
+	c := &r.M.Config
+	H := c.Hidden
+	switch t.op {
+	case opNorm:
+		eps := float32(c.RMSEps)
+		for i := lo; i < hi; i++ {
+			x := t.x[i*H : (i+1)*H]
+			if t.add != nil {
+				kernels.Add(x, t.add[i*H:(i+1)*H])
+			}
+			kernels.RMSNorm(t.dst[i*H:(i+1)*H], x, t.w, eps, t.zc)
+		}
+	case opQKPrep:
+		r.qkPrep(t.L, t.kc, t.vc, t.pos, lo, hi)
+	case opRoute:
+		s := &r.moe
+		E, K := c.Experts, c.TopK
+		for i := lo; i < hi; i++ {
+			p := s.logits[i*E : (i+1)*E]
+			kernels.Softmax(p)
+			Route(p, K, c.NormTopK, s.ids[i*K:(i+1)*K], s.w[i*K:(i+1)*K])
+		}
+	case opCombine:
+		s := &r.moe
+		K := c.TopK
+		for i := lo; i < hi; i++ {
+			y := r.y[i*H : (i+1)*H]
+			clear(y)
+			for k := 0; k < K; k++ {
+				kernels.Axpy(y, s.w[i*K+k], s.outk[(i*K+k)*H:(i*K+k+1)*H])
+			}
+			if t.L.HasShared {
+				kernels.Axpy(y, kernels.Sigmoid(s.sgate[i]), s.shared[i*H:(i+1)*H])
+			}
+		}
+	case opConv:
+		r.dnConv(t.L, t.st, t.li, t.nb, lo, hi)
+	case opDNPrep:
+		r.dnPrep(t.L, lo, hi)
+	case opDNGate:
+		d := &r.dn
+		eps := float32(c.RMSEps)
+		dv := c.LinearValueDim
+		for i := lo; i < hi; i++ {
+			o := d.o[i*c.LinearValueHeads*dv : (i+1)*c.LinearValueHeads*dv]
+			z := d.z[i*c.LinearValueHeads*dv : (i+1)*c.LinearValueHeads*dv]
+			for h := 0; h < c.LinearValueHeads; h++ {
+				oh := o[h*dv : (h+1)*dv]
+				kernels.RMSNorm(oh, oh, t.L.GNorm, eps, false)
+			}
+			for j := range o {
+				o[j] *= kernels.SiLU(z[j])
+			}
+		}
+	case opRope:
+		h := c.RotaryDim / 2
+		for i := lo; i < hi; i++ {
+			for f, inv := range r.invFreq {
+				a := float32(r.positions[i]) * inv
+				r.cos[i*h+f] = float32(math.Cos(float64(a)))
+				r.sin[i*h+f] = float32(math.Sin(float64(a)))
+			}
+		}
+	}
+}
