@@ -23,6 +23,7 @@ func cmdBench(ctx context.Context, args []string) error {
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the timed trials to this file")
 	genOnly := fs.Bool("profile-decode-only", false, "with --cpuprofile, profile only decode (prompt of 1 token)")
+	depth := fs.Int("depth", 0, "context tokens before the timed decode (0: decode from an empty context, as llama-bench's tg test does)")
 	disk := fs.Bool("disk", false, "also measure the O_DIRECT random-read bandwidth of the expert store at the record size and queue depth in use")
 	if _, err := parse(fs, args); err != nil {
 		return err
@@ -36,19 +37,19 @@ func cmdBench(ctx context.Context, args []string) error {
 		}
 		return nil
 	}
-	if *promptN < 1 || *genN < 2 || *repeat < 1 {
-		return fmt.Errorf("want --prompt >= 1, --gen >= 2, --repeat >= 1")
+	if *promptN < 1 || *genN < 2 || *repeat < 1 || *depth < 0 {
+		return fmt.Errorf("want --prompt >= 1, --gen >= 2, --repeat >= 1, --depth >= 0")
 	}
 	if mf.ctx == 0 {
-		mf.ctx = *promptN + *genN
+		mf.ctx = max(*promptN, *depth+1) + *genN
 	}
 	e, err := mf.open(ctx)
 	if err != nil {
 		return err
 	}
 	defer e.Close()
-	if *promptN+*genN > e.Ctx {
-		return fmt.Errorf("--prompt + --gen = %d exceeds the context of %d", *promptN+*genN, e.Ctx)
+	if need := max(*promptN, *depth+1) + *genN; need > e.Ctx {
+		return fmt.Errorf("--prompt or --depth, plus --gen, needs a context of %d; the model is open with %d", need, e.Ctx)
 	}
 	// Random ids, as llama-bench uses: the speed of a step does not depend
 	// on which tokens it sees, only (for MoE) on the experts they route to.
@@ -61,8 +62,18 @@ func cmdBench(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	// The decode runs after depth context tokens (at least one: the first
+	// generated token needs an input). A depth equal to the prompt decodes
+	// straight after the timed prefill.
+	ctxToks := prompt[:max(min(*depth, *promptN), 1)]
+	if *depth > *promptN {
+		ctxToks = make([]int, *depth)
+		for i := range ctxToks {
+			ctxToks[i] = rng.IntN(e.Model.Config.Vocab - 8)
+		}
+	}
 	if *genOnly {
-		prompt = prompt[:1]
+		prompt, ctxToks = prompt[:1], prompt[:1]
 	}
 	var pre, dec []float64
 	var trials []benchTrial
@@ -88,8 +99,7 @@ func cmdBench(ctx context.Context, args []string) error {
 				return err
 			}
 		}
-		st.Reset()
-		bt, err := runTrial(ctx, e, st, prompt, *genN)
+		bt, err := runTrial(ctx, e, st, prompt, ctxToks, *genN)
 		if err != nil {
 			return err
 		}
@@ -98,7 +108,7 @@ func cmdBench(ctx context.Context, args []string) error {
 			continue // warm-up: page in weights, grow scratch
 		}
 		trials = append(trials, bt)
-		pre = append(pre, s.PrefillTokS)
+		pre = append(pre, bt.pre.PrefillTokS)
 		dec = append(dec, s.DecodeTokS)
 		if isTerminal(os.Stderr) && !*asJSON {
 			fmt.Fprintf(os.Stderr, "\rtrial %d/%d", t, *repeat)
@@ -106,7 +116,7 @@ func cmdBench(ctx context.Context, args []string) error {
 	}
 	res := map[string]any{
 		"model": e.Dir, "family": e.Model.Config.Family, "bits": e.Model.Manifest.Bits, "threads": e.Runner.Pool.Threads(),
-		"prompt_tokens": *promptN, "gen_tokens": *genN, "repeat": *repeat,
+		"prompt_tokens": *promptN, "gen_tokens": *genN, "depth": len(ctxToks), "repeat": *repeat,
 		"prefill_tok_s": median(pre), "decode_tok_s": median(dec), "prefill_all": pre, "decode_all": dec,
 	}
 	var xs *poolBench

@@ -15,20 +15,36 @@ import (
 // benchTrial is one timed generation and what the pool did during its
 // decode.
 type benchTrial struct {
-	stats  engine.Stats
+	pre    engine.Stats // the timed prefill
+	stats  engine.Stats // the decode (after its own context when depth differs)
 	decode experts.Snapshot
 }
 
-// runTrial prefills prompt and decodes gen tokens greedily, snapshotting
-// the pool's counters around the decode so that per-layer figures are
-// decode-only.
-func runTrial(ctx context.Context, e *engine.Engine, st *model.State, prompt []int, gen int) (benchTrial, error) {
+// runTrial times a prefill of prompt from an empty context, then a decode
+// of gen tokens greedily after a context of ctxToks (when ctxToks is prompt
+// itself, the decode continues the timed prefill). The pool's counters are
+// snapshotted around the decode so that per-layer figures are decode-only.
+func runTrial(ctx context.Context, e *engine.Engine, st *model.State, prompt, ctxToks []int, gen int) (benchTrial, error) {
 	var bt benchTrial
-	q, err := e.NewSequence(st, engine.GenOptions{MaxTokens: gen, IgnoreEOS: true, Sample: sample.Params{}})
+	same := len(ctxToks) == len(prompt) && &ctxToks[0] == &prompt[0]
+	opts := engine.GenOptions{MaxTokens: gen, IgnoreEOS: true, Sample: sample.Params{}}
+	if !same {
+		st.Reset()
+		q, err := e.NewSequence(st, engine.GenOptions{})
+		if err != nil {
+			return bt, err
+		}
+		if err := q.Prefill(ctx, prompt); err != nil {
+			return bt, err
+		}
+		bt.pre = q.Stats()
+	}
+	st.Reset()
+	q, err := e.NewSequence(st, opts)
 	if err != nil {
 		return bt, err
 	}
-	if err := q.Prefill(ctx, prompt); err != nil {
+	if err := q.Prefill(ctx, ctxToks); err != nil {
 		return bt, err
 	}
 	var before experts.Snapshot
@@ -44,6 +60,9 @@ func runTrial(ctx context.Context, e *engine.Engine, st *model.State, prompt []i
 		bt.decode = e.Stream.Stats().Sub(before)
 	}
 	bt.stats = q.Stats()
+	if same {
+		bt.pre = bt.stats
+	}
 	return bt, nil
 }
 
@@ -83,7 +102,7 @@ func summarisePool(e *engine.Engine, trials []benchTrial) *poolBench {
 		n := float64(max(t.stats.GeneratedTokens-1, 1))
 		hit = append(hit, d.HitRate())
 		mbt = append(mbt, float64(d.BytesRead)/1e6/n)
-		pmbt = append(pmbt, float64(t.stats.Experts.PrefillBytesRead)/1e6/float64(max(t.stats.PromptTokens, 1)))
+		pmbt = append(pmbt, float64(t.pre.Experts.PrefillBytesRead)/1e6/float64(max(t.pre.PromptTokens, 1)))
 		iow = append(iow, d.IOWaitMS/n)
 		mst = append(mst, t.stats.DecodeMS/n)
 		if d.ReadBusyMS > 0 {

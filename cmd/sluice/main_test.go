@@ -310,14 +310,19 @@ func TestPackInspect(t *testing.T) {
 }
 
 func TestBench(t *testing.T) {
-	out, _ := ok(t, "bench", "--prompt", "32", "--gen", "8", "--repeat", "1", "--threads", "2", "--json")
-	var b struct {
-		Prefill *float64 `json:"prefill_tok_s"`
-		Decode  *float64 `json:"decode_tok_s"`
-	}
-	decode(t, out, &b)
-	if b.Prefill == nil || b.Decode == nil || !(*b.Prefill > 0) || !(*b.Decode > 0) {
-		t.Errorf("bench: %s", out)
+	// Decode from an empty context (the default, as llama-bench's tg), right
+	// after the timed prefill, and after a context longer than the prompt.
+	for _, depth := range []int{0, 32, 40} {
+		out, _ := ok(t, "bench", "--prompt", "32", "--gen", "8", "--repeat", "1", "--threads", "2", "--depth", fmt.Sprint(depth), "--json")
+		var b struct {
+			Prefill *float64 `json:"prefill_tok_s"`
+			Decode  *float64 `json:"decode_tok_s"`
+			Depth   int      `json:"depth"`
+		}
+		decode(t, out, &b)
+		if b.Prefill == nil || b.Decode == nil || !(*b.Prefill > 0) || !(*b.Decode > 0) || b.Depth != max(depth, 1) {
+			t.Errorf("bench --depth %d: %s", depth, out)
+		}
 	}
 }
 
@@ -395,6 +400,7 @@ func TestErrors(t *testing.T) {
 		{"inspect missing dir", []string{"inspect", filepath.Join(empty, "missing")}, "missing"},
 		{"inspect no dir", []string{"inspect"}, "DIR"},
 		{"bench gen 1", []string{"bench", "--gen", "1"}, "--gen"},
+		{"bench negative depth", []string{"bench", "--depth", "-1"}, "--depth"},
 		{"tokenize missing model", []string{"tokenize", "-m", "/nonexistent", "--text", "x"}, "nonexistent"},
 	}
 	for _, c := range cases {
