@@ -13,10 +13,12 @@ type dnScratch struct {
 	z    []float32 // [rows][v_heads*v_dim]
 	b, a []float32 // [rows][v_heads]
 	o    []float32 // [rows][v_heads*v_dim]
+	hist []float32 // [kernel-1][conv_dim] the conv's next history
+	acc  []float32 // [threads][conv_dim] conv sums
 	task dnTask
 }
 
-func (d *dnScratch) init(c *format.Config, rows int) {
+func (d *dnScratch) init(c *format.Config, rows, threads int) {
 	if c.Family != format.FamilyQwen35MoE {
 		return
 	}
@@ -26,6 +28,8 @@ func (d *dnScratch) init(c *format.Config, rows int) {
 	d.b = make([]float32, rows*c.LinearValueHeads)
 	d.a = make([]float32, rows*c.LinearValueHeads)
 	d.o = make([]float32, rows*vd)
+	d.hist = make([]float32, max(c.ConvKernel-1, 0)*(2*kd+vd))
+	d.acc = make([]float32, threads*(2*kd+vd))
 }
 
 // deltanet runs the gated DeltaNet block of trunk layer li over nb rows in
@@ -52,38 +56,57 @@ func (r *Runner) deltanet(L *Layer, st *State, li, nb int) {
 }
 
 // dnConv runs the causal depthwise conv over [history..., x] and SiLU for
-// channels lo..hi of every row of the step, in row order, shifting each
-// channel's history by one row per row; under State.Speculate it saves
-// those channels' history after each row.
+// channels lo..hi of every row of the step, leaving the outputs in place of
+// the inputs and the last kernel-1 inputs as the new history; under
+// State.Speculate it first saves those channels' history after each row.
+// Rows go last to first: row i reads inputs i-K+1..i, none of which a later
+// row has overwritten yet. Each output sums its taps in time order, as the
+// per-channel scalar loop did.
 func (r *Runner) dnConv(L *Layer, st *State, li, nb, lo, hi int) {
 	c := &r.M.Config
 	d := &r.dn
 	K := c.ConvKernel
 	cd := 2*c.LinearKeyHeads*c.LinearKeyDim + c.LinearValueHeads*c.LinearValueDim
-	conv := st.conv[li]
-	for i := 0; i < nb; i++ {
-		x := d.qkv[i*cd : (i+1)*cd]
-		for ch := lo; ch < hi; ch++ {
-			xv := x[ch]
-			w := L.Conv[ch*K : (ch+1)*K]
-			var s float32
-			for j := 0; j < K-1; j++ {
-				s += w[j] * conv[j*cd+ch]
-			}
-			s += w[K-1] * xv
-			for j := 0; j < K-2; j++ {
-				conv[j*cd+ch] = conv[(j+1)*cd+ch]
-			}
-			conv[(K-2)*cd+ch] = xv
-			x[ch] = kernels.SiLU(s)
+	conv := st.conv[li] // [K-1][cd], oldest first
+	// in returns the channels lo..hi of input t of the timeline
+	// [history..., rows...] (t < 0: history).
+	in := func(t int) []float32 {
+		if t < 0 {
+			return conv[(K-1+t)*cd+lo : (K-1+t)*cd+hi]
 		}
+		return d.qkv[t*cd+lo : t*cd+hi]
+	}
+	for i := 0; i < nb; i++ {
 		if sc, _ := st.snapRow(li, i); sc != nil {
 			for j := 0; j < K-1; j++ {
-				copy(sc[j*cd+lo:j*cd+hi], conv[j*cd+lo:j*cd+hi])
+				copy(sc[j*cd+lo:j*cd+hi], in(i-(K-2)+j))
 			}
 		}
 	}
+	hist := d.hist // the new history, set aside before the rows are overwritten
+	for j := 0; j < K-1; j++ {
+		copy(hist[j*cd+lo:j*cd+hi], in(nb-(K-1)+j))
+	}
+	acc := d.acc[r.Pool.Part(cd, convGrain(nb), lo)*cd:]
+	acc = acc[lo:hi]
+	for i := nb - 1; i >= 0; i-- {
+		clear(acc)
+		for j := 0; j < K; j++ {
+			kernels.MulAdd(acc, L.ConvT[j*cd+lo:j*cd+hi], in(i-(K-1)+j))
+		}
+		x := d.qkv[i*cd+lo : i*cd+hi]
+		for ch, v := range acc {
+			x[ch] = kernels.SiLU(v)
+		}
+	}
+	for j := 0; j < K-1; j++ {
+		copy(conv[j*cd+lo:j*cd+hi], hist[j*cd+lo:j*cd+hi])
+	}
 }
+
+// convGrain is the fewest channels per part of the conv of nb rows: a
+// channel costs one row's worth per row of the step.
+func convGrain(nb int) int { return max(rowGrain, 2048/max(nb, 1)) }
 
 // dnPrep normalises q and k per head (q also scaled by 1/sqrt(dk)) and turns
 // the b and a projections into beta and the decay, for rows lo..hi.

@@ -58,7 +58,7 @@ func NewRunner(m *Model, threads, maxRows int) *Runner {
 		r.invFreq[i] = float32(1 / math.Pow(c.RopeTheta, float64(2*i)/float64(c.RotaryDim)))
 	}
 	r.attn.init(c, maxRows)
-	r.dn.init(c, maxRows)
+	r.dn.init(c, maxRows, r.Pool.Threads())
 	r.moe.init(c, maxRows)
 	r.moe.initThreads(c, maxRows, r.Pool.Threads())
 	return r

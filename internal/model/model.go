@@ -29,6 +29,7 @@ type Layer struct {
 	// Gated DeltaNet.
 	QKV, Z, B, A kernels.Mat // QKV [2*kd+vd][hidden], Z [vd][hidden], B, A [nv][hidden]
 	Conv         []float32   // [2*kd+vd][kernel]
+	ConvT        []float32   // [kernel][2*kd+vd]: Conv by tap, for channel-contiguous passes
 	ALog, DtBias []float32   // [nv]
 	GNorm        []float32   // [v_head_dim]
 	Out          kernels.Mat // [hidden][vd]
@@ -193,6 +194,15 @@ func (m *Model) bind() error {
 			L.B = b.mat(p + "linear_attn.in_proj_b.weight")
 			L.A = b.mat(p + "linear_attn.in_proj_a.weight")
 			L.Conv = b.vec(p + "linear_attn.conv1d.weight")
+			if K := c.ConvKernel; K > 0 {
+				cd := len(L.Conv) / K
+				L.ConvT = make([]float32, len(L.Conv))
+				for ch := 0; ch < cd; ch++ {
+					for j := 0; j < K; j++ {
+						L.ConvT[j*cd+ch] = L.Conv[ch*K+j]
+					}
+				}
+			}
 			L.ALog = b.vec(p + "linear_attn.A_log")
 			L.DtBias = b.vec(p + "linear_attn.dt_bias")
 			L.GNorm = b.vec(p + "linear_attn.norm.weight")

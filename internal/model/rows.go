@@ -58,7 +58,7 @@ func (r *Runner) rows(t rowTask, n int) {
 	grain := rowGrain
 	if t.op == opConv {
 		// A channel costs one row's worth per row of the step.
-		grain = max(rowGrain, 2048/max(t.nb, 1))
+		grain = convGrain(t.nb)
 	}
 	r.rowT = t
 	r.rowT.r = r

@@ -1,0 +1,30 @@
+package kernels
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// MulAdd matches the scalar s += w*x loop bit for bit at every length,
+// including the tails the assembly leaves to Go.
+func TestMulAdd(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for n := 1; n <= 100; n++ {
+		s, w, x := make([]float32, n), make([]float32, n), make([]float32, n)
+		for i := range s {
+			s[i], w[i], x[i] = rng.Float32()*4-2, rng.Float32()*4-2, rng.Float32()*1e3-5e2
+		}
+		want := append([]float32(nil), s...)
+		for i := range want {
+			p := w[i] * x[i]
+			want[i] += p
+		}
+		MulAdd(s, w, x)
+		for i := range s {
+			if math.Float32bits(s[i]) != math.Float32bits(want[i]) {
+				t.Fatalf("n=%d [%d]: %g, want %g", n, i, s[i], want[i])
+			}
+		}
+	}
+}
