@@ -129,8 +129,6 @@ func (t *attnTask) head(i, h int, sc []float32) {
 	kernels.Attend(o, q, t.kc[kvh*hd:], t.vc[kvh*hd:], kvw, n, scale, sc)
 	if t.gated {
 		g := a.q[i*t.qw+h*t.qstride+hd : i*t.qw+h*t.qstride+2*hd]
-		for d := range o {
-			o[d] *= sigmoid64(g[d])
-		}
+		kernels.MulSigmoid(o, g)
 	}
 }

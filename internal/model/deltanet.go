@@ -94,10 +94,8 @@ func (r *Runner) dnConv(L *Layer, st *State, li, nb, lo, hi int) {
 		for j := 0; j < K; j++ {
 			kernels.MulAdd(acc, L.ConvT[j*cd+lo:j*cd+hi], in(i-(K-1)+j))
 		}
-		x := d.qkv[i*cd+lo : i*cd+hi]
-		for ch, v := range acc {
-			x[ch] = kernels.SiLU(v)
-		}
+		kernels.SiLUInPlace(acc)
+		copy(d.qkv[i*cd+lo:i*cd+hi], acc)
 	}
 	for j := 0; j < K-1; j++ {
 		copy(conv[j*cd+lo:j*cd+hi], hist[j*cd+lo:j*cd+hi])

@@ -174,5 +174,3 @@ func (r *Runner) step(st *State, tokens []int, logits []float32, allRows bool) e
 func (r *Runner) ropeTables(nb int) {
 	r.rows(rowTask{op: opRope}, nb)
 }
-
-func sigmoid64(x float32) float32 { return float32(1 / (1 + math.Exp(-float64(x)))) }

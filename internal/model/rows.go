@@ -124,9 +124,7 @@ func (t *rowTask) Run(lo, hi int) {
 				oh := o[h*dv : (h+1)*dv]
 				kernels.RMSNorm(oh, oh, t.L.GNorm, eps, false)
 			}
-			for j := range o {
-				o[j] *= kernels.SiLU(z[j])
-			}
+			kernels.SwiGLU(o, z, o) // o·silu(z)
 		}
 	case opRope:
 		h := c.RotaryDim / 2
