@@ -30,9 +30,8 @@ func dotBF16AVX2(w *uint16, x *float32, n int) float32
 //go:noescape
 func dotF32AVX2(w, x *float32, n int) float32
 
-// dotQ4I8AVX2 is the integer-activation design of the q4 dot product: x
-// quantised to int8 per group (x ≈ xs[g]·x8), exact group sums for the bias
-// term.
+// dotQ4I8AVX2 is dotQ4I8 (the integer-activation design of the q4 dot
+// product) for one weight row, bit for bit.
 //
 //go:noescape
 func dotQ4I8AVX2(q *byte, scales, biases *float32, x8 *int8, xs, xsum *float32, ng int) float32
@@ -42,13 +41,6 @@ func dotQ4I8AVX2(q *byte, scales, biases *float32, x8 *int8, xs, xsum *float32, 
 //go:noescape
 func axpyAVX2(y *float32, a float32, x *float32, n int)
 
-// dotQ4I8x4AVX2 runs dotQ4I8AVX2 for four activation rows at once (x8 rows
-// x8stride bytes apart, xs and xsum rows fstride bytes apart), writing
-// out[0], out[ostride], ... (ostride in bytes); each result is bit-identical to the single-row kernel's.
-//
-//go:noescape
-func dotQ4I8x4AVX2(q *byte, scales, biases *float32, x8 *int8, xs, xsum *float32, ng, x8stride, fstride int, out *float32, ostride int)
-
 //go:noescape
 func deltaRuleAVX2(S, k, q, v, kv, o *float32, decay, beta float32, dk, dv int)
 
@@ -57,13 +49,6 @@ func scoresAVX2(q, k *float32, stride, n, hd int, scale float32, out *float32)
 
 //go:noescape
 func mixAVX2(o, v *float32, stride, n, hd int, p *float32)
-
-// dotQ4I8w4AVX2 runs dotQ4I8AVX2 for four consecutive weight rows against
-// one activation row, writing out[0..3]; each result is bit-identical to
-// the single-row kernel's.
-//
-//go:noescape
-func dotQ4I8w4AVX2(q *byte, qstride int, scales, biases *float32, sstride int, x8 *int8, xs, xsum *float32, ng int, out *float32)
 
 //go:noescape
 func expSubAVX2(s *float32, n int, mx float32) float32

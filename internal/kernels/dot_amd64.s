@@ -197,10 +197,12 @@ f32done:
 	RET
 
 // func dotQ4I8AVX2(q *byte, scales, biases *float32, x8 *int8, xs, xsum *float32, ng int) float32
-// The integer design: activations quantised to int8 per group of 64
-// (x ≈ xs·x8); VPMADDUBSW multiplies the unsigned nibbles by the signed
-// activations into int16 pairs (at most 2·15·127 per pair, no saturation),
-// VPMADDWD widens to int32, and one conversion per group goes to float.
+// The integer design for one weight row and one activation row, in
+// dotQ4I8's arithmetic: VPMADDUBSW multiplies the unsigned nibbles by the
+// signed activations into int16 pairs (at most 2·15·127 per pair, no
+// saturation), VPMADDWD widens to int32, and the group's exact integer sum
+// goes through the float steps one at a time. The tile kernels
+// (q4tile_*_amd64.s) compute the same thing for many rows at once.
 TEXT ·dotQ4I8AVX2(SB), NOSPLIT, $0-60
 	MOVQ q+0(FP), SI
 	MOVQ scales+8(FP), R8
@@ -209,8 +211,7 @@ TEXT ·dotQ4I8AVX2(SB), NOSPLIT, $0-60
 	MOVQ xs+32(FP), R11
 	MOVQ xsum+40(FP), R10
 	MOVQ ng+48(FP), CX
-	VXORPS Y0, Y0, Y0
-	VXORPS X9, X9, X9
+	VXORPS X0, X0, X0
 	VPCMPEQW Y14, Y14, Y14
 	VPSRLW $15, Y14, Y14       // 1 per int16 lane
 	VPCMPEQB Y15, Y15, Y15
@@ -227,14 +228,20 @@ i8loop:
 	VPMADDUBSW 32(DI), Y3, Y3
 	VPADDW Y2, Y3, Y2
 	VPMADDWD Y14, Y2, Y2
-	VCVTDQ2PS Y2, Y2
+	VEXTRACTI128 $1, Y2, X3
+	VPADDD X3, X2, X2
+	VPSHUFD $0x4e, X2, X3
+	VPADDD X3, X2, X2
+	VPSHUFD $0xb1, X2, X3
+	VPADDD X3, X2, X2          // s, exact
+	VCVTDQ2PS X2, X2
 	VMOVSS (R8), X7
-	VMULSS (R11), X7, X7
-	VBROADCASTSS X7, Y7
-	VFMADD231PS Y7, Y2, Y0
+	VMULSS (R11), X7, X7       // scale·xs
+	VMULSS X7, X2, X2          // s·(scale·xs)
 	VMOVSS (R9), X8
-	VMULSS (R10), X8, X8
-	VADDSS X8, X9, X9
+	VMULSS (R10), X8, X8       // bias·xsum
+	VADDSS X8, X2, X2
+	VADDSS X2, X0, X0
 	ADDQ $32, SI
 	ADDQ $64, DI
 	ADDQ $4, R8
@@ -244,8 +251,6 @@ i8loop:
 	DECQ CX
 	JNE i8loop
 i8done:
-	HSUM_Y0
-	VADDSS X9, X0, X0
 	VZEROUPPER
 	MOVSS X0, ret+56(FP)
 	RET
@@ -272,95 +277,6 @@ axloop:
 	DECQ CX
 	JNE axloop
 axdone:
-	VZEROUPPER
-	RET
-
-// One row of the 4-row q4 kernel: Y5/Y6 hold the group's low/high nibbles.
-// xr is the row's int8 activations, fr the offset of its xs/xsum entry, T
-// its float total and B its scalar bias sum. The operations and their order
-// are those of dotQ4I8AVX2, so every row's result is bit-identical to the
-// single-row kernel.
-#define Q4ROW(xr0, xr1, fxs, fsum, T, B) \
-	VPMADDUBSW xr0, Y5, Y7 \
-	VPMADDUBSW xr1, Y6, Y8 \
-	VPADDW Y7, Y8, Y7 \
-	VPMADDWD Y14, Y7, Y7 \
-	VCVTDQ2PS Y7, Y7 \
-	VMOVSS (R8), X13 \
-	VMULSS fxs, X13, X13 \
-	VBROADCASTSS X13, Y13 \
-	VFMADD231PS Y13, Y7, T \
-	VMOVSS (R9), X13 \
-	VMULSS fsum, X13, X13 \
-	VADDSS X13, B, B
-
-#define HSUMTO(T, XT, B, dst) \
-	VEXTRACTF128 $1, T, X8 \
-	VADDPS X8, XT, XT \
-	VHADDPS XT, XT, XT \
-	VHADDPS XT, XT, XT \
-	VADDSS B, XT, XT \
-	MOVSS XT, dst
-
-// func dotQ4I8x4AVX2(q *byte, scales, biases *float32, x8 *int8, xs, xsum *float32, ng, x8stride, fstride int, out *float32, ostride int)
-// out[k·ostride bytes] receives activation row k's result.
-// Four activation rows against one weight row: the nibbles are unpacked once
-// per group and used four times, which is what makes prefill and verify
-// batches cheaper per row than decode.
-TEXT ·dotQ4I8x4AVX2(SB), NOSPLIT, $0-88
-	MOVQ q+0(FP), SI
-	MOVQ scales+8(FP), R8
-	MOVQ biases+16(FP), R9
-	MOVQ x8+24(FP), DI
-	MOVQ xs+32(FP), R11
-	MOVQ xsum+40(FP), R10
-	MOVQ ng+48(FP), CX
-	MOVQ x8stride+56(FP), BX
-	LEAQ (BX)(BX*2), DX
-	MOVQ fstride+64(FP), R12
-	LEAQ (R12)(R12*2), R13
-	MOVQ out+72(FP), AX
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	VXORPS X9, X9, X9
-	VXORPS X10, X10, X10
-	VXORPS X11, X11, X11
-	VXORPS X12, X12, X12
-	VPCMPEQW Y14, Y14, Y14
-	VPSRLW $15, Y14, Y14
-	VPCMPEQB Y15, Y15, Y15
-	VPSRLW $12, Y15, Y15
-	VPACKUSWB Y15, Y15, Y15
-	TESTQ CX, CX
-	JEQ x4done
-x4loop:
-	VMOVDQU (SI), Y4
-	VPAND Y15, Y4, Y5
-	VPSRLW $4, Y4, Y6
-	VPAND Y15, Y6, Y6
-	Q4ROW(0(DI), 32(DI), (R11), (R10), Y0, X9)
-	Q4ROW(0(DI)(BX*1), 32(DI)(BX*1), (R11)(R12*1), (R10)(R12*1), Y1, X10)
-	Q4ROW(0(DI)(BX*2), 32(DI)(BX*2), (R11)(R12*2), (R10)(R12*2), Y2, X11)
-	Q4ROW(0(DI)(DX*1), 32(DI)(DX*1), (R11)(R13*1), (R10)(R13*1), Y3, X12)
-	ADDQ $32, SI
-	ADDQ $64, DI
-	ADDQ $4, R8
-	ADDQ $4, R9
-	ADDQ $4, R10
-	ADDQ $4, R11
-	DECQ CX
-	JNE x4loop
-x4done:
-	MOVQ ostride+80(FP), BX
-	HSUMTO(Y0, X0, X9, 0(AX))
-	ADDQ BX, AX
-	HSUMTO(Y1, X1, X10, 0(AX))
-	ADDQ BX, AX
-	HSUMTO(Y2, X2, X11, 0(AX))
-	ADDQ BX, AX
-	HSUMTO(Y3, X3, X12, 0(AX))
 	VZEROUPPER
 	RET
 
@@ -588,99 +504,6 @@ mxstore:
 	ADDQ $128, SI
 	DECQ R10
 	JNE mxchunk
-	VZEROUPPER
-	RET
-
-// One weight row of the 4-weight-row q4 kernel: Y4/Y5 hold the group's
-// int8 activations (elements 0..31 and 32..63), X10 the activation scale,
-// X11 the activation group sum; wq is the row's 32 packed bytes, sc and bs
-// its scale and bias, T its total. The row's bias sum is in register B, or
-// in memory for Q4WROWM (registers run out at four rows). The operations
-// are dotQ4I8AVX2's, in its order, so each row's result is bit-identical.
-#define Q4WDOT(wq, sc, T) \
-	VMOVDQU wq, Y6 \
-	VPAND Y15, Y6, Y7 \
-	VPSRLW $4, Y6, Y8 \
-	VPAND Y15, Y8, Y8 \
-	VPMADDUBSW Y4, Y7, Y7 \
-	VPMADDUBSW Y5, Y8, Y8 \
-	VPADDW Y7, Y8, Y7 \
-	VPMADDWD Y14, Y7, Y7 \
-	VCVTDQ2PS Y7, Y7 \
-	VMOVSS sc, X13 \
-	VMULSS X10, X13, X13 \
-	VBROADCASTSS X13, Y13 \
-	VFMADD231PS Y13, Y7, T
-
-#define Q4WROW(wq, sc, bs, T, B) \
-	Q4WDOT(wq, sc, T) \
-	VMOVSS bs, X13 \
-	VMULSS X11, X13, X13 \
-	VADDSS X13, B, B
-
-#define Q4WROWM(wq, sc, bs, T, M) \
-	Q4WDOT(wq, sc, T) \
-	VMOVSS bs, X13 \
-	VMULSS X11, X13, X13 \
-	VADDSS M, X13, X13 \
-	VMOVSS X13, M
-
-// func dotQ4I8w4AVX2(q *byte, qstride int, scales, biases *float32, sstride int, x8 *int8, xs, xsum *float32, ng int, out *float32)
-// Four consecutive weight rows (qstride bytes apart; scales and biases
-// sstride bytes apart) against one activation row: the activations are
-// loaded once per group and the call overhead is paid once for four
-// outputs, which is what a decode step's matrix-vector products need.
-TEXT ·dotQ4I8w4AVX2(SB), NOSPLIT, $16-80
-	MOVQ q+0(FP), SI
-	MOVQ qstride+8(FP), BX
-	LEAQ (BX)(BX*2), DX
-	MOVQ scales+16(FP), R8
-	MOVQ biases+24(FP), R9
-	MOVQ sstride+32(FP), R12
-	LEAQ (R12)(R12*2), R13
-	MOVQ x8+40(FP), DI
-	MOVQ xs+48(FP), R11
-	MOVQ xsum+56(FP), R10
-	MOVQ ng+64(FP), CX
-	MOVQ out+72(FP), AX
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	VXORPS X9, X9, X9
-	VXORPS X12, X12, X12
-	MOVQ $0, 0(SP)
-	VPCMPEQW Y14, Y14, Y14
-	VPSRLW $15, Y14, Y14
-	VPCMPEQB Y15, Y15, Y15
-	VPSRLW $12, Y15, Y15
-	VPACKUSWB Y15, Y15, Y15
-	TESTQ CX, CX
-	JEQ w4sum
-w4loop:
-	VMOVDQU 0(DI), Y4
-	VMOVDQU 32(DI), Y5
-	VMOVSS (R11), X10
-	VMOVSS (R10), X11
-	Q4WROW(0(SI), (R8), (R9), Y0, X9)
-	Q4WROW(0(SI)(BX*1), (R8)(R12*1), (R9)(R12*1), Y1, X12)
-	Q4WROWM(0(SI)(BX*2), (R8)(R12*2), (R9)(R12*2), Y2, 0(SP))
-	Q4WROWM(0(SI)(DX*1), (R8)(R13*1), (R9)(R13*1), Y3, 4(SP))
-	ADDQ $32, SI
-	ADDQ $64, DI
-	ADDQ $4, R8
-	ADDQ $4, R9
-	ADDQ $4, R10
-	ADDQ $4, R11
-	DECQ CX
-	JNE w4loop
-w4sum:
-	VMOVSS 0(SP), X10
-	VMOVSS 4(SP), X11
-	HSUMTO(Y0, X0, X9, 0(AX))
-	HSUMTO(Y1, X1, X12, 4(AX))
-	HSUMTO(Y2, X2, X10, 8(AX))
-	HSUMTO(Y3, X3, X11, 12(AX))
 	VZEROUPPER
 	RET
 

@@ -11,18 +11,10 @@ func dotF32AVX2(w, x *float32, n int) float32                             { pani
 
 func axpyAVX2(y *float32, a float32, x *float32, n int) { panic("no AVX2") }
 
-func dotQ4I8x4AVX2(q *byte, scales, biases *float32, x8 *int8, xs, xsum *float32, ng, x8stride, fstride int, out *float32, ostride int) {
-	panic("no AVX2")
-}
-
 func deltaRuleAVX2(S, k, q, v, kv, o *float32, decay, beta float32, dk, dv int) { panic("no AVX2") }
 
 func scoresAVX2(q, k *float32, stride, n, hd int, scale float32, out *float32) { panic("no AVX2") }
 func mixAVX2(o, v *float32, stride, n, hd int, p *float32)                     { panic("no AVX2") }
-
-func dotQ4I8w4AVX2(q *byte, qstride int, scales, biases *float32, sstride int, x8 *int8, xs, xsum *float32, ng int, out *float32) {
-	panic("no AVX2")
-}
 
 func expSubAVX2(s *float32, n int, mx float32) float32 { panic("no AVX2") }
 

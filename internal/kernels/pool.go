@@ -192,39 +192,17 @@ func (t *matmulTask) Run(lo, hi int) {
 	w := t.w
 	C := w.Cols
 	ng := C / format.GroupSize
+	if w.Kind == format.Q4 && useAVX2 && hi > lo && ng > 0 && t.nb > 0 {
+		// Tiles of weight rows against every activation row (q4tile.go).
+		t.runQ4(lo, hi)
+		return
+	}
 	if useAVX2 && C%16 == 0 && hi > lo {
 		// One kind switch per part rather than per dot product: for the
 		// small matrices of a decode step the dispatch is a visible cost.
 		// The kernels are the ones dotRow calls, so results are identical.
 		x, out := t.x, t.out
 		switch w.Kind {
-		case format.Q4:
-			_, _ = w.Q[hi*C/2-1], w.Scales[hi*ng-1]
-			if t.nb < 4 {
-				// Matrix-vector: block four weight rows per call.
-				for r := 0; r < t.nb; r++ {
-					o := lo
-					for ; o+4 <= hi; o += 4 {
-						_ = out[r*w.Rows+o+3]
-						dotQ4I8w4AVX2(&w.Q[o*C/2], C/2, &w.Scales[o*ng], &w.Biases[o*ng], 4*ng, &t.x8[r*C], &t.xs[r*ng], &t.xsum[r*ng], ng, &out[r*w.Rows+o])
-					}
-					for ; o < hi; o++ {
-						out[r*w.Rows+o] = dotQ4I8AVX2(&w.Q[o*C/2], &w.Scales[o*ng], &w.Biases[o*ng], &t.x8[r*C], &t.xs[r*ng], &t.xsum[r*ng], ng)
-					}
-				}
-				return
-			}
-			for o := lo; o < hi; o++ {
-				r := 0
-				for ; r+4 <= t.nb; r += 4 {
-					_ = out[(r+3)*w.Rows+o]
-					dotQ4I8x4AVX2(&w.Q[o*C/2], &w.Scales[o*ng], &w.Biases[o*ng], &t.x8[r*C], &t.xs[r*ng], &t.xsum[r*ng], ng, C, 4*ng, &out[r*w.Rows+o], 4*w.Rows)
-				}
-				for ; r < t.nb; r++ {
-					out[r*w.Rows+o] = dotQ4I8AVX2(&w.Q[o*C/2], &w.Scales[o*ng], &w.Biases[o*ng], &t.x8[r*C], &t.xs[r*ng], &t.xsum[r*ng], ng)
-				}
-			}
-			return
 		case format.Q8:
 			_, _ = w.Q[hi*C-1], w.Scales[hi*ng-1]
 			for o := lo; o < hi; o++ {

@@ -45,17 +45,34 @@ func quantizeRow8Go(x8 []int8, xs []float32, x []float32) {
 	}
 }
 
-// dotQ4I8 is the pure-Go twin of dotQ4I8AVX2.
+// dotQ4I8 is the q4 dot product of one weight row and one activation row
+// in the integer design, and the arithmetic every q4 kernel reproduces bit
+// for bit. Per group g, in order:
+//
+//	s   = Σ q·x8                   exact, in int32
+//	acc = acc + (float32(s)·(scale·xs) + bias·xsum)
+//
+// each product and sum rounded to float32 on its own, no fused
+// multiply-add, starting from acc = 0. The integer sum makes the order of
+// the 64 products irrelevant, so a kernel may split a group across lanes
+// however suits its layout; the float part is one short chain per output,
+// which the tile kernels run for 8 or 16 outputs per vector. The explicit
+// float32 conversions keep the compiler from fusing a product into the
+// following addition (the spec allows that, and GOAMD64=v3 does it).
 func dotQ4I8(q []byte, scales, biases []float32, x8 []int8, xs, xsum []float32) float32 {
 	const G = format.GroupSize
 	var acc float32
 	for g := range scales {
-		qs := q[g*G/2 : g*G/2+G/2]
+		qs := (*[G / 2]byte)(q[g*G/2:])
+		xg := (*[G]int8)(x8[g*G:])
 		var s int32
 		for j, b := range qs {
-			s += int32(b&15)*int32(x8[g*G+j]) + int32(b>>4)*int32(x8[g*G+G/2+j])
+			s += int32(b&15)*int32(xg[j]) + int32(b>>4)*int32(xg[G/2+j])
 		}
-		acc += scales[g]*xs[g]*float32(s) + biases[g]*xsum[g]
+		c := float32(scales[g] * xs[g])
+		t := float32(float32(s) * c)
+		b := float32(biases[g] * xsum[g])
+		acc += t + b
 	}
 	return acc
 }

@@ -1,0 +1,58 @@
+package kernels
+
+import "github.com/sluicelm/sluice/internal/format"
+
+// runQ4 computes rows [lo,hi) of a q4 product with the tile kernels: one
+// call per tile of consecutive weight rows (16 with AVX-512, 8 with AVX2,
+// one per vector lane) covering every activation row, so that a tile's
+// weights are rearranged once and reused nb times. The results are
+// dotQ4I8's, bit for bit, whatever the tile, the split or nb.
+func (t *matmulTask) runQ4(lo, hi int) {
+	w := t.w
+	C := w.Cols
+	ng := C / format.GroupSize
+	nb := t.nb
+	// The kernels read whole rows: check the slices once, here.
+	_, _, _ = w.Q[w.Rows*C/2-1], w.Scales[w.Rows*ng-1], w.Biases[w.Rows*ng-1]
+	_, _, _, _ = t.x8[nb*C-1], t.xs[nb*ng-1], t.xsum[nb*ng-1], t.out[nb*w.Rows-1]
+	if nb == 1 || (ng == 1 && nb <= 3) {
+		// Decode, and the smallest batches of 64-column matrices: each
+		// weight is used once or nearly, so rearranging a tile costs more
+		// than it saves (measured: BenchmarkQ4Paths); q4Rows keeps the
+		// weights in place.
+		for r := 0; r < nb; r++ {
+			t.rowsQ4(lo, hi, r)
+		}
+		return
+	}
+	if useVNNI {
+		for w0 := lo; w0 < hi; w0 += 16 {
+			q4TileVNNI(&w.Q[w0*C/2], C/2, &w.Scales[w0*ng], &w.Biases[w0*ng], ng,
+				min(16, w.Rows-w0), min(16, hi-w0),
+				&t.x8[0], &t.xs[0], &t.xsum[0], nb, &t.out[w0], 4*w.Rows)
+		}
+		return
+	}
+	for w0 := lo; w0 < hi; w0 += 8 {
+		q4TileAVX2(&w.Q[w0*C/2], C/2, &w.Scales[w0*ng], &w.Biases[w0*ng], ng,
+			min(8, w.Rows-w0), min(8, hi-w0),
+			&t.x8[0], &t.xs[0], &t.xsum[0], nb, &t.out[w0], 4*w.Rows)
+	}
+}
+
+// rowsQ4 computes rows [lo,hi) for activation row r with q4Rows, 8 rows
+// per step, and the single-row kernel for the last few.
+func (t *matmulTask) rowsQ4(lo, hi, r int) {
+	w := t.w
+	C := w.Cols
+	ng := C / format.GroupSize
+	n8 := (hi - lo) &^ 7
+	out := t.out[r*w.Rows:]
+	if n8 > 0 {
+		q4Rows(&w.Q[lo*C/2], C/2, &w.Scales[lo*ng], &w.Biases[lo*ng], ng, n8,
+			&t.x8[r*C], &t.xs[r*ng], &t.xsum[r*ng], &out[lo], useVNNI)
+	}
+	for o := lo + n8; o < hi; o++ {
+		out[o] = dotQ4I8AVX2(&w.Q[o*C/2], &w.Scales[o*ng], &w.Biases[o*ng], &t.x8[r*C], &t.xs[r*ng], &t.xsum[r*ng], ng)
+	}
+}

@@ -1,0 +1,34 @@
+//go:build amd64
+
+package kernels
+
+import (
+	"os"
+
+	"golang.org/x/sys/cpu"
+)
+
+// useVNNI selects the AVX-512 q4 tile kernel (VPDPBUSD on 512-bit
+// registers). It needs AVX512F, BW and VL besides VNNI; SLUICE_NOAVX512 in
+// the environment falls back to the AVX2 kernels, for comparison, and
+// SLUICE_NOSIMD to the pure-Go ones. Every path gives the same bits.
+var useVNNI = cpu.X86.HasAVX512F && cpu.X86.HasAVX512BW && cpu.X86.HasAVX512VL &&
+	cpu.X86.HasAVX512VNNI && cpu.X86.HasAVX2 && cpu.X86.HasFMA &&
+	os.Getenv("SLUICE_NOAVX512") == "" && os.Getenv("SLUICE_NOSIMD") == ""
+
+// q4TileVNNI computes a tile of 16 weight rows against nb activation rows
+// (see q4tile_amd64.s for the arguments); each result is dotQ4I8's.
+//
+//go:noescape
+func q4TileVNNI(q *byte, qstride int, scales, biases *float32, ng, nrows, nout int, x8 *int8, xs, xsum *float32, nb int, out *float32, ostride int)
+
+// q4TileAVX2 is q4TileVNNI for tiles of 8 rows, with AVX2 alone.
+//
+//go:noescape
+func q4TileAVX2(q *byte, qstride int, scales, biases *float32, ng, nrows, nout int, x8 *int8, xs, xsum *float32, nb int, out *float32, ostride int)
+
+// q4Rows is the decode kernel: n (a multiple of 8) weight rows against one
+// activation row, without rearranging the weights; vnni selects VPDPBUSD.
+//
+//go:noescape
+func q4Rows(q *byte, qstride int, scales, biases *float32, ng, n int, x8 *int8, xs, xsum *float32, out *float32, vnni bool)

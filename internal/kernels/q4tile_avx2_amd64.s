@@ -1,0 +1,891 @@
+//go:build amd64
+
+#include "textflag.h"
+
+// The AVX2 q4 tile kernel: q4TileVNNI's design (see q4tile_avx512_amd64.s)
+// for 8 weight rows per tile, one per lane of a Y register. Without VNNI,
+// VPMADDUBSW multiplies 8 rows' nibbles by four broadcast activation bytes
+// into int16 pairs (at most 2·15·127 = 3810 each); eight of those add up in
+// int16 without overflow (30480 < 32767), and VPMADDWD widens each half of
+// the group to int32. The integer group sum is exact, so the results are
+// those of the VNNI kernel and of dotQ4I8, bit for bit.
+
+#define KC 8
+#define TGROUP 576             // per group in the frame: 16 vectors, scales, biases
+#define TSCALE 512
+#define TBIAS 544
+
+#define L_G0 0
+#define L_KG 8
+#define L_ROWS 16
+#define L_X8 24
+#define L_XS 32
+#define L_XSUM 40
+#define L_OUT 48
+#define L_T 56
+#define L_STAGE 64
+#define L_FSTRIDE 72
+#define L_WSRC 80
+#define L_WSTR 88
+#define L_SSRC 96
+#define L_BSRC 104
+#define L_SSTR 112
+#define L_FULL 120             // 1 when every lane of out is stored
+#define L_KMASK 128            // 32 bytes: lanes < kg
+#define L_OMASK 160            // 32 bytes: lanes < nout
+#define FRAME_ALIGN 192
+#define STAGE_BYTES 4096
+#define STAGE_SCALES 2048
+#define STAGE_BIASES 2080
+// Frame size 8960 = 192 + 64 + STAGE_BYTES + KC*TGROUP.
+
+DATA q4t2c<>+0(SB)/8, $0x0f0f0f0f0f0f0f0f
+DATA q4t2c<>+8(SB)/8, $0x0f0f0f0f0f0f0f0f
+DATA q4t2c<>+16(SB)/8, $0x0f0f0f0f0f0f0f0f
+DATA q4t2c<>+24(SB)/8, $0x0f0f0f0f0f0f0f0f
+DATA q4t2c<>+32(SB)/8, $0x0001000100010001
+DATA q4t2c<>+40(SB)/8, $0x0001000100010001
+DATA q4t2c<>+48(SB)/8, $0x0001000100010001
+DATA q4t2c<>+56(SB)/8, $0x0001000100010001
+DATA q4t2c<>+64(SB)/4, $0
+DATA q4t2c<>+68(SB)/4, $1
+DATA q4t2c<>+72(SB)/4, $2
+DATA q4t2c<>+76(SB)/4, $3
+DATA q4t2c<>+80(SB)/4, $4
+DATA q4t2c<>+84(SB)/4, $5
+DATA q4t2c<>+88(SB)/4, $6
+DATA q4t2c<>+92(SB)/4, $7
+GLOBL q4t2c<>(SB), RODATA|NOPTR, $96
+
+#define NIBBLES q4t2c<>+0(SB)
+#define ONES16 q4t2c<>+32(SB)
+#define IOTA q4t2c<>+64(SB)
+
+// Transposition of 8 rows × 8 dwords (rows at SI, SI+BX, SI+2BX, SI+DX,
+// SI+4BX, R8, R8+BX, R8+2BX with DX = 3BX, R8 = SI+5BX) into Y8..Y15,
+// vector j holding dword j of every row. T2LOADS loads only the lanes of
+// the mask in Y15 (the chunk's groups), never a byte past them.
+#define T2LOADW \
+	VMOVDQU (SI), Y0 \
+	VMOVDQU (SI)(BX*1), Y1 \
+	VMOVDQU (SI)(BX*2), Y2 \
+	VMOVDQU (SI)(DX*1), Y3 \
+	VMOVDQU (SI)(BX*4), Y4 \
+	VMOVDQU (R8), Y5 \
+	VMOVDQU (R8)(BX*1), Y6 \
+	VMOVDQU (R8)(BX*2), Y7
+
+#define T2LOADS \
+	VMOVDQU L_KMASK(SP), Y15 \
+	VPMASKMOVD (SI), Y15, Y0 \
+	VPMASKMOVD (SI)(BX*1), Y15, Y1 \
+	VPMASKMOVD (SI)(BX*2), Y15, Y2 \
+	VPMASKMOVD (SI)(DX*1), Y15, Y3 \
+	VPMASKMOVD (SI)(BX*4), Y15, Y4 \
+	VPMASKMOVD (R8), Y15, Y5 \
+	VPMASKMOVD (R8)(BX*1), Y15, Y6 \
+	VPMASKMOVD (R8)(BX*2), Y15, Y7
+
+// The classic 8×8 transpose: dword, then qword interleaves within 128-bit
+// lanes, then VPERM2I128 across them.
+#define T2NET \
+	VPUNPCKLDQ Y1, Y0, Y8 \
+	VPUNPCKHDQ Y1, Y0, Y9 \
+	VPUNPCKLDQ Y3, Y2, Y10 \
+	VPUNPCKHDQ Y3, Y2, Y11 \
+	VPUNPCKLDQ Y5, Y4, Y12 \
+	VPUNPCKHDQ Y5, Y4, Y13 \
+	VPUNPCKLDQ Y7, Y6, Y14 \
+	VPUNPCKHDQ Y7, Y6, Y15 \
+	VPUNPCKLQDQ Y10, Y8, Y0 \
+	VPUNPCKHQDQ Y10, Y8, Y1 \
+	VPUNPCKLQDQ Y11, Y9, Y2 \
+	VPUNPCKHQDQ Y11, Y9, Y3 \
+	VPUNPCKLQDQ Y14, Y12, Y4 \
+	VPUNPCKHQDQ Y14, Y12, Y5 \
+	VPUNPCKLQDQ Y15, Y13, Y6 \
+	VPUNPCKHQDQ Y15, Y13, Y7 \
+	VPERM2I128 $0x20, Y4, Y0, Y8 \
+	VPERM2I128 $0x31, Y4, Y0, Y12 \
+	VPERM2I128 $0x20, Y5, Y1, Y9 \
+	VPERM2I128 $0x31, Y5, Y1, Y13 \
+	VPERM2I128 $0x20, Y6, Y2, Y10 \
+	VPERM2I128 $0x31, Y6, Y2, Y14 \
+	VPERM2I128 $0x20, Y7, Y3, Y11 \
+	VPERM2I128 $0x31, Y7, Y3, Y15
+
+// The same for at most 4 dwords per row (lanes of the mask in the low half
+// of L_KMASK), into Y8..Y11: row r in the low and row r+4 in the high
+// 128 bits of Y(r), then dword and qword interleaves within the lanes.
+#define T4LOADS \
+	VMOVDQU L_KMASK(SP), X15 \
+	VPMASKMOVD (SI), X15, X0 \
+	VPMASKMOVD (SI)(BX*1), X15, X1 \
+	VPMASKMOVD (SI)(BX*2), X15, X2 \
+	VPMASKMOVD (SI)(DX*1), X15, X3 \
+	VPMASKMOVD (SI)(BX*4), X15, X4 \
+	VPMASKMOVD (R8), X15, X5 \
+	VPMASKMOVD (R8)(BX*1), X15, X6 \
+	VPMASKMOVD (R8)(BX*2), X15, X7 \
+	VINSERTI128 $1, X4, Y0, Y0 \
+	VINSERTI128 $1, X5, Y1, Y1 \
+	VINSERTI128 $1, X6, Y2, Y2 \
+	VINSERTI128 $1, X7, Y3, Y3
+
+#define T4NET \
+	VPUNPCKLDQ Y1, Y0, Y4 \
+	VPUNPCKHDQ Y1, Y0, Y5 \
+	VPUNPCKLDQ Y3, Y2, Y6 \
+	VPUNPCKHDQ Y3, Y2, Y7 \
+	VPUNPCKLQDQ Y6, Y4, Y8 \
+	VPUNPCKHQDQ Y6, Y4, Y9 \
+	VPUNPCKLQDQ Y7, Y5, Y10 \
+	VPUNPCKHQDQ Y7, Y5, Y11
+
+#define T2ROWS \
+	LEAQ (BX)(BX*2), DX \
+	LEAQ (SI)(BX*4), R8 \
+	ADDQ BX, R8
+
+#define T2STOREF(off) \
+	VMOVDQU Y8, (off+0*TGROUP)(DI) \
+	VMOVDQU Y9, (off+1*TGROUP)(DI) \
+	VMOVDQU Y10, (off+2*TGROUP)(DI) \
+	VMOVDQU Y11, (off+3*TGROUP)(DI) \
+	VMOVDQU Y12, (off+4*TGROUP)(DI) \
+	VMOVDQU Y13, (off+5*TGROUP)(DI) \
+	VMOVDQU Y14, (off+6*TGROUP)(DI) \
+	VMOVDQU Y15, (off+7*TGROUP)(DI)
+
+// Weight vector j: low nibbles to vector j, high nibbles to vector 8+j
+// (Y0 holds the nibble mask).
+#define T2STORE(V, j) \
+	VPAND Y0, V, Y1 \
+	VMOVDQU Y1, (j*32)(DI) \
+	VPSRLW $4, V, V \
+	VPAND Y0, V, V \
+	VMOVDQU V, ((8+j)*32)(DI)
+
+// Integer part for 4 activation rows (x8 rows at DI, DI+BX, DI+2BX, DI+DX):
+// A4F starts the int16 sums of a half group in Y0..Y3, A4N adds to them.
+#define A4F(m) \
+	VMOVDQU (m*32)(SI), Y12 \
+	VPBROADCASTD (m*4)(DI), Y13 \
+	VPMADDUBSW Y13, Y12, Y0 \
+	VPBROADCASTD (m*4)(DI)(BX*1), Y14 \
+	VPMADDUBSW Y14, Y12, Y1 \
+	VPBROADCASTD (m*4)(DI)(BX*2), Y13 \
+	VPMADDUBSW Y13, Y12, Y2 \
+	VPBROADCASTD (m*4)(DI)(DX*1), Y14 \
+	VPMADDUBSW Y14, Y12, Y3
+
+#define A4N(m) \
+	VMOVDQU (m*32)(SI), Y12 \
+	VPBROADCASTD (m*4)(DI), Y13 \
+	VPMADDUBSW Y13, Y12, Y13 \
+	VPADDW Y13, Y0, Y0 \
+	VPBROADCASTD (m*4)(DI)(BX*1), Y14 \
+	VPMADDUBSW Y14, Y12, Y14 \
+	VPADDW Y14, Y1, Y1 \
+	VPBROADCASTD (m*4)(DI)(BX*2), Y13 \
+	VPMADDUBSW Y13, Y12, Y13 \
+	VPADDW Y13, Y2, Y2 \
+	VPBROADCASTD (m*4)(DI)(DX*1), Y14 \
+	VPMADDUBSW Y14, Y12, Y14 \
+	VPADDW Y14, Y3, Y3
+
+#define A2F(m) \
+	VMOVDQU (m*32)(SI), Y12 \
+	VPBROADCASTD (m*4)(DI), Y13 \
+	VPMADDUBSW Y13, Y12, Y0 \
+	VPBROADCASTD (m*4)(DI)(BX*1), Y14 \
+	VPMADDUBSW Y14, Y12, Y1
+
+#define A2N(m) \
+	VMOVDQU (m*32)(SI), Y12 \
+	VPBROADCASTD (m*4)(DI), Y13 \
+	VPMADDUBSW Y13, Y12, Y13 \
+	VPADDW Y13, Y0, Y0 \
+	VPBROADCASTD (m*4)(DI)(BX*1), Y14 \
+	VPMADDUBSW Y14, Y12, Y14 \
+	VPADDW Y14, Y1, Y1
+
+// One row: two int16 chains (even and odd m) to halve the add latency.
+#define A1F(m) \
+	VMOVDQU (m*32)(SI), Y12 \
+	VPBROADCASTD (m*4)(DI), Y13 \
+	VPMADDUBSW Y13, Y12, Y0 \
+	VMOVDQU ((m+1)*32)(SI), Y12 \
+	VPBROADCASTD ((m+1)*4)(DI), Y14 \
+	VPMADDUBSW Y14, Y12, Y1
+
+#define A1N(m) \
+	VMOVDQU (m*32)(SI), Y12 \
+	VPBROADCASTD (m*4)(DI), Y13 \
+	VPMADDUBSW Y13, Y12, Y13 \
+	VPADDW Y13, Y0, Y0 \
+	VMOVDQU ((m+1)*32)(SI), Y12 \
+	VPBROADCASTD ((m+1)*4)(DI), Y14 \
+	VPMADDUBSW Y14, Y12, Y14 \
+	VPADDW Y14, Y1, Y1
+
+// Widen the int16 sums of the first half group into the int32 sums I, of
+// the second half adding to them.
+#define W1(A, I) \
+	VPMADDWD ONES16, A, I
+
+#define W2(A, I) \
+	VPMADDWD ONES16, A, A \
+	VPADDD A, I, I
+
+// Float part of one group for one row (I: 8 exact integer sums):
+//   acc += s·(scale·xs) + bias·xsum
+#define F2(xsa, xsuma, I, ACC) \
+	VCVTDQ2PS I, I \
+	VBROADCASTSS xsa, Y13 \
+	VMULPS TSCALE(SI), Y13, Y13 \
+	VMULPS Y13, I, I \
+	VBROADCASTSS xsuma, Y14 \
+	VMULPS TBIAS(SI), Y14, Y14 \
+	VADDPS Y14, I, I \
+	VADDPS I, ACC, ACC
+
+// Accumulators in and out: AX walks out's rows (CX the stride); a partial
+// tile moves only the lanes of the mask in Y15.
+#define ACC2IN(ACC) \
+	VMASKMOVPS (AX), Y15, ACC \
+	ADDQ CX, AX
+
+#define ACC2OUT(ACC) \
+	VMASKMOVPS ACC, Y15, (AX) \
+	ADDQ CX, AX
+
+#define ACC2OUTF(ACC) \
+	VMOVUPS ACC, (AX) \
+	ADDQ CX, AX
+
+// Pointers of a block of rows: DI x8, R11 xs, R10 xsum; BX = C, DX = 3C,
+// R12 = fstride, R9 = 3·fstride.
+#define BLOCK2PTRS \
+	MOVQ L_X8(SP), DI \
+	MOVQ L_XS(SP), R11 \
+	MOVQ L_XSUM(SP), R10 \
+	MOVQ qstride+8(FP), BX \
+	SHLQ $1, BX \
+	LEAQ (BX)(BX*2), DX \
+	MOVQ L_FSTRIDE(SP), R12 \
+	LEAQ (R12)(R12*2), R9 \
+	MOVQ L_T(SP), SI \
+	MOVQ L_KG(SP), CX
+
+#define ADVANCE2 \
+	ADDQ $TGROUP, SI \
+	ADDQ $64, DI \
+	ADDQ $4, R11 \
+	ADDQ $4, R10
+
+// Accumulators at the start of a block of n rows: zero in the first chunk,
+// else what the previous chunk left in out.
+#define BLOCK2IN(lbl) \
+	MOVQ L_OUT(SP), AX \
+	MOVQ ostride+96(FP), CX \
+	VMOVDQU L_OMASK(SP), Y15 \
+	CMPQ L_G0(SP), $0 \
+	JNE lbl
+
+// func q4TileAVX2(q *byte, qstride int, scales, biases *float32, ng, nrows, nout int, x8 *int8, xs, xsum *float32, nb int, out *float32, ostride int)
+//
+// q4TileVNNI's contract for a tile of 8 rows (nrows and nout at most 8).
+TEXT ·q4TileAVX2(SB), 0, $8960-104
+	MOVQ ng+32(FP), AX
+	TESTQ AX, AX
+	JEQ done
+	MOVQ nb+80(FP), BX
+	TESTQ BX, BX
+	JEQ done
+	SHLQ $2, AX
+	MOVQ AX, L_FSTRIDE(SP)
+	LEAQ (FRAME_ALIGN+63)(SP), AX
+	ANDQ $~63, AX
+	MOVQ AX, L_STAGE(SP)
+	ADDQ $STAGE_BYTES, AX
+	MOVQ AX, L_T(SP)
+	// The store mask: lanes < nout.
+	MOVQ nout+48(FP), AX
+	MOVQ $1, L_FULL(SP)
+	CMPQ AX, $8
+	JEQ full
+	MOVQ $0, L_FULL(SP)
+full:
+	MOVQ AX, X0
+	VPBROADCASTD X0, Y0
+	VPCMPGTD IOTA, Y0, Y0
+	VMOVDQU Y0, L_OMASK(SP)
+	MOVQ $0, L_G0(SP)
+
+chunk:
+	MOVQ ng+32(FP), AX
+	SUBQ L_G0(SP), AX
+	CMPQ AX, $KC
+	JLE kgset
+	MOVQ $KC, AX
+kgset:
+	MOVQ AX, L_KG(SP)
+	MOVQ AX, X0
+	VPBROADCASTD X0, Y0
+	VPCMPGTD IOTA, Y0, Y0
+	VMOVDQU Y0, L_KMASK(SP)     // the chunk's groups
+
+	MOVQ L_G0(SP), AX
+	MOVQ q+0(FP), SI
+	SHLQ $5, AX
+	ADDQ AX, SI
+	MOVQ SI, L_WSRC(SP)         // q + g0*32
+	MOVQ qstride+8(FP), BX
+	MOVQ BX, L_WSTR(SP)
+	SHRQ $3, AX
+	MOVQ scales+16(FP), SI
+	ADDQ AX, SI
+	MOVQ SI, L_SSRC(SP)         // scales + g0*4
+	MOVQ biases+24(FP), SI
+	ADDQ AX, SI
+	MOVQ SI, L_BSRC(SP)
+	MOVQ L_FSTRIDE(SP), AX
+	MOVQ AX, L_SSTR(SP)
+	CMPQ nrows+40(FP), $8
+	JGE transpose
+	// A partial tile: stage the rows, the missing ones repeating row
+	// nrows-1.
+	MOVQ nrows+40(FP), R12
+	DECQ R12
+	XORQ CX, CX
+	MOVQ L_STAGE(SP), DI
+	VMOVDQU L_KMASK(SP), Y15
+stagerow:
+	MOVQ CX, AX
+	CMPQ AX, R12
+	CMOVQGT R12, AX
+	MOVQ AX, R11
+	IMULQ L_WSTR(SP), AX
+	ADDQ L_WSRC(SP), AX
+	MOVQ DI, R8
+	MOVQ L_KG(SP), DX
+stagegrp:
+	VMOVDQU (AX), Y0
+	VMOVDQU Y0, (R8)
+	ADDQ $32, AX
+	ADDQ $32, R8
+	DECQ DX
+	JNE stagegrp
+	IMULQ L_SSTR(SP), R11
+	MOVQ L_SSRC(SP), AX
+	VPMASKMOVD (AX)(R11*1), Y15, Y0
+	VMOVDQU Y0, (STAGE_SCALES)(DI)
+	MOVQ L_BSRC(SP), AX
+	VPMASKMOVD (AX)(R11*1), Y15, Y0
+	VMOVDQU Y0, (STAGE_BIASES)(DI)
+	ADDQ $(KC*32), DI
+	INCQ CX
+	CMPQ CX, $8
+	JLT stagerow
+	MOVQ L_STAGE(SP), SI
+	MOVQ SI, L_WSRC(SP)
+	MOVQ $(KC*32), L_WSTR(SP)
+	ADDQ $STAGE_SCALES, SI
+	MOVQ SI, L_SSRC(SP)
+	ADDQ $(STAGE_BIASES-STAGE_SCALES), SI
+	MOVQ SI, L_BSRC(SP)
+	MOVQ $(KC*32), L_SSTR(SP)
+
+transpose:
+	MOVQ L_T(SP), DI
+	CMPQ ng+32(FP), $1
+	JNE tscales
+	// One group per row: the tile's scales are consecutive (the rows that
+	// do not exist masked off).
+	MOVQ nrows+40(FP), AX
+	MOVQ AX, X0
+	VPBROADCASTD X0, Y0
+	VPCMPGTD IOTA, Y0, Y0
+	MOVQ scales+16(FP), SI
+	VPMASKMOVD (SI), Y0, Y1
+	VMOVDQU Y1, TSCALE(DI)
+	MOVQ biases+24(FP), SI
+	VPMASKMOVD (SI), Y0, Y1
+	VMOVDQU Y1, TBIAS(DI)
+	JMP tweights
+tscales:
+	MOVQ L_SSRC(SP), SI
+	MOVQ L_SSTR(SP), BX
+	T2ROWS
+	T2LOADS
+	T2NET
+	T2STOREF(TSCALE)
+	MOVQ L_BSRC(SP), SI
+	T2ROWS
+	T2LOADS
+	T2NET
+	T2STOREF(TBIAS)
+tweights:
+	MOVQ L_WSRC(SP), SI
+	MOVQ L_WSTR(SP), BX
+	T2ROWS
+	MOVQ L_KG(SP), CX
+tgroup:
+	T2LOADW
+	T2NET
+	VMOVDQU NIBBLES, Y0
+	T2STORE(Y8, 0)
+	T2STORE(Y9, 1)
+	T2STORE(Y10, 2)
+	T2STORE(Y11, 3)
+	T2STORE(Y12, 4)
+	T2STORE(Y13, 5)
+	T2STORE(Y14, 6)
+	T2STORE(Y15, 7)
+	ADDQ $32, SI
+	ADDQ $32, R8
+	ADDQ $TGROUP, DI
+	DECQ CX
+	JNE tgroup
+
+	MOVQ L_G0(SP), AX
+	MOVQ x8+56(FP), BX
+	SHLQ $6, AX
+	ADDQ AX, BX
+	MOVQ BX, L_X8(SP)           // x8 + g0*64
+	SHRQ $4, AX
+	MOVQ xs+64(FP), BX
+	ADDQ AX, BX
+	MOVQ BX, L_XS(SP)
+	MOVQ xsum+72(FP), BX
+	ADDQ AX, BX
+	MOVQ BX, L_XSUM(SP)
+	MOVQ out+88(FP), AX
+	MOVQ AX, L_OUT(SP)
+	MOVQ nb+80(FP), AX
+	MOVQ AX, L_ROWS(SP)
+
+blocks:
+	MOVQ L_ROWS(SP), AX
+	CMPQ AX, $4
+	JGE block4
+	CMPQ AX, $2
+	JGE block2
+	CMPQ AX, $1
+	JGE block1
+	MOVQ L_G0(SP), AX
+	ADDQ $KC, AX
+	MOVQ AX, L_G0(SP)
+	CMPQ AX, ng+32(FP)
+	JLT chunk
+done:
+	VZEROUPPER
+	RET
+
+next:
+	SUBQ AX, L_ROWS(SP)
+	MOVQ AX, CX
+	IMULQ L_FSTRIDE(SP), CX
+	ADDQ CX, L_XS(SP)
+	ADDQ CX, L_XSUM(SP)
+	MOVQ AX, CX
+	IMULQ ostride+96(FP), CX
+	ADDQ CX, L_OUT(SP)
+	MOVQ qstride+8(FP), CX
+	SHLQ $1, CX
+	IMULQ AX, CX
+	ADDQ CX, L_X8(SP)
+	JMP blocks
+
+block4:
+	BLOCK2IN(b4load)
+	VXORPS Y8, Y8, Y8
+	VXORPS Y9, Y9, Y9
+	VXORPS Y10, Y10, Y10
+	VXORPS Y11, Y11, Y11
+	JMP b4go
+b4load:
+	ACC2IN(Y8)
+	ACC2IN(Y9)
+	ACC2IN(Y10)
+	ACC2IN(Y11)
+b4go:
+	BLOCK2PTRS
+b4loop:
+	A4F(0)
+	A4N(1)
+	A4N(2)
+	A4N(3)
+	A4N(4)
+	A4N(5)
+	A4N(6)
+	A4N(7)
+	W1(Y0, Y4)
+	W1(Y1, Y5)
+	W1(Y2, Y6)
+	W1(Y3, Y7)
+	A4F(8)
+	A4N(9)
+	A4N(10)
+	A4N(11)
+	A4N(12)
+	A4N(13)
+	A4N(14)
+	A4N(15)
+	W2(Y0, Y4)
+	W2(Y1, Y5)
+	W2(Y2, Y6)
+	W2(Y3, Y7)
+	F2((R11), (R10), Y4, Y8)
+	F2((R11)(R12*1), (R10)(R12*1), Y5, Y9)
+	F2((R11)(R12*2), (R10)(R12*2), Y6, Y10)
+	F2((R11)(R9*1), (R10)(R9*1), Y7, Y11)
+	ADVANCE2
+	DECQ CX
+	JNE b4loop
+	MOVQ L_OUT(SP), AX
+	MOVQ ostride+96(FP), CX
+	CMPQ L_FULL(SP), $0
+	JEQ b4part
+	ACC2OUTF(Y8)
+	ACC2OUTF(Y9)
+	ACC2OUTF(Y10)
+	ACC2OUTF(Y11)
+	MOVQ $4, AX
+	JMP next
+b4part:
+	ACC2OUT(Y8)
+	ACC2OUT(Y9)
+	ACC2OUT(Y10)
+	ACC2OUT(Y11)
+	MOVQ $4, AX
+	JMP next
+
+block2:
+	BLOCK2IN(b2load)
+	VXORPS Y8, Y8, Y8
+	VXORPS Y9, Y9, Y9
+	JMP b2go
+b2load:
+	ACC2IN(Y8)
+	ACC2IN(Y9)
+b2go:
+	BLOCK2PTRS
+b2loop:
+	A2F(0)
+	A2N(1)
+	A2N(2)
+	A2N(3)
+	A2N(4)
+	A2N(5)
+	A2N(6)
+	A2N(7)
+	W1(Y0, Y4)
+	W1(Y1, Y5)
+	A2F(8)
+	A2N(9)
+	A2N(10)
+	A2N(11)
+	A2N(12)
+	A2N(13)
+	A2N(14)
+	A2N(15)
+	W2(Y0, Y4)
+	W2(Y1, Y5)
+	F2((R11), (R10), Y4, Y8)
+	F2((R11)(R12*1), (R10)(R12*1), Y5, Y9)
+	ADVANCE2
+	DECQ CX
+	JNE b2loop
+	MOVQ L_OUT(SP), AX
+	MOVQ ostride+96(FP), CX
+	CMPQ L_FULL(SP), $0
+	JEQ b2part
+	ACC2OUTF(Y8)
+	ACC2OUTF(Y9)
+	MOVQ $2, AX
+	JMP next
+b2part:
+	ACC2OUT(Y8)
+	ACC2OUT(Y9)
+	MOVQ $2, AX
+	JMP next
+
+block1:
+	BLOCK2IN(b1load)
+	VXORPS Y8, Y8, Y8
+	JMP b1go
+b1load:
+	ACC2IN(Y8)
+b1go:
+	BLOCK2PTRS
+b1loop:
+	A1F(0)
+	A1N(2)
+	A1N(4)
+	A1N(6)
+	VPADDW Y1, Y0, Y0
+	W1(Y0, Y4)
+	A1F(8)
+	A1N(10)
+	A1N(12)
+	A1N(14)
+	VPADDW Y1, Y0, Y0
+	W2(Y0, Y4)
+	F2((R11), (R10), Y4, Y8)
+	ADVANCE2
+	DECQ CX
+	JNE b1loop
+	MOVQ L_OUT(SP), AX
+	MOVQ ostride+96(FP), CX
+	CMPQ L_FULL(SP), $0
+	JEQ b1part
+	ACC2OUTF(Y8)
+	MOVQ $1, AX
+	JMP next
+b1part:
+	ACC2OUT(Y8)
+	MOVQ $1, AX
+	JMP next
+
+// The decode kernel: 8 weight rows against one activation row, with no
+// transposition of the weights. Each row's group is unpacked and dotted
+// with the activations in place (8 int32 partial sums per row); a
+// transposing reduction folds the 8 rows' partial sums into one vector of
+// their exact group sums, one row per lane, and the float part runs on
+// that vector as in the tile kernels. Only the scales and biases are transposed (T2NET, per chunk
+// of 8 groups), the weights being what a decode step cannot afford to
+// rearrange: each is used once.
+
+// One row's group in AVX2: Y9 low nibbles, Y8 high, times the activations
+// at DI; I receives 8 int32 partial sums. Y10 holds the nibble mask.
+#define RDOT2(A, I) \
+	VMOVDQU A, Y8 \
+	VPAND Y10, Y8, Y9 \
+	VPSRLW $4, Y8, Y8 \
+	VPAND Y10, Y8, Y8 \
+	VPMADDUBSW (DI), Y9, Y9 \
+	VPMADDUBSW 32(DI), Y8, Y8 \
+	VPADDW Y9, Y8, Y8 \
+	VPMADDWD ONES16, Y8, I
+
+// The same with VNNI (EVEX-encoded on Y registers, AVX512VL).
+#define RDOTV(A, I) \
+	VMOVDQU A, Y8 \
+	VPAND Y10, Y8, Y9 \
+	VPSRLW $4, Y8, Y8 \
+	VPAND Y10, Y8, Y8 \
+	VPXOR I, I, I \
+	VPDPBUSD (DI), Y9, I \
+	VPDPBUSD 32(DI), Y8, I
+
+// Rows at SI, SI+BX, SI+2BX, SI+DX, SI+4BX, R8, R8+BX, R8+2BX.
+#define RDOT8(DOT) \
+	DOT((SI), Y0) \
+	DOT((SI)(BX*1), Y1) \
+	DOT((SI)(BX*2), Y2) \
+	DOT((SI)(DX*1), Y3) \
+	DOT((SI)(BX*4), Y4) \
+	DOT((R8), Y5) \
+	DOT((R8)(BX*1), Y6) \
+	DOT((R8)(BX*2), Y7)
+
+#define L_RACC 0               // the tile's accumulators while T2NET runs
+#define L_RG0 32
+#define L_RKG 40
+#define L_RB 48                // the tile's first bias
+#define L_RST 192              // [KC] × (8 scales, 8 biases), aligned
+// Frame size 768 = L_RST + 64 + KC*64; L_KMASK (T2LOADS) lies below L_RST.
+
+// func q4Rows(q *byte, qstride int, scales, biases *float32, ng, n int, x8 *int8, xs, xsum *float32, out *float32, vnni bool)
+//
+// n (a multiple of 8) consecutive weight rows from q (qstride bytes
+// apart; ng groups) against one activation row; out[i] receives row i's
+// result, dotQ4I8's bit for bit. vnni selects VPDPBUSD for the integer
+// part, else VPMADDUBSW.
+TEXT ·q4Rows(SB), 0, $768-81
+	MOVQ ng+32(FP), AX
+	TESTQ AX, AX
+	JEQ rdone
+	MOVQ n+40(FP), AX
+	SHRQ $3, AX
+	JEQ rdone
+	MOVQ AX, R12                // tiles left
+	MOVQ q+0(FP), R13           // the tile's first row
+	MOVQ scales+16(FP), R14
+	MOVQ biases+24(FP), AX
+	MOVQ AX, L_RB(SP)
+	MOVQ out+72(FP), CX
+
+rtile:
+	VXORPS Y11, Y11, Y11
+	MOVQ $0, L_RG0(SP)
+rchunk:
+	MOVQ ng+32(FP), AX
+	SUBQ L_RG0(SP), AX
+	CMPQ AX, $KC
+	JLE rkgset
+	MOVQ $KC, AX
+rkgset:
+	MOVQ AX, L_RKG(SP)
+	VMOVDQU Y11, L_RACC(SP)
+	LEAQ (L_RST+63)(SP), DI
+	ANDQ $~63, DI
+	MOVQ L_RG0(SP), AX
+	SHLQ $2, AX
+	MOVQ ng+32(FP), BX
+	CMPQ BX, $1
+	JNE rtrans
+	// One group per row: the 8 rows' scales are consecutive.
+	VMOVDQU (R14), Y0
+	VMOVDQU Y0, (DI)
+	MOVQ L_RB(SP), SI
+	VMOVDQU (SI), Y0
+	VMOVDQU Y0, 32(DI)
+	JMP rgroups
+rtrans:
+	// Scales and biases of the chunk: 8 rows × kg floats, transposed.
+	MOVQ L_RKG(SP), SI
+	MOVQ SI, X0
+	VPBROADCASTD X0, Y0
+	VPCMPGTD IOTA, Y0, Y0
+	VMOVDQU Y0, L_KMASK(SP)
+	SHLQ $2, BX                 // row stride of the scales
+	LEAQ (R14)(AX*1), SI
+	T2ROWS
+	CMPQ L_RKG(SP), $4
+	JGT rtrans8
+	// At most 4 groups: a row's floats fit 128 bits, and a 4×4 transpose
+	// per 128-bit lane does (rows r and r+4 share a register).
+	T4LOADS
+	T4NET
+	VMOVDQU Y8, (0*64)(DI)
+	VMOVDQU Y9, (1*64)(DI)
+	VMOVDQU Y10, (2*64)(DI)
+	VMOVDQU Y11, (3*64)(DI)
+	MOVQ L_RB(SP), SI
+	ADDQ AX, SI
+	T2ROWS
+	T4LOADS
+	T4NET
+	VMOVDQU Y8, (0*64+32)(DI)
+	VMOVDQU Y9, (1*64+32)(DI)
+	VMOVDQU Y10, (2*64+32)(DI)
+	VMOVDQU Y11, (3*64+32)(DI)
+	JMP rgroups
+rtrans8:
+	T2LOADS
+	T2NET
+	VMOVDQU Y8, (0*64)(DI)
+	VMOVDQU Y9, (1*64)(DI)
+	VMOVDQU Y10, (2*64)(DI)
+	VMOVDQU Y11, (3*64)(DI)
+	VMOVDQU Y12, (4*64)(DI)
+	VMOVDQU Y13, (5*64)(DI)
+	VMOVDQU Y14, (6*64)(DI)
+	VMOVDQU Y15, (7*64)(DI)
+	MOVQ L_RG0(SP), AX
+	SHLQ $2, AX
+	MOVQ L_RB(SP), SI
+	ADDQ AX, SI
+	T2ROWS
+	T2LOADS
+	T2NET
+	VMOVDQU Y8, (0*64+32)(DI)
+	VMOVDQU Y9, (1*64+32)(DI)
+	VMOVDQU Y10, (2*64+32)(DI)
+	VMOVDQU Y11, (3*64+32)(DI)
+	VMOVDQU Y12, (4*64+32)(DI)
+	VMOVDQU Y13, (5*64+32)(DI)
+	VMOVDQU Y14, (6*64+32)(DI)
+	VMOVDQU Y15, (7*64+32)(DI)
+
+rgroups:
+	MOVQ DI, R9                 // scales and biases of the group
+	VMOVDQU L_RACC(SP), Y11
+	VMOVDQU NIBBLES, Y10
+	MOVQ L_RG0(SP), AX
+	MOVQ AX, BX
+	SHLQ $5, AX
+	LEAQ (R13)(AX*1), SI        // row 0, group g0
+	SHLQ $1, AX
+	MOVQ x8+48(FP), DI
+	ADDQ AX, DI
+	SHLQ $2, BX
+	MOVQ xs+56(FP), R11
+	ADDQ BX, R11
+	MOVQ xsum+64(FP), R10
+	ADDQ BX, R10
+	MOVQ qstride+8(FP), BX
+	LEAQ (BX)(BX*2), DX
+	LEAQ (SI)(BX*4), R8
+	ADDQ BX, R8
+	MOVQ L_RKG(SP), AX
+rgroup:
+	CMPB vnni+80(FP), $0
+	JNE rvnni
+	RDOT8(RDOT2)
+	JMP rsum
+rvnni:
+	RDOT8(RDOTV)
+rsum:
+	// Fold to one exact sum per row (dword then qword interleaves, then
+	// across 128-bit lanes): lane r of Y1 is row r's.
+	VPUNPCKLDQ Y1, Y0, Y8
+	VPUNPCKHDQ Y1, Y0, Y0
+	VPADDD Y8, Y0, Y0
+	VPUNPCKLDQ Y3, Y2, Y8
+	VPUNPCKHDQ Y3, Y2, Y2
+	VPADDD Y8, Y2, Y2
+	VPUNPCKLDQ Y5, Y4, Y8
+	VPUNPCKHDQ Y5, Y4, Y4
+	VPADDD Y8, Y4, Y4
+	VPUNPCKLDQ Y7, Y6, Y8
+	VPUNPCKHDQ Y7, Y6, Y6
+	VPADDD Y8, Y6, Y6
+	VPUNPCKLQDQ Y2, Y0, Y8
+	VPUNPCKHQDQ Y2, Y0, Y0
+	VPADDD Y8, Y0, Y0
+	VPUNPCKLQDQ Y6, Y4, Y8
+	VPUNPCKHQDQ Y6, Y4, Y4
+	VPADDD Y8, Y4, Y4
+	VPERM2I128 $0x20, Y4, Y0, Y1
+	VPERM2I128 $0x31, Y4, Y0, Y2
+	VPADDD Y2, Y1, Y1
+	VCVTDQ2PS Y1, Y1
+	VBROADCASTSS (R11), Y12
+	VMULPS (R9), Y12, Y12       // scale·xs
+	VMULPS Y12, Y1, Y1
+	VBROADCASTSS (R10), Y13
+	VMULPS 32(R9), Y13, Y13     // bias·xsum
+	VADDPS Y13, Y1, Y1
+	VADDPS Y1, Y11, Y11
+	ADDQ $32, SI
+	ADDQ $32, R8
+	ADDQ $64, DI
+	ADDQ $4, R11
+	ADDQ $4, R10
+	ADDQ $64, R9
+	DECQ AX
+	JNE rgroup
+
+	MOVQ L_RG0(SP), AX
+	ADDQ $KC, AX
+	MOVQ AX, L_RG0(SP)
+	CMPQ AX, ng+32(FP)
+	JLT rchunk
+	VMOVUPS Y11, (CX)
+	ADDQ $32, CX
+	MOVQ qstride+8(FP), AX
+	SHLQ $3, AX
+	ADDQ AX, R13
+	MOVQ ng+32(FP), AX
+	SHLQ $5, AX
+	ADDQ AX, R14
+	ADDQ AX, L_RB(SP)
+	DECQ R12
+	JNE rtile
+rdone:
+	VZEROUPPER
+	RET

@@ -1,0 +1,21 @@
+//go:build !amd64
+
+package kernels
+
+var useVNNI = false
+
+func q4TileVNNI(q *byte, qstride int, scales, biases *float32, ng, nrows, nout int, x8 *int8, xs, xsum *float32, nb int, out *float32, ostride int) {
+	panic("no AVX-512")
+}
+
+func dotQ4I8AVX2(q *byte, scales, biases *float32, x8 *int8, xs, xsum *float32, ng int) float32 {
+	panic("no AVX2")
+}
+
+func q4TileAVX2(q *byte, qstride int, scales, biases *float32, ng, nrows, nout int, x8 *int8, xs, xsum *float32, nb int, out *float32, ostride int) {
+	panic("no AVX2")
+}
+
+func q4Rows(q *byte, qstride int, scales, biases *float32, ng, n int, x8 *int8, xs, xsum *float32, out *float32, vnni bool) {
+	panic("no AVX2")
+}
