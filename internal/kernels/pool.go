@@ -22,11 +22,19 @@ type span struct{ lo, hi int }
 // while after each operation and only then park on a channel. Tasks are
 // pointers to structs the pool owns, so dispatching allocates nothing. A Pool
 // runs one operation at a time: it belongs to one engine.
+//
+// A part goes to whichever thread claims it first: its worker, or the
+// dispatching thread once it has finished its own part. When another
+// process holds a core, a worker may not run for a whole scheduler tick;
+// the dispatcher then does that worker's part itself instead of waiting,
+// so a loaded machine slows a step down to one thread's speed rather than
+// to one tick per operation. Which thread runs a part changes no result.
 type Pool struct {
 	n       int
-	gen     atomic.Uint64 // bumped once per dispatched operation
-	pending atomic.Int32  // workers still running the current operation
-	spans   []span        // per worker: its part of the current operation
+	gen     atomic.Uint64  // bumped once per dispatched operation
+	pending atomic.Int32   // workers still running the current operation
+	spans   []span         // per worker: its part of the current operation
+	claims  []atomic.Int32 // per worker: 1 once someone has taken its part
 	parked  []atomic.Bool
 	wake    []chan struct{}
 	closed  atomic.Bool
@@ -50,9 +58,14 @@ func NewPool(threads int) *Pool {
 	if threads <= 0 {
 		threads = runtime.NumCPU()
 	}
-	p := &Pool{n: threads, spans: make([]span, threads), parked: make([]atomic.Bool, threads), mainWake: make(chan struct{}, 1)}
+	p := &Pool{n: threads, spans: make([]span, threads), claims: make([]atomic.Int32, threads), parked: make([]atomic.Bool, threads), mainWake: make(chan struct{}, 1)}
+	// Every channel exists before any worker runs: a worker reads p.wake
+	// while parking.
+	p.wake = make([]chan struct{}, threads-1)
+	for i := range p.wake {
+		p.wake[i] = make(chan struct{}, 1)
+	}
 	for i := 1; i < threads; i++ {
-		p.wake = append(p.wake, make(chan struct{}, 1))
 		go p.worker(i)
 	}
 	return p
@@ -91,6 +104,9 @@ func (p *Pool) worker(i int) {
 		seen = g
 		if p.closed.Load() {
 			return
+		}
+		if !p.claims[i].CompareAndSwap(0, 1) {
+			continue // the dispatcher took this part (and counts it)
 		}
 		if s := p.spans[i]; s.hi > s.lo {
 			p.task.Run(s.lo, s.hi)
@@ -153,7 +169,13 @@ func (p *Pool) Parallel(n, grain int, t Task) {
 		}
 		p.spans[i] = span{lo, hi}
 	}
+	// pending is set before any part can be claimed: a worker still
+	// looking at the previous operation may claim a part as soon as its
+	// claim resets, and its decrement must not be overwritten.
 	p.pending.Store(int32(p.n - 1))
+	for i := 1; i < p.n; i++ {
+		p.claims[i].Store(0)
+	}
 	p.gen.Add(1)
 	for i := 1; i < p.n; i++ {
 		if p.parked[i].CompareAndSwap(true, false) {
@@ -161,6 +183,15 @@ func (p *Pool) Parallel(n, grain int, t Task) {
 		}
 	}
 	t.Run(0, min(step, n))
+	for i := 1; i < p.n; i++ {
+		// A worker that has not started yet has probably lost its core.
+		if p.claims[i].CompareAndSwap(0, 1) {
+			if s := p.spans[i]; s.hi > s.lo {
+				t.Run(s.lo, s.hi)
+			}
+			p.pending.Add(-1)
+		}
+	}
 	// The other parts are as long as ours, so they usually finish within
 	// microseconds: spin briefly, then park (a worker that lost its core to
 	// another process may take a scheduler tick).
