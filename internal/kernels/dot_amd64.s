@@ -512,7 +512,7 @@ DATA expc<>+4(SB)/4, $0.5
 DATA expc<>+8(SB)/4, $0.693359375           // ln2 high part
 DATA expc<>+12(SB)/4, $-2.12194440e-4       // ln2 low part
 DATA expc<>+16(SB)/4, $0.0013888889         // 1/720
-DATA expc<>+20(SB)/4, $0.0083333333         // 1/120
+DATA expc<>+20(SB)/4, $0x3c088889           // 1/120 (float32(1.0/120) exactly, as Exp uses it)
 DATA expc<>+24(SB)/4, $0.041666667          // 1/24
 DATA expc<>+28(SB)/4, $0.16666667           // 1/6
 DATA expc<>+32(SB)/4, $1.0
