@@ -64,15 +64,18 @@ func Exp(x float32) float32 {
 		ln2hi = 0.693359375
 		ln2lo = -2.12194440e-4
 	)
-	k := float32(math.Floor(float64(x*log2e + 0.5)))
-	r := x - k*ln2hi - k*ln2lo
+	// The float32 conversions round every product before the following
+	// sum, as the assembly (expSubAVX2, the ops kernels) computes it; Go
+	// would otherwise be free to fuse them (GOAMD64=v3 does).
+	k := float32(math.Floor(float64(float32(x*log2e) + 0.5)))
+	r := float32(x-float32(k*ln2hi)) - float32(k*ln2lo)
 	// e^r ≈ 1 + r + r²/2 + … + r⁶/720 (Horner).
 	p := float32(1.0 / 720)
-	p = p*r + 1.0/120
-	p = p*r + 1.0/24
-	p = p*r + 1.0/6
-	p = p*r + 0.5
-	p = p*r + 1
-	p = p*r + 1
+	p = float32(p*r) + 1.0/120
+	p = float32(p*r) + 1.0/24
+	p = float32(p*r) + 1.0/6
+	p = float32(p*r) + 0.5
+	p = float32(p*r) + 1
+	p = float32(p*r) + 1
 	return p * math.Float32frombits(uint32(int32(k)+127)<<23)
 }

@@ -86,7 +86,7 @@ func (m *Mat) Row(dst []float32, r int) {
 		for g := 0; g < m.Cols/G; g++ {
 			s, b := m.Scales[r*m.Cols/G+g], m.Biases[r*m.Cols/G+g]
 			for j := 0; j < G; j++ {
-				dst[g*G+j] = s*float32(src[g*G+j]) + b
+				dst[g*G+j] = float32(s*float32(src[g*G+j])) + b // as quant.Decode: never fused
 			}
 		}
 	case format.Q4:
@@ -96,8 +96,8 @@ func (m *Mat) Row(dst []float32, r int) {
 			s, b := m.Scales[r*m.Cols/G+g], m.Biases[r*m.Cols/G+g]
 			q := src[g*G/2 : g*G/2+G/2]
 			for j, v := range q {
-				dst[g*G+j] = s*float32(v&15) + b
-				dst[g*G+j+G/2] = s*float32(v>>4) + b
+				dst[g*G+j] = float32(s*float32(v&15)) + b
+				dst[g*G+j+G/2] = float32(s*float32(v>>4)) + b
 			}
 		}
 	}

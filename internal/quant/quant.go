@@ -99,6 +99,10 @@ func Encode(w []float32, rows, cols int, k format.Kind) (*Encoded, error) {
 
 // Decode is Encode's inverse (lossy for quantised kinds): it writes the
 // float32 values of a [rows][cols] matrix of kind k into dst.
+//
+// Each value is float32(scale·q) + bias, the product rounded first: the
+// conversion keeps the compiler from fusing it into the addition (Go may,
+// and does under GOAMD64=v3), so every build dequantises alike.
 func Decode(dst []float32, values []byte, scales, biases []float32, rows, cols int, k format.Kind) {
 	switch k {
 	case format.F32:
@@ -112,7 +116,7 @@ func Decode(dst []float32, values []byte, scales, biases []float32, rows, cols i
 	case format.Q8:
 		for i := range dst[:rows*cols] {
 			g := i / format.GroupSize
-			dst[i] = scales[g]*float32(values[i]) + biases[g]
+			dst[i] = float32(scales[g]*float32(values[i])) + biases[g]
 		}
 	case format.Q3, format.Q2:
 		G, b := format.GroupSize, k.Bits()
@@ -120,7 +124,7 @@ func Decode(dst []float32, values []byte, scales, biases []float32, rows, cols i
 		for g := 0; g < rows*cols/G; g++ {
 			UnpackLow(q[:], values[g*G*b/8:(g+1)*G*b/8], b)
 			for j, v := range q {
-				dst[g*G+j] = scales[g]*float32(v) + biases[g]
+				dst[g*G+j] = float32(scales[g]*float32(v)) + biases[g]
 			}
 		}
 	case format.Q4:
@@ -128,8 +132,8 @@ func Decode(dst []float32, values []byte, scales, biases []float32, rows, cols i
 		for g := 0; g < rows*cols/G; g++ {
 			src := values[g*G/2:]
 			for j := 0; j < G/2; j++ {
-				dst[g*G+j] = scales[g]*float32(src[j]&15) + biases[g]
-				dst[g*G+j+G/2] = scales[g]*float32(src[j]>>4) + biases[g]
+				dst[g*G+j] = float32(scales[g]*float32(src[j]&15)) + biases[g]
+				dst[g*G+j+G/2] = float32(scales[g]*float32(src[j]>>4)) + biases[g]
 			}
 		}
 	}
