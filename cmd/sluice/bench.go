@@ -75,7 +75,7 @@ func cmdBench(ctx context.Context, args []string) error {
 	if *genOnly {
 		prompt, ctxToks = prompt[:1], prompt[:1]
 	}
-	var pre, dec []float64
+	var pre, dec, disp []float64
 	var trials []benchTrial
 	var diskBefore float64
 	if *disk && e.Stream != nil {
@@ -110,6 +110,7 @@ func cmdBench(ctx context.Context, args []string) error {
 		trials = append(trials, bt)
 		pre = append(pre, bt.pre.PrefillTokS)
 		dec = append(dec, s.DecodeTokS)
+		disp = append(disp, float64(bt.dispatches)/float64(max(s.GeneratedTokens-1, 1)))
 		if isTerminal(os.Stderr) && !*asJSON {
 			fmt.Fprintf(os.Stderr, "\rtrial %d/%d", t, *repeat)
 		}
@@ -118,6 +119,9 @@ func cmdBench(ctx context.Context, args []string) error {
 		"model": e.Dir, "family": e.Model.Config.Family, "bits": e.Model.Manifest.Bits, "threads": e.Runner.Pool.Threads(),
 		"prompt_tokens": *promptN, "gen_tokens": *genN, "depth": len(ctxToks), "repeat": *repeat,
 		"prefill_tok_s": median(pre), "decode_tok_s": median(dec), "prefill_all": pre, "decode_all": dec,
+		// Operations a decode step hands to the worker pool: times the
+		// per-op hand-off (BenchmarkPoolDispatch), the overhead per token.
+		"decode_dispatches_per_token": median(disp),
 	}
 	var xs *poolBench
 	if e.Stream != nil {

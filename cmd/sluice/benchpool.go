@@ -18,6 +18,8 @@ type benchTrial struct {
 	pre    engine.Stats // the timed prefill
 	stats  engine.Stats // the decode (after its own context when depth differs)
 	decode experts.Snapshot
+	// dispatches is the operations the decode split across threads.
+	dispatches uint64
 }
 
 // runTrial times a prefill of prompt from an empty context, then a decode
@@ -51,11 +53,13 @@ func runTrial(ctx context.Context, e *engine.Engine, st *model.State, prompt, ct
 	if e.Stream != nil {
 		before = e.Stream.Stats()
 	}
+	d0 := e.Runner.Pool.Dispatches()
 	for !q.Done() {
 		if _, _, err := q.Step(ctx); err != nil {
 			return bt, err
 		}
 	}
+	bt.dispatches = e.Runner.Pool.Dispatches() - d0
 	if e.Stream != nil {
 		bt.decode = e.Stream.Stats().Sub(before)
 	}

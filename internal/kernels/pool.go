@@ -45,7 +45,14 @@ type Pool struct {
 	mainWake   chan struct{}
 
 	sc Scratch
+	// dispatches counts operations handed to the workers (Parallel calls
+	// that split), for the per-token figures of sluice bench.
+	dispatches uint64
 }
+
+// Dispatches is the number of operations split across threads so far.
+// Read it between steps, on the dispatching goroutine.
+func (p *Pool) Dispatches() uint64 { return p.dispatches }
 
 // spinFor is how long an idle worker polls before parking: longer than the
 // gap between two operations of a step, shorter than anything a user would
@@ -162,6 +169,7 @@ func (p *Pool) Parallel(n, grain int, t Task) {
 		return
 	}
 	p.task = t
+	p.dispatches++
 	for i := 1; i < p.n; i++ {
 		lo, hi := min(i*step, n), min((i+1)*step, n)
 		if i >= parts {

@@ -51,3 +51,20 @@ func TestPoolEachIndexOnce(t *testing.T) {
 		t.Fatal("the pool hung")
 	}
 }
+
+// nopTask does nothing: BenchmarkPoolDispatch times the hand-off alone.
+type nopTask struct{}
+
+func (nopTask) Run(lo, hi int) {}
+
+// BenchmarkPoolDispatch is the cost of one operation's hand-off to the
+// workers and back (an empty part per thread): the per-op overhead of a
+// decode step, which runs Dispatches-per-token of them.
+func BenchmarkPoolDispatch(b *testing.B) {
+	p := NewPool(0)
+	defer p.Close()
+	var t nopTask
+	for b.Loop() {
+		p.Parallel(p.Threads(), 1, t)
+	}
+}
