@@ -294,7 +294,8 @@ func TestQ4Int8Design(t *testing.T) {
 
 // BenchmarkQ4Designs compares the two q4 matrix-vector designs on one core:
 // dequantise-and-FMA (float activations) against int8 activations with
-// integer dot products (quantising the activation row included).
+// integer dot products (quantising the activation row included), one row
+// per call for both, then the int8 design's 8-row decode kernel.
 func BenchmarkQ4Designs(b *testing.B) {
 	if !useAVX2 {
 		b.Skip("no AVX2/FMA")
@@ -326,6 +327,14 @@ func BenchmarkQ4Designs(b *testing.B) {
 				for o := range out {
 					out[o] = dotQ4I8AVX2(&m.Q[o*cols/2], &m.Scales[o*ng], &m.Biases[o*ng], &x8[0], &xs[0], &xsum[0], ng)
 				}
+			}
+		})
+		// The int8 design as decode runs it: 8 weight rows per call.
+		var sc Scratch
+		b.Run("int8-rows8/"+name, func(b *testing.B) {
+			b.SetBytes(int64(len(m.Q)))
+			for b.Loop() {
+				sc.MatMul(out, &m, x, 1)
 			}
 		})
 	}

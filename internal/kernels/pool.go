@@ -292,9 +292,10 @@ func (t *matmulTask) Run(lo, hi int) {
 // [nb][W.Cols].
 //
 // q4 products use int8 activations (quantised per group of 64, symmetric)
-// and integer dot products: measured 1.6–2.0× faster than dequantising the
-// weights to float and using FMA (BenchmarkQ4Designs), for a held-out NLL
-// cost well inside the q4 budget (TestQuantisedNLL). q8, bf16 and f32 keep
+// and integer dot products: one row at a time, 1.4–1.6× faster than
+// dequantising the weights to float and using FMA, and 3–4× with the 8-row
+// decode kernel (BenchmarkQ4Designs), for a held-out NLL cost well inside
+// the q4 budget (TestQuantisedNLL). q8, bf16 and f32 keep
 // float activations: 8-bit weights times int8 would overflow VPMADDUBSW's
 // int16 pairs, and bf16 is the exact mode.
 func (p *Pool) MatMul(out []float32, w *Mat, x []float32, nb int) {
