@@ -3,10 +3,12 @@ package kernels
 import "math"
 
 // Attend computes one query head's causal attention over n cached
-// positions: s_j = scale·(q·k_j), p = softmax(s), o = Σ_j p_j·v_j. Keys and
-// values are rows stride floats apart in kc and vc, starting at their
-// first element; s is scratch of at least n floats. Positions are visited
-// in order, so the result does not depend on batching or threads.
+// positions: s_j = scale·(q·k_j), e_j = exp(s_j − max s), o = (Σ_j e_j·v_j)
+// / Σ_j e_j. Keys and values are rows stride floats apart in kc and vc,
+// starting at their first element; s is scratch of at least n floats.
+// Positions are visited in order, so the result does not depend on
+// batching or threads. Normalising o once, rather than every weight, saves
+// a pass over the n scores.
 func Attend(o, q, kc, vc []float32, stride, n int, scale float32, s []float32) {
 	hd := len(q)
 	s = s[:n]
@@ -18,10 +20,7 @@ func Attend(o, q, kc, vc []float32, stride, n int, scale float32, s []float32) {
 			s[j] = Dot(q, kc[j*stride:j*stride+hd]) * scale
 		}
 	}
-	mx := float32(math.Inf(-1))
-	for _, v := range s {
-		mx = max(mx, v)
-	}
+	mx := Max(s)
 	var sum float32
 	j0 := 0
 	if useAVX2 && n >= 8 {
@@ -33,19 +32,16 @@ func Attend(o, q, kc, vc []float32, stride, n int, scale float32, s []float32) {
 		s[j] = e
 		sum += e
 	}
-	inv := 1 / sum
-	for j := range s {
-		s[j] *= inv
-	}
 	o = o[:hd]
 	if useAVX2 && hd%32 == 0 && n > 0 {
 		mixAVX2(&o[0], &vc[0], 4*stride, n, hd, &s[0])
-		return
+	} else {
+		clear(o)
+		for j, p := range s {
+			Axpy(o, p, vc[j*stride:j*stride+hd])
+		}
 	}
-	clear(o)
-	for j, p := range s {
-		Axpy(o, p, vc[j*stride:j*stride+hd])
-	}
+	Scale(o, 1/sum)
 }
 
 // Exp is e^x in float32 for the softmax: range reduction to 2^k·e^r with

@@ -16,3 +16,29 @@ func MulAdd(s, w, x []float32) {
 		s[i] += w[i] * x[i]
 	}
 }
+
+// Max is the largest element of a non-empty x.
+func Max(x []float32) float32 {
+	m := x[0]
+	i := 0
+	if useAVX2 && len(x) >= 8 {
+		i = len(x) &^ 7
+		m = maxAVX2(&x[0], i)
+	}
+	for _, v := range x[i:] {
+		m = max(m, v)
+	}
+	return m
+}
+
+// Scale multiplies x by a in place.
+func Scale(x []float32, a float32) {
+	i := 0
+	if useAVX2 && len(x) >= 8 {
+		i = len(x) &^ 7
+		scaleAVX2(&x[0], a, i)
+	}
+	for j := range x[i:] {
+		x[i+j] *= a
+	}
+}

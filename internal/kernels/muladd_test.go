@@ -28,3 +28,29 @@ func TestMulAdd(t *testing.T) {
 		}
 	}
 }
+
+// Max and Scale match their scalar loops at every length.
+func TestMaxScale(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for n := 1; n <= 100; n++ {
+		x := make([]float32, n)
+		for i := range x {
+			x[i] = rng.Float32()*200 - 150
+		}
+		x[rng.IntN(n)] = 60 + float32(n) // the maximum anywhere, tails included
+		want := x[0]
+		for _, v := range x {
+			want = max(want, v)
+		}
+		if got := Max(x); got != want {
+			t.Fatalf("n=%d: Max %v, want %v", n, got, want)
+		}
+		y := append([]float32(nil), x...)
+		Scale(y, 0.37)
+		for i := range y {
+			if y[i] != x[i]*0.37 {
+				t.Fatalf("n=%d [%d]: Scale %v, want %v", n, i, y[i], x[i]*0.37)
+			}
+		}
+	}
+}

@@ -103,21 +103,19 @@ func (s *moeScratch) init(c *format.Config, rows int) {
 // probabilities: the k largest in descending order (lowest id first on
 // ties), renormalised when the config says so.
 func Route(probs []float32, k int, norm bool, ids []int, w []float32) {
-	for j := 0; j < k; j++ {
-		best := -1
-		for e, p := range probs {
-			taken := false
-			for _, t := range ids[:j] {
-				if t == e {
-					taken = true
-					break
-				}
-			}
-			if !taken && (best < 0 || p > probs[best]) {
-				best = e
-			}
+	// One pass, keeping the best k so far in order: an expert moves ahead
+	// only of strictly smaller ones, so ties keep the lower id first.
+	n := 0
+	for e, p := range probs {
+		if n == k && p <= w[k-1] {
+			continue
 		}
-		ids[j], w[j] = best, probs[best]
+		j := min(n, k-1)
+		for ; j > 0 && w[j-1] < p; j-- {
+			ids[j], w[j] = ids[j-1], w[j-1]
+		}
+		ids[j], w[j] = e, p
+		n = min(n+1, k)
 	}
 	if norm {
 		var s float32
