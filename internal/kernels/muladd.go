@@ -1,5 +1,21 @@
 package kernels
 
+// MulSet sets s[i] = 0 + w[i]·x[i]: the first term of a MulAdd sum, with
+// the same bits as clearing s and adding (a -0 product becomes +0).
+func MulSet(s, w, x []float32) {
+	n := len(s)
+	w, x = w[:n], x[:n]
+	i := 0
+	if useAVX2 && n >= 8 {
+		i = n &^ 7
+		mulSetAVX2(&s[0], &w[0], &x[0], i)
+	}
+	for ; i < n; i++ {
+		var z float32
+		s[i] = z + float32(w[i]*x[i])
+	}
+}
+
 // MulAdd adds w[i]·x[i] to s[i], rounding the product before the sum (no
 // fused multiply-add), so a sum built term by term equals the scalar
 // `s += w*x` loop bit for bit. The DeltaNet causal conv uses it with the

@@ -16,3 +16,19 @@ func maxAVX2(s *float32, n int) float32
 //
 //go:noescape
 func scaleAVX2(x *float32, a float32, n int)
+
+// dotF32x4AVX2 is dotF32AVX2 of one weight row against four activation rows
+// xstride bytes apart, writing out[k·ostride bytes]; n a multiple of 16.
+//
+//go:noescape
+func dotF32x4AVX2(w, x *float32, xstride, n int, out *float32, ostride int)
+
+// mulSetAVX2 is MulSet over n floats, n a multiple of 8.
+//
+//go:noescape
+func mulSetAVX2(s, w, x *float32, n int)
+
+// addAVX2 is y += x over n floats, n a multiple of 8.
+//
+//go:noescape
+func addAVX2(y, x *float32, n int)

@@ -70,3 +70,108 @@ sloop:
 	VZEROUPPER
 sdone:
 	RET
+
+// Sum of the two accumulators A and B of one row, then the horizontal sum
+// of dotF32AVX2 (same operations, same order), stored at dst.
+#define F32ROWSUM(A, B, XA, dst) \
+	VADDPS B, A, A \
+	VEXTRACTF128 $1, A, X1 \
+	VADDPS X1, XA, XA \
+	VHADDPS XA, XA, XA \
+	VHADDPS XA, XA, XA \
+	MOVSS XA, dst
+
+// func dotF32x4AVX2(w, x *float32, xstride, n int, out *float32, ostride int)
+// dotF32AVX2 of one weight row against four activation rows (xstride bytes
+// apart), writing out[k·ostride bytes]; each row's operations are
+// dotF32AVX2's, so each result is bit-identical to it. The weight row is
+// loaded once for the four rows: the router of a prefill chunk is this
+// shape (f32 weights, hundreds of rows).
+TEXT ·dotF32x4AVX2(SB), NOSPLIT, $0-48
+	MOVQ w+0(FP), SI
+	MOVQ x+8(FP), DI
+	MOVQ xstride+16(FP), BX
+	LEAQ (BX)(BX*2), DX
+	MOVQ n+24(FP), CX
+	SHRQ $4, CX
+	VXORPS Y0, Y0, Y0
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+	VXORPS Y9, Y9, Y9
+	VXORPS Y10, Y10, Y10
+	TESTQ CX, CX
+	JEQ f4done
+f4loop:
+	VMOVUPS 0(SI), Y1
+	VMOVUPS 32(SI), Y2
+	VFMADD231PS 0(DI), Y1, Y0
+	VFMADD231PS 32(DI), Y2, Y4
+	VFMADD231PS 0(DI)(BX*1), Y1, Y5
+	VFMADD231PS 32(DI)(BX*1), Y2, Y6
+	VFMADD231PS 0(DI)(BX*2), Y1, Y7
+	VFMADD231PS 32(DI)(BX*2), Y2, Y8
+	VFMADD231PS 0(DI)(DX*1), Y1, Y9
+	VFMADD231PS 32(DI)(DX*1), Y2, Y10
+	ADDQ $64, SI
+	ADDQ $64, DI
+	DECQ CX
+	JNE f4loop
+f4done:
+	MOVQ out+32(FP), AX
+	MOVQ ostride+40(FP), BX
+	F32ROWSUM(Y0, Y4, X0, 0(AX))
+	ADDQ BX, AX
+	F32ROWSUM(Y5, Y6, X5, 0(AX))
+	ADDQ BX, AX
+	F32ROWSUM(Y7, Y8, X7, 0(AX))
+	ADDQ BX, AX
+	F32ROWSUM(Y9, Y10, X9, 0(AX))
+	VZEROUPPER
+	RET
+
+// func mulSetAVX2(s, w, x *float32, n int)
+// s = 0 + w·x (VMULPS, then VADDPS to +0); n a multiple of 8.
+TEXT ·mulSetAVX2(SB), NOSPLIT, $0-32
+	MOVQ s+0(FP), DI
+	MOVQ w+8(FP), SI
+	MOVQ x+16(FP), DX
+	MOVQ n+24(FP), CX
+	SHRQ $3, CX
+	JEQ msdone
+	VXORPS Y2, Y2, Y2
+msloop:
+	VMOVUPS (SI), Y0
+	VMULPS (DX), Y0, Y0
+	VADDPS Y2, Y0, Y0
+	VMOVUPS Y0, (DI)
+	ADDQ $32, SI
+	ADDQ $32, DX
+	ADDQ $32, DI
+	DECQ CX
+	JNE msloop
+	VZEROUPPER
+msdone:
+	RET
+
+// func addAVX2(y, x *float32, n int)
+// y += x; n a multiple of 8.
+TEXT ·addAVX2(SB), NOSPLIT, $0-24
+	MOVQ y+0(FP), DI
+	MOVQ x+8(FP), SI
+	MOVQ n+16(FP), CX
+	SHRQ $3, CX
+	JEQ adone
+aloop:
+	VMOVUPS (DI), Y0
+	VADDPS (SI), Y0, Y0
+	VMOVUPS Y0, (DI)
+	ADDQ $32, SI
+	ADDQ $32, DI
+	DECQ CX
+	JNE aloop
+	VZEROUPPER
+adone:
+	RET

@@ -6,3 +6,8 @@ func mulAddAVX2(s, w, x *float32, n int) { panic("unreachable") }
 
 func maxAVX2(s *float32, n int) float32      { panic("unreachable") }
 func scaleAVX2(x *float32, a float32, n int) { panic("unreachable") }
+
+func dotF32x4AVX2(w, x *float32, xstride, n int, out *float32, ostride int) { panic("unreachable") }
+
+func mulSetAVX2(s, w, x *float32, n int) { panic("unreachable") }
+func addAVX2(y, x *float32, n int)       { panic("unreachable") }

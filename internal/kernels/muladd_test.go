@@ -54,3 +54,33 @@ func TestMaxScale(t *testing.T) {
 		}
 	}
 }
+
+// MulSet equals clearing and MulAdd, -0 products included; Add equals the
+// scalar loop.
+func TestMulSetAdd(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 10))
+	for n := 1; n <= 70; n++ {
+		s, w, x := make([]float32, n), make([]float32, n), make([]float32, n)
+		for i := range w {
+			w[i], x[i] = rng.Float32()*4-2, rng.Float32()*8-4
+			if i%5 == 0 {
+				x[i] = float32(math.Copysign(0, -1)) // a -0 product
+			}
+		}
+		want := make([]float32, n)
+		MulAdd(want, w, x)
+		MulSet(s, w, x)
+		for i := range s {
+			if math.Float32bits(s[i]) != math.Float32bits(want[i]) {
+				t.Fatalf("n=%d [%d]: MulSet %v, clear+MulAdd %v", n, i, s[i], want[i])
+			}
+		}
+		y := append([]float32(nil), w...)
+		Add(y, x)
+		for i := range y {
+			if y[i] != w[i]+x[i] {
+				t.Fatalf("n=%d [%d]: Add %v, want %v", n, i, y[i], w[i]+x[i])
+			}
+		}
+	}
+}

@@ -235,10 +235,15 @@ func axpyGo(y []float32, a float32, x []float32) {
 	}
 }
 
-// Add adds x to y.
+// Add adds x to y (the residual add of every layer).
 func Add(y, x []float32) {
 	x = x[:len(y)]
-	for i := range y {
+	i := 0
+	if useAVX2 && len(y) >= 8 {
+		i = len(y) &^ 7
+		addAVX2(&y[0], &x[0], i)
+	}
+	for ; i < len(y); i++ {
 		y[i] += x[i]
 	}
 }

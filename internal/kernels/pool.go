@@ -259,9 +259,13 @@ func (t *matmulTask) Run(lo, hi int) {
 			}
 			return
 		case format.F32:
-			_ = w.F32[hi*C-1]
+			_, _ = w.F32[hi*C-1], out[t.nb*w.Rows-1]
 			for o := lo; o < hi; o++ {
-				for r := 0; r < t.nb; r++ {
+				r := 0
+				for ; r+4 <= t.nb; r += 4 {
+					dotF32x4AVX2(&w.F32[o*C], &x[r*C], 4*C, C, &out[r*w.Rows+o], 4*w.Rows)
+				}
+				for ; r < t.nb; r++ {
 					out[r*w.Rows+o] = dotF32AVX2(&w.F32[o*C], &x[r*C], C)
 				}
 			}

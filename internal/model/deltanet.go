@@ -90,8 +90,8 @@ func (r *Runner) dnConv(L *Layer, st *State, li, nb, lo, hi int) {
 	acc := d.acc[r.Pool.Part(cd, convGrain(nb), lo)*cd:]
 	acc = acc[lo:hi]
 	for i := nb - 1; i >= 0; i-- {
-		clear(acc)
-		for j := 0; j < K; j++ {
+		kernels.MulSet(acc, L.ConvT[lo:hi], in(i-(K-1)))
+		for j := 1; j < K; j++ {
 			kernels.MulAdd(acc, L.ConvT[j*cd+lo:j*cd+hi], in(i-(K-1)+j))
 		}
 		kernels.SiLUInPlace(acc)
