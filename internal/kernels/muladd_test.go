@@ -84,3 +84,55 @@ func TestMulSetAdd(t *testing.T) {
 		}
 	}
 }
+
+// mixAVX2 computes each output element as the FMA chain over the values in
+// order, for head sizes that take the 64-wide chunks, the 32-wide ones, and
+// both.
+func TestMixChains(t *testing.T) {
+	if !useAVX2 {
+		t.Skip("no AVX2/FMA")
+	}
+	rng := rand.New(rand.NewPCG(11, 12))
+	for _, hd := range []int{32, 64, 96, 128, 256} {
+		for _, n := range []int{1, 2, 7, 40} {
+			stride := hd + 32
+			v := make([]float32, n*stride)
+			p := make([]float32, n)
+			for i := range v {
+				v[i] = rng.Float32()*2 - 1
+			}
+			for i := range p {
+				p[i] = rng.Float32()
+			}
+			o := make([]float32, hd)
+			mixAVX2(&o[0], &v[0], 4*stride, n, hd, &p[0])
+			for d := range o {
+				var want float32
+				for j := 0; j < n; j++ {
+					want = float32(math.FMA(float64(p[j]), float64(v[j*stride+d]), float64(want)))
+				}
+				if math.Float32bits(o[d]) != math.Float32bits(want) {
+					t.Fatalf("hd %d n %d dim %d: %v, FMA chain %v", hd, n, d, o[d], want)
+				}
+			}
+		}
+	}
+}
+
+// BenchmarkAttend is one query head over 512 cached positions (head size
+// 64), the inner step of attention at depth 512.
+func BenchmarkAttend(b *testing.B) {
+	rng := rand.New(rand.NewPCG(13, 14))
+	const hd, n, stride = 64, 512, 128
+	kc, vc := make([]float32, n*stride), make([]float32, n*stride)
+	for i := range kc {
+		kc[i], vc[i] = rng.Float32()*2-1, rng.Float32()*2-1
+	}
+	q, o, s := make([]float32, hd), make([]float32, hd), make([]float32, n)
+	for i := range q {
+		q[i] = rng.Float32()*2 - 1
+	}
+	for b.Loop() {
+		Attend(o, q, kc, vc, stride, n, 0.125, s)
+	}
+}
