@@ -21,7 +21,9 @@ type moeScratch struct {
 	slot     []int     // [experts] position in distinct, or -1
 	distinct []int     // experts the batch needs, in first-use order
 	members  [][]int   // per distinct expert: the (row*top_k+k) that use it
-	outk     []float32 // [rows][top_k][hidden] each routed expert's output
+	outk     []float32 // [rows·top_k][hidden] routed outputs, each expert's rows together
+	base     []int     // [distinct] each expert's first row in outk
+	pos      []int     // [rows][top_k] the row of outk holding (row, k)
 	maxw     []float32 // [experts] per distinct expert: largest routing weight (Hint)
 	nrows    []int     // [experts] per distinct expert: rows routed to it (Hint)
 	plogits  []float32 // [rows][experts] lookahead: next layer's router logits
@@ -35,8 +37,8 @@ type moeScratch struct {
 
 // moeThread is one thread's buffers for computing whole experts.
 type moeThread struct {
-	sc             kernels.Scratch
-	in, g, u, dout []float32
+	sc       kernels.Scratch
+	in, g, u []float32
 }
 
 // matmuler is kernels.Pool (one product over every thread) or
@@ -63,7 +65,6 @@ func (s *moeScratch) initThreads(c *format.Config, rows, threads int) {
 		t.in = make([]float32, rows*H)
 		t.g = make([]float32, rows*I)
 		t.u = make([]float32, rows*I)
-		t.dout = make([]float32, rows*H)
 	}
 	s.exps = make([]*Expert, c.Experts)
 	s.order = make([]int, 0, c.Experts+1)
@@ -91,8 +92,10 @@ func (s *moeScratch) init(c *format.Config, rows int) {
 	s.pmark = make([]bool, E)
 	s.pk = make([]int, 0, K)
 	s.main = moeThread{in: make([]float32, rows*H), g: make([]float32, rows*max(I, c.SharedInter)),
-		u: make([]float32, rows*max(I, c.SharedInter)), dout: make([]float32, rows*H)}
+		u: make([]float32, rows*max(I, c.SharedInter))}
 	s.outk = make([]float32, rows*K*H)
+	s.base = make([]int, E)
+	s.pos = make([]int, rows*K)
 	if c.SharedInter > 0 {
 		s.sgate = make([]float32, rows)
 		s.shared = make([]float32, rows*H)
@@ -167,10 +170,18 @@ func (r *Runner) moeBlock(L *Layer, nb int) error {
 			s.members[e] = append(s.members[e], i*K+k)
 		}
 	}
+	at := 0
 	for di, e := range s.distinct {
 		s.slot[e] = -1
 		mem := s.members[e]
 		s.nrows[di] = len(mem)
+		// The expert's outputs go to consecutive rows of outk, straight
+		// from its down projection; the combine finds them through pos.
+		s.base[di] = at
+		for j, rk := range mem {
+			s.pos[rk] = at + j
+		}
+		at += len(mem)
 		var mw float32
 		for _, rk := range mem {
 			mw = max(mw, s.w[rk])
@@ -218,7 +229,7 @@ func (r *Runner) moeBlock(L *Layer, nb int) error {
 			if err != nil {
 				return err
 			}
-			r.runExpert(ex, s.members[s.distinct[di]], &s.main, r.Pool)
+			r.runExpert(ex, di, &s.main, r.Pool)
 		}
 		if L.HasShared {
 			r.sharedExpert(L, nb, &s.main, r.Pool)
@@ -276,29 +287,26 @@ func (r *Runner) lookahead(L *Layer, nb int) {
 	pf.Prefetch(L.Index+1, s.pred)
 }
 
-// runExpert computes one routed expert for the rows that chose it (mem holds
-// row*top_k+k) into moe.outk. A nil expert was cut by a lossy deadline
-// policy and contributes zero.
-func (r *Runner) runExpert(ex *Expert, mem []int, t *moeThread, mm matmuler) {
+// runExpert computes distinct expert di for the rows that chose it into its
+// block of moe.outk. A nil expert was cut by a lossy deadline policy and
+// contributes zero.
+func (r *Runner) runExpert(ex *Expert, di int, t *moeThread, mm matmuler) {
 	c := &r.M.Config
 	s := &r.moe
 	H, K, I := c.Hidden, c.TopK, c.MoEInter
+	mem := s.members[s.distinct[di]]
+	n := len(mem)
+	out := s.outk[s.base[di]*H : (s.base[di]+n)*H]
 	if ex == nil {
-		for _, rk := range mem {
-			clear(s.outk[rk*H : (rk+1)*H])
-		}
+		clear(out)
 		return
 	}
-	n := len(mem)
 	for j, rk := range mem {
 		copy(t.in[j*H:(j+1)*H], r.h[(rk/K)*H:(rk/K+1)*H])
 	}
 	mm.MatMul2(t.g, &ex.Gate, t.u, &ex.Up, t.in, n)
 	kernels.SwiGLU(t.g[:n*I], t.g[:n*I], t.u[:n*I])
-	mm.MatMul(t.dout, &ex.Down, t.g, n)
-	for j, rk := range mem {
-		copy(s.outk[rk*H:(rk+1)*H], t.dout[j*H:(j+1)*H])
-	}
+	mm.MatMul(out, &ex.Down, t.g, n)
 }
 
 // sharedExpert computes the ungated shared expert of every row into
@@ -335,6 +343,6 @@ func (t *moeTask) Run(lo, hi int) {
 			r.sharedExpert(t.L, t.nb, th, &th.sc)
 			continue
 		}
-		r.runExpert(s.exps[di], s.members[s.distinct[di]], th, &th.sc)
+		r.runExpert(s.exps[di], di, th, &th.sc)
 	}
 }

@@ -103,7 +103,8 @@ func (t *rowTask) Run(lo, hi int) {
 			y := r.y[i*H : (i+1)*H]
 			clear(y)
 			for k := 0; k < K; k++ {
-				kernels.Axpy(y, s.w[i*K+k], s.outk[(i*K+k)*H:(i*K+k+1)*H])
+				at := s.pos[i*K+k]
+				kernels.Axpy(y, s.w[i*K+k], s.outk[at*H:(at+1)*H])
 			}
 			if t.L.HasShared {
 				kernels.Axpy(y, kernels.Sigmoid(s.sgate[i]), s.shared[i*H:(i+1)*H])
