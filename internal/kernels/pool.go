@@ -259,7 +259,9 @@ func (t *matmulTask) Run(lo, hi int) {
 			}
 			return
 		case format.F32:
-			_, _ = w.F32[hi*C-1], out[t.nb*w.Rows-1]
+			// Slicing checks out's length without reading an element that
+			// another thread's part is writing.
+			_, out = w.F32[hi*C-1], out[:t.nb*w.Rows]
 			for o := lo; o < hi; o++ {
 				r := 0
 				for ; r+4 <= t.nb; r += 4 {

@@ -14,7 +14,9 @@ func (t *matmulTask) runQ4(lo, hi int) {
 	nb := t.nb
 	// The kernels read whole rows: check the slices once, here.
 	_, _, _ = w.Q[w.Rows*C/2-1], w.Scales[w.Rows*ng-1], w.Biases[w.Rows*ng-1]
-	_, _, _, _ = t.x8[nb*C-1], t.xs[nb*ng-1], t.xsum[nb*ng-1], t.out[nb*w.Rows-1]
+	// out is checked by slicing: reading its last element would race with
+	// the thread whose part writes it.
+	_, _, _, _ = t.x8[nb*C-1], t.xs[nb*ng-1], t.xsum[nb*ng-1], t.out[:nb*w.Rows]
 	if nb == 1 || (ng == 1 && nb <= 3) {
 		// Decode, and the smallest batches of 64-column matrices: each
 		// weight is used once or nearly, so rearranging a tile costs more
