@@ -23,7 +23,7 @@ func init() {
 		{"run", "run [-m DIR] (-p TEXT | --tokens IDS) [-n 128] [sampling flags] [--json]", "generate text from a prompt", cmdRun},
 		{"chat", "chat [-m DIR] [-n 512] [sampling flags]", "interactive chat with the model's template", cmdChat},
 		{"score", "score [-m DIR] (--tokens IDS | --text-file F) [--json]", "per-position argmax and log-probabilities", cmdScore},
-		{"bench", "bench [-m DIR] [--prompt 512] [--gen 128] [--threads N] [--repeat R] [--json]", "median prefill and decode speed", cmdBench},
+		{"bench", "bench [-m DIR] [--prompt 512] [--gen 128] [--depth D] [--threads N] [--repeat R] [--json]", "median prefill and decode speed", cmdBench},
 		{"pack", "pack [--bits 16|8|4] [--force] SRC DST", "convert a Hugging Face checkpoint to a packed model", cmdPack},
 		{"inspect", "inspect DIR", "describe a packed model or checkpoint", cmdInspect},
 		{"serve", "serve [-m DIR] [--addr 127.0.0.1:8080] [--memory-gb G] [--max-queue N] [--api-key K]", "OpenAI-compatible HTTP server", cmdServe},
