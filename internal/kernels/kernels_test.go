@@ -188,7 +188,7 @@ func TestNormsAndActivations(t *testing.T) {
 func TestRope(t *testing.T) {
 	const dim, hd, pos = 16, 64, 37
 	cos, sin := make([]float32, dim/2), make([]float32, dim/2)
-	RopeTable(cos, sin, pos, dim, 10000)
+	RopeTable(cos, sin, pos, RopeFreqs(dim, 10000))
 	r := rand.New(rand.NewPCG(9, 10))
 	x := randVec(r, hd)
 	y := append([]float32(nil), x...)

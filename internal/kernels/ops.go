@@ -206,11 +206,20 @@ func Rope(x, cos, sin []float32) {
 	}
 }
 
-// RopeTable fills cos and sin for one position: inv_freq[i] =
-// theta^(-2i/dim) for i < dim/2, as transformers computes it in float32.
-func RopeTable(cos, sin []float32, pos int, dim int, theta float64) {
-	for i := 0; i < dim/2; i++ {
-		inv := float32(1 / math.Pow(theta, float64(2*i)/float64(dim)))
+// RopeFreqs returns inv_freq[i] = theta^(-2i/dim) for i < dim/2, as
+// transformers computes it in float32; a runner computes them once.
+func RopeFreqs(dim int, theta float64) []float32 {
+	inv := make([]float32, dim/2)
+	for i := range inv {
+		inv[i] = float32(1 / math.Pow(theta, float64(2*i)/float64(dim)))
+	}
+	return inv
+}
+
+// RopeTable fills cos and sin for one position from RopeFreqs.
+func RopeTable(cos, sin []float32, pos int, invFreq []float32) {
+	cos, sin = cos[:len(invFreq)], sin[:len(invFreq)]
+	for i, inv := range invFreq {
 		f := float32(pos) * inv
 		cos[i] = float32(math.Cos(float64(f)))
 		sin[i] = float32(math.Sin(float64(f)))

@@ -2,7 +2,6 @@ package model
 
 import (
 	"fmt"
-	"math"
 
 	"github.com/sluicelm/sluice/internal/kernels"
 )
@@ -53,10 +52,7 @@ func NewRunner(m *Model, threads, maxRows int) *Runner {
 	r.cos = make([]float32, maxRows*c.RotaryDim/2)
 	r.sin = make([]float32, maxRows*c.RotaryDim/2)
 	r.positions = make([]int, maxRows)
-	r.invFreq = make([]float32, c.RotaryDim/2)
-	for i := range r.invFreq {
-		r.invFreq[i] = float32(1 / math.Pow(c.RopeTheta, float64(2*i)/float64(c.RotaryDim)))
-	}
+	r.invFreq = kernels.RopeFreqs(c.RotaryDim, c.RopeTheta)
 	r.attn.init(c, maxRows)
 	r.dn.init(c, maxRows, r.Pool.Threads())
 	r.moe.init(c, maxRows)

@@ -1,8 +1,6 @@
 package model
 
 import (
-	"math"
-
 	"github.com/sluicelm/sluice/internal/kernels"
 )
 
@@ -130,11 +128,7 @@ func (t *rowTask) Run(lo, hi int) {
 	case opRope:
 		h := c.RotaryDim / 2
 		for i := lo; i < hi; i++ {
-			for f, inv := range r.invFreq {
-				a := float32(r.positions[i]) * inv
-				r.cos[i*h+f] = float32(math.Cos(float64(a)))
-				r.sin[i*h+f] = float32(math.Sin(float64(a)))
-			}
+			kernels.RopeTable(r.cos[i*h:(i+1)*h], r.sin[i*h:(i+1)*h], r.positions[i], r.invFreq)
 		}
 	}
 }
