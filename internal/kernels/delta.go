@@ -11,6 +11,10 @@ func DeltaRule(S, k, q, v, kv, o []float32, decay, beta float32) {
 	dk, dv := len(k), len(v)
 	if useAVX2 && dv%8 == 0 && dk > 0 {
 		_, _, _, _ = S[dk*dv-1], q[dk-1], kv[dv-1], o[dv-1]
+		if dv%32 == 0 {
+			deltaRule32AVX2(&S[0], &k[0], &q[0], &v[0], &kv[0], &o[0], decay, beta, dk, dv)
+			return
+		}
 		deltaRuleAVX2(&S[0], &k[0], &q[0], &v[0], &kv[0], &o[0], decay, beta, dk, dv)
 		return
 	}

@@ -32,3 +32,9 @@ func mulSetAVX2(s, w, x *float32, n int)
 //
 //go:noescape
 func addAVX2(y, x *float32, n int)
+
+// deltaRule32AVX2 is deltaRuleAVX2 for dv a multiple of 32, with identical
+// results.
+//
+//go:noescape
+func deltaRule32AVX2(S, k, q, v, kv, o *float32, decay, beta float32, dk, dv int)

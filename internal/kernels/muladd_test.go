@@ -136,3 +136,64 @@ func BenchmarkAttend(b *testing.B) {
 		Attend(o, q, kc, vc, stride, n, 0.125, s)
 	}
 }
+
+// The 32-column delta-rule kernel matches the general one bit for bit: the
+// new state, the output and the kv scratch.
+func TestDeltaRule32(t *testing.T) {
+	if !useAVX2 {
+		t.Skip("no AVX2/FMA")
+	}
+	rng := rand.New(rand.NewPCG(15, 16))
+	vec := func(n int) []float32 {
+		x := make([]float32, n)
+		for i := range x {
+			x[i] = rng.Float32()*2 - 1
+		}
+		return x
+	}
+	for _, dv := range []int{32, 64, 128} {
+		for _, dk := range []int{1, 16, 64} {
+			S, k, q, v := vec(dk*dv), vec(dk), vec(dk), vec(dv)
+			S2 := append([]float32(nil), S...)
+			kv, o, kv2, o2 := make([]float32, dv), make([]float32, dv), make([]float32, dv), make([]float32, dv)
+			for step := 0; step < 3; step++ {
+				deltaRuleAVX2(&S[0], &k[0], &q[0], &v[0], &kv[0], &o[0], 0.93, 0.6, dk, dv)
+				deltaRule32AVX2(&S2[0], &k[0], &q[0], &v[0], &kv2[0], &o2[0], 0.93, 0.6, dk, dv)
+				for _, c := range []struct {
+					name string
+					a, b []float32
+				}{{"S", S, S2}, {"o", o, o2}, {"kv", kv, kv2}} {
+					for i := range c.a {
+						if math.Float32bits(c.a[i]) != math.Float32bits(c.b[i]) {
+							t.Fatalf("dv %d dk %d step %d: %s[%d] %v, general kernel %v", dv, dk, step, c.name, i, c.b[i], c.a[i])
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+// BenchmarkDeltaRule is one step of one 64x64 head, the general kernel
+// against the 32-column one.
+func BenchmarkDeltaRule(b *testing.B) {
+	if !useAVX2 {
+		b.Skip("no AVX2/FMA")
+	}
+	const dk, dv = 64, 64
+	S, k, q, v := make([]float32, dk*dv), make([]float32, dk), make([]float32, dk), make([]float32, dv)
+	kv, o := make([]float32, dv), make([]float32, dv)
+	for i := range k {
+		k[i], q[i], v[i] = 0.1, 0.2, 0.3
+	}
+	b.Run("general", func(b *testing.B) {
+		for b.Loop() {
+			deltaRuleAVX2(&S[0], &k[0], &q[0], &v[0], &kv[0], &o[0], 0.9, 0.5, dk, dv)
+		}
+	})
+	b.Run("cols32", func(b *testing.B) {
+		for b.Loop() {
+			deltaRule32AVX2(&S[0], &k[0], &q[0], &v[0], &kv[0], &o[0], 0.9, 0.5, dk, dv)
+		}
+	})
+}
