@@ -1,3 +1,6 @@
+// Small vector kernels of the forward pass (conv taps, max, scale, add),
+// each an AVX2 loop with its Go tail or twin; vec_amd64.s also holds the
+// 4-row f32 dot and the 32-column delta-rule step.
 package kernels
 
 // MulSet sets s[i] = 0 + w[i]·x[i]: the first term of a MulAdd sum, with
