@@ -1,13 +1,10 @@
 package experts
 
 import (
-	"bufio"
 	"fmt"
-	"os"
-	"strconv"
-	"strings"
 
 	"github.com/sluicelm/sluice/internal/format"
+	"github.com/sluicelm/sluice/internal/platform"
 )
 
 // Budget sizes the pool. Exactly one of PoolBytes, MemoryBytes, or neither
@@ -76,59 +73,10 @@ func (b Budget) Size(c *format.Config, st *format.ExpertStore, records int) (Pla
 func mb(n int64) float64         { return float64(n) / (1 << 20) }
 func pct(n, records int) float64 { return 100 * float64(n) / float64(records) }
 
-// Available returns the memory this process may still use, the smaller of
-// the cgroup's limit less its usage (v2 memory.max, else v1
-// memory.limit_in_bytes) and MemAvailable, with a description.
-func Available() (int64, string) {
-	best, src := int64(-1), ""
-	if v, ok := readMeminfo("MemAvailable"); ok {
-		best, src = v, fmt.Sprintf("MemAvailable %s", mib(v))
-	}
-	for _, p := range [][2]string{
-		{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
-		{"/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"},
-	} {
-		lim, ok := readInt(p[0])
-		if !ok || lim <= 0 || lim >= 1<<60 {
-			continue // absent or "max" / unlimited
-		}
-		used, _ := readInt(p[1])
-		if free := lim - used; best < 0 || free < best {
-			best, src = free, fmt.Sprintf("cgroup limit %s (%s used)", mib(lim), mib(used))
-		}
-		break
-	}
-	return best, src
-}
-
-func readInt(path string) (int64, bool) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0, false
-	}
-	v, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-	return v, err == nil
-}
-
-func readMeminfo(key string) (int64, bool) {
-	f, err := os.Open("/proc/meminfo")
-	if err != nil {
-		return 0, false
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		k, rest, ok := strings.Cut(sc.Text(), ":")
-		if ok && k == key {
-			fs := strings.Fields(rest)
-			if len(fs) > 0 {
-				v, err := strconv.ParseInt(fs[0], 10, 64)
-				return v << 10, err == nil
-			}
-		}
-	}
-	return 0, false
-}
+// Available returns the memory this process may still use, with a
+// description of where the figure came from (-1 when the platform gives
+// none): see platform.Available.
+func Available() (int64, string) { return platform.Available() }
 
 // StateBytes estimates a sequence state of ctx positions plus a runner's
 // scratch for rows rows: what the budget must leave besides the pool.

@@ -4,17 +4,18 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
-	"syscall"
 	"time"
+
+	"github.com/sluicelm/sluice/internal/platform"
 )
 
 // MeasureRead reads random whole records of stride bytes from path with
-// O_DIRECT (buffered when refused) at queue depth qd for about d, and
+// uncached reads (buffered when refused) at queue depth qd for about d, and
 // returns the bandwidth in bytes per second: the physical limit that the
 // pool's miss reads are compared with, measured with the same record size
 // and depth.
 func MeasureRead(path string, stride int64, qd int, d time.Duration) (float64, error) {
-	f, _, err := openRecords(path, false)
+	f, _, _, err := openRecords(path, false)
 	if err != nil {
 		return 0, err
 	}
@@ -37,7 +38,7 @@ func MeasureRead(path string, stride int64, qd int, d time.Duration) (float64, e
 		go func() {
 			defer wg.Done()
 			buf := alignedBuf(stride)
-			defer syscall.Munmap(buf)
+			defer platform.Free(buf)
 			rng := rand.New(rand.NewPCG(uint64(w), 7))
 			var got int64
 			for time.Since(t0) < d {

@@ -23,11 +23,11 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/model"
+	"github.com/sluicelm/sluice/internal/platform"
 )
 
 // Options configure a Stream.
@@ -162,7 +162,8 @@ func Open(dir string, man *format.Manifest, o Options) (*Stream, error) {
 	s := &Stream{o: o, st: st, E: man.Experts, L: man.ExpertLayers, records: records, cur: -1}
 	path := filepath.Join(dir, st.File)
 	var err error
-	if s.file, s.direct, err = openRecords(path, o.Buffered); err != nil {
+	var why string
+	if s.file, s.direct, why, err = openRecords(path, o.Buffered); err != nil {
 		return nil, err
 	}
 	if fi, err := s.file.Stat(); err != nil || fi.Size() < int64(records)*st.Stride {
@@ -170,7 +171,7 @@ func Open(dir string, man *format.Manifest, o Options) (*Stream, error) {
 		return nil, fmt.Errorf("packed model %s: %s is shorter than %d records of %d bytes (truncated?)", dir, st.File, records, st.Stride)
 	}
 	if !s.direct && !o.Buffered {
-		fmt.Fprintf(o.Log, "experts: O_DIRECT refused on %s; reading through the page cache\n", path)
+		fmt.Fprintf(o.Log, "experts: uncached reads refused on %s (%s); reading through the page cache\n", path, why)
 	}
 	if o.MissBits != 0 {
 		if s.low, err = LowStore(man, o.MissBits); err != nil {
@@ -178,7 +179,7 @@ func Open(dir string, man *format.Manifest, o Options) (*Stream, error) {
 			return nil, err
 		}
 		lp := filepath.Join(dir, s.low.File)
-		if s.lowFile, _, err = openRecords(lp, o.Buffered || !s.direct); err != nil {
+		if s.lowFile, _, _, err = openRecords(lp, o.Buffered || !s.direct); err != nil {
 			s.file.Close()
 			return nil, fmt.Errorf("--miss-bits %d: %v (make it with `sluice pack --low-bits %d`)", o.MissBits, err, o.MissBits)
 		}
@@ -186,9 +187,9 @@ func Open(dir string, man *format.Manifest, o Options) (*Stream, error) {
 	size := int64(o.Slots) * st.Stride
 	// Anonymous memory is page-aligned, so every slot (stride a multiple
 	// of 4096) is a valid O_DIRECT destination.
-	if s.mem, err = syscall.Mmap(-1, 0, int(size), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON); err != nil {
+	if s.mem, err = platform.Alloc(int(size)); err != nil {
 		s.closeFiles()
-		return nil, fmt.Errorf("expert pool: mapping %s: %v", mib(size), err)
+		return nil, fmt.Errorf("expert pool of %s: %v", mib(size), err)
 	}
 	s.slots = make([]slot, o.Slots)
 	for i := range s.slots {
@@ -613,7 +614,7 @@ func (s *Stream) reader(ctx context.Context) {
 	var stage []byte
 	if s.low != nil {
 		stage = alignedBuf(s.low.Stride)
-		defer syscall.Munmap(stage)
+		defer platform.Free(stage)
 	}
 	for {
 		var r request
@@ -651,7 +652,7 @@ func (s *Stream) Close() error {
 	if s.stop == nil {
 		s.closeFiles()
 		if s.mem != nil {
-			syscall.Munmap(s.mem)
+			platform.Free(s.mem)
 			s.mem = nil
 		}
 		return nil
@@ -668,7 +669,7 @@ func (s *Stream) Close() error {
 	s.wg.Wait()
 	s.stop = nil
 	s.closeFiles()
-	err := syscall.Munmap(s.mem)
+	err := platform.Free(s.mem)
 	s.mem = nil
 	return err
 }

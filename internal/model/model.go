@@ -7,12 +7,11 @@ package model
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
-	"syscall"
 
 	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/kernels"
+	"github.com/sluicelm/sluice/internal/platform"
 )
 
 // Layer holds one decoder layer's dense weights.
@@ -89,21 +88,7 @@ func Load(dir string) (*Model, error) {
 	return m, nil
 }
 
-func mapFile(path string) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if st.Size() == 0 {
-		return nil, fmt.Errorf("%s is empty", path)
-	}
-	return syscall.Mmap(int(f.Fd()), 0, int(st.Size()), syscall.PROT_READ, syscall.MAP_SHARED)
-}
+func mapFile(path string) ([]byte, error) { return platform.MapFile(path) }
 
 // Close releases the mapped weights and the expert provider.
 func (m *Model) Close() error {
@@ -112,7 +97,7 @@ func (m *Model) Close() error {
 		m.Experts = nil
 	}
 	if m.dense != nil {
-		err := syscall.Munmap(m.dense)
+		err := platform.Unmap(m.dense)
 		m.dense = nil
 		return err
 	}

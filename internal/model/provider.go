@@ -3,10 +3,10 @@ package model
 import (
 	"fmt"
 	"path/filepath"
-	"syscall"
 
 	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/kernels"
+	"github.com/sluicelm/sluice/internal/platform"
 )
 
 // Expert is one routed expert's weights, ready to compute.
@@ -89,14 +89,14 @@ func NewResidentProvider(m *Model) (*Resident, error) {
 	}
 	n := m.Manifest.ExpertLayers * m.Manifest.Experts
 	if int64(len(data)) < int64(n)*st.Stride {
-		syscall.Munmap(data)
+		platform.Unmap(data)
 		return nil, fmt.Errorf("packed model %s: %s has %d bytes, want %d records of %d (truncated?)", m.Dir, st.File, len(data), n, st.Stride)
 	}
 	r := &Resident{data: data, experts: make([]Expert, n), E: m.Manifest.Experts}
 	for i := range r.experts {
 		rec := data[int64(i)*st.Stride : int64(i+1)*st.Stride]
 		if r.experts[i], err = ExpertFromRecord(rec, st); err != nil {
-			syscall.Munmap(data)
+			platform.Unmap(data)
 			return nil, fmt.Errorf("packed model %s: expert record %d: %v", m.Dir, i, err)
 		}
 	}
@@ -124,7 +124,7 @@ func (r *Resident) Close() error {
 	if r.data == nil {
 		return nil
 	}
-	err := syscall.Munmap(r.data)
+	err := platform.Unmap(r.data)
 	r.data = nil
 	return err
 }

@@ -12,7 +12,8 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"syscall"
+
+	"github.com/sluicelm/sluice/internal/platform"
 )
 
 // Tensor is one named tensor; Data aliases the mapped file.
@@ -99,7 +100,7 @@ func (c *Checkpoint) Names() []string {
 func (c *Checkpoint) Close() error {
 	var first error
 	for _, m := range c.maps {
-		if err := syscall.Munmap(m); err != nil && first == nil {
+		if err := platform.Unmap(m); err != nil && first == nil {
 			first = err
 		}
 	}
@@ -163,9 +164,9 @@ func (c *Checkpoint) openFile(path string) error {
 	if size < 8 {
 		return fmt.Errorf("safetensors: %s: truncated (%d bytes)", path, size)
 	}
-	data, err := syscall.Mmap(int(f.Fd()), 0, int(size), syscall.PROT_READ, syscall.MAP_SHARED)
+	data, err := platform.MapFile(path)
 	if err != nil {
-		return fmt.Errorf("safetensors: mmap %s: %v", path, err)
+		return fmt.Errorf("safetensors: %v", err)
 	}
 	c.maps = append(c.maps, data)
 	hlen := binary.LittleEndian.Uint64(data[:8])

@@ -1,0 +1,44 @@
+//go:build unix
+
+package platform
+
+import (
+	"errors"
+	"io"
+	"os"
+	"syscall"
+)
+
+func mapFile(f *os.File, n int) ([]byte, error) {
+	return syscall.Mmap(int(f.Fd()), 0, n, syscall.PROT_READ, syscall.MAP_SHARED)
+}
+
+func unmap(b []byte) error { return syscall.Munmap(b) }
+
+func alloc(n int) ([]byte, error) {
+	return syscall.Mmap(-1, 0, n, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON)
+}
+
+func free(b []byte) error { return syscall.Munmap(b) }
+
+// Pread reads len(buf) bytes at off. It uses the raw descriptor so that a
+// read costs no allocation and does not go through the runtime poller
+// (regular files are never non-blocking anyway).
+func Pread(f *os.File, buf []byte, off int64) (int, error) {
+	fd := int(f.Fd())
+	done := 0
+	for done < len(buf) {
+		n, err := syscall.Pread(fd, buf[done:], off+int64(done))
+		if err != nil {
+			if errors.Is(err, syscall.EINTR) {
+				continue
+			}
+			return done, err
+		}
+		if n == 0 {
+			return done, io.ErrUnexpectedEOF
+		}
+		done += n
+	}
+	return done, nil
+}

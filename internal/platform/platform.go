@@ -1,0 +1,106 @@
+// Package platform holds the few operating-system calls sluice needs that
+// the standard library does not give on every platform: read-only file
+// mappings, page-aligned anonymous memory, uncached (page-cache bypassing)
+// reads, and how much memory the process may still use. Each has one file
+// per platform; a platform that lacks a feature falls back and says so
+// through the returned description, never silently.
+package platform
+
+import (
+	"fmt"
+	"os"
+)
+
+// MapFile maps path read-only and whole. The mapping outlives the file
+// handle; release it with Unmap.
+func MapFile(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if st.Size() == 0 {
+		return nil, fmt.Errorf("%s is empty", path)
+	}
+	if int64(int(st.Size())) != st.Size() {
+		return nil, fmt.Errorf("%s: %d bytes do not fit this platform's address space", path, st.Size())
+	}
+	b, err := mapFile(f, int(st.Size()))
+	if err != nil {
+		return nil, fmt.Errorf("mapping %s: %v", path, err)
+	}
+	return b, nil
+}
+
+// Alloc returns n bytes of zeroed, page-aligned memory outside the Go heap,
+// as uncached reads need (their buffers must be aligned to the device's
+// block size). Release it with Free.
+func Alloc(n int) ([]byte, error) {
+	if n <= 0 {
+		return nil, fmt.Errorf("platform: allocating %d bytes", n)
+	}
+	b, err := alloc(n)
+	if err != nil {
+		return nil, fmt.Errorf("platform: allocating %d bytes: %v", n, err)
+	}
+	return b, nil
+}
+
+// Unmap releases a mapping made by MapFile.
+func Unmap(b []byte) error {
+	if b == nil {
+		return nil
+	}
+	return unmap(b)
+}
+
+// Free releases memory from Alloc.
+func Free(b []byte) error {
+	if b == nil {
+		return nil
+	}
+	return free(b)
+}
+
+// OpenUncached opens path for reading with the platform's page-cache bypass
+// (O_DIRECT on Linux, F_NOCACHE on macOS, FILE_FLAG_NO_BUFFERING on
+// Windows): streamed expert records would otherwise fill the page cache past
+// the memory budget and evict the dense weights. direct reports whether the
+// bypass is in force; reads of a direct file must use Alloc'd buffers and
+// offsets and lengths that are multiples of 4096. It probes one aligned
+// read, since some filesystems accept the flag at open and refuse at read;
+// when the bypass is refused it returns a buffered file and why.
+func OpenUncached(path string) (f *os.File, direct bool, why string, err error) {
+	f, err = openUncached(path)
+	if err == nil {
+		buf, aerr := Alloc(4096)
+		if aerr != nil {
+			f.Close()
+			return nil, false, "", aerr
+		}
+		_, rerr := Pread(f, buf, 0)
+		Free(buf)
+		if rerr == nil {
+			return f, true, "", nil
+		}
+		f.Close()
+		why = rerr.Error()
+	} else {
+		why = err.Error()
+	}
+	f, err = os.Open(path)
+	if err != nil {
+		return nil, false, "", err
+	}
+	return f, false, why, nil
+}
+
+// Available returns the memory this process may still use and where the
+// figure came from, or -1 and why when the platform gives no figure.
+func Available() (int64, string) { return available() }
+
+func mib(n int64) string { return fmt.Sprintf("%.0f MiB", float64(n)/(1<<20)) }
