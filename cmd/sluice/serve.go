@@ -125,6 +125,7 @@ func cmdServe(ctx context.Context, args []string) error {
 	if e.ExpertPlan != "" {
 		fmt.Fprintf(os.Stderr, "sluice serve: experts: %s\n", e.ExpertPlan)
 	}
+	fmt.Fprintf(os.Stderr, "sluice serve: chat in a browser at http://%s/\n", ln.Addr())
 	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()

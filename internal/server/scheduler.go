@@ -37,7 +37,8 @@ type job struct {
 	mu       sync.Mutex
 	text     []byte // published text not yet taken
 	ntokens  int    // tokens generated so far
-	started  bool   // holds a slot
+	stats    replyStats
+	started  bool // holds a slot
 	finished bool
 	res      result
 }
@@ -49,6 +50,7 @@ type result struct {
 	promptTokens int
 	cachedTokens int // prompt tokens resumed from the prefix cache
 	genTokens    int
+	stats        replyStats // the reply's own figures (the sluice extension)
 }
 
 func newJob(ctx context.Context, prompt []int, opts engine.GenOptions, stops []string) *job {
@@ -63,11 +65,12 @@ func (j *job) poke() {
 	}
 }
 
-// publish appends text for the handler.
-func (j *job) publish(text string, ntokens int) {
+// publish appends text for the handler, with the reply's figures so far.
+func (j *job) publish(text string, ntokens int, st replyStats) {
 	j.mu.Lock()
 	j.text = append(j.text, text...)
 	j.ntokens = ntokens
+	j.stats = st
 	j.mu.Unlock()
 	j.poke()
 }
@@ -80,14 +83,14 @@ func (j *job) end(r result) {
 	j.poke()
 }
 
-// take returns the text published since the last take, and the result
-// once the job has finished.
-func (j *job) take() (text string, finished bool, r result) {
+// take returns the text published since the last take, the reply's
+// figures so far, and the result once the job has finished.
+func (j *job) take() (text string, finished bool, r result, st replyStats) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	text = string(j.text)
 	j.text = j.text[:0]
-	return text, j.finished, j.res
+	return text, j.finished, j.res, j.stats
 }
 
 // stopper cuts generated text at the first stop sequence, holding back a
@@ -145,6 +148,7 @@ type task struct {
 	cached int // of which resumed from the prefix cache
 	marks  []int
 	first  bool // first token published
+	x      replyExperts
 }
 
 // scheduler owns the engine's one runner. A single goroutine interleaves
@@ -369,10 +373,12 @@ func (s *scheduler) turn(t *task) bool {
 		if len(t.marks) > 0 && t.marks[0] < end {
 			end = t.marks[0]
 		}
+		x0 := s.expertSnap()
 		if err := t.seq.Prefill(ctx, j.prompt[t.fed:end]); err != nil {
 			s.finish(t, err)
 			return false
 		}
+		t.x.prefillBytes += s.expertSnap().BytesRead - x0.BytesRead
 		s.met.prefillTokens.Add(int64(end - t.fed))
 		t.fed = end
 		if len(t.marks) > 0 && t.marks[0] == end {
@@ -384,11 +390,13 @@ func (s *scheduler) turn(t *task) bool {
 		}
 	}
 	for i := 0; i < s.steps && !t.seq.Done(); i++ {
+		x0, p0 := s.expertSnap(), t.st.Pos
 		toks, text, err := t.seq.Step(ctx)
 		if err != nil {
 			s.finish(t, err)
 			return false
 		}
+		t.x.add(x0, s.expertSnap(), t.st.Pos-p0, s.met.expertsPerToken, s.e.Stream == nil)
 		if !t.first && len(toks) > 0 {
 			t.first = true
 			s.met.ttft.observe(time.Since(j.created).Seconds())
@@ -397,7 +405,7 @@ func (s *scheduler) turn(t *task) bool {
 		s.met.rate.add(len(toks))
 		out, stopped := j.stop.add(text)
 		if out != "" || len(toks) > 0 {
-			j.publish(out, len(t.seq.Tokens()))
+			j.publish(out, len(t.seq.Tokens()), t.stats(s.e.Stream == nil))
 		}
 		if stopped {
 			s.finishStop(t)
@@ -410,7 +418,7 @@ func (s *scheduler) turn(t *task) bool {
 			out += j.stop.flush()
 		}
 		if out != "" {
-			j.publish(out, len(t.seq.Tokens()))
+			j.publish(out, len(t.seq.Tokens()), t.stats(s.e.Stream == nil))
 		}
 		if stopped {
 			s.finishStop(t)
@@ -424,7 +432,7 @@ func (s *scheduler) turn(t *task) bool {
 
 // finishStop ends t at a stop sequence.
 func (s *scheduler) finishStop(t *task) {
-	t.j.end(result{finish: "stop", promptTokens: len(t.j.prompt), cachedTokens: t.cached, genTokens: len(t.seq.Tokens())})
+	t.j.end(result{finish: "stop", promptTokens: len(t.j.prompt), cachedTokens: t.cached, genTokens: len(t.seq.Tokens()), stats: t.stats(s.e.Stream == nil)})
 	s.met.finished("stop")
 }
 
@@ -435,6 +443,7 @@ func (s *scheduler) finish(t *task, err error) {
 	r := result{err: err, promptTokens: len(t.j.prompt), cachedTokens: t.cached}
 	if t.seq != nil {
 		r.genTokens = len(t.seq.Tokens())
+		r.stats = t.stats(s.e.Stream == nil)
 	}
 	if err != nil {
 		t.j.end(r)
