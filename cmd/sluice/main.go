@@ -24,6 +24,7 @@ func init() {
 		{"chat", "chat [-m DIR] [-n 512] [sampling flags]", "interactive chat with the model's template", cmdChat},
 		{"score", "score [-m DIR] (--tokens IDS | --text-file F) [--json]", "per-position argmax and log-probabilities", cmdScore},
 		{"bench", "bench [-m DIR] [--prompt 512] [--gen 128] [--depth D] [--threads N] [--repeat R] [--json]", "median prefill and decode speed", cmdBench},
+		{"pull", "pull OWNER/NAME[@REVISION] [--include GLOB] [--dir DIR] [--no-pack]", "download a Hugging Face repository and pack it", cmdPull},
 		{"pack", "pack [--bits 16|8|4] [--force] SRC DST", "convert a Hugging Face checkpoint to a packed model", cmdPack},
 		{"inspect", "inspect DIR", "describe a packed model or checkpoint", cmdInspect},
 		{"serve", "serve [-m DIR] [--addr 127.0.0.1:8080] [--memory-gb G] [--max-queue N] [--api-key K]", "OpenAI-compatible HTTP server", cmdServe},

@@ -56,8 +56,13 @@ func cmdServe(ctx context.Context, args []string) error {
 	if *maxQueue < 0 {
 		return fmt.Errorf("--max-queue %d must be >= 0", *maxQueue)
 	}
-	dir := mf.dir
 	id := *modelID
+	if ref, err := mf.resolve(ctx); err != nil {
+		return err
+	} else if id == "" && ref != "" {
+		id = ref
+	}
+	dir := mf.dir
 	if dir == "" {
 		cache, err := engine.CacheDir()
 		if err != nil {

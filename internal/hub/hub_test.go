@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -341,5 +342,29 @@ func TestParseRef(t *testing.T) {
 		if got != want {
 			t.Errorf("ParseRef(%q) = %q (%v), want %q", in, got, err, want)
 		}
+	}
+}
+
+// TestProgressBar checks the bar's last drawing: all bytes, all files.
+func TestProgressBar(t *testing.T) {
+	h := fakeHub(t)
+	var bar bytes.Buffer
+	c := client(h)
+	c.Progress = &bar
+	ref, _ := ParseRef("tiny/qwen3-moe")
+	if _, err := c.Pull(context.Background(), ref, nil, t.TempDir()); err != nil {
+		t.Fatal(err)
+	}
+	var total int64
+	ents, _ := os.ReadDir(tinyDir)
+	for _, e := range ents {
+		info, _ := e.Info()
+		total += info.Size()
+	}
+	want := fmt.Sprintf("%.1f MB / %.1f MB", float64(total)/(1<<20), float64(total)/(1<<20))
+	lines := strings.Split(strings.TrimSuffix(bar.String(), "\n"), "\r")
+	last := lines[len(lines)-1]
+	if !strings.Contains(last, "[==============================] 100%") || !strings.Contains(last, want) || !strings.Contains(last, fmt.Sprintf("%d/%d files", len(ents), len(ents))) {
+		t.Errorf("last progress line %q", last)
 	}
 }

@@ -49,14 +49,14 @@ func Complete(dir string) bool {
 }
 
 // Dir is where a pull of ref lands under the cache directory:
-// CACHE/hub/OWNER/NAME/REVISION (a revision's "/" become "--").
+// CACHE/hub/OWNER--NAME, with "@REVISION" added for a revision other than
+// main ("/" in it become "--").
 func Dir(cache string, ref Ref) string {
-	owner, name, _ := strings.Cut(ref.Repo, "/")
-	rev := ref.Revision
-	if rev == "" {
-		rev = "main"
+	name := strings.ReplaceAll(ref.Repo, "/", "--")
+	if rev := ref.Revision; rev != "" && rev != "main" {
+		name += "@" + strings.ReplaceAll(rev, "/", "--")
 	}
-	return filepath.Join(cache, "hub", owner, name, strings.ReplaceAll(rev, "/", "--"))
+	return filepath.Join(cache, "hub", name)
 }
 
 // Pull downloads the files of ref matching include (DefaultInclude when
