@@ -129,7 +129,10 @@ func (m *modelFlags) resolve(ctx context.Context) (string, error) {
 	d := hub.Dir(cache, ref)
 	if !hub.Complete(d) {
 		if err := pull(ctx, ref, nil, d, 4); err != nil {
-			return "", err
+			if errors.Is(err, context.Canceled) {
+				return "", err
+			}
+			return "", fmt.Errorf("-m %s is not a directory, and pulling it from the hub failed: %w", m.dir, err)
 		}
 	}
 	m.dir = d

@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -195,7 +196,11 @@ func (c *Client) Info(ctx context.Context, ref Ref) (*Repo, error) {
 		}
 		resp, err := c.http().Do(req)
 		if err != nil {
-			return true, fmt.Errorf("asking %s about %s: %w", c.endpoint(), ref, err)
+			// A hub that cannot be reached at all (offline, a wrong
+			// HF_ENDPOINT) is said at once; anything else may pass.
+			var op *net.OpError
+			dial := errors.As(err, &op) && op.Op == "dial"
+			return !dial, fmt.Errorf("cannot reach the hub at %s for %s: %w", c.endpoint(), ref, err)
 		}
 		defer resp.Body.Close()
 		if resp.StatusCode != http.StatusOK {
