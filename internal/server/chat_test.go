@@ -70,8 +70,9 @@ type storedChat struct {
 // DevTools protocol, against a server with an API key and a streaming
 // expert pool: the page asks for the key, a typed prompt's streamed reply
 // (temperature 0) equals the API's greedy answer, Stop ends a reply midway
-// and frees the server's slot, Regenerate gives the full answer, and after
-// a reload the conversation is still there. SLUICE_CHAT_SCREENSHOT=FILE.png
+// and frees the server's slot, Regenerate gives the full answer, after a
+// reload the conversation is still there, and editing its first message
+// and resending gives the answer to the new text. SLUICE_CHAT_SCREENSHOT=FILE.png
 // saves a screenshot of the page at the end.
 func TestChatPageInBrowser(t *testing.T) {
 	exe := chromium()
@@ -223,7 +224,17 @@ func TestChatPageInBrowser(t *testing.T) {
 	if err != nil || strings.TrimSpace(text) == "" || !strings.Contains(want1.Text, strings.TrimSpace(strings.Split(text, "\n")[0])) {
 		t.Errorf("restored first reply shows %q (%v); the reply was %q", text, err, want1.Text)
 	}
-	t.Logf("first reply %q; stopped at %q of %q", want1.Text, part.Content, full.Text)
+	// Editing the first message and resending replaces the conversation
+	// from there with the answer to the new text.
+	prompt3 := "Write a Go function that adds two numbers."
+	do("editing", chromedp.SetValue(chromedp.CSS("#max-tokens"), "40"), chromedp.Click(chromedp.CSS(".msg.user button.edit")))
+	do("resending", chromedp.SetValue(chromedp.CSS(".msg.user .edit textarea"), prompt3), chromedp.Click(chromedp.CSS(".msg.user button.resend")))
+	waitFor("the edited conversation's reply", `(() => { const m = document.querySelectorAll(".msg"); return m.length === 2 && m[1].dataset.state === "done" })()`)
+	want3 := greedy([]msg{{"role": "user", "content": prompt3}}, maxTokens)
+	c = stored()
+	if m := c.Conversations[0].Messages; len(m) != 2 || m[0].Content != prompt3 || m[1].Content != want3.Text {
+		t.Errorf("after edit and resend: %+v; want the answer %q", m, want3.Text)
+	}
 
 	// Code fences render as code blocks, and text never becomes markup.
 	blocks, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`(() => {
@@ -238,8 +249,10 @@ func TestChatPageInBrowser(t *testing.T) {
 
 	if out := os.Getenv("SLUICE_CHAT_SCREENSHOT"); out != "" {
 		// A short conversation for the README's picture.
-		do("a new chat", chromedp.Click(chromedp.CSS("#new-chat")), chromedp.SetValue(chromedp.CSS("#max-tokens"), "60"),
-			chromedp.SendKeys(chromedp.CSS("#prompt"), "def fibonacci(n):"), chromedp.Click(chromedp.CSS("#send")))
+		question := "What does this do?\n```python\ndef fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n```"
+		do("a new chat", chromedp.Click(chromedp.CSS("#new-chat")), chromedp.SetValue(chromedp.CSS("#max-tokens"), "48"),
+			chromedp.SetValue(chromedp.CSS("#system"), "You are a concise Python tutor."),
+			chromedp.SetValue(chromedp.CSS("#prompt"), question), chromedp.Click(chromedp.CSS("#send")))
 		waitFor("the picture's reply", `document.querySelector(".msg.assistant[data-state=done]") !== null`)
 		png, err := chromedp.Run(ctx, chromedp.CaptureScreenshot())
 		if err != nil {

@@ -55,6 +55,12 @@ function current() {
   return store.conversations.find((c) => c.id === store.current) || null;
 }
 
+// titleOf is a conversation's name: the start of its first line of text.
+function titleOf(text) {
+  const line = text.split("\n").map((l) => l.trim()).find((l) => l && !l.startsWith("```")) || "";
+  return line.slice(0, 40) || "New chat";
+}
+
 function newConversation() {
   const c = { id: Date.now().toString(36) + Math.random().toString(36).slice(2, 6), title: "New chat", messages: [] };
   store.conversations.unshift(c);
@@ -282,7 +288,7 @@ async function loadModel() {
 
 function send(text) {
   let conv = current() || newConversation();
-  if (conv.messages.length === 0) conv.title = text.replace(/\s+/g, " ").trim().slice(0, 40) || "New chat";
+  if (conv.messages.length === 0) conv.title = titleOf(text);
   conv.messages.push({ role: "user", content: text });
   complete(conv);
 }
@@ -304,7 +310,7 @@ function startEdit(conv, idx, el) {
     button("Save & send", "resend", () => {
       conv.messages = conv.messages.slice(0, idx + 1);
       conv.messages[idx].content = ta.value;
-      if (idx === 0) conv.title = ta.value.replace(/\s+/g, " ").trim().slice(0, 40) || "New chat";
+      if (idx === 0) conv.title = titleOf(ta.value);
       complete(conv);
     }),
     button("Cancel", "cancel", render),
