@@ -77,7 +77,11 @@ func cmdServe(ctx context.Context, args []string) error {
 	} else if id == "" {
 		id = filepath.Base(filepath.Clean(dir))
 	}
-	opts := engine.Options{Threads: mf.threads, Ctx: mf.ctx, ChunkRows: mf.chunk}
+	xo, err := mf.experts.options(os.Stderr)
+	if err != nil {
+		return err
+	}
+	opts := engine.Options{Threads: mf.threads, Ctx: mf.ctx, ChunkRows: mf.chunk, Experts: xo}
 	if isTerminal(os.Stderr) {
 		opts.Progress = os.Stderr
 	}
