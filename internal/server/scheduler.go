@@ -29,6 +29,7 @@ type job struct {
 	marks   []int // prompt lengths worth a prefix-cache snapshot (message boundaries)
 	opts    engine.GenOptions
 	reuse   bool // may start from a cached prefix (false when penalties need the full history)
+	live    bool // publishes the reply's figures with each text (sluice_stats)
 	stop    stopper
 	created time.Time
 
@@ -405,7 +406,7 @@ func (s *scheduler) turn(t *task) bool {
 		s.met.rate.add(len(toks))
 		out, stopped := j.stop.add(text)
 		if out != "" || len(toks) > 0 {
-			j.publish(out, len(t.seq.Tokens()), t.stats(s.e.Stream == nil))
+			j.publish(out, len(t.seq.Tokens()), s.liveStats(t))
 		}
 		if stopped {
 			s.finishStop(t)
@@ -418,7 +419,7 @@ func (s *scheduler) turn(t *task) bool {
 			out += j.stop.flush()
 		}
 		if out != "" {
-			j.publish(out, len(t.seq.Tokens()), t.stats(s.e.Stream == nil))
+			j.publish(out, len(t.seq.Tokens()), s.liveStats(t))
 		}
 		if stopped {
 			s.finishStop(t)

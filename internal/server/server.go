@@ -472,6 +472,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool, pro
 
 	j := newJob(ctx, prompt, engine.GenOptions{MaxTokens: maxTokens, Sample: sp, IgnoreEOS: g.ignoreEOS, Drafts: s.cfg.Drafts}, g.stops)
 	j.marks = marks
+	j.live = g.stream && g.sluiceStats
 	// Penalties look at the whole history, which a resumed sequence would
 	// lack, so such requests compute their prompt in full.
 	j.reuse = (g.repetition == 0 || g.repetition == 1) && g.presence == 0 && g.frequency == 0

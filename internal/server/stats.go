@@ -71,3 +71,12 @@ func (t *task) stats(resident bool) replyStats {
 	}
 	return r
 }
+
+// liveStats is t's figures so far when its request streams them, else
+// the zero value (the final figures come with the result).
+func (s *scheduler) liveStats(t *task) replyStats {
+	if !t.j.live {
+		return replyStats{}
+	}
+	return t.stats(s.e.Stream == nil)
+}
