@@ -414,7 +414,9 @@ func (c *Client) Download(ctx context.Context, r *Repo, files []File, dir string
 					continue
 				}
 				if c.Progress == nil && c.Log != nil {
+					mu.Lock() // one line at a time
 					fmt.Fprintf(c.Log, "pulled %s (%s)\n", f.Path, mb(f.Size))
+					mu.Unlock()
 				}
 			}
 		})
