@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -29,21 +30,59 @@ func chromium() string {
 	return ""
 }
 
-// slowStream delays each write of a streamed reply, so that a test can
-// press Stop while the reply is still coming, whatever the machine's speed.
+// slowStream delays each write of a streamed reply, and while its gate is
+// armed holds every write after a reply's first text chunk until the gate
+// is released: a test can then press Stop with the reply still coming,
+// however fast the machine generates.
 type slowStream struct {
 	http.ResponseWriter
-	delay time.Duration
+	delay  time.Duration
+	g      *gate
+	writes int
 }
 
-func (s slowStream) Write(b []byte) (int, error) {
+// gate holds streamed replies after their first text while armed.
+type gate struct {
+	mu      sync.Mutex
+	armed   bool
+	release chan struct{}
+}
+
+func (g *gate) arm() {
+	g.mu.Lock()
+	g.armed, g.release = true, make(chan struct{})
+	g.mu.Unlock()
+}
+
+func (g *gate) open() {
+	g.mu.Lock()
+	if g.armed {
+		g.armed = false
+		close(g.release)
+	}
+	g.mu.Unlock()
+}
+
+func (s *slowStream) Write(b []byte) (int, error) {
 	if strings.HasPrefix(s.Header().Get("Content-Type"), "text/event-stream") {
 		time.Sleep(s.delay)
+		// The first write is the role chunk, the second the first text.
+		if s.writes++; s.writes > 2 {
+			s.g.mu.Lock()
+			armed, release := s.g.armed, s.g.release
+			s.g.mu.Unlock()
+			if armed {
+				select {
+				case <-release:
+				case <-time.After(30 * time.Second):
+				}
+			}
+		}
 	}
 	return s.ResponseWriter.Write(b)
 }
 
-func (s slowStream) Unwrap() http.ResponseWriter { return s.ResponseWriter }
+func (s *slowStream) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 
 // storedChat is the page's local storage as the test reads it.
 type storedChat struct {
@@ -70,7 +109,7 @@ type storedChat struct {
 // DevTools protocol, against a server with an API key and a streaming
 // expert pool: the page asks for the key, a typed prompt's streamed reply
 // (temperature 0) equals the API's greedy answer, Stop ends a reply midway
-// and frees the server's slot, Regenerate gives the full answer, after a
+// (keeping the text so far) and the server's slot is free after, Regenerate gives the full answer, after a
 // reload the conversation is still there, and editing its first message
 // and resending gives the answer to the new text. SLUICE_CHAT_SCREENSHOT=FILE.png
 // saves a screenshot of the page at the end.
@@ -95,9 +134,11 @@ func TestChatPageInBrowser(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	g := &gate{}
 	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		s.ServeHTTP(slowStream{w, 4 * time.Millisecond}, r)
+		s.ServeHTTP(&slowStream{ResponseWriter: w, delay: 2 * time.Millisecond, g: g}, r)
 	}))
+	defer g.open()
 	defer func() {
 		s.Abort()
 		ts.Close()
@@ -185,14 +226,17 @@ func TestChatPageInBrowser(t *testing.T) {
 		t.Errorf("stats line %q (%v)", shown, err)
 	}
 
-	// A second turn, stopped after its first text arrives.
+	// A second turn, stopped after its first text arrives (the rest is
+	// held back until then).
 	const longTokens = 300
 	prompt2 := "Now explain it in detail, line by line."
 	do("max tokens", chromedp.SetValue(chromedp.CSS("#max-tokens"), "300"))
+	g.arm()
 	do("typing the second prompt", chromedp.SendKeys(chromedp.CSS("#prompt"), prompt2), chromedp.Click(chromedp.CSS("#send")))
 	waitFor("the second reply's first text", `(() => { const m = document.querySelectorAll(".msg.assistant"); return m.length === 2 && m[1].dataset.state === "streaming" && m[1].querySelector(".content").textContent.length > 0 })()`)
 	do("stopping", chromedp.Click(chromedp.CSS("#stop")))
 	waitFor("the stopped reply", `document.querySelectorAll(".msg.assistant")[1].dataset.state === "stopped"`)
+	g.open()
 	waitLoad(t, s, 0, 0)
 	conv2 := []msg{{"role": "user", "content": prompt1}, {"role": "assistant", "content": want1.Text}, {"role": "user", "content": prompt2}}
 	full := greedy(conv2, longTokens)
