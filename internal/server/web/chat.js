@@ -179,6 +179,7 @@ function messageEl(conv, m, idx) {
   name.textContent = m.role === "assistant" ? "sluice" : m.role;
   who.appendChild(name);
   if (m.state === "stopped") who.append(" · stopped");
+  if (m.state === "done" && m.finish === "length") who.append(" · cut at max tokens");
   if (!running) {
     if (m.role === "user") who.appendChild(button("Edit", "edit", () => startEdit(conv, idx, el)));
     if (m.role === "assistant" && idx === conv.messages.length - 1) {
@@ -432,6 +433,9 @@ $("prompt").addEventListener("keydown", (ev) => {
   }
 });
 $("stop").addEventListener("click", () => running && running.controller.abort());
+document.addEventListener("keydown", (ev) => {
+  if (ev.key === "Escape" && running) running.controller.abort();
+});
 $("new-chat").addEventListener("click", () => {
   if (running) return;
   const c = current();
