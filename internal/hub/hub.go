@@ -189,32 +189,44 @@ func (c *Client) Info(ctx context.Context, ref Ref) (*Repo, error) {
 	}
 	u := fmt.Sprintf("%s/api/models/%s/revision/%s?blobs=true", c.endpoint(), ref.Repo, url.PathEscape(rev))
 	var body []byte
-	err := c.retry(ctx, func() (bool, error) {
-		req, err := c.request(ctx, u)
-		if err != nil {
-			return false, err
-		}
-		resp, err := c.http().Do(req)
-		if err != nil {
-			// A hub that cannot be reached at all (offline, a wrong
-			// HF_ENDPOINT) is said at once; anything else may pass.
-			var op *net.OpError
-			dial := errors.As(err, &op) && op.Op == "dial"
-			return !dial, fmt.Errorf("cannot reach the hub at %s for %s: %w", c.endpoint(), ref, err)
-		}
-		defer resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return c.statusError(resp, ref, "")
-		}
-		body, err = io.ReadAll(io.LimitReader(resp.Body, 64<<20))
-		if err != nil {
-			return true, fmt.Errorf("reading %s's file list: %w", ref, err)
-		}
-		return false, nil
+	err := c.retry(ctx, func() (bool, bool, error) {
+		again, err := c.info(ctx, u, ref, &body)
+		return again, false, err
 	})
 	if err != nil {
 		return nil, err
 	}
+	return c.parseInfo(ref, rev, body)
+}
+
+// info makes one model-info request; on failure it says whether a retry
+// may help.
+func (c *Client) info(ctx context.Context, u string, ref Ref, body *[]byte) (bool, error) {
+	req, err := c.request(ctx, u)
+	if err != nil {
+		return false, err
+	}
+	resp, err := c.http().Do(req)
+	if err != nil {
+		// A hub that cannot be reached at all (offline, a wrong
+		// HF_ENDPOINT) is said at once; anything else may pass.
+		var op *net.OpError
+		dial := errors.As(err, &op) && op.Op == "dial"
+		return !dial, fmt.Errorf("cannot reach the hub at %s for %s: %w", c.endpoint(), ref, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return c.statusError(resp, ref, "")
+	}
+	*body, err = io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return true, fmt.Errorf("reading %s's file list: %w", ref, err)
+	}
+	return false, nil
+}
+
+// parseInfo reads the model info of ref at rev.
+func (c *Client) parseInfo(ref Ref, rev string, body []byte) (*Repo, error) {
 	var mi modelInfo
 	if err := json.Unmarshal(body, &mi); err != nil {
 		return nil, fmt.Errorf("the hub's answer about %s is not model info JSON: %v", ref, err)
@@ -336,19 +348,24 @@ func parseRetryAfter(v string) time.Duration {
 }
 
 // retry runs f until it succeeds, fails for good, or has failed
-// retryably more than Retries times.
-func (c *Client) retry(ctx context.Context, f func() (retryable bool, err error)) error {
+// retryably more than Retries times in a row without progress: an attempt
+// that moved a download forward (a flaky connection, not a dead one)
+// starts the count again.
+func (c *Client) retry(ctx context.Context, f func() (retryable, progressed bool, err error)) error {
 	tries := c.Retries
 	if tries <= 0 {
 		tries = 8
 	}
 	for n := 1; ; n++ {
-		again, err := f()
+		again, progressed, err := f()
 		if err == nil {
 			return nil
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
+		}
+		if progressed {
+			n = 1
 		}
 		if !again || n > tries {
 			return err
@@ -462,12 +479,13 @@ func (c *Client) file(ctx context.Context, r *Repo, f File, dir string, p *progr
 		}
 	}
 	var counted int64 // bytes of this file added to the progress so far
-	err := c.retry(ctx, func() (bool, error) {
+	err := c.retry(ctx, func() (bool, bool, error) {
+		before := counted
 		again, err := c.attempt(ctx, r, f, partial, p, &counted)
 		if err == nil {
-			return false, os.Rename(partial, final)
+			return false, false, os.Rename(partial, final)
 		}
-		return again, err
+		return again, counted > before, err
 	})
 	if err == nil {
 		p.fileDone()

@@ -368,3 +368,27 @@ func TestProgressBar(t *testing.T) {
 		t.Errorf("last progress line %q", last)
 	}
 }
+
+// TestRetriesCountOnlyFailuresWithoutProgress drops a file's connection
+// more times than Retries, each time after some bytes: the pull still
+// completes, since a retry that moved forward does not count; a hub that
+// keeps failing without progress does exhaust the retries.
+func TestRetriesCountOnlyFailuresWithoutProgress(t *testing.T) {
+	h := fakeHub(t)
+	h.DropAfter[shard], h.Drops[shard] = 2<<20, 5
+	c := client(h)
+	c.Retries = 2
+	dir := t.TempDir()
+	ref, _ := ParseRef("tiny/qwen3-moe")
+	if _, err := c.Pull(context.Background(), ref, nil, dir); err != nil {
+		t.Fatalf("a flaky but progressing download: %v", err)
+	}
+	sameFiles(t, dir, tinyDir)
+	h.Mu.Lock()
+	h.DropAfter["config.json"], h.Drops["config.json"] = 0, 10
+	h.Mu.Unlock()
+	os.Remove(filepath.Join(dir, "config.json"))
+	if _, err := c.Pull(context.Background(), ref, nil, dir); err == nil || !strings.Contains(err.Error(), "config.json") {
+		t.Fatalf("a download that never progresses: %v", err)
+	}
+}
