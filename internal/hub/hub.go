@@ -105,11 +105,12 @@ func (e *Error) Error() string { return e.Message }
 
 // Client talks to one hub endpoint.
 type Client struct {
-	Endpoint string       // "" = $HF_ENDPOINT, else DefaultEndpoint
-	Token    string       // sent as a bearer token when set ($HF_TOKEN)
-	HTTP     *http.Client // nil = a client without an overall timeout (files are large)
-	Parallel int          // files downloading at once; 0 = 4
-	Retries  int          // attempts per file after a retryable failure; 0 = 8
+	Endpoint string        // "" = $HF_ENDPOINT, else DefaultEndpoint
+	Token    string        // sent as a bearer token when set ($HF_TOKEN)
+	HTTP     *http.Client  // nil = a client without an overall timeout (files are large)
+	Parallel int           // files downloading at once; 0 = 4
+	Retries  int           // retries in a row without progress before a file fails; 0 = 8
+	Stall    time.Duration // a download that receives nothing this long is retried; 0 = 1 minute
 	// Progress, when set, gets a progress bar redrawn in place (a terminal);
 	// Log, when set and Progress is not, gets one line per finished file.
 	Progress io.Writer
@@ -519,7 +520,18 @@ func (c *Client) attempt(ctx context.Context, r *Repo, f File, partial string, p
 	p.set(counted, have)
 	if have < f.Size {
 		u := fmt.Sprintf("%s/%s/resolve/%s/%s", c.endpoint(), r.Repo, url.PathEscape(r.revisionForFiles()), escapePath(f.Path))
-		req, err := c.request(ctx, u)
+		// A connection that stays open but sends nothing is given up
+		// after the stall timeout and retried from where it stopped.
+		actx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		stall := c.Stall
+		if stall <= 0 {
+			stall = time.Minute
+		}
+		var stalled atomic.Bool
+		watchdog := time.AfterFunc(stall, func() { stalled.Store(true); cancel() })
+		defer watchdog.Stop()
+		req, err := c.request(actx, u)
 		if err != nil {
 			return false, err
 		}
@@ -528,6 +540,9 @@ func (c *Client) attempt(ctx context.Context, r *Repo, f File, partial string, p
 		}
 		resp, err := c.http().Do(req)
 		if err != nil {
+			if stalled.Load() {
+				return true, fmt.Errorf("downloading %s: no answer for %s", f.Path, stall)
+			}
 			return true, fmt.Errorf("downloading %s: %w", f.Path, err)
 		}
 		defer resp.Body.Close()
@@ -559,7 +574,10 @@ func (c *Client) attempt(ctx context.Context, r *Repo, f File, partial string, p
 		if err != nil {
 			return false, fmt.Errorf("writing %s: %v", partial, err)
 		}
-		n, rerr, werr := copyBody(io.MultiWriter(w, h), resp.Body, f.Size-have, func(k int64) { p.add(counted, k) })
+		n, rerr, werr := copyBody(io.MultiWriter(w, h), resp.Body, f.Size-have, func(k int64) {
+			p.add(counted, k)
+			watchdog.Reset(stall)
+		})
 		cerr := w.Close()
 		have += n
 		if werr == nil {
@@ -575,6 +593,9 @@ func (c *Client) attempt(ctx context.Context, r *Repo, f File, partial string, p
 		if rerr != nil {
 			if ctx.Err() != nil {
 				return false, ctx.Err()
+			}
+			if stalled.Load() {
+				rerr = fmt.Errorf("no data for %s", stall)
 			}
 			return true, fmt.Errorf("downloading %s: the connection broke after %s of %s: %v", f.Path, mb(have), mb(f.Size), rerr)
 		}

@@ -392,3 +392,21 @@ func TestRetriesCountOnlyFailuresWithoutProgress(t *testing.T) {
 		t.Fatalf("a download that never progresses: %v", err)
 	}
 }
+
+// TestPullStalledConnection holds a connection open and silent mid-file:
+// the download gives up on it after the stall timeout and resumes.
+func TestPullStalledConnection(t *testing.T) {
+	h := fakeHub(t)
+	h.StallAfter[shard], h.Stalls[shard] = 1<<20, 1
+	c := client(h)
+	c.Stall = 200 * time.Millisecond
+	dir := t.TempDir()
+	ref, _ := ParseRef("tiny/qwen3-moe")
+	if _, err := c.Pull(context.Background(), ref, nil, dir); err != nil {
+		t.Fatal(err)
+	}
+	sameFiles(t, dir, tinyDir)
+	if !requested(h, "/"+shard+" bytes=1048576-") {
+		t.Errorf("the stalled download was not resumed: %v", h.Requests)
+	}
+}

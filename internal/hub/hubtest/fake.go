@@ -47,6 +47,11 @@ type Hub struct {
 	// Truncate, per file path, serves this many bytes fewer than the file
 	// holds, with a matching Content-Length (a short file, cleanly).
 	Truncate map[string]int64
+	// StallAfter, per file path, goes silent (the connection open, nothing
+	// sent) after this many bytes of the next N responses (N =
+	// Stalls[path]), until the client hangs up.
+	StallAfter map[string]int64
+	Stalls     map[string]int
 	// Corrupt, per file path, flips a byte of what is served.
 	Corrupt map[string]bool
 	// RateLimit answers 429 to the next N requests of any kind.
@@ -59,7 +64,8 @@ type Hub struct {
 
 // New serves the fake hub until the test's cleanup closes it.
 func New() *Hub {
-	h := &Hub{Repos: map[string]*Repo{}, DropAfter: map[string]int64{}, Drops: map[string]int{}, Truncate: map[string]int64{}, Corrupt: map[string]bool{}}
+	h := &Hub{Repos: map[string]*Repo{}, DropAfter: map[string]int64{}, Drops: map[string]int{}, Truncate: map[string]int64{}, Corrupt: map[string]bool{},
+		StallAfter: map[string]int64{}, Stalls: map[string]int{}}
 	h.Server = httptest.NewServer(h)
 	return h
 }
@@ -238,22 +244,30 @@ func (h *Hub) serveFile(w http.ResponseWriter, r *http.Request, repo *Repo, esca
 		b = append([]byte(nil), b...)
 		b[len(b)/2] ^= 0xff
 	}
+	stall := int64(-1)
+	if h.Stalls[p] > 0 {
+		h.Stalls[p]--
+		stall = h.StallAfter[p]
+	}
 	delay := h.Delay
 	h.Mu.Unlock()
 	w.Header().Set("ETag", fmt.Sprintf("%q", fmt.Sprintf("%x", sha256.Sum256(b))))
 	var out http.ResponseWriter = w
-	if drop >= 0 || delay > 0 {
-		out = &misbehave{ResponseWriter: w, left: drop, delay: delay}
+	if drop >= 0 || delay > 0 || stall >= 0 {
+		out = &misbehave{ResponseWriter: w, left: drop, delay: delay, stallLeft: stall, done: r.Context().Done()}
 	}
 	http.ServeContent(out, r, p, time.Time{}, bytes.NewReader(b))
 }
 
-// misbehave aborts the connection after left bytes (when left >= 0) and
-// sleeps before each write.
+// misbehave aborts the connection after left bytes (when left >= 0),
+// goes silent after stallLeft bytes (when >= 0) until the client hangs
+// up, and sleeps before each write.
 type misbehave struct {
 	http.ResponseWriter
-	left  int64
-	delay time.Duration
+	left      int64
+	delay     time.Duration
+	stallLeft int64
+	done      <-chan struct{}
 }
 
 func (m *misbehave) Write(b []byte) (int, error) {
@@ -263,6 +277,9 @@ func (m *misbehave) Write(b []byte) (int, error) {
 		if m.left >= 0 && int64(k) > m.left {
 			k = int(m.left)
 		}
+		if m.stallLeft >= 0 && int64(k) > m.stallLeft {
+			k = int(m.stallLeft)
+		}
 		if m.delay > 0 {
 			time.Sleep(m.delay)
 		}
@@ -270,10 +287,18 @@ func (m *misbehave) Write(b []byte) (int, error) {
 			w, err := m.ResponseWriter.Write(b[:k])
 			n += w
 			m.left -= int64(w)
+			m.stallLeft -= int64(w)
 			if err != nil {
 				return n, err
 			}
 			b = b[k:]
+		}
+		if m.stallLeft == 0 {
+			if f, ok := m.ResponseWriter.(http.Flusher); ok {
+				f.Flush()
+			}
+			<-m.done // silent until the client gives up
+			panic(http.ErrAbortHandler)
 		}
 		if m.left == 0 {
 			if f, ok := m.ResponseWriter.(http.Flusher); ok {
