@@ -121,6 +121,8 @@ type Client struct {
 	openPartial func(name string) (writeCloser, error)
 	// backoff is the wait before retry attempt n (from 1); tests shorten it.
 	backoff func(n int) time.Duration
+	// freeBytes replaces the file system's free space in tests.
+	freeBytes func(dir string) int64
 }
 
 type writeCloser interface {
@@ -400,6 +402,25 @@ func (c *Client) Download(ctx context.Context, r *Repo, files []File, dir string
 	}
 	files = append([]File(nil), files...)
 	sort.Slice(files, func(i, j int) bool { return files[i].Size > files[j].Size })
+	// Refuse at once what cannot fit, rather than after hours of download.
+	var need int64
+	for _, f := range files {
+		have := int64(0)
+		final := filepath.Join(dir, filepath.FromSlash(f.Path))
+		if st, err := os.Stat(final); err == nil && st.Size() == f.Size {
+			have = f.Size
+		} else if st, err := os.Stat(final + PartialSuffix); err == nil && st.Size() <= f.Size {
+			have = st.Size()
+		}
+		need += f.Size - have
+	}
+	free := freeBytes
+	if c.freeBytes != nil {
+		free = c.freeBytes
+	}
+	if avail := free(dir); avail >= 0 && need > avail {
+		return fmt.Errorf("%s needs %s more in %s, and only %s is free there; free some space (or pick another --dir) and run again", r.Ref, mb(need), dir, mb(avail))
+	}
 	p := &progress{start: time.Now(), files: len(files)}
 	for _, f := range files {
 		p.total += f.Size

@@ -410,3 +410,23 @@ func TestPullStalledConnection(t *testing.T) {
 		t.Errorf("the stalled download was not resumed: %v", h.Requests)
 	}
 }
+
+// TestPullRefusesWhatCannotFit checks the free-space check before a
+// download: too little room is a clear error and nothing is fetched.
+func TestPullRefusesWhatCannotFit(t *testing.T) {
+	h := fakeHub(t)
+	c := client(h)
+	c.freeBytes = func(string) int64 { return 10 << 20 }
+	dir := t.TempDir()
+	ref, _ := ParseRef("tiny/qwen3-moe")
+	_, err := c.Pull(context.Background(), ref, nil, dir)
+	if err == nil || !strings.Contains(err.Error(), "only 10.0 MB is free there") {
+		t.Fatalf("too little space: %v", err)
+	}
+	if requested(h, "/resolve/") {
+		t.Errorf("files were downloaded anyway: %v", h.Requests)
+	}
+	if free := freeBytes(dir); free == 0 {
+		t.Errorf("freeBytes(%s) = 0", dir)
+	}
+}
