@@ -164,6 +164,9 @@ func cmdTokenize(ctx context.Context, args []string) error {
 	if _, err := parse(fs, args); err != nil {
 		return err
 	}
+	if _, err := mf.resolve(ctx); err != nil {
+		return err
+	}
 	dir := mf.dir
 	if dir == "" {
 		cache, err := engine.CacheDir()

@@ -63,7 +63,7 @@ type expertFlags struct {
 }
 
 func (m *modelFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&m.dir, "m", "", "model: a packed directory or a Hugging Face checkpoint (packed once at 4 bits into the cache); default: the bundled tiny model")
+	fs.StringVar(&m.dir, "m", "", "model: a packed directory, a Hugging Face checkpoint (packed once at 4 bits into the cache), or a hub repository OWNER/NAME[@REVISION] (pulled once into the cache); default: the bundled tiny model")
 	fs.IntVar(&m.threads, "threads", 0, "worker threads (0 = one per CPU)")
 	fs.IntVar(&m.ctx, "ctx", 0, "context length in tokens (0 = min(model maximum, 4096))")
 	fs.IntVar(&m.chunk, "chunk", 256, "prefill chunk size in tokens (rows per batched step)")
@@ -112,6 +112,9 @@ func (x *expertFlags) options(log io.Writer) (engine.ExpertOptions, error) {
 }
 
 func (m *modelFlags) open(ctx context.Context) (*engine.Engine, error) {
+	if _, err := m.resolve(ctx); err != nil {
+		return nil, err
+	}
 	dir := m.dir
 	if dir == "" {
 		cache, err := engine.CacheDir()

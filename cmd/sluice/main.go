@@ -24,9 +24,10 @@ func init() {
 		{"chat", "chat [-m DIR] [-n 512] [sampling flags]", "interactive chat with the model's template", cmdChat},
 		{"score", "score [-m DIR] (--tokens IDS | --text-file F) [--json]", "per-position argmax and log-probabilities", cmdScore},
 		{"bench", "bench [-m DIR] [--prompt 512] [--gen 128] [--depth D] [--threads N] [--repeat R] [--json]", "median prefill and decode speed", cmdBench},
+		{"pull", "pull OWNER/NAME[@REVISION] [--include GLOB] [--dir DIR] [--no-pack]", "download a Hugging Face repository and pack it", cmdPull},
 		{"pack", "pack [--bits 16|8|4] [--force] SRC DST", "convert a Hugging Face checkpoint to a packed model", cmdPack},
 		{"inspect", "inspect DIR", "describe a packed model or checkpoint", cmdInspect},
-		{"serve", "serve [-m DIR] [--addr 127.0.0.1:8080] [--memory-gb G] [--max-queue N] [--api-key K]", "OpenAI-compatible HTTP server", cmdServe},
+		{"serve", "serve [-m DIR] [--addr 127.0.0.1:8080] [--memory-gb G] [--max-queue N] [--api-key K]", "OpenAI-compatible HTTP server with a chat page at /", cmdServe},
 		{"tokenize", "tokenize [-m DIR] --text T", "print token ids as JSON", cmdTokenize},
 		{"synth", "synth --like qwen3.5-35b-a3b|qwen3-30b-a3b [--layers N] --out DIR", "write a random model of real shapes for streaming benchmarks", cmdSynth},
 	}
@@ -37,7 +38,7 @@ func usage() {
 	for _, c := range commands {
 		fmt.Fprintf(os.Stderr, "  sluice %-70s %s\n", c.usage, c.help)
 	}
-	fmt.Fprintln(os.Stderr, "\nWithout -m, run, chat, score, bench and tokenize use the bundled tiny model.\n`sluice COMMAND -h` lists a command's flags.")
+	fmt.Fprintln(os.Stderr, "\nWithout -m, run, chat, score, bench and tokenize use the bundled tiny model; -m OWNER/NAME\npulls a Hugging Face repository on first use.\n`sluice COMMAND -h` lists a command's flags.")
 }
 
 func main() {

@@ -56,8 +56,13 @@ func cmdServe(ctx context.Context, args []string) error {
 	if *maxQueue < 0 {
 		return fmt.Errorf("--max-queue %d must be >= 0", *maxQueue)
 	}
-	dir := mf.dir
 	id := *modelID
+	if ref, err := mf.resolve(ctx); err != nil {
+		return err
+	} else if id == "" && ref != "" {
+		id = ref
+	}
+	dir := mf.dir
 	if dir == "" {
 		cache, err := engine.CacheDir()
 		if err != nil {
@@ -72,7 +77,11 @@ func cmdServe(ctx context.Context, args []string) error {
 	} else if id == "" {
 		id = filepath.Base(filepath.Clean(dir))
 	}
-	opts := engine.Options{Threads: mf.threads, Ctx: mf.ctx, ChunkRows: mf.chunk}
+	xo, err := mf.experts.options(os.Stderr)
+	if err != nil {
+		return err
+	}
+	opts := engine.Options{Threads: mf.threads, Ctx: mf.ctx, ChunkRows: mf.chunk, Experts: xo}
 	if isTerminal(os.Stderr) {
 		opts.Progress = os.Stderr
 	}
@@ -125,6 +134,7 @@ func cmdServe(ctx context.Context, args []string) error {
 	if e.ExpertPlan != "" {
 		fmt.Fprintf(os.Stderr, "sluice serve: experts: %s\n", e.ExpertPlan)
 	}
+	fmt.Fprintf(os.Stderr, "sluice serve: chat in a browser at http://%s/\n", ln.Addr())
 	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()

@@ -184,3 +184,35 @@ func TestServeGraceCancels(t *testing.T) {
 		t.Errorf("log does not mention the cancel:\n%s", s.log())
 	}
 }
+
+// TestServePoolAndChatPage checks that serve honours the expert flags
+// (--pool-mb streams experts, which each reply's "sluice" figures show)
+// and answers GET / with the chat page.
+func TestServePoolAndChatPage(t *testing.T) {
+	s := serve(t, "--pool-mb", "25%")
+	resp := postJSON(t, s.url+"/v1/chat/completions", map[string]any{"messages": []any{map[string]any{"role": "user", "content": "hi"}}, "max_tokens": 8, "temperature": 0})
+	var got struct {
+		Sluice struct {
+			ExpertsResident bool  `json:"experts_resident"`
+			ExpertMisses    int64 `json:"expert_misses"`
+		} `json:"sluice"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&got); err != nil || got.Sluice.ExpertsResident {
+		t.Errorf("reply figures with a 25%% pool: %+v (%v)", got, err)
+	}
+	resp.Body.Close()
+	page, err := http.Get(s.url + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer page.Body.Close()
+	b, _ := io.ReadAll(page.Body)
+	if page.StatusCode != 200 || !strings.Contains(string(b), "<title>sluice chat</title>") {
+		t.Errorf("GET /: %d %.200s", page.StatusCode, b)
+	}
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	s.wait(t)
+	if !strings.Contains(s.log(), "chat in a browser at "+s.url+"/") || !strings.Contains(s.log(), "from --pool-mb") {
+		t.Errorf("serve did not say where the chat page is or ignored --pool-mb:\n%s", s.log())
+	}
+}

@@ -167,6 +167,10 @@ type sampling struct {
 	MinP              *float64 `json:"min_p"`
 	RepetitionPenalty *float64 `json:"repetition_penalty"`
 	IgnoreEOS         *bool    `json:"ignore_eos"`
+
+	// sluice's own: every streamed text chunk carries the reply's figures
+	// so far in a "sluice" field (the last chunk always does).
+	SluiceStats *bool `json:"sluice_stats"`
 }
 
 // chatRequest is the body of POST /v1/chat/completions.
@@ -249,6 +253,7 @@ type genParams struct {
 	includeUsage bool
 	stops        []string
 	ignoreEOS    bool
+	sluiceStats  bool
 }
 
 // validate checks the common fields and returns them with OpenAI's
@@ -330,6 +335,9 @@ func (s *sampling) validate() (genParams, *apiError) {
 	}
 	if s.IgnoreEOS != nil {
 		g.ignoreEOS = *s.IgnoreEOS
+	}
+	if s.SluiceStats != nil {
+		g.sluiceStats = *s.SluiceStats
 	}
 	if len(s.Stop) > maxStops {
 		return g, invalid("stop", "invalid_value", "at most %d stop sequences are supported, got %d", maxStops, len(s.Stop))

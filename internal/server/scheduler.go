@@ -29,6 +29,7 @@ type job struct {
 	marks   []int // prompt lengths worth a prefix-cache snapshot (message boundaries)
 	opts    engine.GenOptions
 	reuse   bool // may start from a cached prefix (false when penalties need the full history)
+	live    bool // publishes the reply's figures with each text (sluice_stats)
 	stop    stopper
 	created time.Time
 
@@ -37,7 +38,8 @@ type job struct {
 	mu       sync.Mutex
 	text     []byte // published text not yet taken
 	ntokens  int    // tokens generated so far
-	started  bool   // holds a slot
+	stats    replyStats
+	started  bool // holds a slot
 	finished bool
 	res      result
 }
@@ -49,6 +51,7 @@ type result struct {
 	promptTokens int
 	cachedTokens int // prompt tokens resumed from the prefix cache
 	genTokens    int
+	stats        replyStats // the reply's own figures (the sluice extension)
 }
 
 func newJob(ctx context.Context, prompt []int, opts engine.GenOptions, stops []string) *job {
@@ -63,11 +66,12 @@ func (j *job) poke() {
 	}
 }
 
-// publish appends text for the handler.
-func (j *job) publish(text string, ntokens int) {
+// publish appends text for the handler, with the reply's figures so far.
+func (j *job) publish(text string, ntokens int, st replyStats) {
 	j.mu.Lock()
 	j.text = append(j.text, text...)
 	j.ntokens = ntokens
+	j.stats = st
 	j.mu.Unlock()
 	j.poke()
 }
@@ -80,14 +84,14 @@ func (j *job) end(r result) {
 	j.poke()
 }
 
-// take returns the text published since the last take, and the result
-// once the job has finished.
-func (j *job) take() (text string, finished bool, r result) {
+// take returns the text published since the last take, the reply's
+// figures so far, and the result once the job has finished.
+func (j *job) take() (text string, finished bool, r result, st replyStats) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	text = string(j.text)
 	j.text = j.text[:0]
-	return text, j.finished, j.res
+	return text, j.finished, j.res, j.stats
 }
 
 // stopper cuts generated text at the first stop sequence, holding back a
@@ -145,6 +149,7 @@ type task struct {
 	cached int // of which resumed from the prefix cache
 	marks  []int
 	first  bool // first token published
+	x      replyExperts
 }
 
 // scheduler owns the engine's one runner. A single goroutine interleaves
@@ -369,10 +374,12 @@ func (s *scheduler) turn(t *task) bool {
 		if len(t.marks) > 0 && t.marks[0] < end {
 			end = t.marks[0]
 		}
+		x0 := s.expertSnap()
 		if err := t.seq.Prefill(ctx, j.prompt[t.fed:end]); err != nil {
 			s.finish(t, err)
 			return false
 		}
+		t.x.prefillBytes += s.expertSnap().BytesRead - x0.BytesRead
 		s.met.prefillTokens.Add(int64(end - t.fed))
 		t.fed = end
 		if len(t.marks) > 0 && t.marks[0] == end {
@@ -384,11 +391,13 @@ func (s *scheduler) turn(t *task) bool {
 		}
 	}
 	for i := 0; i < s.steps && !t.seq.Done(); i++ {
+		x0, p0 := s.expertSnap(), t.st.Pos
 		toks, text, err := t.seq.Step(ctx)
 		if err != nil {
 			s.finish(t, err)
 			return false
 		}
+		t.x.add(x0, s.expertSnap(), t.st.Pos-p0, s.met.expertsPerToken, s.e.Stream == nil)
 		if !t.first && len(toks) > 0 {
 			t.first = true
 			s.met.ttft.observe(time.Since(j.created).Seconds())
@@ -397,7 +406,7 @@ func (s *scheduler) turn(t *task) bool {
 		s.met.rate.add(len(toks))
 		out, stopped := j.stop.add(text)
 		if out != "" || len(toks) > 0 {
-			j.publish(out, len(t.seq.Tokens()))
+			j.publish(out, len(t.seq.Tokens()), s.liveStats(t))
 		}
 		if stopped {
 			s.finishStop(t)
@@ -410,7 +419,7 @@ func (s *scheduler) turn(t *task) bool {
 			out += j.stop.flush()
 		}
 		if out != "" {
-			j.publish(out, len(t.seq.Tokens()))
+			j.publish(out, len(t.seq.Tokens()), s.liveStats(t))
 		}
 		if stopped {
 			s.finishStop(t)
@@ -424,7 +433,7 @@ func (s *scheduler) turn(t *task) bool {
 
 // finishStop ends t at a stop sequence.
 func (s *scheduler) finishStop(t *task) {
-	t.j.end(result{finish: "stop", promptTokens: len(t.j.prompt), cachedTokens: t.cached, genTokens: len(t.seq.Tokens())})
+	t.j.end(result{finish: "stop", promptTokens: len(t.j.prompt), cachedTokens: t.cached, genTokens: len(t.seq.Tokens()), stats: t.stats(s.e.Stream == nil)})
 	s.met.finished("stop")
 }
 
@@ -435,6 +444,7 @@ func (s *scheduler) finish(t *task, err error) {
 	r := result{err: err, promptTokens: len(t.j.prompt), cachedTokens: t.cached}
 	if t.seq != nil {
 		r.genTokens = len(t.seq.Tokens())
+		r.stats = t.stats(s.e.Stream == nil)
 	}
 	if err != nil {
 		t.j.end(r)

@@ -1,6 +1,6 @@
 // Package server is sluice's OpenAI-compatible HTTP server: chat and text
 // completions (streamed as server-sent events or whole), the model list,
-// health and Prometheus metrics.
+// health and Prometheus metrics, and a chat page at /.
 //
 // One engine serves many clients. The engine has one runner, which is not
 // safe for concurrent use, so a single scheduler goroutine owns it and
@@ -178,6 +178,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}()
 	switch {
+	case servePage(w, r, &code):
 	case path == "/health":
 		if !allow(w, r, &code, http.MethodGet, http.MethodHead) {
 			return
@@ -243,6 +244,8 @@ func endpointLabel(path string) string {
 	switch path {
 	case "/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions":
 		return path
+	case "/", "/chat.css", "/chat.js":
+		return "/"
 	}
 	if strings.HasPrefix(path, "/v1/models/") {
 		return "/v1/models/{id}"
@@ -469,6 +472,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool, pro
 
 	j := newJob(ctx, prompt, engine.GenOptions{MaxTokens: maxTokens, Sample: sp, IgnoreEOS: g.ignoreEOS, Drafts: s.cfg.Drafts}, g.stops)
 	j.marks = marks
+	j.live = g.stream && g.sluiceStats
 	// Penalties look at the whole history, which a resumed sequence would
 	// lack, so such requests compute their prompt in full.
 	j.reuse = (g.repetition == 0 || g.repetition == 1) && g.presence == 0 && g.frequency == 0
@@ -489,12 +493,12 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool, pro
 	defer func() { s.met.latency.observe(time.Since(t0).Seconds()) }()
 	id := newID(chat)
 	if g.stream {
-		return s.stream(w, j, chat, id, g.includeUsage)
+		return s.stream(w, j, chat, id, g)
 	}
 	var text strings.Builder
 	for {
 		<-j.notify
-		t, fin, res := j.take()
+		t, fin, res, _ := j.take()
 		text.WriteString(t)
 		if !fin {
 			continue
@@ -513,7 +517,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool, pro
 			choice = map[string]any{"index": 0, "text": text.String(), "finish_reason": res.finish, "logprobs": nil}
 		}
 		writeJSON(w, http.StatusOK, map[string]any{"id": id, "object": obj, "created": time.Now().Unix(), "model": s.modelID,
-			"choices": []any{choice}, "usage": usageOf(res), "system_fingerprint": "sluice"})
+			"choices": []any{choice}, "usage": usageOf(res), "system_fingerprint": "sluice", "sluice": res.stats})
 		return http.StatusOK
 	}
 }
@@ -528,8 +532,10 @@ func (s *Server) jobError(err error) *apiError {
 
 // stream writes j's output as server-sent events: a first chunk with the
 // role, one chunk per batch of new text, a last chunk with the finish
-// reason, the usage when asked for, and "data: [DONE]".
-func (s *Server) stream(w http.ResponseWriter, j *job, chat bool, id string, includeUsage bool) int {
+// reason and the reply's figures (the "sluice" extension; with
+// sluice_stats every text chunk carries them so far), the usage when asked
+// for, and "data: [DONE]".
+func (s *Server) stream(w http.ResponseWriter, j *job, chat bool, id string, g genParams) int {
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
@@ -576,9 +582,13 @@ func (s *Server) stream(w http.ResponseWriter, j *job, chat bool, id string, inc
 	}
 	for {
 		<-j.notify
-		text, fin, res := j.take()
+		text, fin, res, st := j.take()
 		if text != "" {
-			if send(chunk(text, nil)) != nil {
+			c := chunk(text, nil)
+			if g.sluiceStats {
+				c["sluice"] = st
+			}
+			if send(c) != nil {
 				return http.StatusOK
 			}
 		}
@@ -588,8 +598,10 @@ func (s *Server) stream(w http.ResponseWriter, j *job, chat bool, id string, inc
 		if res.err != nil {
 			send(map[string]any{"error": s.jobError(res.err)})
 		} else {
-			send(chunk("", res.finish))
-			if includeUsage {
+			last := chunk("", res.finish)
+			last["sluice"] = res.stats
+			send(last)
+			if g.includeUsage {
 				send(map[string]any{"id": id, "object": obj, "created": created, "model": s.modelID, "choices": []any{}, "usage": usageOf(res)})
 			}
 		}

@@ -33,6 +33,8 @@ var (
 	// what a request would give alone, the way `sluice run` does.
 	srvEng, refEng *engine.Engine
 	refMu          sync.Mutex
+	// testModelDir is the bundled model's packed directory.
+	testModelDir string
 )
 
 func TestMain(m *testing.M) { os.Exit(testMain(m)) }
@@ -49,6 +51,7 @@ func testMain(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
+	testModelDir = dir
 	for _, e := range []**engine.Engine{&srvEng, &refEng} {
 		if *e, err = engine.Open(context.Background(), dir, engine.Options{Ctx: testCtx, Threads: 1}); err != nil {
 			fmt.Fprintln(os.Stderr, err)
