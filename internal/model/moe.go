@@ -4,6 +4,7 @@ import (
 	"slices"
 	"sync/atomic"
 
+	"github.com/sluicelm/sluice/internal/block"
 	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/kernels"
 )
@@ -139,19 +140,20 @@ type RouteFunc func(layer, pos int, ids []int)
 // leaves Σ_k w_k·expert_k(h) (+ gated shared expert) in r.y. Routed outputs
 // are summed in router order, so the result does not depend on the order in
 // which the provider delivers experts.
-func (r *Runner) moeBlock(L *Layer, nb int) error {
+func (r *Runner) moeBlock(L *block.MoE, nb int) error {
 	c := &r.M.Config
 	s := &r.moe
 	E, K := c.Experts, c.TopK
-	r.Pool.MatMul(s.logits, &L.Router, r.h, nb)
-	r.trace("router_logits", L.Index, nb, E, s.logits)
-	r.rows(rowTask{op: opRoute}, nb)
+	r.Pool.MatMul(s.logits, &L.Router.Mat, r.h, nb)
+	r.bias(s.logits, L.RouterBias, nb)
+	r.trace("router_logits", L.Layer, nb, E, s.logits)
+	r.rows(rowTask{op: opRoute, moe: L}, nb)
 	s.distinct = s.distinct[:0]
 	for i := 0; i < nb; i++ {
 		if r.Routes != nil {
 			p := s.logits[i*E : (i+1)*E]
 			ids, w := s.ids[i*K:(i+1)*K], s.w[i*K:(i+1)*K]
-			r.Routes(L.Index, r.positions[i], ids)
+			r.Routes(L.Layer, r.positions[i], ids)
 			var sum float32
 			for k, e := range ids {
 				w[k] = p[e]
@@ -189,7 +191,7 @@ func (r *Runner) moeBlock(L *Layer, nb int) error {
 		s.maxw[di] = mw
 	}
 	nd := len(s.distinct)
-	if err := r.M.Experts.Begin(L.Index, s.distinct, Hint{MaxWeight: s.maxw[:nd], Rows: s.nrows[:nd]}); err != nil {
+	if err := r.M.Experts.Begin(L.Layer, s.distinct, Hint{MaxWeight: s.maxw[:nd], Rows: s.nrows[:nd]}); err != nil {
 		return err
 	}
 	r.lookahead(L, nb)
@@ -202,14 +204,14 @@ func (r *Runner) moeBlock(L *Layer, nb int) error {
 			s.exps[di] = ex
 		}
 		items := len(s.distinct)
-		if L.HasShared {
+		if L.Shared != nil {
 			items++ // the shared expert is one more work item
 		}
 		// Largest first, handed out one at a time: experts differ in rows
 		// by an order of magnitude in a prefill chunk, so equal counts per
 		// thread would leave one thread idle.
 		s.order = s.order[:0]
-		if L.HasShared {
+		if L.Shared != nil {
 			s.order = append(s.order, len(s.distinct))
 		}
 		for di := range s.distinct {
@@ -229,16 +231,16 @@ func (r *Runner) moeBlock(L *Layer, nb int) error {
 			if err != nil {
 				return err
 			}
-			r.runExpert(ex, di, &s.main, r.Pool)
+			r.runExpert(L, ex, di, &s.main, r.Pool)
 		}
-		if L.HasShared {
+		if L.Shared != nil {
 			r.sharedExpert(L, nb, &s.main, r.Pool)
 		}
 	}
-	if L.HasShared {
-		r.Pool.MatMul(s.sgate, &L.SharedExpertGate, r.h, nb)
+	if L.Shared != nil {
+		r.Pool.MatMul(s.sgate, &L.SharedGate.Mat, r.h, nb)
 	}
-	r.rows(rowTask{op: opCombine, L: L}, nb)
+	r.rows(rowTask{op: opCombine, moe: L}, nb)
 	return nil
 }
 
@@ -248,20 +250,26 @@ func (r *Runner) moeBlock(L *Layer, nb int) error {
 // layer's MoE output and the next layer's mixer output, so the prediction
 // is approximate; it only decides what to read early, never what is
 // computed. Issued after Begin so that this layer's misses queue first.
-func (r *Runner) lookahead(L *Layer, nb int) {
+func (r *Runner) lookahead(L *block.MoE, nb int) {
 	pf, ok := r.M.Experts.(Prefetcher)
-	if !ok || !pf.Lookahead() || L.Index+1 >= len(r.M.Layers) {
+	layers := r.M.Arch.Layers
+	if !ok || !pf.Lookahead() || L.Layer+1 >= len(layers) {
 		return
 	}
 	c := &r.M.Config
 	s := &r.moe
 	H, E, K := c.Hidden, c.Experts, c.TopK
-	next := &r.M.Layers[L.Index+1]
-	eps := float32(c.RMSEps)
+	next := &layers[L.Layer+1].MoE
+	pre := next.Pre
 	for i := 0; i < nb; i++ {
-		kernels.RMSNorm(s.pnorm[i*H:(i+1)*H], r.x[i*H:(i+1)*H], next.PostNorm, eps, c.ZeroCentredNorm())
+		kernels.RMSNorm(s.pnorm[i*H:(i+1)*H], r.x[i*H:(i+1)*H], pre.W, pre.Eps, pre.ZeroCentred)
 	}
-	r.Pool.MatMul(s.plogits, &next.Router, s.pnorm, nb)
+	r.Pool.MatMul(s.plogits, &next.Router.Mat, s.pnorm, nb)
+	if b := next.RouterBias; b != nil {
+		for i := 0; i < nb; i++ {
+			kernels.Add(s.plogits[i*E:(i+1)*E], b)
+		}
+	}
 	s.pred = s.pred[:0]
 	for i := 0; i < nb; i++ {
 		row := s.plogits[i*E : (i+1)*E]
@@ -284,13 +292,13 @@ func (r *Runner) lookahead(L *Layer, nb int) {
 	for _, e := range s.pred {
 		s.pmark[e] = false
 	}
-	pf.Prefetch(L.Index+1, s.pred)
+	pf.Prefetch(L.Layer+1, s.pred)
 }
 
 // runExpert computes distinct expert di for the rows that chose it into its
 // block of moe.outk. A nil expert was cut by a lossy deadline policy and
 // contributes zero.
-func (r *Runner) runExpert(ex *Expert, di int, t *moeThread, mm matmuler) {
+func (r *Runner) runExpert(L *block.MoE, ex *Expert, di int, t *moeThread, mm matmuler) {
 	c := &r.M.Config
 	s := &r.moe
 	H, K, I := c.Hidden, c.TopK, c.MoEInter
@@ -305,18 +313,35 @@ func (r *Runner) runExpert(ex *Expert, di int, t *moeThread, mm matmuler) {
 		copy(t.in[j*H:(j+1)*H], r.h[(rk/K)*H:(rk/K+1)*H])
 	}
 	mm.MatMul2(t.g, &ex.Gate, t.u, &ex.Up, t.in, n)
-	kernels.SwiGLU(t.g[:n*I], t.g[:n*I], t.u[:n*I])
+	if ex.GateBias != nil {
+		for j := 0; j < n; j++ {
+			kernels.Add(t.g[j*I:(j+1)*I], ex.GateBias)
+			kernels.Add(t.u[j*I:(j+1)*I], ex.UpBias)
+		}
+	}
+	switch L.Act {
+	case block.ClampedSwiGLU:
+		kernels.ClampedSwiGLU(t.g[:n*I], t.g[:n*I], t.u[:n*I])
+	default:
+		kernels.SwiGLU(t.g[:n*I], t.g[:n*I], t.u[:n*I])
+	}
 	mm.MatMul(out, &ex.Down, t.g, n)
+	if ex.DownBias != nil {
+		for j := 0; j < n; j++ {
+			kernels.Add(out[j*H:(j+1)*H], ex.DownBias)
+		}
+	}
 }
 
 // sharedExpert computes the ungated shared expert of every row into
 // moe.shared.
-func (r *Runner) sharedExpert(L *Layer, nb int, t *moeThread, mm matmuler) {
-	SI := r.M.Config.SharedInter
+func (r *Runner) sharedExpert(L *block.MoE, nb int, t *moeThread, mm matmuler) {
+	sh := L.Shared
+	SI := sh.Inter
 	s := &r.moe
-	mm.MatMul2(t.g, &L.SharedGate, t.u, &L.SharedUp, r.h, nb)
+	mm.MatMul2(t.g, &sh.Gate.Mat, t.u, &sh.Up.Mat, r.h, nb)
 	kernels.SwiGLU(t.g[:nb*SI], t.g[:nb*SI], t.u[:nb*SI])
-	mm.MatMul(s.shared, &L.SharedDown, t.g, nb)
+	mm.MatMul(s.shared, &sh.Down.Mat, t.g, nb)
 }
 
 // moeTask computes whole experts: each thread takes the next item of
@@ -324,7 +349,7 @@ func (r *Runner) sharedExpert(L *Layer, nb int, t *moeThread, mm matmuler) {
 // Which thread computes an expert changes nothing in its result.
 type moeTask struct {
 	r         *Runner
-	L         *Layer
+	L         *block.MoE
 	nb, items int
 	next      atomic.Int32
 }
@@ -343,6 +368,6 @@ func (t *moeTask) Run(lo, hi int) {
 			r.sharedExpert(t.L, t.nb, th, &th.sc)
 			continue
 		}
-		r.runExpert(s.exps[di], di, th, &th.sc)
+		r.runExpert(t.L, s.exps[di], di, th, &th.sc)
 	}
 }
