@@ -35,7 +35,7 @@ type Family struct {
 }
 
 // All lists the families sluice runs.
-var All = []*Family{&qwen3MoE, &qwen35MoE}
+var All = []*Family{&qwen3MoE, &qwen35MoE, &gptOSS}
 
 // Lookup returns the family serving a config.json model_type.
 func Lookup(modelType string) (*Family, error) {

@@ -16,6 +16,7 @@
 package format
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -82,7 +83,33 @@ type Config struct {
 	// SlidingWindow is the window of sliding_attention layers.
 	SlidingWindow int `json:"sliding_window,omitempty"`
 	// Arch is the family's own parsed config (package family).
-	Arch json.RawMessage `json:"arch,omitempty"`
+	Arch ArchJSON `json:"arch,omitempty"`
+}
+
+// ArchJSON is a family's own config as compact JSON: decoding compacts it,
+// so a config reads back equal from an indented manifest.
+type ArchJSON []byte
+
+// MarshalJSON implements json.Marshaler.
+func (a ArchJSON) MarshalJSON() ([]byte, error) {
+	if len(a) == 0 {
+		return []byte("null"), nil
+	}
+	return a, nil
+}
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (a *ArchJSON) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		*a = nil
+		return nil
+	}
+	var buf bytes.Buffer
+	if err := json.Compact(&buf, b); err != nil {
+		return err
+	}
+	*a = buf.Bytes()
+	return nil
 }
 
 // ExpertLayers is the number of expert layers stored: trunk plus MTP.

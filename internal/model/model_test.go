@@ -244,6 +244,9 @@ func TestLayers(t *testing.T) {
 	for _, name := range testutil.Models {
 		t.Run(name, func(t *testing.T) {
 			b, err := os.ReadFile(filepath.Join(testutil.Shared(t), "refs", "layers", name+"-layers.json"))
+			if os.IsNotExist(err) {
+				t.Skipf("no per-layer references for %s", name)
+			}
 			if err != nil {
 				t.Fatal(err)
 			}
