@@ -26,6 +26,9 @@ var synthShapes = map[string]format.Config{
 		LinearKeyHeads: 16, LinearValueHeads: 32, LinearKeyDim: 128, LinearValueDim: 128, ConvKernel: 4, MTPLayers: 1},
 	"qwen3-30b-a3b": {Family: family.NameQwen3MoE, Hidden: 2048, Layers: 48, Vocab: 151936, Heads: 32, KVHeads: 4, HeadDim: 128,
 		RotaryDim: 128, RopeTheta: 1e6, RMSEps: 1e-6, MaxPos: 40960, Experts: 128, TopK: 8, MoEInter: 768, NormTopK: true},
+	"gpt-oss-120b": {Family: family.NameGPTOSS, Hidden: 2880, Layers: 36, Vocab: 201088, Heads: 64, KVHeads: 8, HeadDim: 64,
+		RotaryDim: 64, RopeTheta: 150000, RMSEps: 1e-5, MaxPos: 131072, Experts: 128, TopK: 4, MoEInter: 2880, ExpertBias: true, SlidingWindow: 128,
+		Arch: format.ArchJSON(`{"rope":{"rope_theta":150000,"factor":32,"original_max_position_embeddings":4096,"beta_fast":32,"beta_slow":1,"truncate":false}}`)},
 }
 
 // cmdSynth writes a packed model with a real model's shapes and random

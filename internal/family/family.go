@@ -32,6 +32,17 @@ type Family struct {
 	// matrices; nil means the layouts every Qwen checkpoint uses
 	// (ExpertSource.Expert).
 	Expert func(src Checkpoint, c *format.Config, layer, expert int) (Expert, error)
+	// Describe lists the family's blocks and options for inspect.
+	Describe func(c *format.Config) []string
+}
+
+// Describe lists c's blocks and options, one "what  how" line each.
+func Describe(c *format.Config) []string {
+	f, err := Named(c.Family)
+	if err != nil || f.Describe == nil {
+		return nil
+	}
+	return f.Describe(c)
 }
 
 // All lists the families sluice runs.

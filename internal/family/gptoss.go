@@ -22,6 +22,21 @@ var gptOSS = Family{
 	Parse:      parseGPTOSS,
 	Build:      buildGPTOSS,
 	Expert:     gptOSSExpert,
+	Describe:   describeGPTOSS,
+}
+
+func describeGPTOSS(c *format.Config) []string {
+	var ac gptOSSArch
+	json.Unmarshal(c.Arch, &ac)
+	y := &ac.Rope
+	r := yarnRope(y, c.HeadDim)
+	return []string{
+		fmt.Sprintf("attention      grouped-query, q/k/v/o biases, a sink per head, window %d on sliding_attention layers (KV ring of window + batch rows)", c.SlidingWindow),
+		fmt.Sprintf("rope           yarn: theta %g, factor %g, original %d, beta %g/%g, truncate %v; attention factor %.4f",
+			y.Theta, y.Factor, y.OrigMaxPos, y.BetaFast, y.BetaSlow, y.Truncate, r.Scale),
+		fmt.Sprintf("router         biased logits, softmax over the top-%d", c.TopK),
+		"experts        biases, clamped SwiGLU (alpha 1.702, limit 7, (up+1))",
+	}
 }
 
 // gptOSSConfig is config.json of gpt_oss (transformers' GptOssConfig and

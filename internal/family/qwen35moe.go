@@ -18,6 +18,17 @@ var qwen35MoE = Family{
 	ModelTypes: []string{"qwen3_5_moe", "qwen3_5_moe_text"},
 	Parse:      parseQwen35MoE,
 	Build:      buildQwen35MoE,
+	Describe: func(c *format.Config) []string {
+		d := []string{"attention      grouped-query with a sigmoid output gate, q/k RMSNorm per head, partial rope (" + fmt.Sprint(c.RotaryDim) + " dims)",
+			fmt.Sprintf("deltanet       %d key / %d value heads of %d/%d, conv kernel %d", c.LinearKeyHeads, c.LinearValueHeads, c.LinearKeyDim, c.LinearValueDim, c.ConvKernel),
+			"norms          zero-centred RMSNorm (x·(1+w))",
+			fmt.Sprintf("router         softmax over all experts, top-%d renormalised", c.TopK),
+			fmt.Sprintf("experts        SwiGLU, sigmoid-gated shared expert of %d", c.SharedInter)}
+		if c.MTPLayers > 0 {
+			d = append(d, "mtp            one layer (speculative drafts)")
+		}
+		return d
+	},
 }
 
 // qwen35MoEConfig is the text config.json of qwen3_5_moe.

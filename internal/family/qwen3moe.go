@@ -17,6 +17,11 @@ var qwen3MoE = Family{
 	ModelTypes: []string{"qwen3_moe"},
 	Parse:      parseQwen3MoE,
 	Build:      buildQwen3MoE,
+	Describe: func(c *format.Config) []string {
+		return []string{"attention      grouped-query, q/k RMSNorm per head, rope theta " + fmt.Sprint(c.RopeTheta),
+			fmt.Sprintf("router         softmax over all experts, top-%d%s", c.TopK, map[bool]string{true: " renormalised", false: ""}[c.NormTopK]),
+			"experts        SwiGLU"}
+	},
 }
 
 // qwen3MoEConfig is config.json of qwen3_moe; pointers tell absent from
