@@ -125,11 +125,35 @@ type Mixer interface {
 	Mix(b Backend, cache int)
 }
 
-// Mix runs the attention over cache.
-func (a *Attn) Mix(b Backend, cache int) { b.Attention(a, cache) }
+// Mix runs grouped-query attention over cache: Y = attention(H).
+func (a *Attn) Mix(b Backend, cache int) {
+	b.Project(a)
+	b.Prep(a, cache)
+	b.Attend(a, cache)
+	b.AttnOut(a)
+}
 
-// Mix runs the DeltaNet over the recurrent state cache.
-func (d *DeltaNet) Mix(b Backend, cache int) { b.DeltaNet(d, cache) }
+// Mix runs the gated DeltaNet over the recurrent state cache: Y =
+// deltanet(H).
+func (d *DeltaNet) Mix(b Backend, cache int) {
+	b.DNProject(d)
+	b.Conv(d, cache)
+	b.DNPrep(d)
+	b.DeltaRule(d, cache)
+	b.DNGate(d)
+	b.DNOut(d)
+}
+
+// Forward runs the MoE: Y = moe(H).
+func (m *MoE) Forward(b Backend) error {
+	b.RouterLogits(m)
+	b.Route(m)
+	if err := b.Experts(m); err != nil {
+		return err
+	}
+	b.Combine(m)
+	return nil
+}
 
 // Layer is the pre-norm decoder layer every family so far uses:
 // h = In(x); x += Mixer(h); h = Post(x); x += MoE(h).
@@ -161,20 +185,53 @@ const (
 	Y
 )
 
-// Backend runs blocks over the rows of one step. Every op is
+// Backend runs the ops of blocks over the rows of one step. Every op is
 // batch-invariant: row i's bits depend only on row i, the weights and the
-// cache rows at or before its position, summed in a fixed order.
+// cache rows at or before its position, summed in a fixed order. Ops read
+// and write the step's buffers (X, H, Y) and the block's own scratch,
+// which the backend holds; a block's composition (Attn.Mix,
+// DeltaNet.Mix, MoE.Forward) is the same on every backend.
 type Backend interface {
 	// Norm adds Y into X when add is set, then writes n(X) into H.
 	Norm(n *Norm, add bool)
-	// Attention writes attention(H) into Y, appending the rows' keys and
-	// values to cache.
-	Attention(a *Attn, cache int)
-	// DeltaNet writes deltanet(H) into Y, advancing the recurrent state
-	// cache.
-	DeltaNet(d *DeltaNet, cache int)
-	// MoE writes moe(H) into Y.
-	MoE(m *MoE) error
+
+	// Project writes the q, k and v projections of H (plus biases).
+	Project(a *Attn)
+	// Prep applies the per-head norms and the rope to q and k and appends
+	// the rows' keys and values to cache.
+	Prep(a *Attn, cache int)
+	// Attend computes each row's softmax over its positions of cache
+	// (window, sinks, output gate as a says) into the attention output.
+	Attend(a *Attn, cache int)
+	// AttnOut writes Y = O·output (plus its bias).
+	AttnOut(a *Attn)
+
+	// DNProject writes the q/k/v, z, b and a projections of H.
+	DNProject(d *DeltaNet)
+	// Conv runs the causal depthwise conv and SiLU over the q/k/v
+	// projections, advancing cache's conv history.
+	Conv(d *DeltaNet, cache int)
+	// DNPrep normalises q and k per head and computes beta and the decay.
+	DNPrep(d *DeltaNet)
+	// DeltaRule runs the gated delta rule over the rows in order,
+	// advancing cache's recurrent matrix.
+	DeltaRule(d *DeltaNet, cache int)
+	// DNGate applies the gated RMSNorm to the output.
+	DNGate(d *DeltaNet)
+	// DNOut writes Y = Out·output.
+	DNOut(d *DeltaNet)
+
+	// RouterLogits computes the router's logits of H (plus its bias).
+	RouterLogits(m *MoE)
+	// Route picks each row's top-k experts and their weights.
+	Route(m *MoE)
+	// Experts computes the routed experts (from the provider) and the
+	// shared expert of every row.
+	Experts(m *MoE) error
+	// Combine writes Y = Σ_k w_k·expert_k(H) in router order (plus the
+	// gated shared expert).
+	Combine(m *MoE)
+
 	// Emit reports buffer b under a name of refs/layers (a no-op unless
 	// tracing).
 	Emit(name string, layer int, b Buf)
@@ -194,7 +251,7 @@ func Forward(b Backend, layers []Layer) error {
 		b.Emit("mixer_out", i, Y)
 		b.Norm(&L.Post, true)
 		b.Emit("post_norm", i, H)
-		if err := b.MoE(&L.MoE); err != nil {
+		if err := L.MoE.Forward(b); err != nil {
 			return err
 		}
 		b.Emit("moe_out", i, Y)

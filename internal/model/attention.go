@@ -21,19 +21,31 @@ func (a *attnScratch) init(c *format.Config, rows int) {
 	a.o = make([]float32, rows*c.Heads*c.HeadDim)
 }
 
-// attention runs grouped-query attention (gated, windowed, with sinks and
-// biases as the block says) for nb rows at positions pos.., appending their
-// keys and values to the cache kc/vc of rows rows (position p at row p %
-// rows), and leaves the projected output in r.y.
-func (r *Runner) attention(L *block.Attn, kc, vc []float32, rows, pos, nb int) {
+// The attention ops of block.Backend. Position p of a cache of rows rows
+// is at row p % rows (a ring for sliding-window layers).
+
+// Project implements block.Backend.
+func (r *Runner) Project(L *block.Attn) {
 	a := &r.attn
+	r.Pool.MatMul2(a.q, &L.Q.Mat, a.k, &L.K.Mat, r.h, r.nb)
+	r.Pool.MatMul(a.v, &L.V.Mat, r.h, r.nb)
+}
+
+// Prep implements block.Backend.
+func (r *Runner) Prep(L *block.Attn, cache int) {
+	kc, vc, rows := r.st.kv(cache)
+	r.rows(rowTask{op: opQKPrep, attn: L, kc: kc, vc: vc, rows: rows, pos: r.pos}, r.nb)
+}
+
+// Attend implements block.Backend.
+func (r *Runner) Attend(L *block.Attn, cache int) {
+	a := &r.attn
+	kc, vc, rows := r.st.kv(cache)
+	pos, nb := r.pos, r.nb
 	qw, qstride := L.Q.Mat.Rows, L.HeadDim // per row width of the q projection; per head
 	if L.Gate {
 		qstride = 2 * L.HeadDim // per head: query then gate
 	}
-	r.Pool.MatMul2(a.q, &L.Q.Mat, a.k, &L.K.Mat, r.h, nb)
-	r.Pool.MatMul(a.v, &L.V.Mat, r.h, nb)
-	r.rows(rowTask{op: opQKPrep, attn: L, kc: kc, vc: vc, rows: rows, pos: pos}, nb)
 	threads := r.Pool.Threads()
 	span := pos + nb
 	if L.Window > 0 {
@@ -51,8 +63,12 @@ func (r *Runner) attention(L *block.Attn, kc, vc []float32, rows, pos, nb int) {
 	a.task = attnTask{r: r, L: L, kc: kc, vc: vc, rows: rows, pos: pos, nb: nb, qw: qw, qstride: qstride, span: span}
 	r.Pool.Parallel(a.task.items(), 1, &a.task)
 	a.task = attnTask{}
-	r.Pool.MatMul(r.y, &L.O.Mat, a.o, nb)
-	r.bias(r.y, L.OB, nb)
+}
+
+// AttnOut implements block.Backend.
+func (r *Runner) AttnOut(L *block.Attn) {
+	r.Pool.MatMul(r.y, &L.O.Mat, r.attn.o, r.nb)
+	r.bias(r.y, L.OB, r.nb)
 }
 
 // qkPrep adds the projection biases, normalises and rotates the queries

@@ -33,27 +33,41 @@ func (d *dnScratch) init(c *format.Config, rows, threads int) {
 	d.acc = make([]float32, threads*(2*kd+vd))
 }
 
-// deltanet runs the gated DeltaNet block of trunk layer li over nb rows in
-// order, updating st's conv history and recurrent state, and leaves the
-// projected output in r.y. Under State.Speculate it also saves both after
-// each row, for Commit to roll back to.
-func (r *Runner) deltanet(L *block.DeltaNet, st *State, li, nb int) {
-	rec := st.rec[li]
+// The gated DeltaNet ops of block.Backend. They run the rows in order,
+// updating the state's conv history and recurrent matrix; under
+// State.Speculate they also save both after each row, for Commit to roll
+// back to.
+
+// DNProject implements block.Backend.
+func (r *Runner) DNProject(L *block.DeltaNet) {
 	d := &r.dn
-	nk, nv, dk, dv := L.KeyHeads, L.ValueHeads, L.KeyDim, L.ValueDim
-	kd, vd := nk*dk, nv*dv
-	cd := 2*kd + vd
-	r.Pool.MatMul2(d.qkv, &L.QKV.Mat, d.z, &L.Z.Mat, r.h, nb)
-	r.Pool.MatMul(d.b, &L.B.Mat, r.h, nb)
-	r.Pool.MatMul(d.a, &L.A.Mat, r.h, nb)
-	r.rows(rowTask{op: opConv, dn: L, st: st, li: li, nb: nb}, cd)
-	r.rows(rowTask{op: opDNPrep, dn: L}, nb)
-	d.task = dnTask{r: r, L: L, rec: rec, nb: nb, st: st, li: li}
-	r.Pool.Parallel(nv, 1, &d.task)
-	d.task = dnTask{}
-	r.rows(rowTask{op: opDNGate, dn: L}, nb)
-	r.Pool.MatMul(r.y, &L.Out.Mat, d.o, nb)
+	r.Pool.MatMul2(d.qkv, &L.QKV.Mat, d.z, &L.Z.Mat, r.h, r.nb)
+	r.Pool.MatMul(d.b, &L.B.Mat, r.h, r.nb)
+	r.Pool.MatMul(d.a, &L.A.Mat, r.h, r.nb)
 }
+
+// Conv implements block.Backend.
+func (r *Runner) Conv(L *block.DeltaNet, cache int) {
+	cd := 2*L.KeyHeads*L.KeyDim + L.ValueHeads*L.ValueDim
+	r.rows(rowTask{op: opConv, dn: L, st: r.st, li: cache, nb: r.nb}, cd)
+}
+
+// DNPrep implements block.Backend.
+func (r *Runner) DNPrep(L *block.DeltaNet) { r.rows(rowTask{op: opDNPrep, dn: L}, r.nb) }
+
+// DeltaRule implements block.Backend.
+func (r *Runner) DeltaRule(L *block.DeltaNet, cache int) {
+	d := &r.dn
+	d.task = dnTask{r: r, L: L, rec: r.st.rec[cache], nb: r.nb, st: r.st, li: cache}
+	r.Pool.Parallel(L.ValueHeads, 1, &d.task)
+	d.task = dnTask{}
+}
+
+// DNGate implements block.Backend.
+func (r *Runner) DNGate(L *block.DeltaNet) { r.rows(rowTask{op: opDNGate, dn: L}, r.nb) }
+
+// DNOut implements block.Backend.
+func (r *Runner) DNOut(L *block.DeltaNet) { r.Pool.MatMul(r.y, &L.Out.Mat, r.dn.o, r.nb) }
 
 // dnConv runs the causal depthwise conv over [history..., x] and SiLU for
 // channels lo..hi of every row of the step, leaving the outputs in place of

@@ -173,19 +173,6 @@ func (r *Runner) Norm(n *block.Norm, add bool) {
 	r.norm(r.h, r.x, y, n, r.nb)
 }
 
-// Attention implements block.Backend; cache len(Layers) is the MTP
-// layer's.
-func (r *Runner) Attention(a *block.Attn, cache int) {
-	kc, vc, rows := r.st.kv(cache)
-	r.attention(a, kc, vc, rows, r.pos, r.nb)
-}
-
-// DeltaNet implements block.Backend.
-func (r *Runner) DeltaNet(d *block.DeltaNet, cache int) { r.deltanet(d, r.st, cache, r.nb) }
-
-// MoE implements block.Backend.
-func (r *Runner) MoE(m *block.MoE) error { return r.moeBlock(m, r.nb) }
-
 // Emit implements block.Backend.
 func (r *Runner) Emit(name string, layer int, b block.Buf) {
 	if r.Trace == nil {

@@ -136,33 +136,55 @@ func Route(probs []float32, k int, norm bool, ids []int, w []float32) {
 // layer.
 type RouteFunc func(layer, pos int, ids []int)
 
-// moeBlock routes nb rows of r.h, runs the shared and routed experts, and
-// leaves Σ_k w_k·expert_k(h) (+ gated shared expert) in r.y. Routed outputs
-// are summed in router order, so the result does not depend on the order in
-// which the provider delivers experts.
-func (r *Runner) moeBlock(L *block.MoE, nb int) error {
+// The MoE ops of block.Backend: the routed outputs are summed in router
+// order, so the result does not depend on the order in which the provider
+// delivers experts.
+
+// RouterLogits implements block.Backend.
+func (r *Runner) RouterLogits(L *block.MoE) {
+	s := &r.moe
+	r.Pool.MatMul(s.logits, &L.Router.Mat, r.h, r.nb)
+	r.bias(s.logits, L.RouterBias, r.nb)
+	r.trace("router_logits", L.Layer, r.nb, r.M.Config.Experts, s.logits)
+}
+
+// Route implements block.Backend.
+func (r *Runner) Route(L *block.MoE) {
+	r.rows(rowTask{op: opRoute, moe: L}, r.nb)
+	if r.Routes == nil {
+		return
+	}
 	c := &r.M.Config
 	s := &r.moe
 	E, K := c.Experts, c.TopK
-	r.Pool.MatMul(s.logits, &L.Router.Mat, r.h, nb)
-	r.bias(s.logits, L.RouterBias, nb)
-	r.trace("router_logits", L.Layer, nb, E, s.logits)
-	r.rows(rowTask{op: opRoute, moe: L}, nb)
+	for i := 0; i < r.nb; i++ {
+		p := s.logits[i*E : (i+1)*E]
+		ids, w := s.ids[i*K:(i+1)*K], s.w[i*K:(i+1)*K]
+		r.Routes(L.Layer, r.positions[i], ids)
+		var sum float32
+		for k, e := range ids {
+			w[k] = p[e]
+			sum += w[k]
+		}
+		for k := range w {
+			w[k] /= sum
+		}
+	}
+}
+
+// Combine implements block.Backend.
+func (r *Runner) Combine(L *block.MoE) { r.rows(rowTask{op: opCombine, moe: L}, r.nb) }
+
+// Experts implements block.Backend: the provider's Begin with the batch's
+// distinct experts, the lookahead, then the routed experts and the shared
+// expert.
+func (r *Runner) Experts(L *block.MoE) error {
+	c := &r.M.Config
+	s := &r.moe
+	K := c.TopK
+	nb := r.nb
 	s.distinct = s.distinct[:0]
 	for i := 0; i < nb; i++ {
-		if r.Routes != nil {
-			p := s.logits[i*E : (i+1)*E]
-			ids, w := s.ids[i*K:(i+1)*K], s.w[i*K:(i+1)*K]
-			r.Routes(L.Layer, r.positions[i], ids)
-			var sum float32
-			for k, e := range ids {
-				w[k] = p[e]
-				sum += w[k]
-			}
-			for k := range w {
-				w[k] /= sum
-			}
-		}
 		for k, e := range s.ids[i*K : (i+1)*K] {
 			if s.slot[e] < 0 {
 				s.slot[e] = len(s.distinct)
@@ -240,7 +262,6 @@ func (r *Runner) moeBlock(L *block.MoE, nb int) error {
 	if L.Shared != nil {
 		r.Pool.MatMul(s.sgate, &L.SharedGate.Mat, r.h, nb)
 	}
-	r.rows(rowTask{op: opCombine, moe: L}, nb)
 	return nil
 }
 
