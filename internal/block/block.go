@@ -87,6 +87,11 @@ const (
 	SoftmaxTopK Score = iota
 	// TopKSoftmax: the k largest logits, softmax over those k (gpt-oss).
 	TopKSoftmax
+	// SigmoidGroups: sigmoid scores; the choice adds the correction bias,
+	// keeps the TopGroups groups whose two best choices sum highest, and
+	// takes the k best there; the weights are the chosen scores,
+	// renormalised when NormTopK, times Scale (DeepSeek).
+	SigmoidGroups
 )
 
 // Act is the activation between an expert's gate/up and down projections.
@@ -115,9 +120,60 @@ type MoE struct {
 	RouterBias []float32 // added to the logits, nil when absent
 	Score      Score
 	NormTopK   bool
-	Act        Act
-	Shared     *MLP   // nil when absent
-	SharedGate Weight // [1][hidden] sigmoid gate of the shared expert
+	// SigmoidGroups: the correction bias (choice only), the groups the
+	// experts split into, how many groups stay, the weights' scale.
+	Correction        []float32
+	Groups, TopGroups int
+	Scale             float32
+	Act               Act
+	Shared            *MLP   // nil when absent
+	SharedGate        Weight // [1][hidden] sigmoid gate of the shared expert
+}
+
+// MLA is DeepSeek's multi-head latent attention, run absorbed: the cache
+// holds one latent per position, [kv_a_layernorm(c) ‖ rope(k_rot)]
+// (KVLora + RopeDim floats); each head's query becomes [W_k^T·q_nope ‖
+// q_rot] over that latent, and its output W_v·(Σ p·c). The sum order is the
+// same alone, in a chunk or in a verify batch.
+type MLA struct {
+	QA      Weight    // q_a_proj [q_lora][hidden]
+	QANorm  Norm      // over q_lora
+	QB      Weight    // q_b_proj [heads·(nope+rope)][q_lora], each head's rope part de-interleaved by the packer
+	KVA     Weight    // kv_a_proj_with_mqa [kv_lora+rope][hidden], rope part de-interleaved
+	KVANorm Norm      // over kv_lora
+	KVB     []float32 // kv_b_proj [heads·(nope+v)][kv_lora]: W_k then W_v per head
+	O       Weight    // [hidden][heads·v]
+
+	Heads, Nope, RopeDim, V, KVLora, QLora int
+	Rope                                   *Rope
+	Scale                                  float32
+	// Index selects the positions each row attends to (DeepSeek sparse
+	// attention); nil attends to every position.
+	Index *Indexer
+}
+
+// Indexer is DeepSeek-V3.2's lightning indexer: per position t,
+// Σ_h w_h·relu(scale·q_h·k_t) with w = weights_proj(x)·heads^-½, and each
+// row attends to its TopK best positions (all of them while it has no more
+// than TopK), in position order.
+type Indexer struct {
+	WQ               Weight    // wq_b [heads·dim][q_lora]
+	WK               Weight    // wk [dim][hidden]
+	KNorm            []float32 // LayerNorm weight [dim]
+	KBias            []float32 // LayerNorm bias [dim]
+	Weights          Weight    // weights_proj [heads][hidden]
+	Eps              float32
+	Heads, Dim, TopK int
+}
+
+// Mix runs the latent attention over cache.
+func (m *MLA) Mix(b Backend, cache int) {
+	b.MLAProject(m)
+	b.MLAPrep(m, cache)
+	if m.Index != nil {
+		b.Select(m, cache)
+	}
+	b.MLAAttend(m, cache)
 }
 
 // Mixer is a layer's token mixer: attention or DeltaNet.
@@ -155,12 +211,29 @@ func (m *MoE) Forward(b Backend) error {
 	return nil
 }
 
+// FFN is a layer's feed-forward block: a routed MoE or a dense MLP.
+type FFN interface {
+	Forward(b Backend) error
+}
+
+// Forward runs the dense MLP: Y = down(silu(gate(H))·up(H)).
+func (m *MLP) Forward(b Backend) error {
+	b.Dense(m)
+	return nil
+}
+
 // Layer is the pre-norm decoder layer every family so far uses:
-// h = In(x); x += Mixer(h); h = Post(x); x += MoE(h).
+// h = In(x); x += Mixer(h); h = Post(x); x += FFN(h).
 type Layer struct {
 	In, Post Norm
 	Mixer    Mixer
-	MoE      MoE
+	FFN      FFN
+}
+
+// MoE returns the layer's MoE, or nil for a dense layer.
+func (l *Layer) MoE() *MoE {
+	m, _ := l.FFN.(*MoE)
+	return m
 }
 
 // MTP is a multi-token-prediction head (Qwen3.5): fc over the normed
@@ -206,6 +279,18 @@ type Backend interface {
 	// AttnOut writes Y = O·output (plus its bias).
 	AttnOut(a *Attn)
 
+	// MLAProject writes the latent attention's (and its indexer's)
+	// projections of H.
+	MLAProject(m *MLA)
+	// MLAPrep norms the latents, applies the rope, absorbs W_k into the
+	// queries and appends the rows' latents (and indexer keys) to cache.
+	MLAPrep(m *MLA, cache int)
+	// Select picks each row's positions with the indexer.
+	Select(m *MLA, cache int)
+	// MLAAttend attends over the selected positions of cache and writes
+	// Y = O·(W_v·output).
+	MLAAttend(m *MLA, cache int)
+
 	// DNProject writes the q/k/v, z, b and a projections of H.
 	DNProject(d *DeltaNet)
 	// Conv runs the causal depthwise conv and SiLU over the q/k/v
@@ -229,8 +314,10 @@ type Backend interface {
 	// shared expert of every row.
 	Experts(m *MoE) error
 	// Combine writes Y = Σ_k w_k·expert_k(H) in router order (plus the
-	// gated shared expert).
+	// shared expert, gated when SharedGate is present).
 	Combine(m *MoE)
+	// Dense writes Y = mlp(H).
+	Dense(m *MLP)
 
 	// Emit reports buffer b under a name of refs/layers (a no-op unless
 	// tracing).
@@ -251,7 +338,7 @@ func Forward(b Backend, layers []Layer) error {
 		b.Emit("mixer_out", i, Y)
 		b.Norm(&L.Post, true)
 		b.Emit("post_norm", i, H)
-		if err := L.MoE.Forward(b); err != nil {
+		if err := L.FFN.Forward(b); err != nil {
 			return err
 		}
 		b.Emit("moe_out", i, Y)
@@ -271,13 +358,17 @@ const (
 	Ring
 	// Recurrent: the DeltaNet conv history and recurrent matrix.
 	Recurrent
+	// Latent: MLA's latent per position (KVWidth floats) and the
+	// indexer's key (IndexWidth floats, 0 without an indexer).
+	Latent
 )
 
 // StateSpec is one layer's state.
 type StateSpec struct {
-	Kind    StateKind
-	KVWidth int // KV, Ring: kv_heads·head_dim per position
-	Window  int // Ring
+	Kind       StateKind
+	KVWidth    int // KV, Ring: kv_heads·head_dim per position; Latent: the latent's width
+	IndexWidth int // Latent: the indexer key's width
+	Window     int // Ring
 	// Recurrent: conv history and matrix sizes in floats.
 	ConvFloats, RecFloats int
 }

@@ -54,9 +54,10 @@ func (t *Tensors) find(name string, shape []int) (*format.Tensor, bool) {
 	return ft, true
 }
 
-// Mat declares a matrix the packer quantises (at --bits).
+// Mat declares a matrix the packer quantises (at --bits); one whose rows
+// are not a whole number of quantisation groups stays float32.
 func (t *Tensors) Mat(name string, shape ...int) Weight {
-	return t.mat(name, true, shape)
+	return t.mat(name, shape[len(shape)-1]%format.GroupSize == 0, shape)
 }
 
 // F32 declares a matrix kept in float32 (routers, small gates: routing

@@ -119,6 +119,8 @@ func qwenAttn(c *format.Config, t *block.Tensors, p string, rope *block.Rope, ga
 // previous layer applies it).
 func linkPre(layers []block.Layer) {
 	for i := range layers {
-		layers[i].MoE.Pre = &layers[i].Post
+		if m := layers[i].MoE(); m != nil {
+			m.Pre = &layers[i].Post
+		}
 	}
 }

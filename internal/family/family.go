@@ -32,6 +32,8 @@ type Family struct {
 	// matrices; nil means the layouts every Qwen checkpoint uses
 	// (ExpertSource.Expert).
 	Expert func(src Checkpoint, c *format.Config, layer, expert int) (Expert, error)
+	// Dense converts one dense tensor of a checkpoint; nil reads it as is.
+	Dense func(src Checkpoint, c *format.Config, s format.Spec) ([]float32, error)
 	// Describe lists the family's blocks and options for inspect.
 	Describe func(c *format.Config) []string
 }
@@ -46,7 +48,7 @@ func Describe(c *format.Config) []string {
 }
 
 // All lists the families sluice runs.
-var All = []*Family{&qwen3MoE, &qwen35MoE, &gptOSS}
+var All = []*Family{&qwen3MoE, &qwen35MoE, &gptOSS, &deepSeek}
 
 // Lookup returns the family serving a config.json model_type.
 func Lookup(modelType string) (*Family, error) {
@@ -116,6 +118,18 @@ type Checkpoint interface {
 	Slice(name string, shape []int, i int) ([]float32, error)
 	// Has reports whether the checkpoint holds the tensor.
 	Has(name string) bool
+}
+
+// DenseOf reads dense tensor s of a checkpoint as c's family packs it.
+func DenseOf(src Checkpoint, c *format.Config, s format.Spec) ([]float32, error) {
+	f, err := Named(c.Family)
+	if err != nil {
+		return nil, err
+	}
+	if f.Dense != nil {
+		return f.Dense(src, c, s)
+	}
+	return src.Float32(s.Name, s.Shape)
 }
 
 // ExpertOf converts expert e of layer l of a checkpoint.

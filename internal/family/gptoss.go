@@ -158,7 +158,7 @@ func parseGPTOSS(raw []byte) (format.Config, error) {
 	if slices.Contains(c.LayerTypes, format.SlidingAttention) && c.SlidingWindow <= 0 {
 		return c, fmt.Errorf("sliding_window = %d, want > 0", c.SlidingWindow)
 	}
-	y, err := parseYarn(&r)
+	y, err := parseYarn(r.RopeParameters, r.RopeScaling, r.RopeTheta, r.MaxPos, true)
 	if err != nil {
 		return c, err
 	}
@@ -170,17 +170,22 @@ func parseGPTOSS(raw []byte) (format.Config, error) {
 }
 
 // parseYarn reads rope_parameters (or the older rope_scaling), refusing
-// any rope but YaRN and any key YaRN does not implement.
-func parseYarn(r *gptOSSConfig) (yarn, error) {
-	y := yarn{Theta: 150000, BetaFast: 32, BetaSlow: 1, Truncate: true}
-	if r.RopeTheta != nil {
-		y.Theta = *r.RopeTheta
+// any rope but YaRN and any key YaRN does not implement. gptOSS supplies
+// GptOssConfig's defaults (theta 150000, the release's YaRN) for what the
+// config leaves out.
+func parseYarn(params, scaling map[string]any, theta *float64, maxPos int, gptOSS bool) (yarn, error) {
+	y := yarn{Theta: 10000, BetaFast: 32, BetaSlow: 1, Truncate: true}
+	if gptOSS {
+		y.Theta = 150000
 	}
-	rp := r.RopeParameters
-	if rp == nil {
-		rp = r.RopeScaling
+	if theta != nil {
+		y.Theta = *theta
 	}
+	rp := params
 	if rp == nil {
+		rp = scaling
+	}
+	if rp == nil && gptOSS {
 		// transformers' GptOssConfig default.
 		rp = map[string]any{"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
 			"truncate": false, "original_max_position_embeddings": 4096.0}
@@ -195,7 +200,7 @@ func parseYarn(r *gptOSSConfig) (yarn, error) {
 		rt, _ = rp["type"].(string)
 	}
 	if rt != "yarn" {
-		return y, fmt.Errorf("rope_parameters.rope_type %q is not supported by %s (want yarn)", rt, NameGPTOSS)
+		return y, fmt.Errorf("rope_parameters.rope_type %q is not supported (want yarn)", rt)
 	}
 	num := func(k string, dst *float64) error {
 		v, ok := rp[k]
@@ -235,10 +240,10 @@ func parseYarn(r *gptOSSConfig) (yarn, error) {
 	}
 	y.OrigMaxPos = int(orig)
 	if y.OrigMaxPos <= 0 {
-		y.OrigMaxPos = r.MaxPos
+		y.OrigMaxPos = maxPos
 	}
 	if y.Factor <= 0 && y.OrigMaxPos > 0 {
-		y.Factor = float64(r.MaxPos) / float64(y.OrigMaxPos)
+		y.Factor = float64(maxPos) / float64(y.OrigMaxPos)
 	}
 	if y.Factor <= 0 || y.OrigMaxPos <= 0 || y.Theta <= 0 {
 		return y, fmt.Errorf("rope_parameters: yarn needs factor, original_max_position_embeddings and rope_theta > 0")
@@ -246,9 +251,9 @@ func parseYarn(r *gptOSSConfig) (yarn, error) {
 	// transformers versions differ on whether factor or
 	// max_position_embeddings / original_max_position_embeddings scales
 	// the attention: refuse configs where the two disagree.
-	if r.MaxPos > 0 && math.Abs(float64(r.MaxPos)/float64(y.OrigMaxPos)-y.Factor) > 1e-9 {
+	if maxPos > 0 && math.Abs(float64(maxPos)/float64(y.OrigMaxPos)-y.Factor) > 1e-9 {
 		return y, fmt.Errorf("rope_parameters.factor %v disagrees with max_position_embeddings / original_max_position_embeddings = %d / %d",
-			y.Factor, r.MaxPos, y.OrigMaxPos)
+			y.Factor, maxPos, y.OrigMaxPos)
 	}
 	return y, nil
 }
@@ -321,7 +326,7 @@ func buildGPTOSS(c *format.Config, t *block.Tensors) (*Arch, error) {
 			st.Kind, st.Window = block.Ring, c.SlidingWindow
 		}
 		L.Mixer = at
-		L.MoE = block.MoE{Layer: l, Score: block.TopKSoftmax, Act: block.ClampedSwiGLU,
+		L.FFN = &block.MoE{Layer: l, Score: block.TopKSoftmax, Act: block.ClampedSwiGLU,
 			Router:     t.F32(p+"mlp.router.weight", c.Experts, H),
 			RouterBias: t.Vec(p+"mlp.router.bias", c.Experts)}
 		a.Layers = append(a.Layers, L)

@@ -129,13 +129,14 @@ func buildQwen35MoE(c *format.Config, t *block.Tensors) (*Arch, error) {
 			d.Out = t.Mat(p+"linear_attn.out_proj.weight", H, vd)
 			L.Mixer = d
 		}
-		L.MoE = block.MoE{Layer: l, Router: t.F32(p+"mlp.gate.weight", c.Experts, H), NormTopK: true}
+		moe := &block.MoE{Layer: l, Router: t.F32(p+"mlp.gate.weight", c.Experts, H), NormTopK: true}
+		L.FFN = moe
 		if c.SharedInter > 0 {
-			L.MoE.Shared = &block.MLP{Inter: c.SharedInter,
+			moe.Shared = &block.MLP{Inter: c.SharedInter,
 				Gate: t.Mat(p+"mlp.shared_expert.gate_proj.weight", c.SharedInter, H),
 				Up:   t.Mat(p+"mlp.shared_expert.up_proj.weight", c.SharedInter, H),
 				Down: t.Mat(p+"mlp.shared_expert.down_proj.weight", H, c.SharedInter)}
-			L.MoE.SharedGate = t.F32(p+"mlp.shared_expert_gate.weight", 1, H)
+			moe.SharedGate = t.F32(p+"mlp.shared_expert_gate.weight", 1, H)
 		}
 		return L
 	}
@@ -161,7 +162,7 @@ func buildQwen35MoE(c *format.Config, t *block.Tensors) (*Arch, error) {
 			NormHidden: rmsNorm(c, t.Vec("mtp.pre_fc_norm_hidden.weight", H), true),
 			Norm:       rmsNorm(c, t.Vec("mtp.norm.weight", H), true),
 			Layer:      mtpLayer}
-		a.MTP.Layer.MoE.Pre = &a.MTP.Layer.Post
+		a.MTP.Layer.MoE().Pre = &a.MTP.Layer.Post
 		a.MTPState = block.StateSpec{Kind: block.KV, KVWidth: c.KVHeads * c.HeadDim}
 	}
 	return a, nil

@@ -72,7 +72,7 @@ func buildQwen3MoE(c *format.Config, t *block.Tensors) (*Arch, error) {
 		L := block.Layer{In: rmsNorm(c, t.Vec(p+"input_layernorm.weight", c.Hidden), false),
 			Post: rmsNorm(c, t.Vec(p+"post_attention_layernorm.weight", c.Hidden), false)}
 		L.Mixer = qwenAttn(c, t, p, &a.Rope, false, false)
-		L.MoE = block.MoE{Layer: l, Router: t.F32(p+"mlp.gate.weight", c.Experts, c.Hidden), NormTopK: c.NormTopK}
+		L.FFN = &block.MoE{Layer: l, Router: t.F32(p+"mlp.gate.weight", c.Experts, c.Hidden), NormTopK: c.NormTopK}
 		a.Layers = append(a.Layers, L)
 		a.States = append(a.States, block.StateSpec{Kind: block.KV, KVWidth: c.KVHeads * c.HeadDim})
 	}

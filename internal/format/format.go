@@ -80,6 +80,9 @@ type Config struct {
 	// ExpertBias: expert records carry float32 biases after each
 	// projection.
 	ExpertBias bool `json:"expert_bias,omitempty"`
+	// FirstDense leading layers have a dense MLP and no experts: their
+	// expert records are holes in the file, never read.
+	FirstDense int `json:"first_k_dense_replace,omitempty"`
 	// SlidingWindow is the window of sliding_attention layers.
 	SlidingWindow int `json:"sliding_window,omitempty"`
 	// Arch is the family's own parsed config (package family).

@@ -36,6 +36,7 @@ type Runner struct {
 	rope      *block.Rope // the family's rotary embedding
 	rowT      rowTask     // the row-wise op in flight
 	mtp       mtpScratch  // the MTP head's buffers, allocated on first use
+	mla       mlaScratch  // the latent attention's buffers, when the model has it
 
 	// The step in flight, for the Backend methods.
 	st  *State
@@ -63,6 +64,15 @@ func NewRunner(m *Model, threads, maxRows int) *Runner {
 	r.positions = make([]int, maxRows)
 	r.attn.init(c, maxRows)
 	r.dn.init(c, maxRows, r.Pool.Threads())
+	for i := range m.Arch.Layers {
+		L := &m.Arch.Layers[i]
+		if d, ok := L.FFN.(*block.MLP); ok {
+			r.moe.dense = max(r.moe.dense, d.Inter)
+		}
+		if a, ok := L.Mixer.(*block.MLA); ok && r.mla.qa == nil {
+			r.mla.init(a, maxRows, r.Pool.Threads())
+		}
+	}
 	r.moe.init(c, maxRows)
 	r.moe.initThreads(c, maxRows, r.Pool.Threads())
 	return r

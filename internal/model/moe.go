@@ -1,6 +1,7 @@
 package model
 
 import (
+	"math"
 	"slices"
 	"sync/atomic"
 
@@ -34,6 +35,8 @@ type moeScratch struct {
 	pk       []int     // [top_k] lookahead: one row's picks
 	sgate    []float32 // [rows]
 	shared   []float32 // [rows][hidden]
+	dense    int       // the widest dense MLP's intermediate size
+	choice   []float32 // [rows][experts] grouped routing: scores for choice
 }
 
 // moeThread is one thread's buffers for computing whole experts.
@@ -92,10 +95,11 @@ func (s *moeScratch) init(c *format.Config, rows int) {
 	s.pred = make([]int, 0, E)
 	s.pmark = make([]bool, E)
 	s.pk = make([]int, 0, K)
-	s.main = moeThread{in: make([]float32, rows*H), g: make([]float32, rows*max(I, c.SharedInter)),
-		u: make([]float32, rows*max(I, c.SharedInter))}
+	s.main = moeThread{in: make([]float32, rows*H), g: make([]float32, rows*max(I, c.SharedInter, s.dense)),
+		u: make([]float32, rows*max(I, c.SharedInter, s.dense))}
 	s.outk = make([]float32, rows*K*H)
 	s.base = make([]int, E)
+	s.choice = make([]float32, rows*E)
 	s.pos = make([]int, rows*K)
 	if c.SharedInter > 0 {
 		s.sgate = make([]float32, rows)
@@ -259,10 +263,19 @@ func (r *Runner) Experts(L *block.MoE) error {
 			r.sharedExpert(L, nb, &s.main, r.Pool)
 		}
 	}
-	if L.Shared != nil {
+	if L.Shared != nil && L.SharedGate.Present() {
 		r.Pool.MatMul(s.sgate, &L.SharedGate.Mat, r.h, nb)
 	}
 	return nil
+}
+
+// Dense implements block.Backend.
+func (r *Runner) Dense(m *block.MLP) {
+	t := &r.moe.main
+	nb, I := r.nb, m.Inter
+	r.Pool.MatMul2(t.g, &m.Gate.Mat, t.u, &m.Up.Mat, r.h, nb)
+	kernels.SwiGLU(t.g[:nb*I], t.g[:nb*I], t.u[:nb*I])
+	r.Pool.MatMul(r.y, &m.Down.Mat, t.g, nb)
 }
 
 // lookahead predicts the next layer's experts while this layer's reads are
@@ -280,7 +293,10 @@ func (r *Runner) lookahead(L *block.MoE, nb int) {
 	c := &r.M.Config
 	s := &r.moe
 	H, E, K := c.Hidden, c.Experts, c.TopK
-	next := &layers[L.Layer+1].MoE
+	next := layers[L.Layer+1].MoE()
+	if next == nil {
+		return
+	}
 	pre := next.Pre
 	for i := 0; i < nb; i++ {
 		kernels.RMSNorm(s.pnorm[i*H:(i+1)*H], r.x[i*H:(i+1)*H], pre.W, pre.Eps, pre.ZeroCentred)
@@ -390,5 +406,65 @@ func (t *moeTask) Run(lo, hi int) {
 			continue
 		}
 		r.runExpert(t.L, s.exps[di], di, th, &th.sc)
+	}
+}
+
+// routeGroups is DeepSeek's routing of one row: sigmoid scores p (in
+// place of the logits), the choice = p + correction restricted to the
+// TopGroups groups whose two best choices sum highest (the lower group
+// first on ties), the k best choices there, weighted by their scores,
+// renormalised when NormTopK, times Scale.
+func (r *Runner) routeGroups(m *block.MoE, p, choice []float32, ids []int, w []float32) {
+	E, K := len(p), len(ids)
+	for e := range p {
+		p[e] = kernels.Sigmoid(p[e])
+		choice[e] = p[e] + m.Correction[e]
+	}
+	if m.Groups > 1 && m.TopGroups < m.Groups {
+		gs := E / m.Groups
+		var gscore [64]float32
+		var keep [64]bool
+		for g := 0; g < m.Groups; g++ {
+			a, b := float32(math.Inf(-1)), float32(math.Inf(-1))
+			for _, v := range choice[g*gs : (g+1)*gs] {
+				if v > a {
+					a, b = v, a
+				} else if v > b {
+					b = v
+				}
+			}
+			gscore[g] = a + b
+		}
+		for range m.TopGroups {
+			best := -1
+			for g := 0; g < m.Groups; g++ {
+				if !keep[g] && (best < 0 || gscore[g] > gscore[best]) {
+					best = g
+				}
+			}
+			keep[best] = true
+		}
+		for g := 0; g < m.Groups; g++ {
+			if !keep[g] {
+				for e := g * gs; e < (g+1)*gs; e++ {
+					choice[e] = float32(math.Inf(-1))
+				}
+			}
+		}
+	}
+	Route(choice, K, false, ids, w)
+	var sum float32
+	for k, e := range ids {
+		w[k] = p[e]
+		sum += w[k]
+	}
+	if m.NormTopK {
+		sum += 1e-20
+		for k := range w {
+			w[k] /= sum
+		}
+	}
+	for k := range w {
+		w[k] *= m.Scale
 	}
 }

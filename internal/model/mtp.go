@@ -89,7 +89,7 @@ func (r *Runner) MTPForward(st *State, pos int, hidden []float32, toks []int, ou
 	r.Norm(&L.In, false)
 	L.Mixer.Mix(r, len(m.Arch.Layers)) // the MTP layer's own cache
 	r.Norm(&L.Post, true)
-	if err := L.MoE.Forward(r); err != nil {
+	if err := L.FFN.Forward(r); err != nil {
 		return err
 	}
 	mo := r.mtp.out

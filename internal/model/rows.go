@@ -32,6 +32,12 @@ const (
 	opRope
 	// opBias: dst_i += b, rows of len(b) (projection biases).
 	opBias
+	// opMLANorm: q_a_layernorm of the latent attention's query.
+	opMLANorm
+	// opMLAPrep: latent norm, rope, absorbed queries, cache append.
+	opMLAPrep
+	// opSelect: the indexer's choice of positions per row.
+	opSelect
 )
 
 // rowGrain is the fewest rows (or channels) worth a part of their own:
@@ -47,6 +53,7 @@ type rowTask struct {
 	attn    *block.Attn     // opQKPrep
 	dn      *block.DeltaNet // opConv, opDNPrep, opDNGate
 	moe     *block.MoE      // opRoute, opCombine
+	mla     *block.MLA      // opMLANorm, opMLAPrep, opSelect
 	norm    *block.Norm     // opNorm
 	st      *State          // opConv, opDNPrep
 	li, pos int
@@ -102,6 +109,12 @@ func (t *rowTask) Run(lo, hi int) {
 		for i := lo; i < hi; i++ {
 			kernels.Add(t.dst[i*w:(i+1)*w], t.b)
 		}
+	case opMLANorm:
+		r.mlaNorm(t.mla, lo, hi)
+	case opMLAPrep:
+		r.mlaPrep(t.mla, t.kc, t.vc, t.pos, lo, hi)
+	case opSelect:
+		r.selectRows(t.mla, t.vc, t.pos, t.nb, lo, hi)
 	case opQKPrep:
 		r.qkPrep(t.attn, t.kc, t.vc, t.rows, t.pos, lo, hi)
 	case opRoute:
@@ -111,6 +124,8 @@ func (t *rowTask) Run(lo, hi int) {
 			p := s.logits[i*E : (i+1)*E]
 			ids, w := s.ids[i*K:(i+1)*K], s.w[i*K:(i+1)*K]
 			switch t.moe.Score {
+			case block.SigmoidGroups:
+				r.routeGroups(t.moe, p, s.choice[i*E:(i+1)*E], ids, w)
 			case block.TopKSoftmax:
 				Route(p, K, false, ids, w)
 				kernels.Softmax(w)
@@ -130,7 +145,11 @@ func (t *rowTask) Run(lo, hi int) {
 				kernels.Axpy(y, s.w[i*K+k], s.outk[at*H:(at+1)*H])
 			}
 			if t.moe.Shared != nil {
-				kernels.Axpy(y, kernels.Sigmoid(s.sgate[i]), s.shared[i*H:(i+1)*H])
+				g := float32(1)
+				if t.moe.SharedGate.Present() {
+					g = kernels.Sigmoid(s.sgate[i])
+				}
+				kernels.Axpy(y, g, s.shared[i*H:(i+1)*H])
 			}
 		}
 	case opConv:

@@ -53,16 +53,18 @@ func (m *Model) NewState(ctx int) (*State, error) {
 	}
 	s := &State{Ctx: ctx}
 	for _, sp := range m.Arch.States {
-		rows, win := 0, 0
+		rows, win, vw := 0, 0, sp.KVWidth
 		switch sp.Kind {
 		case block.KV:
 			rows = ctx
 		case block.Ring:
 			rows, win = min(ctx, sp.Window+m.MaxBatch), sp.Window
+		case block.Latent:
+			rows, vw = ctx, sp.IndexWidth
 		}
 		if rows > 0 {
 			s.kc = append(s.kc, make([]float32, rows*sp.KVWidth))
-			s.vc = append(s.vc, make([]float32, rows*sp.KVWidth))
+			s.vc = append(s.vc, make([]float32, rows*vw))
 			s.conv = append(s.conv, nil)
 			s.rec = append(s.rec, nil)
 		} else {
@@ -140,17 +142,18 @@ func (s *State) CopyFrom(src *State) error {
 	for i := range s.kc {
 		if s.kc[i] != nil {
 			rs, rd := src.kvRows[i], s.kvRows[i]
-			w := len(src.kc[i]) / rs
+			w, vw := len(src.kc[i])/rs, len(src.vc[i])/rs
 			if rs >= src.Pos && rd >= src.Pos {
 				copy(s.kc[i][:src.Pos*w], src.kc[i][:src.Pos*w])
-				copy(s.vc[i][:src.Pos*w], src.vc[i][:src.Pos*w])
+				copy(s.vc[i][:src.Pos*vw], src.vc[i][:src.Pos*vw])
 				continue
 			}
 			// A ring: its last rows positions, each to its row in s.
 			for p := max(0, src.Pos-min(rs, rd)); p < src.Pos; p++ {
 				a, b := p%rs*w, p%rd*w
 				copy(s.kc[i][b:b+w], src.kc[i][a:a+w])
-				copy(s.vc[i][b:b+w], src.vc[i][a:a+w])
+				a, b = p%rs*vw, p%rd*vw
+				copy(s.vc[i][b:b+vw], src.vc[i][a:a+vw])
 			}
 		} else {
 			copy(s.conv[i], src.conv[i])

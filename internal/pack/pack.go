@@ -142,7 +142,7 @@ func writeDense(ctx context.Context, ck *hf.Checkpoint, m *format.Manifest, kind
 			return err
 		}
 		p.step("dense", i+1, len(specs))
-		v, err := ck.Float32(s.Name, s.Shape)
+		v, err := family.DenseOf(ck, &m.Config, s)
 		if err != nil {
 			return err
 		}
@@ -183,6 +183,16 @@ func writeRecords(ctx context.Context, cfg *format.Config, src expertSource, st 
 	rec := make([]byte, st.Stride)
 	n := cfg.ExpertLayers() * cfg.Experts
 	for l := 0; l < cfg.ExpertLayers(); l++ {
+		if l < cfg.FirstDense {
+			// A dense layer has no experts: leave a hole.
+			if err := bw.Flush(); err != nil {
+				return fmt.Errorf("pack: %v", err)
+			}
+			if _, err := f.Seek(int64(cfg.Experts)*st.Stride, io.SeekCurrent); err != nil {
+				return fmt.Errorf("pack: %v", err)
+			}
+			continue
+		}
 		for e := 0; e < cfg.Experts; e++ {
 			if err := ctx.Err(); err != nil {
 				return err
@@ -223,6 +233,9 @@ func writeRecords(ctx context.Context, cfg *format.Config, src expertSource, st 
 		}
 	}
 	if err := bw.Flush(); err != nil {
+		return fmt.Errorf("pack: %v", err)
+	}
+	if err := f.Truncate(int64(n) * st.Stride); err != nil {
 		return fmt.Errorf("pack: %v", err)
 	}
 	return f.Sync()
