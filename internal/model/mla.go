@@ -1,7 +1,6 @@
 package model
 
 import (
-	"cmp"
 	"math"
 	"slices"
 
@@ -179,16 +178,8 @@ func (r *Runner) selectRows(m *block.MLA, vc []float32, pos, nb, lo, hi int) {
 				v += wts[h] * wscale * max(d, 0) // weights_proj·heads^-½, relu(scale·q·k)
 			}
 			sc[t] = v
-			ord[t] = t
 		}
-		o := ord[:n]
-		slices.SortFunc(o, func(a, b int) int {
-			if c := cmp.Compare(sc[b], sc[a]); c != 0 {
-				return c
-			}
-			return a - b
-		})
-		copy(sel, o[:ix.TopK])
+		topK(sel, sc[:n], ord[:ix.TopK])
 		slices.Sort(sel)
 		s.nsel[i] = ix.TopK
 	}
@@ -225,4 +216,41 @@ func (t *mlaTask) Run(lo, hi int) {
 			o[j] = kernels.Dot(wv[j*m.KVLora:(j+1)*m.KVLora], olat)
 		}
 	}
+}
+
+// topK writes into sel the positions of the len(sel) best scores, the
+// lower position first on ties, in no particular order: a bounded heap
+// whose root is the worst kept, O(n log k). heap is scratch of len(sel).
+func topK(sel []int, sc []float32, heap []int) {
+	k := len(sel)
+	better := func(a, b int) bool { return sc[a] > sc[b] || sc[a] == sc[b] && a < b }
+	down := func(i int) {
+		for {
+			w, l, r := i, 2*i+1, 2*i+2
+			if l < k && better(heap[w], heap[l]) {
+				w = l
+			}
+			if r < k && better(heap[w], heap[r]) {
+				w = r
+			}
+			if w == i {
+				return
+			}
+			heap[i], heap[w] = heap[w], heap[i]
+			i = w
+		}
+	}
+	for t := 0; t < k; t++ {
+		heap[t] = t
+	}
+	for i := k/2 - 1; i >= 0; i-- {
+		down(i)
+	}
+	for t := k; t < len(sc); t++ {
+		if better(t, heap[0]) {
+			heap[0] = t
+			down(0)
+		}
+	}
+	copy(sel, heap)
 }

@@ -180,6 +180,9 @@ func TestQuantisedNLL(t *testing.T) {
 	if testing.Short() {
 		t.Skip("long prompts")
 	}
+	if raceEnabled {
+		t.Skip("quantisation accuracy, not concurrency: too slow under the race detector")
+	}
 	for _, name := range testutil.Models {
 		t.Run(name, func(t *testing.T) {
 			refs := testutil.LoadRefs(t, name)

@@ -77,3 +77,32 @@ func TestRouteGroups(t *testing.T) {
 		}
 	}
 }
+
+// TestTopK checks the indexer's selection against a full sort (score
+// descending, the lower position first on ties), ties included.
+func TestTopK(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 4))
+	for trial := 0; trial < 100; trial++ {
+		n, k := 1+rng.IntN(300), 1+rng.IntN(64)
+		if k > n {
+			k = n
+		}
+		sc := make([]float32, n)
+		for i := range sc {
+			sc[i] = float32(rng.IntN(20)) // many ties
+		}
+		ord := make([]int, n)
+		for i := range ord {
+			ord[i] = i
+		}
+		sort.SliceStable(ord, func(a, b int) bool { return sc[ord[a]] > sc[ord[b]] })
+		want := slices.Clone(ord[:k])
+		slices.Sort(want)
+		got := make([]int, k)
+		topK(got, sc, make([]int, k))
+		slices.Sort(got)
+		if !slices.Equal(got, want) {
+			t.Fatalf("n %d k %d: %v, want %v", n, k, got, want)
+		}
+	}
+}
