@@ -116,6 +116,9 @@ type Checkpoint interface {
 	// Slice returns sub-tensor i of the first dimension of name, whose
 	// full shape must be shape.
 	Slice(name string, shape []int, i int) ([]float32, error)
+	// Raw returns sub-tensor i of the first dimension of name as stored
+	// (for packed formats such as MXFP4), with its dtype.
+	Raw(name string, shape []int, i int) (dtype string, data []byte, err error)
 	// Has reports whether the checkpoint holds the tensor.
 	Has(name string) bool
 }

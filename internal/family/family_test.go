@@ -153,7 +153,10 @@ func TestGPTOSSRefusals(t *testing.T) {
 		want string
 	}{
 		{"unknown key", func(m map[string]any) { m["frobnicate"] = 1 }, "frobnicate"},
-		{"mxfp4", func(m map[string]any) { m["quantization_config"] = map[string]any{"quant_method": "mxfp4"} }, "quantization_config"},
+		{"fp8", func(m map[string]any) { m["quantization_config"] = map[string]any{"quant_method": "fp8"} }, "quantization_config"},
+		{"mxfp4 option", func(m map[string]any) {
+			m["quantization_config"] = map[string]any{"quant_method": "mxfp4", "dequantize": true}
+		}, "dequantize"},
 		{"rope type", func(m map[string]any) { m["rope_parameters"].(map[string]any)["rope_type"] = "linear" }, "rope_type"},
 		{"rope key", func(m map[string]any) { m["rope_parameters"].(map[string]any)["low_freq_factor"] = 1.0 }, "low_freq_factor"},
 		{"truncate type", func(m map[string]any) { m["rope_parameters"].(map[string]any)["truncate"] = "no" }, "truncate"},
@@ -190,6 +193,10 @@ func (f fakeCheckpoint) Float32(name string, shape []int) ([]float32, error) {
 		return nil, fmt.Errorf("tensor %s missing or not %v", name, shape)
 	}
 	return t.v, nil
+}
+
+func (f fakeCheckpoint) Raw(name string, shape []int, i int) (string, []byte, error) {
+	return "", nil, fmt.Errorf("no raw tensors")
 }
 
 func (f fakeCheckpoint) Slice(name string, shape []int, i int) ([]float32, error) {

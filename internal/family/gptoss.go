@@ -49,6 +49,7 @@ type gptOSSConfig struct {
 	KVHeads         int            `json:"num_key_value_heads"`
 	HeadDim         int            `json:"head_dim"`
 	Inter           int            `json:"intermediate_size"`
+	Quantization    map[string]any `json:"quantization_config"`
 	Experts         int            `json:"num_local_experts"`
 	TopK            int            `json:"num_experts_per_tok"`
 	ExpertsPerToken int            `json:"experts_per_token"`
@@ -71,7 +72,7 @@ var gptOSSKeys = []string{
 	"hidden_size", "num_hidden_layers", "vocab_size", "num_attention_heads", "num_key_value_heads", "head_dim",
 	"intermediate_size", "num_local_experts", "num_experts_per_tok", "experts_per_token", "sliding_window",
 	"layer_types", "rms_norm_eps", "max_position_embeddings", "rope_theta", "rope_parameters", "rope_scaling",
-	"attention_bias", "hidden_act", "swiglu_limit",
+	"attention_bias", "hidden_act", "swiglu_limit", "quantization_config",
 	"model_type", "architectures", "tie_word_embeddings", "eos_token_id", "bos_token_id", "pad_token_id",
 	"attention_dropout", "initializer_range", "router_aux_loss_coef", "output_router_logits", "use_cache",
 	"transformers_version", "dtype", "torch_dtype", "initial_context_length",
@@ -108,6 +109,18 @@ func parseGPTOSS(raw []byte) (format.Config, error) {
 	var r gptOSSConfig
 	if err := json.Unmarshal(raw, &r); err != nil {
 		return c, err
+	}
+	if q := r.Quantization; q != nil {
+		// MXFP4 experts (the release's checkpoints) are dequantised by
+		// the packer, exactly; any other quantisation is refused.
+		if m, _ := q["quant_method"].(string); m != "mxfp4" {
+			return c, fmt.Errorf("quantization_config.quant_method %q is not supported (want mxfp4)", q["quant_method"])
+		}
+		for k := range q {
+			if k != "quant_method" && k != "modules_to_not_convert" {
+				return c, fmt.Errorf("quantization_config.%s is not supported", k)
+			}
+		}
 	}
 	if r.AttentionBias != nil && !*r.AttentionBias {
 		return c, fmt.Errorf("attention_bias = false is not supported by %s", NameGPTOSS)
@@ -346,6 +359,9 @@ func gptOSSExpert(src Checkpoint, c *format.Config, l, e int) (Expert, error) {
 	I, H, E := c.MoEInter, c.Hidden, c.Experts
 	p := fmt.Sprintf("layers.%d.mlp.experts.", l)
 	var x Expert
+	if src.Has(p + "gate_up_proj_blocks") {
+		return gptOSSMXFP4Expert(src, c, l, e)
+	}
 	gu, err := src.Slice(p+"gate_up_proj", []int{E, H, 2 * I}, e)
 	if err != nil {
 		return x, err
@@ -375,6 +391,74 @@ func gptOSSExpert(src Checkpoint, c *format.Config, l, e int) (Expert, error) {
 		for h := 0; h < H; h++ {
 			x.Down[h*I+i] = down[i*H+h]
 		}
+	}
+	return x, nil
+}
+
+// fp4 are the E2M1 values of MXFP4's 4-bit codes.
+var fp4 = [16]float32{0, 0.5, 1, 1.5, 2, 3, 4, 6, -0, -0.5, -1, -1.5, -2, -3, -4, -6}
+
+// mxfp4Rows dequantises MXFP4 rows: blocks [rows][cols/32][16] bytes (two
+// codes a byte, the low nibble first) and scales [rows][cols/32] (E8M0,
+// 2^(s−127)), as transformers' convert_moe_packed_tensors reads them. Every
+// value is exact in float32.
+func mxfp4Rows(blocks, scales []byte, rows, cols int) ([]float32, error) {
+	if cols%32 != 0 || len(blocks) != rows*cols/2 || len(scales) != rows*cols/32 {
+		return nil, fmt.Errorf("mxfp4: %d block and %d scale bytes for [%d][%d]", len(blocks), len(scales), rows, cols)
+	}
+	out := make([]float32, rows*cols)
+	for g, s := range scales {
+		m := float32(math.Ldexp(1, int(s)-127))
+		for k, b := range blocks[g*16 : (g+1)*16] {
+			out[g*32+2*k] = fp4[b&15] * m
+			out[g*32+2*k+1] = fp4[b>>4] * m
+		}
+	}
+	return out, nil
+}
+
+// gptOSSMXFP4Expert converts one expert of the release's MXFP4 layout:
+// gate_up_proj_blocks [E][2·inter][hidden/32][16] and _scales (rows
+// interleaved gate, up), down_proj_blocks [E][hidden][inter/32][16] and
+// _scales, already [out][in]; the biases as in the bf16 layout.
+func gptOSSMXFP4Expert(src Checkpoint, c *format.Config, l, e int) (Expert, error) {
+	I, H, E := c.MoEInter, c.Hidden, c.Experts
+	p := fmt.Sprintf("layers.%d.mlp.experts.", l)
+	var x Expert
+	read := func(proj string, rows, cols int) ([]float32, error) {
+		bt, b, err := src.Raw(p+proj+"_blocks", []int{E, rows, cols / 32, 16}, e)
+		if err != nil {
+			return nil, err
+		}
+		st, s, err := src.Raw(p+proj+"_scales", []int{E, rows, cols / 32}, e)
+		if err != nil {
+			return nil, err
+		}
+		if bt != "U8" || st != "U8" {
+			return nil, fmt.Errorf("%s%s_blocks/_scales are %s/%s, want U8", p, proj, bt, st)
+		}
+		return mxfp4Rows(b, s, rows, cols)
+	}
+	gu, err := read("gate_up_proj", 2*I, H)
+	if err != nil {
+		return x, err
+	}
+	if x.Down, err = read("down_proj", H, I); err != nil {
+		return x, err
+	}
+	gub, err := src.Slice(p+"gate_up_proj_bias", []int{E, 2 * I}, e)
+	if err != nil {
+		return x, err
+	}
+	if x.DownBias, err = src.Slice(p+"down_proj_bias", []int{E, H}, e); err != nil {
+		return x, err
+	}
+	x.Gate, x.Up = make([]float32, I*H), make([]float32, I*H)
+	x.GateBias, x.UpBias = make([]float32, I), make([]float32, I)
+	for i := 0; i < I; i++ {
+		copy(x.Gate[i*H:(i+1)*H], gu[2*i*H:(2*i+1)*H])
+		copy(x.Up[i*H:(i+1)*H], gu[(2*i+1)*H:(2*i+2)*H])
+		x.GateBias[i], x.UpBias[i] = gub[2*i], gub[2*i+1]
 	}
 	return x, nil
 }

@@ -203,6 +203,23 @@ func (c *Checkpoint) Slice(name string, shape []int, i int) ([]float32, error) {
 	return sub.Float32()
 }
 
+// Raw returns sub-tensor i of the first dimension of the canonical tensor
+// name as stored, with its dtype, after checking its full shape.
+func (c *Checkpoint) Raw(name string, shape []int, i int) (string, []byte, error) {
+	t, ok := c.byName[name]
+	if !ok {
+		return "", nil, fmt.Errorf("checkpoint %s: tensor %s is missing", c.Dir, name)
+	}
+	if !slices.Equal(t.Shape, shape) {
+		return "", nil, fmt.Errorf("checkpoint %s: tensor %s is %v, want %v", c.Dir, name, t.Shape, shape)
+	}
+	if i < 0 || i >= shape[0] || len(t.Data)%shape[0] != 0 {
+		return "", nil, fmt.Errorf("checkpoint %s: tensor %s has no slice %d", c.Dir, name, i)
+	}
+	n := len(t.Data) / shape[0]
+	return t.DType, t.Data[i*n : (i+1)*n], nil
+}
+
 // Expert returns the gate [I][H], up [I][H] and down [H][I] matrices of
 // expert e of layer l (the MTP layer is l = num_hidden_layers), converted
 // by the family from the checkpoint's layout.
