@@ -10,15 +10,16 @@ import (
 	"github.com/sluicelm/sluice/internal/format"
 )
 
-// NameDeepSeek is DeepSeek-V3.2: multi-head latent attention (run
-// absorbed, one latent per position in the cache) with the lightning
-// indexer's sparse attention, leading dense MLP layers, and MoE layers with
-// a sigmoid, group-limited router and a shared expert.
+// NameDeepSeek is DeepSeek-V3 and V3.2 (and Kimi K2, a V3): multi-head
+// latent attention (run absorbed, one latent per position in the cache),
+// with V3.2's lightning indexer choosing the positions each row attends
+// to, leading dense MLP layers, and MoE layers with a sigmoid,
+// group-limited router and a shared expert.
 const NameDeepSeek = "deepseek_v32"
 
 var deepSeek = Family{
 	Name:       NameDeepSeek,
-	ModelTypes: []string{"deepseek_v32"},
+	ModelTypes: []string{"deepseek_v32", "deepseek_v3", "kimi_k2"},
 	Parse:      parseDeepSeek,
 	Build:      buildDeepSeek,
 	Dense:      deepSeekDense,
@@ -27,6 +28,7 @@ var deepSeek = Family{
 
 // deepSeekConfig is config.json of deepseek_v32.
 type deepSeekConfig struct {
+	ModelType       string         `json:"model_type"`
 	Hidden          int            `json:"hidden_size"`
 	Layers          int            `json:"num_hidden_layers"`
 	Vocab           int            `json:"vocab_size"`
@@ -62,6 +64,7 @@ type deepSeekConfig struct {
 	MLPBias         bool           `json:"mlp_bias"`
 	HiddenAct       string         `json:"hidden_act"`
 	NextNPredictors int            `json:"num_nextn_predict_layers"`
+	MoELayerFreq    *int           `json:"moe_layer_freq"`
 }
 
 // deepSeekKeys are the config.json keys deepseek_v32 understands.
@@ -105,6 +108,8 @@ func parseDeepSeek(raw []byte) (format.Config, error) {
 		return c, err
 	}
 	switch {
+	case r.MoELayerFreq != nil && *r.MoELayerFreq != 1:
+		return c, fmt.Errorf("moe_layer_freq = %d is not supported (want 1)", *r.MoELayerFreq)
 	case r.AttentionBias:
 		return c, fmt.Errorf("attention_bias = true is not supported by %s", NameDeepSeek)
 	case r.MLPBias:
@@ -117,8 +122,10 @@ func parseDeepSeek(raw []byte) (format.Config, error) {
 		return c, fmt.Errorf("topk_method %q is not supported (want noaux_tc)", r.TopKMethod)
 	case r.QLora == nil || *r.QLora <= 0:
 		return c, fmt.Errorf("q_lora_rank absent: the unfactored query projection is not supported")
-	case r.IndexTopK <= 0 || r.IndexHeads <= 0 || r.IndexHeadDim < r.RopeDim:
-		return c, fmt.Errorf("index_topk %d, index_n_heads %d, index_head_dim %d: want a sparse-attention indexer", r.IndexTopK, r.IndexHeads, r.IndexHeadDim)
+	case r.ModelType == "deepseek_v32" && (r.IndexTopK <= 0 || r.IndexHeads <= 0 || r.IndexHeadDim < r.RopeDim):
+		return c, fmt.Errorf("index_topk %d, index_n_heads %d, index_head_dim %d: deepseek_v32 wants a sparse-attention indexer", r.IndexTopK, r.IndexHeads, r.IndexHeadDim)
+	case r.ModelType != "deepseek_v32" && r.IndexTopK != 0:
+		return c, fmt.Errorf("index_topk in a %s config: the indexer is deepseek_v32's", r.ModelType)
 	case r.Groups <= 0 || r.Groups > 64 || r.Experts%r.Groups != 0 || r.TopGroups <= 0 || r.TopGroups > r.Groups:
 		return c, fmt.Errorf("n_group %d, topk_group %d: want 1 ≤ topk_group ≤ n_group ≤ 64 dividing n_routed_experts %d", r.Groups, r.TopGroups, r.Experts)
 	case r.Experts/r.Groups < 2:
@@ -238,13 +245,15 @@ func buildDeepSeek(c *format.Config, t *block.Tensors) (*Arch, error) {
 		m.KVANorm = rmsNorm(c, t.Vec(q+"kv_a_layernorm.weight", ac.KVLora), false)
 		m.KVB = t.Vec(q+"kv_b_proj.weight", nh*(ac.Nope+ac.V), ac.KVLora)
 		m.O = t.Mat(q+"o_proj.weight", H, nh*ac.V)
-		ix := &block.Indexer{Heads: ac.IndexHeads, Dim: ac.IndexHeadDim, TopK: ac.IndexTopK, Eps: 1e-6}
-		ix.WQ = t.Mat(q+"indexer.wq_b.weight", ac.IndexHeads*ac.IndexHeadDim, ac.QLora)
-		ix.WK = t.Mat(q+"indexer.wk.weight", ac.IndexHeadDim, H)
-		ix.KNorm = t.Vec(q+"indexer.k_norm.weight", ac.IndexHeadDim)
-		ix.KBias = t.Vec(q+"indexer.k_norm.bias", ac.IndexHeadDim)
-		ix.Weights = t.F32(q+"indexer.weights_proj.weight", ac.IndexHeads, H)
-		m.Index = ix
+		if ac.IndexTopK > 0 {
+			ix := &block.Indexer{Heads: ac.IndexHeads, Dim: ac.IndexHeadDim, TopK: ac.IndexTopK, Eps: 1e-6}
+			ix.WQ = t.Mat(q+"indexer.wq_b.weight", ac.IndexHeads*ac.IndexHeadDim, ac.QLora)
+			ix.WK = t.Mat(q+"indexer.wk.weight", ac.IndexHeadDim, H)
+			ix.KNorm = t.Vec(q+"indexer.k_norm.weight", ac.IndexHeadDim)
+			ix.KBias = t.Vec(q+"indexer.k_norm.bias", ac.IndexHeadDim)
+			ix.Weights = t.F32(q+"indexer.weights_proj.weight", ac.IndexHeads, H)
+			m.Index = ix
+		}
 		L.Mixer = m
 		if l < c.FirstDense {
 			L.FFN = &block.MLP{Inter: ac.Inter,
@@ -265,7 +274,11 @@ func buildDeepSeek(c *format.Config, t *block.Tensors) (*Arch, error) {
 			L.FFN = moe
 		}
 		a.Layers = append(a.Layers, L)
-		a.States = append(a.States, block.StateSpec{Kind: block.Latent, KVWidth: ac.KVLora + ac.RopeDim, IndexWidth: ac.IndexHeadDim})
+		iw := 0
+		if m.Index != nil {
+			iw = ac.IndexHeadDim
+		}
+		a.States = append(a.States, block.StateSpec{Kind: block.Latent, KVWidth: ac.KVLora + ac.RopeDim, IndexWidth: iw})
 	}
 	linkPre(a.Layers)
 	a.Norm = rmsNorm(c, t.Vec("norm.weight", H), false)
@@ -316,10 +329,15 @@ func describeDeepSeek(c *format.Config) []string {
 	if y := ac.Yarn; y != nil {
 		rope = fmt.Sprintf("yarn: theta %g, factor %g, original %d", y.Theta, y.Factor, y.OrigMaxPos)
 	}
+	index, iw := "none: every row attends to every position", 0
+	if ac.IndexTopK > 0 {
+		index = fmt.Sprintf("%d heads of %d, each row attends to its top %d positions", ac.IndexHeads, ac.IndexHeadDim, ac.IndexTopK)
+		iw = ac.IndexHeadDim
+	}
 	return []string{
 		fmt.Sprintf("attention      latent (MLA, absorbed): q_lora %d, kv_lora %d, nope %d + rope %d, v %d; cache %d floats a position",
-			ac.QLora, ac.KVLora, ac.Nope, ac.RopeDim, ac.V, ac.KVLora+ac.RopeDim+ac.IndexHeadDim),
-		fmt.Sprintf("indexer        %d heads of %d, each row attends to its top %d positions", ac.IndexHeads, ac.IndexHeadDim, ac.IndexTopK),
+			ac.QLora, ac.KVLora, ac.Nope, ac.RopeDim, ac.V, ac.KVLora+ac.RopeDim+iw),
+		"indexer        " + index,
 		"rope           " + rope,
 		fmt.Sprintf("dense layers   %d leading (intermediate %d)", c.FirstDense, ac.Inter),
 		fmt.Sprintf("router         sigmoid + correction bias, top-%d of %d groups, top-%d, scale %g", ac.TopGroups, ac.Groups, c.TopK, ac.RoutedScale),
