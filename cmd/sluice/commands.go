@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/sluicelm/sluice/internal/engine"
+	"github.com/sluicelm/sluice/internal/family"
 	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/hf"
 	"github.com/sluicelm/sluice/internal/pack"
@@ -106,6 +107,7 @@ func cmdInspect(ctx context.Context, args []string) error {
 		return json.NewEncoder(os.Stdout).Encode(map[string]any{
 			"family": c.Family, "bits": man.Bits, "config": c, "dense_params": denseParams, "expert_params": expertParams,
 			"active_params": activeParams, "dense_bytes": man.DenseBytes, "expert_bytes": expertBytes, "record_stride": st.Stride,
+			"blocks": family.Describe(c),
 		})
 	}
 	fmt.Printf("packed model %s (format %d, %d-bit, group %d)\n", dir, man.Format, man.Bits, man.GroupSize)
@@ -132,6 +134,9 @@ func printConfig(c *format.Config) {
 	fmt.Printf("layers         %d (%s)%s\n", c.Layers, strings.Join(ks, ", "), map[bool]string{true: " + MTP layer", false: ""}[c.MTPLayers > 0])
 	fmt.Printf("hidden         %d, vocab %d, heads %d/%d kv, head_dim %d, rotary %d\n", c.Hidden, c.Vocab, c.Heads, c.KVHeads, c.HeadDim, c.RotaryDim)
 	fmt.Printf("experts        %d, top-%d, intermediate %d, shared %d\n", c.Experts, c.TopK, c.MoEInter, c.SharedInter)
+	for _, l := range family.Describe(c) {
+		fmt.Println(l)
+	}
 }
 
 func count(n int64) string {

@@ -14,17 +14,21 @@ import (
 	"time"
 
 	"github.com/sluicelm/sluice/internal/experts"
+	"github.com/sluicelm/sluice/internal/family"
 	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/pack"
 )
 
 // synthShapes are the real dimensions of the models synth imitates.
 var synthShapes = map[string]format.Config{
-	"qwen3.5-35b-a3b": {Family: format.FamilyQwen35MoE, Hidden: 2048, Layers: 40, Vocab: 248320, Heads: 16, KVHeads: 2, HeadDim: 256,
+	"qwen3.5-35b-a3b": {Family: family.NameQwen35MoE, Hidden: 2048, Layers: 40, Vocab: 248320, Heads: 16, KVHeads: 2, HeadDim: 256,
 		RotaryDim: 64, RopeTheta: 1e7, RMSEps: 1e-6, MaxPos: 262144, Experts: 256, TopK: 8, MoEInter: 512, SharedInter: 512, NormTopK: true,
 		LinearKeyHeads: 16, LinearValueHeads: 32, LinearKeyDim: 128, LinearValueDim: 128, ConvKernel: 4, MTPLayers: 1},
-	"qwen3-30b-a3b": {Family: format.FamilyQwen3MoE, Hidden: 2048, Layers: 48, Vocab: 151936, Heads: 32, KVHeads: 4, HeadDim: 128,
+	"qwen3-30b-a3b": {Family: family.NameQwen3MoE, Hidden: 2048, Layers: 48, Vocab: 151936, Heads: 32, KVHeads: 4, HeadDim: 128,
 		RotaryDim: 128, RopeTheta: 1e6, RMSEps: 1e-6, MaxPos: 40960, Experts: 128, TopK: 8, MoEInter: 768, NormTopK: true},
+	"gpt-oss-120b": {Family: family.NameGPTOSS, Hidden: 2880, Layers: 36, Vocab: 201088, Heads: 64, KVHeads: 8, HeadDim: 64,
+		RotaryDim: 64, RopeTheta: 150000, RMSEps: 1e-5, MaxPos: 131072, Experts: 128, TopK: 4, MoEInter: 2880, ExpertBias: true, SlidingWindow: 128,
+		Arch: format.ArchJSON(`{"rope":{"rope_theta":150000,"factor":32,"original_max_position_embeddings":4096,"beta_fast":32,"beta_slow":1,"truncate":false}}`)},
 }
 
 // cmdSynth writes a packed model with a real model's shapes and random
@@ -59,7 +63,7 @@ func cmdSynth(ctx context.Context, args []string) error {
 	cfg.LayerTypes = make([]string, cfg.Layers)
 	for i := range cfg.LayerTypes {
 		cfg.LayerTypes[i] = format.FullAttention
-		if cfg.Family == format.FamilyQwen35MoE && i%4 != 3 {
+		if cfg.Family == family.NameQwen35MoE && i%4 != 3 {
 			cfg.LayerTypes[i] = format.LinearAttention
 		}
 	}
@@ -135,8 +139,12 @@ func synthDense(m *format.Manifest, kind format.Kind, path string) error {
 		off += int64(len(b))
 		return at
 	}
-	zc := m.Config.ZeroCentredNorm()
-	for _, s := range format.DenseSpecs(&m.Config) {
+	zc := m.Config.Family == family.NameQwen35MoE // zero-centred norms
+	specs, err := family.Specs(&m.Config)
+	if err != nil {
+		return err
+	}
+	for _, s := range specs {
 		t := format.Tensor{Name: s.Name, Kind: format.F32, Shape: s.Shape}
 		rows, cols := t.Rows(), t.Cols()
 		amp := float32(1 / math.Sqrt(float64(cols)))

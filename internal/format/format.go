@@ -16,6 +16,7 @@
 package format
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -23,7 +24,9 @@ import (
 )
 
 // Version is bumped whenever the bytes written by the packer change meaning.
-const Version = 1
+// Format 2: the family's tensor list and expert layout come from package
+// family (expert records may carry biases).
+const Version = 2
 
 // GroupSize is the quantisation group along the input dimension.
 const GroupSize = 64
@@ -34,20 +37,17 @@ const RecordAlign = 4096
 // DenseAlign is the alignment of every tensor in dense.bin.
 const DenseAlign = 64
 
-// Families sluice runs.
-const (
-	FamilyQwen3MoE  = "qwen3_moe"
-	FamilyQwen35MoE = "qwen3_5_moe"
-)
-
 // Layer kinds of Config.LayerTypes.
 const (
-	FullAttention   = "full_attention"
-	LinearAttention = "linear_attention"
+	FullAttention    = "full_attention"
+	LinearAttention  = "linear_attention"
+	SlidingAttention = "sliding_attention"
 )
 
-// Config is the model configuration after normalisation: the fields the
-// engine needs, whatever nesting or naming the checkpoint used.
+// Config is the model configuration after normalisation: the dimensions
+// the engine needs, whatever nesting or naming the checkpoint used. What
+// only one family reads (its blocks' options) is that family's own config
+// struct, kept as JSON in Arch; package family parses and builds both.
 type Config struct {
 	Family     string   `json:"family"`
 	Hidden     int      `json:"hidden_size"`
@@ -76,22 +76,54 @@ type Config struct {
 
 	MTPLayers int   `json:"mtp_num_hidden_layers"`
 	EOS       []int `json:"eos_token_ids"`
+
+	// ExpertBias: expert records carry float32 biases after each
+	// projection.
+	ExpertBias bool `json:"expert_bias,omitempty"`
+	// FirstDense leading layers have a dense MLP and no experts: their
+	// expert records are holes in the file, never read.
+	FirstDense int `json:"first_k_dense_replace,omitempty"`
+	// SlidingWindow is the window of sliding_attention layers.
+	SlidingWindow int `json:"sliding_window,omitempty"`
+	// Arch is the family's own parsed config (package family).
+	Arch ArchJSON `json:"arch,omitempty"`
 }
 
-// ZeroCentredNorm reports whether RMSNorm weights are stored as w-1
-// (output x*(1+w)), as in qwen3_5_moe.
-func (c *Config) ZeroCentredNorm() bool { return c.Family == FamilyQwen35MoE }
+// ArchJSON is a family's own config as compact JSON: decoding compacts it,
+// so a config reads back equal from an indented manifest.
+type ArchJSON []byte
+
+// MarshalJSON implements json.Marshaler.
+func (a ArchJSON) MarshalJSON() ([]byte, error) {
+	if len(a) == 0 {
+		return []byte("null"), nil
+	}
+	return a, nil
+}
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (a *ArchJSON) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		*a = nil
+		return nil
+	}
+	var buf bytes.Buffer
+	if err := json.Compact(&buf, b); err != nil {
+		return err
+	}
+	*a = buf.Bytes()
+	return nil
+}
 
 // ExpertLayers is the number of expert layers stored: trunk plus MTP.
 func (c *Config) ExpertLayers() int { return c.Layers + c.MTPLayers }
 
-// Validate checks that the dimensions are consistent.
+// Validate checks that the shared dimensions are consistent; each family
+// checks its own options when it parses or builds.
 func (c *Config) Validate() error {
 	bad := func(f string, a ...any) error { return fmt.Errorf("config: "+f, a...) }
-	switch c.Family {
-	case FamilyQwen3MoE, FamilyQwen35MoE:
-	default:
-		return bad("unsupported family %q (supported: %s, %s)", c.Family, FamilyQwen3MoE, FamilyQwen35MoE)
+	if c.Family == "" {
+		return bad("no family")
 	}
 	for _, f := range []struct {
 		n string
@@ -116,25 +148,11 @@ func (c *Config) Validate() error {
 		return bad("layer_types has %d entries, want num_hidden_layers = %d", len(c.LayerTypes), c.Layers)
 	}
 	for i, t := range c.LayerTypes {
-		if t != FullAttention && t != LinearAttention {
+		if t != FullAttention && t != LinearAttention && t != SlidingAttention {
 			return bad("layer_types[%d] = %q unsupported", i, t)
 		}
-		if t == LinearAttention && c.Family != FamilyQwen35MoE {
-			return bad("layer_types[%d] = linear_attention needs family %s", i, FamilyQwen35MoE)
-		}
-	}
-	if c.Family == FamilyQwen35MoE {
-		for _, f := range []struct {
-			n string
-			v int
-		}{{"linear_num_key_heads", c.LinearKeyHeads}, {"linear_num_value_heads", c.LinearValueHeads},
-			{"linear_key_head_dim", c.LinearKeyDim}, {"linear_value_head_dim", c.LinearValueDim}, {"linear_conv_kernel_dim", c.ConvKernel}} {
-			if f.v <= 0 {
-				return bad("%s = %d, want > 0", f.n, f.v)
-			}
-		}
-		if c.LinearValueHeads%c.LinearKeyHeads != 0 {
-			return bad("linear_num_value_heads %d not a multiple of linear_num_key_heads %d", c.LinearValueHeads, c.LinearKeyHeads)
+		if t == SlidingAttention && c.SlidingWindow <= 0 {
+			return bad("layer_types[%d] = %s needs sliding_window > 0", i, t)
 		}
 	}
 	if c.MTPLayers < 0 || c.MTPLayers > 1 {
@@ -276,6 +294,10 @@ type ExpertStore struct {
 	Gate   Tensor `json:"gate"` // [moe_inter][hidden]
 	Up     Tensor `json:"up"`   // [moe_inter][hidden]
 	Down   Tensor `json:"down"` // [hidden][moe_inter]
+	// Biases of the three projections (float32), when Config.ExpertBias.
+	GateBias *Tensor `json:"gate_bias,omitempty"` // [moe_inter]
+	UpBias   *Tensor `json:"up_bias,omitempty"`   // [moe_inter]
+	DownBias *Tensor `json:"down_bias,omitempty"` // [hidden]
 }
 
 // Manifest describes a packed model directory.
@@ -293,8 +315,9 @@ type Manifest struct {
 }
 
 // ExpertRecordLayout returns the record layout of kind k for the config:
-// gate, up, down back to back, each part 64-byte aligned, the stride
-// rounded up to RecordAlign.
+// gate, up, down back to back, then their float32 biases when the config
+// has them, each part 64-byte aligned, the stride rounded up to
+// RecordAlign.
 func ExpertRecordLayout(c *Config, k Kind, file string) ExpertStore {
 	st := ExpertStore{File: file, Kind: k}
 	var off int64
@@ -314,6 +337,14 @@ func ExpertRecordLayout(c *Config, k Kind, file string) ExpertStore {
 	st.Gate = place(c.MoEInter, c.Hidden)
 	st.Up = place(c.MoEInter, c.Hidden)
 	st.Down = place(c.Hidden, c.MoEInter)
+	if c.ExpertBias {
+		vec := func(n int) *Tensor {
+			t := &Tensor{Kind: F32, Shape: []int{n}, Offset: off, Size: int64(4 * n)}
+			off = alignUp(off+t.Size, DenseAlign)
+			return t
+		}
+		st.GateBias, st.UpBias, st.DownBias = vec(c.MoEInter), vec(c.MoEInter), vec(c.Hidden)
+	}
 	st.Stride = alignUp(off, RecordAlign)
 	return st
 }

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sluicelm/sluice/internal/family"
 	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/safetensors"
 )
@@ -92,7 +93,7 @@ func TestReadConfigShared(t *testing.T) {
 		want  format.Config
 	}{
 		{"tiny-qwen3-5-moe", format.Config{
-			Family: format.FamilyQwen35MoE, Hidden: 256, Layers: 6, Vocab: 4096, Heads: 4, KVHeads: 2, HeadDim: 64,
+			Family: family.NameQwen35MoE, Hidden: 256, Layers: 6, Vocab: 4096, Heads: 4, KVHeads: 2, HeadDim: 64,
 			RotaryDim: 16, RopeTheta: 10000, RMSEps: 1e-6, MaxPos: 4096,
 			LayerTypes: []string{"linear_attention", "linear_attention", "full_attention", "linear_attention", "linear_attention", "full_attention"},
 			Experts:    64, TopK: 4, MoEInter: 64, SharedInter: 64, NormTopK: true,
@@ -100,7 +101,7 @@ func TestReadConfigShared(t *testing.T) {
 			MTPLayers: 1, EOS: []int{4093, 4095},
 		}},
 		{"tiny-qwen3-moe", format.Config{
-			Family: format.FamilyQwen3MoE, Hidden: 256, Layers: 6, Vocab: 4096, Heads: 4, KVHeads: 2, HeadDim: 64,
+			Family: family.NameQwen3MoE, Hidden: 256, Layers: 6, Vocab: 4096, Heads: 4, KVHeads: 2, HeadDim: 64,
 			RotaryDim: 64, RopeTheta: 10000, RMSEps: 1e-6, MaxPos: 4096,
 			LayerTypes: []string{"full_attention", "full_attention", "full_attention", "full_attention", "full_attention", "full_attention"},
 			Experts:    64, TopK: 4, MoEInter: 64, NormTopK: true,
@@ -143,7 +144,7 @@ func TestReadConfigNestedEqualsFlat(t *testing.T) {
 	cfg := nest(baseConfig(t, "tiny-qwen3-5-moe"))
 	delete(cfg["text_config"].(map[string]any), "model_type")
 	c, _, err := ReadConfig(configDir(t, cfg, gen))
-	if err != nil || c.Family != format.FamilyQwen35MoE {
+	if err != nil || c.Family != family.NameQwen35MoE {
 		t.Errorf("text_config without model_type: family %q, err %v", c.Family, err)
 	}
 
@@ -371,7 +372,11 @@ func TestOpenShared(t *testing.T) {
 			t.Errorf("canonical tensor %s missing", n)
 		}
 	}
-	for _, s := range format.DenseSpecs(&c.Config) {
+	specs, err := family.Specs(&c.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range specs {
 		v, err := c.Float32(s.Name, s.Shape)
 		if err != nil {
 			t.Fatal(err)
@@ -609,7 +614,11 @@ func TestOpenTiedAndVision(t *testing.T) {
 	if err != nil || !slices.Equal(orig, emb) {
 		t.Errorf("embed_tokens after renaming differs from the original (err %v)", err)
 	}
-	for _, s := range format.DenseSpecs(&c.Config) {
+	specs, err := family.Specs(&c.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range specs {
 		if _, err := c.Float32(s.Name, s.Shape); err != nil {
 			t.Fatal(err)
 		}

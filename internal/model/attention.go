@@ -1,8 +1,7 @@
 package model
 
 import (
-	"math"
-
+	"github.com/sluicelm/sluice/internal/block"
 	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/kernels"
 )
@@ -22,64 +21,91 @@ func (a *attnScratch) init(c *format.Config, rows int) {
 	a.o = make([]float32, rows*c.Heads*c.HeadDim)
 }
 
-// attention runs (gated) grouped-query attention for nb rows at positions
-// pos.., appending their keys and values to the cache kc/vc, and leaves the
-// projected output in r.y.
-func (r *Runner) attention(L *Layer, kc, vc []float32, pos, nb int) {
-	c := &r.M.Config
+// The attention ops of block.Backend. Position p of a cache of rows rows
+// is at row p % rows (a ring for sliding-window layers).
+
+// Project implements block.Backend.
+func (r *Runner) Project(L *block.Attn) {
 	a := &r.attn
-	gated := c.Family == format.FamilyQwen35MoE
-	qw, qstride := L.Q.Rows, c.HeadDim // per row width of the q projection; per head
-	if gated {
-		qstride = 2 * c.HeadDim // per head: query then gate
-	}
-	r.Pool.MatMul2(a.q, &L.Q, a.k, &L.K, r.h, nb)
-	r.Pool.MatMul(a.v, &L.V, r.h, nb)
-	r.rows(rowTask{op: opQKPrep, L: L, kc: kc, vc: vc, pos: pos}, nb)
-	threads := r.Pool.Threads()
-	if need := threads * (pos + nb); len(a.scores) < need {
-		// Grow to a power of two of at least 4096 positions per thread, so
-		// decoding reallocates O(log ctx) times at most, never per token.
-		span := 4096
-		for span < pos+nb {
-			span *= 2
-		}
-		a.scores = make([]float32, threads*span)
-	}
-	a.task = attnTask{r: r, kc: kc, vc: vc, pos: pos, nb: nb, qw: qw, qstride: qstride, gated: gated, span: pos + nb}
-	r.Pool.Parallel(a.task.items(), 1, &a.task)
-	a.task = attnTask{}
-	r.Pool.MatMul(r.y, &L.O, a.o, nb)
+	r.Pool.MatMul2(a.q, &L.Q.Mat, a.k, &L.K.Mat, r.h, r.nb)
+	r.Pool.MatMul(a.v, &L.V.Mat, r.h, r.nb)
 }
 
-// qkPrep normalises and rotates the queries and keys of rows lo..hi and
-// appends their keys and values to the cache.
-func (r *Runner) qkPrep(L *Layer, kc, vc []float32, pos, lo, hi int) {
-	c := &r.M.Config
+// Prep implements block.Backend.
+func (r *Runner) Prep(L *block.Attn, cache int) {
+	kc, vc, rows := r.st.kv(cache)
+	r.rows(rowTask{op: opQKPrep, attn: L, kc: kc, vc: vc, rows: rows, pos: r.pos}, r.nb)
+}
+
+// Attend implements block.Backend.
+func (r *Runner) Attend(L *block.Attn, cache int) {
 	a := &r.attn
-	hd, nh, nkv := c.HeadDim, c.Heads, c.KVHeads
-	qw, qstride := L.Q.Rows, hd
-	if c.Family == format.FamilyQwen35MoE {
+	kc, vc, rows := r.st.kv(cache)
+	pos, nb := r.pos, r.nb
+	qw, qstride := L.Q.Mat.Rows, L.HeadDim // per row width of the q projection; per head
+	if L.Gate {
+		qstride = 2 * L.HeadDim // per head: query then gate
+	}
+	threads := r.Pool.Threads()
+	span := pos + nb
+	if L.Window > 0 {
+		span = min(span, L.Window)
+	}
+	if need := threads * span; len(a.scores) < need {
+		// Grow to a power of two of at least 4096 positions per thread, so
+		// decoding reallocates O(log ctx) times at most, never per token.
+		n := 4096
+		for n < span {
+			n *= 2
+		}
+		a.scores = make([]float32, threads*n)
+	}
+	a.task = attnTask{r: r, L: L, kc: kc, vc: vc, rows: rows, pos: pos, nb: nb, qw: qw, qstride: qstride, span: span}
+	r.Pool.Parallel(a.task.items(), 1, &a.task)
+	a.task = attnTask{}
+}
+
+// AttnOut implements block.Backend.
+func (r *Runner) AttnOut(L *block.Attn) {
+	r.Pool.MatMul(r.y, &L.O.Mat, r.attn.o, r.nb)
+	r.bias(r.y, L.OB, r.nb)
+}
+
+// qkPrep adds the projection biases, normalises and rotates the queries
+// and keys of rows lo..hi and appends their keys and values to the cache.
+func (r *Runner) qkPrep(L *block.Attn, kc, vc []float32, rows, pos, lo, hi int) {
+	a := &r.attn
+	hd, nh, nkv := L.HeadDim, L.Heads, L.KVHeads
+	qw, qstride := L.Q.Mat.Rows, hd
+	if L.Gate {
 		qstride = 2 * hd // per head: query then gate
 	}
-	zc := c.ZeroCentredNorm()
-	eps := float32(c.RMSEps)
-	rh := c.RotaryDim / 2
+	rh := r.rope.Dim / 2
 	kvw := nkv * hd
 	for i := lo; i < hi; i++ {
 		cos, sin := r.cos[i*rh:(i+1)*rh], r.sin[i*rh:(i+1)*rh]
+		if L.QB != nil {
+			kernels.Add(a.q[i*qw:(i+1)*qw], L.QB)
+			kernels.Add(a.k[i*kvw:(i+1)*kvw], L.KB)
+			kernels.Add(a.v[i*kvw:(i+1)*kvw], L.VB)
+		}
 		for h := 0; h < nh; h++ {
 			q := a.q[i*qw+h*qstride : i*qw+h*qstride+hd]
-			kernels.RMSNorm(q, q, L.QNorm, eps, zc)
+			if n := L.QNorm; n != nil {
+				kernels.RMSNorm(q, q, n.W, n.Eps, n.ZeroCentred)
+			}
 			kernels.Rope(q, cos, sin)
 		}
 		for h := 0; h < nkv; h++ {
 			k := a.k[i*kvw+h*hd : i*kvw+(h+1)*hd]
-			kernels.RMSNorm(k, k, L.KNorm, eps, zc)
+			if n := L.KNorm; n != nil {
+				kernels.RMSNorm(k, k, n.W, n.Eps, n.ZeroCentred)
+			}
 			kernels.Rope(k, cos, sin)
 		}
-		copy(kc[(pos+i)*kvw:(pos+i+1)*kvw], a.k[i*kvw:(i+1)*kvw])
-		copy(vc[(pos+i)*kvw:(pos+i+1)*kvw], a.v[i*kvw:(i+1)*kvw])
+		slot := (pos + i) % rows
+		copy(kc[slot*kvw:(slot+1)*kvw], a.k[i*kvw:(i+1)*kvw])
+		copy(vc[slot*kvw:(slot+1)*kvw], a.v[i*kvw:(i+1)*kvw])
 	}
 }
 
@@ -91,18 +117,18 @@ func (r *Runner) qkPrep(L *Layer, kc, vc []float32, pos, lo, hi int) {
 // part of a prompt chunk would do three times the first's work).
 type attnTask struct {
 	r                 *Runner
+	L                 *block.Attn
 	kc, vc            []float32
+	rows              int
 	pos, nb, qw, span int
 	qstride           int
-	gated             bool
 }
 
 // items is the number of indices: row pairs times heads.
-func (t *attnTask) items() int { return (t.nb + 1) / 2 * t.r.M.Config.Heads }
+func (t *attnTask) items() int { return (t.nb + 1) / 2 * t.L.Heads }
 
 func (t *attnTask) Run(lo, hi int) {
-	c := &t.r.M.Config
-	nh := c.Heads
+	nh := t.L.Heads
 	// Each contiguous part gets its own scores row, chosen by its start.
 	part := t.r.Pool.Part(t.items(), 1, lo)
 	sc := t.r.attn.scores[part*t.span : (part+1)*t.span]
@@ -117,17 +143,28 @@ func (t *attnTask) Run(lo, hi int) {
 
 // head computes query head h of row i.
 func (t *attnTask) head(i, h int, sc []float32) {
-	c := &t.r.M.Config
+	L := t.L
 	a := &t.r.attn
-	hd, nh, nkv := c.HeadDim, c.Heads, c.KVHeads
+	hd, nh, nkv := L.HeadDim, L.Heads, L.KVHeads
 	kvw := nkv * hd
-	scale := float32(1 / math.Sqrt(float64(hd)))
 	q := a.q[i*t.qw+h*t.qstride : i*t.qw+h*t.qstride+hd]
 	kvh := h / (nh / nkv)
 	n := t.pos + i + 1
 	o := a.o[i*nh*hd+h*hd : i*nh*hd+(h+1)*hd]
-	kernels.Attend(o, q, t.kc[kvh*hd:], t.vc[kvh*hd:], kvw, n, scale, sc)
-	if t.gated {
+	if L.Window == 0 && L.Sinks == nil {
+		kernels.Attend(o, q, t.kc[kvh*hd:], t.vc[kvh*hd:], kvw, n, L.Scale, sc)
+	} else {
+		first := 0
+		if L.Window > 0 && n > L.Window {
+			first, n = n-L.Window, L.Window
+		}
+		var sink []float32
+		if L.Sinks != nil {
+			sink = L.Sinks[h : h+1]
+		}
+		kernels.AttendRing(o, q, t.kc[kvh*hd:], t.vc[kvh*hd:], kvw, t.rows, first, n, L.Scale, sink, sc)
+	}
+	if L.Gate {
 		g := a.q[i*t.qw+h*t.qstride+hd : i*t.qw+h*t.qstride+2*hd]
 		kernels.MulSigmoid(o, g)
 	}

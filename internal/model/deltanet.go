@@ -3,6 +3,7 @@ package model
 import (
 	"math"
 
+	"github.com/sluicelm/sluice/internal/block"
 	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/kernels"
 )
@@ -19,7 +20,7 @@ type dnScratch struct {
 }
 
 func (d *dnScratch) init(c *format.Config, rows, threads int) {
-	if c.Family != format.FamilyQwen35MoE {
+	if c.LinearKeyHeads == 0 {
 		return
 	}
 	kd, vd := c.LinearKeyHeads*c.LinearKeyDim, c.LinearValueHeads*c.LinearValueDim
@@ -32,28 +33,41 @@ func (d *dnScratch) init(c *format.Config, rows, threads int) {
 	d.acc = make([]float32, threads*(2*kd+vd))
 }
 
-// deltanet runs the gated DeltaNet block of trunk layer li over nb rows in
-// order, updating st's conv history and recurrent state, and leaves the
-// projected output in r.y. Under State.Speculate it also saves both after
-// each row, for Commit to roll back to.
-func (r *Runner) deltanet(L *Layer, st *State, li, nb int) {
-	rec := st.rec[li]
-	c := &r.M.Config
+// The gated DeltaNet ops of block.Backend. They run the rows in order,
+// updating the state's conv history and recurrent matrix; under
+// State.Speculate they also save both after each row, for Commit to roll
+// back to.
+
+// DNProject implements block.Backend.
+func (r *Runner) DNProject(L *block.DeltaNet) {
 	d := &r.dn
-	nk, nv, dk, dv := c.LinearKeyHeads, c.LinearValueHeads, c.LinearKeyDim, c.LinearValueDim
-	kd, vd := nk*dk, nv*dv
-	cd := 2*kd + vd
-	r.Pool.MatMul2(d.qkv, &L.QKV, d.z, &L.Z, r.h, nb)
-	r.Pool.MatMul(d.b, &L.B, r.h, nb)
-	r.Pool.MatMul(d.a, &L.A, r.h, nb)
-	r.rows(rowTask{op: opConv, L: L, st: st, li: li, nb: nb}, cd)
-	r.rows(rowTask{op: opDNPrep, L: L}, nb)
-	d.task = dnTask{r: r, rec: rec, nb: nb, st: st, li: li}
-	r.Pool.Parallel(nv, 1, &d.task)
-	d.task = dnTask{}
-	r.rows(rowTask{op: opDNGate, L: L}, nb)
-	r.Pool.MatMul(r.y, &L.Out, d.o, nb)
+	r.Pool.MatMul2(d.qkv, &L.QKV.Mat, d.z, &L.Z.Mat, r.h, r.nb)
+	r.Pool.MatMul(d.b, &L.B.Mat, r.h, r.nb)
+	r.Pool.MatMul(d.a, &L.A.Mat, r.h, r.nb)
 }
+
+// Conv implements block.Backend.
+func (r *Runner) Conv(L *block.DeltaNet, cache int) {
+	cd := 2*L.KeyHeads*L.KeyDim + L.ValueHeads*L.ValueDim
+	r.rows(rowTask{op: opConv, dn: L, st: r.st, li: cache, nb: r.nb}, cd)
+}
+
+// DNPrep implements block.Backend.
+func (r *Runner) DNPrep(L *block.DeltaNet) { r.rows(rowTask{op: opDNPrep, dn: L}, r.nb) }
+
+// DeltaRule implements block.Backend.
+func (r *Runner) DeltaRule(L *block.DeltaNet, cache int) {
+	d := &r.dn
+	d.task = dnTask{r: r, L: L, rec: r.st.rec[cache], nb: r.nb, st: r.st, li: cache}
+	r.Pool.Parallel(L.ValueHeads, 1, &d.task)
+	d.task = dnTask{}
+}
+
+// DNGate implements block.Backend.
+func (r *Runner) DNGate(L *block.DeltaNet) { r.rows(rowTask{op: opDNGate, dn: L}, r.nb) }
+
+// DNOut implements block.Backend.
+func (r *Runner) DNOut(L *block.DeltaNet) { r.Pool.MatMul(r.y, &L.Out.Mat, r.dn.o, r.nb) }
 
 // dnConv runs the causal depthwise conv over [history..., x] and SiLU for
 // channels lo..hi of every row of the step, leaving the outputs in place of
@@ -62,11 +76,10 @@ func (r *Runner) deltanet(L *Layer, st *State, li, nb int) {
 // Rows go last to first: row i reads inputs i-K+1..i, none of which a later
 // row has overwritten yet. Each output sums its taps in time order, as the
 // per-channel scalar loop did.
-func (r *Runner) dnConv(L *Layer, st *State, li, nb, lo, hi int) {
-	c := &r.M.Config
+func (r *Runner) dnConv(L *block.DeltaNet, st *State, li, nb, lo, hi int) {
 	d := &r.dn
-	K := c.ConvKernel
-	cd := 2*c.LinearKeyHeads*c.LinearKeyDim + c.LinearValueHeads*c.LinearValueDim
+	K := L.Kernel
+	cd := 2*L.KeyHeads*L.KeyDim + L.ValueHeads*L.ValueDim
 	conv := st.conv[li] // [K-1][cd], oldest first
 	// in returns the channels lo..hi of input t of the timeline
 	// [history..., rows...] (t < 0: history).
@@ -108,12 +121,11 @@ func convGrain(nb int) int { return max(rowGrain, 2048/max(nb, 1)) }
 
 // dnPrep normalises q and k per head (q also scaled by 1/sqrt(dk)) and turns
 // the b and a projections into beta and the decay, for rows lo..hi.
-func (r *Runner) dnPrep(L *Layer, lo, hi int) {
-	c := &r.M.Config
+func (r *Runner) dnPrep(L *block.DeltaNet, lo, hi int) {
 	d := &r.dn
-	nk, nv, dk := c.LinearKeyHeads, c.LinearValueHeads, c.LinearKeyDim
+	nk, nv, dk := L.KeyHeads, L.ValueHeads, L.KeyDim
 	kd := nk * dk
-	cd := 2*kd + nv*c.LinearValueDim
+	cd := 2*kd + nv*L.ValueDim
 	qscale := float32(1 / math.Sqrt(float64(dk)))
 	for i := lo; i < hi; i++ {
 		x := d.qkv[i*cd : (i+1)*cd]
@@ -138,6 +150,7 @@ func (r *Runner) dnPrep(L *Layer, lo, hi int) {
 // are sequential within a head.
 type dnTask struct {
 	r   *Runner
+	L   *block.DeltaNet
 	rec []float32
 	nb  int
 	st  *State // for per-row snapshots under Speculate
@@ -145,9 +158,8 @@ type dnTask struct {
 }
 
 func (t *dnTask) Run(lo, hi int) {
-	c := &t.r.M.Config
 	d := &t.r.dn
-	nk, nv, dk, dv := c.LinearKeyHeads, c.LinearValueHeads, c.LinearKeyDim, c.LinearValueDim
+	nk, nv, dk, dv := t.L.KeyHeads, t.L.ValueHeads, t.L.KeyDim, t.L.ValueDim
 	kd, vd := nk*dk, nv*dv
 	cd := 2*kd + vd
 	var mem [256]float32

@@ -3,6 +3,7 @@ package model
 import (
 	"fmt"
 
+	"github.com/sluicelm/sluice/internal/block"
 	"github.com/sluicelm/sluice/internal/kernels"
 )
 
@@ -32,10 +33,18 @@ type Runner struct {
 	moe       moeScratch
 	cos, sin  []float32 // [rows][rotary/2]
 	positions []int
-	invFreq   []float32  // [rotary/2] theta^(-2i/rotary), as transformers computes it
-	rowT      rowTask    // the row-wise op in flight
-	mtp       mtpScratch // the MTP head's buffers, allocated on first use
+	rope      *block.Rope // the family's rotary embedding
+	rowT      rowTask     // the row-wise op in flight
+	mtp       mtpScratch  // the MTP head's buffers, allocated on first use
+	mla       mlaScratch  // the latent attention's buffers, when the model has it
+
+	// The step in flight, for the Backend methods.
+	st  *State
+	pos int // the step's first cache row
+	nb  int // rows of the step
 }
+
+var _ block.Backend = (*Runner)(nil)
 
 // NewRunner prepares scratch for batches of up to maxRows rows.
 func NewRunner(m *Model, threads, maxRows int) *Runner {
@@ -43,18 +52,27 @@ func NewRunner(m *Model, threads, maxRows int) *Runner {
 	if maxRows < 1 {
 		maxRows = 1
 	}
-	r := &Runner{M: m, Pool: kernels.NewPool(threads), MaxRows: maxRows}
+	r := &Runner{M: m, Pool: kernels.NewPool(threads), MaxRows: maxRows, rope: &m.Arch.Rope}
+	m.MaxBatch = max(m.MaxBatch, maxRows)
 	H := c.Hidden
 	r.x = make([]float32, maxRows*H)
 	r.h = make([]float32, maxRows*H)
 	r.y = make([]float32, maxRows*H)
 	r.final = make([]float32, maxRows*H)
-	r.cos = make([]float32, maxRows*c.RotaryDim/2)
-	r.sin = make([]float32, maxRows*c.RotaryDim/2)
+	r.cos = make([]float32, maxRows*r.rope.Dim/2)
+	r.sin = make([]float32, maxRows*r.rope.Dim/2)
 	r.positions = make([]int, maxRows)
-	r.invFreq = kernels.RopeFreqs(c.RotaryDim, c.RopeTheta)
 	r.attn.init(c, maxRows)
 	r.dn.init(c, maxRows, r.Pool.Threads())
+	for i := range m.Arch.Layers {
+		L := &m.Arch.Layers[i]
+		if d, ok := L.FFN.(*block.MLP); ok {
+			r.moe.dense = max(r.moe.dense, d.Inter)
+		}
+		if a, ok := L.Mixer.(*block.MLA); ok && r.mla.qa == nil {
+			r.mla.init(a, maxRows, r.Pool.Threads())
+		}
+	}
 	r.moe.init(c, maxRows)
 	r.moe.initThreads(c, maxRows, r.Pool.Threads())
 	return r
@@ -120,47 +138,32 @@ func (r *Runner) trace(name string, layer, nb, width int, v []float32) {
 // step runs one batch of nb ≤ MaxRows rows through the trunk.
 func (r *Runner) step(st *State, tokens []int, logits []float32, allRows bool) error {
 	m := r.M
-	c := &m.Config
-	H := c.Hidden
+	a := m.Arch
+	H := m.Config.Hidden
 	nb := len(tokens)
+	if err := st.fits(nb); err != nil {
+		return err
+	}
 	for i, t := range tokens {
-		m.Embed.Row(r.x[i*H:(i+1)*H], t)
+		a.Embed.Mat.Row(r.x[i*H:(i+1)*H], t)
 		r.positions[i] = st.Pos + i
 	}
+	r.st, r.pos, r.nb = st, st.Pos, nb
+	defer func() { r.st = nil }()
 	r.trace("embed", -1, nb, H, r.x)
 	r.ropeTables(nb)
-	for li := range m.Layers {
-		L := &m.Layers[li]
-		if li == 0 {
-			r.norm(r.h, r.x, nil, L.InNorm, nb)
-		} else {
-			// The previous layer's residual add, fused into this norm.
-			r.norm(r.h, r.x, r.y, L.InNorm, nb)
-			r.trace("layer_out", li-1, nb, H, r.x)
-		}
-		r.trace("input_norm", li, nb, H, r.h)
-		if L.Attn {
-			r.attention(L, st.kc[li], st.vc[li], st.Pos, nb)
-		} else {
-			r.deltanet(L, st, li, nb)
-		}
-		r.trace("mixer_out", li, nb, H, r.y)
-		r.norm(r.h, r.x, r.y, L.PostNorm, nb)
-		r.trace("post_norm", li, nb, H, r.h)
-		if err := r.moeBlock(L, nb); err != nil {
-			return err
-		}
-		r.trace("moe_out", li, nb, H, r.y)
+	if err := a.Forward(r); err != nil {
+		return err
 	}
-	r.norm(r.final, r.x, r.y, m.Norm, nb)
-	r.trace("layer_out", len(m.Layers)-1, nb, H, r.x)
+	r.norm(r.final, r.x, r.y, &a.Norm, nb)
+	r.trace("layer_out", len(a.Layers)-1, nb, H, r.x)
 	r.trace("final_norm", -1, nb, H, r.final)
 	switch {
 	case logits == nil:
 	case allRows:
-		r.Pool.MatMul(logits, &m.LMHead, r.final, nb)
+		r.Pool.MatMul(logits, &a.LMHead.Mat, r.final, nb)
 	default:
-		r.Pool.MatMul(logits, &m.LMHead, r.final[(nb-1)*H:nb*H], 1)
+		r.Pool.MatMul(logits, &a.LMHead.Mat, r.final[(nb-1)*H:nb*H], 1)
 	}
 	st.Pos += nb
 	return nil
@@ -169,4 +172,28 @@ func (r *Runner) step(st *State, tokens []int, logits []float32, allRows bool) e
 // ropeTables fills cos/sin for the batch's positions.
 func (r *Runner) ropeTables(nb int) {
 	r.rows(rowTask{op: opRope}, nb)
+}
+
+// Norm implements block.Backend.
+func (r *Runner) Norm(n *block.Norm, add bool) {
+	var y []float32
+	if add {
+		y = r.y
+	}
+	r.norm(r.h, r.x, y, n, r.nb)
+}
+
+// Emit implements block.Backend.
+func (r *Runner) Emit(name string, layer int, b block.Buf) {
+	if r.Trace == nil {
+		return
+	}
+	v := r.x
+	switch b {
+	case block.H:
+		v = r.h
+	case block.Y:
+		v = r.y
+	}
+	r.trace(name, layer, r.nb, r.M.Config.Hidden, v)
 }

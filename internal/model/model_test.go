@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/testutil"
 )
 
@@ -179,6 +180,9 @@ func TestQuantisedNLL(t *testing.T) {
 	if testing.Short() {
 		t.Skip("long prompts")
 	}
+	if raceEnabled {
+		t.Skip("quantisation accuracy, not concurrency: too slow under the race detector")
+	}
 	for _, name := range testutil.Models {
 		t.Run(name, func(t *testing.T) {
 			refs := testutil.LoadRefs(t, name)
@@ -243,6 +247,9 @@ func TestLayers(t *testing.T) {
 	for _, name := range testutil.Models {
 		t.Run(name, func(t *testing.T) {
 			b, err := os.ReadFile(filepath.Join(testutil.Shared(t), "refs", "layers", name+"-layers.json"))
+			if os.IsNotExist(err) {
+				t.Skipf("no per-layer references for %s", name)
+			}
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -345,7 +352,7 @@ func TestBadInput(t *testing.T) {
 		t.Error("truncated manifest: no error")
 	}
 	if _, err := Load(damage("manifest.json", func(b []byte) []byte {
-		return []byte(strings.Replace(string(b), `"format": 1`, `"format": 99`, 1))
+		return []byte(strings.Replace(string(b), fmt.Sprintf(`"format": %d`, format.Version), `"format": 99`, 1))
 	})); err == nil || !strings.Contains(err.Error(), "format") {
 		t.Errorf("wrong format version: %v", err)
 	}

@@ -1,9 +1,11 @@
 package model
 
 import (
+	"math"
 	"slices"
 	"sync/atomic"
 
+	"github.com/sluicelm/sluice/internal/block"
 	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/kernels"
 )
@@ -33,6 +35,8 @@ type moeScratch struct {
 	pk       []int     // [top_k] lookahead: one row's picks
 	sgate    []float32 // [rows]
 	shared   []float32 // [rows][hidden]
+	dense    int       // the widest dense MLP's intermediate size
+	choice   []float32 // [rows][experts] grouped routing: scores for choice
 }
 
 // moeThread is one thread's buffers for computing whole experts.
@@ -91,10 +95,11 @@ func (s *moeScratch) init(c *format.Config, rows int) {
 	s.pred = make([]int, 0, E)
 	s.pmark = make([]bool, E)
 	s.pk = make([]int, 0, K)
-	s.main = moeThread{in: make([]float32, rows*H), g: make([]float32, rows*max(I, c.SharedInter)),
-		u: make([]float32, rows*max(I, c.SharedInter))}
+	s.main = moeThread{in: make([]float32, rows*H), g: make([]float32, rows*max(I, c.SharedInter, s.dense)),
+		u: make([]float32, rows*max(I, c.SharedInter, s.dense))}
 	s.outk = make([]float32, rows*K*H)
 	s.base = make([]int, E)
+	s.choice = make([]float32, rows*E)
 	s.pos = make([]int, rows*K)
 	if c.SharedInter > 0 {
 		s.sgate = make([]float32, rows)
@@ -135,32 +140,55 @@ func Route(probs []float32, k int, norm bool, ids []int, w []float32) {
 // layer.
 type RouteFunc func(layer, pos int, ids []int)
 
-// moeBlock routes nb rows of r.h, runs the shared and routed experts, and
-// leaves Σ_k w_k·expert_k(h) (+ gated shared expert) in r.y. Routed outputs
-// are summed in router order, so the result does not depend on the order in
-// which the provider delivers experts.
-func (r *Runner) moeBlock(L *Layer, nb int) error {
+// The MoE ops of block.Backend: the routed outputs are summed in router
+// order, so the result does not depend on the order in which the provider
+// delivers experts.
+
+// RouterLogits implements block.Backend.
+func (r *Runner) RouterLogits(L *block.MoE) {
+	s := &r.moe
+	r.Pool.MatMul(s.logits, &L.Router.Mat, r.h, r.nb)
+	r.bias(s.logits, L.RouterBias, r.nb)
+	r.trace("router_logits", L.Layer, r.nb, r.M.Config.Experts, s.logits)
+}
+
+// Route implements block.Backend.
+func (r *Runner) Route(L *block.MoE) {
+	r.rows(rowTask{op: opRoute, moe: L}, r.nb)
+	if r.Routes == nil {
+		return
+	}
 	c := &r.M.Config
 	s := &r.moe
 	E, K := c.Experts, c.TopK
-	r.Pool.MatMul(s.logits, &L.Router, r.h, nb)
-	r.trace("router_logits", L.Index, nb, E, s.logits)
-	r.rows(rowTask{op: opRoute}, nb)
+	for i := 0; i < r.nb; i++ {
+		p := s.logits[i*E : (i+1)*E]
+		ids, w := s.ids[i*K:(i+1)*K], s.w[i*K:(i+1)*K]
+		r.Routes(L.Layer, r.positions[i], ids)
+		var sum float32
+		for k, e := range ids {
+			w[k] = p[e]
+			sum += w[k]
+		}
+		for k := range w {
+			w[k] /= sum
+		}
+	}
+}
+
+// Combine implements block.Backend.
+func (r *Runner) Combine(L *block.MoE) { r.rows(rowTask{op: opCombine, moe: L}, r.nb) }
+
+// Experts implements block.Backend: the provider's Begin with the batch's
+// distinct experts, the lookahead, then the routed experts and the shared
+// expert.
+func (r *Runner) Experts(L *block.MoE) error {
+	c := &r.M.Config
+	s := &r.moe
+	K := c.TopK
+	nb := r.nb
 	s.distinct = s.distinct[:0]
 	for i := 0; i < nb; i++ {
-		if r.Routes != nil {
-			p := s.logits[i*E : (i+1)*E]
-			ids, w := s.ids[i*K:(i+1)*K], s.w[i*K:(i+1)*K]
-			r.Routes(L.Index, r.positions[i], ids)
-			var sum float32
-			for k, e := range ids {
-				w[k] = p[e]
-				sum += w[k]
-			}
-			for k := range w {
-				w[k] /= sum
-			}
-		}
 		for k, e := range s.ids[i*K : (i+1)*K] {
 			if s.slot[e] < 0 {
 				s.slot[e] = len(s.distinct)
@@ -189,7 +217,7 @@ func (r *Runner) moeBlock(L *Layer, nb int) error {
 		s.maxw[di] = mw
 	}
 	nd := len(s.distinct)
-	if err := r.M.Experts.Begin(L.Index, s.distinct, Hint{MaxWeight: s.maxw[:nd], Rows: s.nrows[:nd]}); err != nil {
+	if err := r.M.Experts.Begin(L.Layer, s.distinct, Hint{MaxWeight: s.maxw[:nd], Rows: s.nrows[:nd]}); err != nil {
 		return err
 	}
 	r.lookahead(L, nb)
@@ -202,14 +230,14 @@ func (r *Runner) moeBlock(L *Layer, nb int) error {
 			s.exps[di] = ex
 		}
 		items := len(s.distinct)
-		if L.HasShared {
+		if L.Shared != nil {
 			items++ // the shared expert is one more work item
 		}
 		// Largest first, handed out one at a time: experts differ in rows
 		// by an order of magnitude in a prefill chunk, so equal counts per
 		// thread would leave one thread idle.
 		s.order = s.order[:0]
-		if L.HasShared {
+		if L.Shared != nil {
 			s.order = append(s.order, len(s.distinct))
 		}
 		for di := range s.distinct {
@@ -229,17 +257,25 @@ func (r *Runner) moeBlock(L *Layer, nb int) error {
 			if err != nil {
 				return err
 			}
-			r.runExpert(ex, di, &s.main, r.Pool)
+			r.runExpert(L, ex, di, &s.main, r.Pool)
 		}
-		if L.HasShared {
+		if L.Shared != nil {
 			r.sharedExpert(L, nb, &s.main, r.Pool)
 		}
 	}
-	if L.HasShared {
-		r.Pool.MatMul(s.sgate, &L.SharedExpertGate, r.h, nb)
+	if L.Shared != nil && L.SharedGate.Present() {
+		r.Pool.MatMul(s.sgate, &L.SharedGate.Mat, r.h, nb)
 	}
-	r.rows(rowTask{op: opCombine, L: L}, nb)
 	return nil
+}
+
+// Dense implements block.Backend.
+func (r *Runner) Dense(m *block.MLP) {
+	t := &r.moe.main
+	nb, I := r.nb, m.Inter
+	r.Pool.MatMul2(t.g, &m.Gate.Mat, t.u, &m.Up.Mat, r.h, nb)
+	kernels.SwiGLU(t.g[:nb*I], t.g[:nb*I], t.u[:nb*I])
+	r.Pool.MatMul(r.y, &m.Down.Mat, t.g, nb)
 }
 
 // lookahead predicts the next layer's experts while this layer's reads are
@@ -248,20 +284,29 @@ func (r *Runner) moeBlock(L *Layer, nb int) error {
 // layer's MoE output and the next layer's mixer output, so the prediction
 // is approximate; it only decides what to read early, never what is
 // computed. Issued after Begin so that this layer's misses queue first.
-func (r *Runner) lookahead(L *Layer, nb int) {
+func (r *Runner) lookahead(L *block.MoE, nb int) {
 	pf, ok := r.M.Experts.(Prefetcher)
-	if !ok || !pf.Lookahead() || L.Index+1 >= len(r.M.Layers) {
+	layers := r.M.Arch.Layers
+	if !ok || !pf.Lookahead() || L.Layer+1 >= len(layers) {
 		return
 	}
 	c := &r.M.Config
 	s := &r.moe
 	H, E, K := c.Hidden, c.Experts, c.TopK
-	next := &r.M.Layers[L.Index+1]
-	eps := float32(c.RMSEps)
-	for i := 0; i < nb; i++ {
-		kernels.RMSNorm(s.pnorm[i*H:(i+1)*H], r.x[i*H:(i+1)*H], next.PostNorm, eps, c.ZeroCentredNorm())
+	next := layers[L.Layer+1].MoE()
+	if next == nil {
+		return
 	}
-	r.Pool.MatMul(s.plogits, &next.Router, s.pnorm, nb)
+	pre := next.Pre
+	for i := 0; i < nb; i++ {
+		kernels.RMSNorm(s.pnorm[i*H:(i+1)*H], r.x[i*H:(i+1)*H], pre.W, pre.Eps, pre.ZeroCentred)
+	}
+	r.Pool.MatMul(s.plogits, &next.Router.Mat, s.pnorm, nb)
+	if b := next.RouterBias; b != nil {
+		for i := 0; i < nb; i++ {
+			kernels.Add(s.plogits[i*E:(i+1)*E], b)
+		}
+	}
 	s.pred = s.pred[:0]
 	for i := 0; i < nb; i++ {
 		row := s.plogits[i*E : (i+1)*E]
@@ -284,13 +329,13 @@ func (r *Runner) lookahead(L *Layer, nb int) {
 	for _, e := range s.pred {
 		s.pmark[e] = false
 	}
-	pf.Prefetch(L.Index+1, s.pred)
+	pf.Prefetch(L.Layer+1, s.pred)
 }
 
 // runExpert computes distinct expert di for the rows that chose it into its
 // block of moe.outk. A nil expert was cut by a lossy deadline policy and
 // contributes zero.
-func (r *Runner) runExpert(ex *Expert, di int, t *moeThread, mm matmuler) {
+func (r *Runner) runExpert(L *block.MoE, ex *Expert, di int, t *moeThread, mm matmuler) {
 	c := &r.M.Config
 	s := &r.moe
 	H, K, I := c.Hidden, c.TopK, c.MoEInter
@@ -305,18 +350,35 @@ func (r *Runner) runExpert(ex *Expert, di int, t *moeThread, mm matmuler) {
 		copy(t.in[j*H:(j+1)*H], r.h[(rk/K)*H:(rk/K+1)*H])
 	}
 	mm.MatMul2(t.g, &ex.Gate, t.u, &ex.Up, t.in, n)
-	kernels.SwiGLU(t.g[:n*I], t.g[:n*I], t.u[:n*I])
+	if ex.GateBias != nil {
+		for j := 0; j < n; j++ {
+			kernels.Add(t.g[j*I:(j+1)*I], ex.GateBias)
+			kernels.Add(t.u[j*I:(j+1)*I], ex.UpBias)
+		}
+	}
+	switch L.Act {
+	case block.ClampedSwiGLU:
+		kernels.ClampedSwiGLU(t.g[:n*I], t.g[:n*I], t.u[:n*I])
+	default:
+		kernels.SwiGLU(t.g[:n*I], t.g[:n*I], t.u[:n*I])
+	}
 	mm.MatMul(out, &ex.Down, t.g, n)
+	if ex.DownBias != nil {
+		for j := 0; j < n; j++ {
+			kernels.Add(out[j*H:(j+1)*H], ex.DownBias)
+		}
+	}
 }
 
 // sharedExpert computes the ungated shared expert of every row into
 // moe.shared.
-func (r *Runner) sharedExpert(L *Layer, nb int, t *moeThread, mm matmuler) {
-	SI := r.M.Config.SharedInter
+func (r *Runner) sharedExpert(L *block.MoE, nb int, t *moeThread, mm matmuler) {
+	sh := L.Shared
+	SI := sh.Inter
 	s := &r.moe
-	mm.MatMul2(t.g, &L.SharedGate, t.u, &L.SharedUp, r.h, nb)
+	mm.MatMul2(t.g, &sh.Gate.Mat, t.u, &sh.Up.Mat, r.h, nb)
 	kernels.SwiGLU(t.g[:nb*SI], t.g[:nb*SI], t.u[:nb*SI])
-	mm.MatMul(s.shared, &L.SharedDown, t.g, nb)
+	mm.MatMul(s.shared, &sh.Down.Mat, t.g, nb)
 }
 
 // moeTask computes whole experts: each thread takes the next item of
@@ -324,7 +386,7 @@ func (r *Runner) sharedExpert(L *Layer, nb int, t *moeThread, mm matmuler) {
 // Which thread computes an expert changes nothing in its result.
 type moeTask struct {
 	r         *Runner
-	L         *Layer
+	L         *block.MoE
 	nb, items int
 	next      atomic.Int32
 }
@@ -343,6 +405,66 @@ func (t *moeTask) Run(lo, hi int) {
 			r.sharedExpert(t.L, t.nb, th, &th.sc)
 			continue
 		}
-		r.runExpert(s.exps[di], di, th, &th.sc)
+		r.runExpert(t.L, s.exps[di], di, th, &th.sc)
+	}
+}
+
+// routeGroups is DeepSeek's routing of one row: sigmoid scores p (in
+// place of the logits), the choice = p + correction restricted to the
+// TopGroups groups whose two best choices sum highest (the lower group
+// first on ties), the k best choices there, weighted by their scores,
+// renormalised when NormTopK, times Scale.
+func (r *Runner) routeGroups(m *block.MoE, p, choice []float32, ids []int, w []float32) {
+	E, K := len(p), len(ids)
+	for e := range p {
+		p[e] = kernels.Sigmoid(p[e])
+		choice[e] = p[e] + m.Correction[e]
+	}
+	if m.Groups > 1 && m.TopGroups < m.Groups {
+		gs := E / m.Groups
+		var gscore [64]float32
+		var keep [64]bool
+		for g := 0; g < m.Groups; g++ {
+			a, b := float32(math.Inf(-1)), float32(math.Inf(-1))
+			for _, v := range choice[g*gs : (g+1)*gs] {
+				if v > a {
+					a, b = v, a
+				} else if v > b {
+					b = v
+				}
+			}
+			gscore[g] = a + b
+		}
+		for range m.TopGroups {
+			best := -1
+			for g := 0; g < m.Groups; g++ {
+				if !keep[g] && (best < 0 || gscore[g] > gscore[best]) {
+					best = g
+				}
+			}
+			keep[best] = true
+		}
+		for g := 0; g < m.Groups; g++ {
+			if !keep[g] {
+				for e := g * gs; e < (g+1)*gs; e++ {
+					choice[e] = float32(math.Inf(-1))
+				}
+			}
+		}
+	}
+	Route(choice, K, false, ids, w)
+	var sum float32
+	for k, e := range ids {
+		w[k] = p[e]
+		sum += w[k]
+	}
+	if m.NormTopK {
+		sum += 1e-20
+		for k := range w {
+			w[k] /= sum
+		}
+	}
+	for k := range w {
+		w[k] *= m.Scale
 	}
 }

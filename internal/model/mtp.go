@@ -72,33 +72,34 @@ func (r *Runner) MTPForward(st *State, pos int, hidden []float32, toks []int, ou
 		}
 	}
 	r.mtpInit()
-	zc := c.ZeroCentredNorm()
-	eps := float32(c.RMSEps)
 	in := r.mtp.in
+	ne, nh := &mt.NormEmbed, &mt.NormHidden
 	for i, t := range toks {
 		e := r.y[i*H : (i+1)*H]
-		m.Embed.Row(e, t)
-		kernels.RMSNorm(in[2*i*H:(2*i+1)*H], e, mt.NormEmbed, eps, zc)
-		kernels.RMSNorm(in[(2*i+1)*H:(2*i+2)*H], hidden[i*H:(i+1)*H], mt.NormHidden, eps, zc)
+		m.Arch.Embed.Mat.Row(e, t)
+		kernels.RMSNorm(in[2*i*H:(2*i+1)*H], e, ne.W, ne.Eps, ne.ZeroCentred)
+		kernels.RMSNorm(in[(2*i+1)*H:(2*i+2)*H], hidden[i*H:(i+1)*H], nh.W, nh.Eps, nh.ZeroCentred)
 		r.positions[i] = pos + 1 + i
 	}
-	r.Pool.MatMul(r.x, &mt.FC, in, nb)
+	r.Pool.MatMul(r.x, &mt.FC.Mat, in, nb)
 	r.ropeTables(nb)
-	L := mt.Layer
-	r.norm(r.h, r.x, nil, L.InNorm, nb)
-	r.attention(L, st.mk, st.mv, pos, nb)
-	r.norm(r.h, r.x, r.y, L.PostNorm, nb)
-	if err := r.moeBlock(L, nb); err != nil {
+	r.st, r.pos, r.nb = st, pos, nb
+	defer func() { r.st = nil }()
+	L := &mt.Layer
+	r.Norm(&L.In, false)
+	L.Mixer.Mix(r, len(m.Arch.Layers)) // the MTP layer's own cache
+	r.Norm(&L.Post, true)
+	if err := L.FFN.Forward(r); err != nil {
 		return err
 	}
 	mo := r.mtp.out
-	r.norm(mo, r.x, r.y, mt.Norm, nb)
+	r.norm(mo, r.x, r.y, &mt.Norm, nb)
 	switch {
 	case out == nil:
 	case all:
-		r.Pool.MatMul(out[:nb*V], &m.LMHead, mo, nb)
+		r.Pool.MatMul(out[:nb*V], &m.Arch.LMHead.Mat, mo, nb)
 	default:
-		r.Pool.MatMul(out[:V], &m.LMHead, mo[(nb-1)*H:nb*H], 1)
+		r.Pool.MatMul(out[:V], &m.Arch.LMHead.Mat, mo[(nb-1)*H:nb*H], 1)
 	}
 	return nil
 }

@@ -13,6 +13,8 @@ import (
 type Expert struct {
 	Gate, Up kernels.Mat // [moe_inter][hidden]
 	Down     kernels.Mat // [hidden][moe_inter]
+	// Biases after each projection, nil when the family has none.
+	GateBias, UpBias, DownBias []float32
 }
 
 // Provider gives the forward pass the routed experts of one layer. The
@@ -60,8 +62,23 @@ func ExpertFromRecord(rec []byte, st *format.ExpertStore) (Expert, error) {
 	if e.Up, err = kernels.MatFrom(rec, &st.Up); err != nil {
 		return e, err
 	}
-	e.Down, err = kernels.MatFrom(rec, &st.Down)
-	return e, err
+	if e.Down, err = kernels.MatFrom(rec, &st.Down); err != nil {
+		return e, err
+	}
+	for _, b := range []struct {
+		t   *format.Tensor
+		dst *[]float32
+	}{{st.GateBias, &e.GateBias}, {st.UpBias, &e.UpBias}, {st.DownBias, &e.DownBias}} {
+		if b.t == nil {
+			continue
+		}
+		m, err := kernels.MatFrom(rec, b.t)
+		if err != nil {
+			return e, err
+		}
+		*b.dst = m.F32
+	}
+	return e, nil
 }
 
 // Resident serves every expert from experts.bin mapped whole: the right

@@ -1,6 +1,7 @@
 package model
 
 import (
+	"github.com/sluicelm/sluice/internal/block"
 	"github.com/sluicelm/sluice/internal/kernels"
 )
 
@@ -29,6 +30,14 @@ const (
 	opDNGate
 	// opRope: the rotary tables of the batch's positions.
 	opRope
+	// opBias: dst_i += b, rows of len(b) (projection biases).
+	opBias
+	// opMLANorm: q_a_layernorm of the latent attention's query.
+	opMLANorm
+	// opMLAPrep: latent norm, rope, absorbed queries, cache append.
+	opMLAPrep
+	// opSelect: the indexer's choice of positions per row.
+	opSelect
 )
 
 // rowGrain is the fewest rows (or channels) worth a part of their own:
@@ -41,14 +50,18 @@ const rowGrain = 16
 type rowTask struct {
 	r       *Runner
 	op      rowOp
-	L       *Layer
-	st      *State // opConv, opDNPrep
+	attn    *block.Attn     // opQKPrep
+	dn      *block.DeltaNet // opConv, opDNPrep, opDNGate
+	moe     *block.MoE      // opRoute, opCombine
+	mla     *block.MLA      // opMLANorm, opMLAPrep, opSelect
+	norm    *block.Norm     // opNorm
+	st      *State          // opConv, opDNPrep
 	li, pos int
 	nb      int       // opConv: rows of the step
 	kc, vc  []float32 // opQKPrep: the layer's cache
+	rows    int       // opQKPrep: cache rows (a ring's slot is pos % rows)
 	x, add  []float32 // opNorm
-	dst, w  []float32 // opNorm
-	zc      bool      // opNorm: zero-centred weight
+	dst, b  []float32 // opNorm, opBias
 }
 
 // rows runs t over n indices (rows, or channels for opConv) on the pool.
@@ -66,8 +79,15 @@ func (r *Runner) rows(t rowTask, n int) {
 
 // norm writes RMSNorm(x_i [+ add_i]) into dst for nb rows (x += add first
 // when add is non-nil).
-func (r *Runner) norm(dst, x, add, w []float32, nb int) {
-	r.rows(rowTask{op: opNorm, dst: dst, x: x, add: add, w: w, zc: r.M.Config.ZeroCentredNorm()}, nb)
+func (r *Runner) norm(dst, x, add []float32, n *block.Norm, nb int) {
+	r.rows(rowTask{op: opNorm, dst: dst, x: x, add: add, norm: n}, nb)
+}
+
+// bias adds b to each of nb rows of dst.
+func (r *Runner) bias(dst, b []float32, nb int) {
+	if b != nil {
+		r.rows(rowTask{op: opBias, dst: dst, b: b}, nb)
+	}
 }
 
 func (t *rowTask) Run(lo, hi int) {
@@ -76,23 +96,43 @@ func (t *rowTask) Run(lo, hi int) {
 	H := c.Hidden
 	switch t.op {
 	case opNorm:
-		eps := float32(c.RMSEps)
+		n := t.norm
 		for i := lo; i < hi; i++ {
 			x := t.x[i*H : (i+1)*H]
 			if t.add != nil {
 				kernels.Add(x, t.add[i*H:(i+1)*H])
 			}
-			kernels.RMSNorm(t.dst[i*H:(i+1)*H], x, t.w, eps, t.zc)
+			kernels.RMSNorm(t.dst[i*H:(i+1)*H], x, n.W, n.Eps, n.ZeroCentred)
 		}
+	case opBias:
+		w := len(t.b)
+		for i := lo; i < hi; i++ {
+			kernels.Add(t.dst[i*w:(i+1)*w], t.b)
+		}
+	case opMLANorm:
+		r.mlaNorm(t.mla, lo, hi)
+	case opMLAPrep:
+		r.mlaPrep(t.mla, t.kc, t.vc, t.pos, lo, hi)
+	case opSelect:
+		r.selectRows(t.mla, t.vc, t.pos, t.nb, lo, hi)
 	case opQKPrep:
-		r.qkPrep(t.L, t.kc, t.vc, t.pos, lo, hi)
+		r.qkPrep(t.attn, t.kc, t.vc, t.rows, t.pos, lo, hi)
 	case opRoute:
 		s := &r.moe
 		E, K := c.Experts, c.TopK
 		for i := lo; i < hi; i++ {
 			p := s.logits[i*E : (i+1)*E]
-			kernels.Softmax(p)
-			Route(p, K, c.NormTopK, s.ids[i*K:(i+1)*K], s.w[i*K:(i+1)*K])
+			ids, w := s.ids[i*K:(i+1)*K], s.w[i*K:(i+1)*K]
+			switch t.moe.Score {
+			case block.SigmoidGroups:
+				r.routeGroups(t.moe, p, s.choice[i*E:(i+1)*E], ids, w)
+			case block.TopKSoftmax:
+				Route(p, K, false, ids, w)
+				kernels.Softmax(w)
+			default:
+				kernels.Softmax(p)
+				Route(p, K, t.moe.NormTopK, ids, w)
+			}
 		}
 	case opCombine:
 		s := &r.moe
@@ -104,31 +144,41 @@ func (t *rowTask) Run(lo, hi int) {
 				at := s.pos[i*K+k]
 				kernels.Axpy(y, s.w[i*K+k], s.outk[at*H:(at+1)*H])
 			}
-			if t.L.HasShared {
-				kernels.Axpy(y, kernels.Sigmoid(s.sgate[i]), s.shared[i*H:(i+1)*H])
+			if t.moe.Shared != nil {
+				g := float32(1)
+				if t.moe.SharedGate.Present() {
+					g = kernels.Sigmoid(s.sgate[i])
+				}
+				kernels.Axpy(y, g, s.shared[i*H:(i+1)*H])
 			}
 		}
 	case opConv:
-		r.dnConv(t.L, t.st, t.li, t.nb, lo, hi)
+		r.dnConv(t.dn, t.st, t.li, t.nb, lo, hi)
 	case opDNPrep:
-		r.dnPrep(t.L, lo, hi)
+		r.dnPrep(t.dn, lo, hi)
 	case opDNGate:
 		d := &r.dn
-		eps := float32(c.RMSEps)
-		dv := c.LinearValueDim
+		g := &t.dn.GNorm
+		nv, dv := t.dn.ValueHeads, t.dn.ValueDim
 		for i := lo; i < hi; i++ {
-			o := d.o[i*c.LinearValueHeads*dv : (i+1)*c.LinearValueHeads*dv]
-			z := d.z[i*c.LinearValueHeads*dv : (i+1)*c.LinearValueHeads*dv]
-			for h := 0; h < c.LinearValueHeads; h++ {
+			o := d.o[i*nv*dv : (i+1)*nv*dv]
+			z := d.z[i*nv*dv : (i+1)*nv*dv]
+			for h := 0; h < nv; h++ {
 				oh := o[h*dv : (h+1)*dv]
-				kernels.RMSNorm(oh, oh, t.L.GNorm, eps, false)
+				kernels.RMSNorm(oh, oh, g.W, g.Eps, g.ZeroCentred)
 			}
 			kernels.SwiGLU(o, z, o) // o·silu(z)
 		}
 	case opRope:
-		h := c.RotaryDim / 2
+		rp := r.rope
+		h := rp.Dim / 2
 		for i := lo; i < hi; i++ {
-			kernels.RopeTable(r.cos[i*h:(i+1)*h], r.sin[i*h:(i+1)*h], r.positions[i], r.invFreq)
+			cos, sin := r.cos[i*h:(i+1)*h], r.sin[i*h:(i+1)*h]
+			kernels.RopeTable(cos, sin, r.positions[i], rp.InvFreq)
+			if rp.Scale != 1 {
+				kernels.Scale(cos, rp.Scale)
+				kernels.Scale(sin, rp.Scale)
+			}
 		}
 	}
 }

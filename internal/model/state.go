@@ -1,10 +1,16 @@
 package model
 
-import "fmt"
+import (
+	"fmt"
 
-// State is one sequence's memory: the KV cache of each attention layer and
-// the conv history and recurrent matrix of each DeltaNet layer, plus the
-// MTP layer's own KV cache. Everything is allocated once, for Ctx positions.
+	"github.com/sluicelm/sluice/internal/block"
+)
+
+// State is one sequence's memory, as the family's StateSpecs say: the KV
+// cache of each attention layer (a ring of window + Model.MaxBatch rows for
+// a sliding-window layer) and the conv history and recurrent matrix of each
+// DeltaNet layer, plus the MTP layer's own KV cache. Everything is
+// allocated once, for Ctx positions.
 //
 // The MTP cache holds one row per trunk position: row j pairs the trunk's
 // final hidden state h_j with the token at j+1 and sits at rotary position
@@ -14,7 +20,9 @@ type State struct {
 	Pos int // tokens consumed so far
 	Ctx int // capacity in positions
 
-	kc, vc [][]float32 // per layer: [ctx][kv_heads*head_dim], nil for DeltaNet layers
+	kc, vc [][]float32 // per layer: [rows][kv_heads*head_dim], nil for DeltaNet layers
+	kvRows []int       // per layer: rows of kc/vc (Ctx, or a ring's size); position p is at row p % rows
+	window []int       // per layer: a ring's window, 0 otherwise
 	conv   [][]float32 // per layer: [kernel-1][conv_dim], oldest first
 	rec    [][]float32 // per layer: [v_heads][k_dim][v_dim]
 
@@ -44,27 +52,57 @@ func (m *Model) NewState(ctx int) (*State, error) {
 		return nil, fmt.Errorf("context length %d must be positive", ctx)
 	}
 	s := &State{Ctx: ctx}
-	kvw := c.KVHeads * c.HeadDim
-	convDim := 2*c.LinearKeyHeads*c.LinearKeyDim + c.LinearValueHeads*c.LinearValueDim
-	for _, L := range m.Layers {
-		if L.Attn {
-			s.kc = append(s.kc, make([]float32, ctx*kvw))
-			s.vc = append(s.vc, make([]float32, ctx*kvw))
+	for _, sp := range m.Arch.States {
+		rows, win, vw := 0, 0, sp.KVWidth
+		switch sp.Kind {
+		case block.KV:
+			rows = ctx
+		case block.Ring:
+			rows, win = min(ctx, sp.Window+m.MaxBatch), sp.Window
+		case block.Latent:
+			rows, vw = ctx, sp.IndexWidth
+		}
+		if rows > 0 {
+			s.kc = append(s.kc, make([]float32, rows*sp.KVWidth))
+			s.vc = append(s.vc, make([]float32, rows*vw))
 			s.conv = append(s.conv, nil)
 			s.rec = append(s.rec, nil)
 		} else {
 			s.kc = append(s.kc, nil)
 			s.vc = append(s.vc, nil)
-			s.conv = append(s.conv, make([]float32, (c.ConvKernel-1)*convDim))
-			s.rec = append(s.rec, make([]float32, c.LinearValueHeads*c.LinearKeyDim*c.LinearValueDim))
+			s.conv = append(s.conv, make([]float32, sp.ConvFloats))
+			s.rec = append(s.rec, make([]float32, sp.RecFloats))
 		}
+		s.kvRows = append(s.kvRows, rows)
+		s.window = append(s.window, win)
 	}
 	if m.MTP != nil {
+		kvw := m.Arch.MTPState.KVWidth
 		s.mk = make([]float32, ctx*kvw)
 		s.mv = make([]float32, ctx*kvw)
 		s.mh = make([]float32, c.Hidden)
 	}
 	return s, nil
+}
+
+// kv returns the KV cache of layer l (l = the trunk's layer count: the MTP
+// layer's) and its rows.
+func (s *State) kv(l int) (kc, vc []float32, rows int) {
+	if l == len(s.kc) {
+		return s.mk, s.mv, s.Ctx
+	}
+	return s.kc[l], s.vc[l], s.kvRows[l]
+}
+
+// fits checks that a step of nb rows overwrites no ring row that a row of
+// the same step still attends to.
+func (s *State) fits(nb int) error {
+	for l, w := range s.window {
+		if w > 0 && s.kvRows[l] < s.Ctx && s.kvRows[l] < w+nb {
+			return fmt.Errorf("state: a step of %d rows exceeds layer %d's ring of %d rows (window %d); make states after the runner", nb, l, s.kvRows[l], w)
+		}
+	}
+	return nil
 }
 
 // Reset empties the state for a new sequence. KV rows need no clearing:
@@ -103,9 +141,20 @@ func (s *State) CopyFrom(src *State) error {
 	}
 	for i := range s.kc {
 		if s.kc[i] != nil {
-			w := len(src.kc[i]) / src.Ctx
-			copy(s.kc[i][:src.Pos*w], src.kc[i][:src.Pos*w])
-			copy(s.vc[i][:src.Pos*w], src.vc[i][:src.Pos*w])
+			rs, rd := src.kvRows[i], s.kvRows[i]
+			w, vw := len(src.kc[i])/rs, len(src.vc[i])/rs
+			if rs >= src.Pos && rd >= src.Pos {
+				copy(s.kc[i][:src.Pos*w], src.kc[i][:src.Pos*w])
+				copy(s.vc[i][:src.Pos*vw], src.vc[i][:src.Pos*vw])
+				continue
+			}
+			// A ring: its last rows positions, each to its row in s.
+			for p := max(0, src.Pos-min(rs, rd)); p < src.Pos; p++ {
+				a, b := p%rs*w, p%rd*w
+				copy(s.kc[i][b:b+w], src.kc[i][a:a+w])
+				a, b = p%rs*vw, p%rd*vw
+				copy(s.vc[i][b:b+vw], src.vc[i][a:a+vw])
+			}
 		} else {
 			copy(s.conv[i], src.conv[i])
 			copy(s.rec[i], src.rec[i])

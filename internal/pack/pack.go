@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/sluicelm/sluice/internal/family"
 	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/hf"
 	"github.com/sluicelm/sluice/internal/quant"
@@ -86,8 +87,11 @@ func Pack(ctx context.Context, src, dst string, o Options) (err error) {
 		if cfg.Hidden%format.GroupSize != 0 || cfg.MoEInter%format.GroupSize != 0 {
 			return fmt.Errorf("pack: --low-bits needs hidden_size and moe_intermediate_size multiples of %d", format.GroupSize)
 		}
+		if cfg.ExpertBias {
+			return fmt.Errorf("pack: --low-bits is not supported for experts with biases (%s)", cfg.Family)
+		}
 		ls := format.ExpertRecordLayout(&cfg, lk, format.LowStoreFile(b))
-		if err := writeRecords(ctx, &cfg, ck.Expert, &ls, filepath.Join(tmp, ls.File), p); err != nil {
+		if err := writeRecords(ctx, &cfg, ck.ExpertFull, &ls, filepath.Join(tmp, ls.File), p); err != nil {
 			return err
 		}
 		m.Stores = append(m.Stores, ls)
@@ -120,7 +124,8 @@ func Pack(ctx context.Context, src, dst string, o Options) (err error) {
 	return nil
 }
 
-// writeDense writes every dense tensor of DenseSpecs, 64-byte aligned.
+// writeDense writes every dense tensor of the family's list, 64-byte
+// aligned.
 func writeDense(ctx context.Context, ck *hf.Checkpoint, m *format.Manifest, kind format.Kind, path string, p *progress) error {
 	f, err := os.Create(path)
 	if err != nil {
@@ -128,13 +133,16 @@ func writeDense(ctx context.Context, ck *hf.Checkpoint, m *format.Manifest, kind
 	}
 	defer f.Close()
 	w := &alignedWriter{w: bufio.NewWriterSize(f, 1<<20)}
-	specs := format.DenseSpecs(&m.Config)
+	specs, err := family.Specs(&m.Config)
+	if err != nil {
+		return fmt.Errorf("pack: %v", err)
+	}
 	for i, s := range specs {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
 		p.step("dense", i+1, len(specs))
-		v, err := ck.Float32(s.Name, s.Shape)
+		v, err := family.DenseOf(ck, &m.Config, s)
 		if err != nil {
 			return err
 		}
@@ -157,11 +165,11 @@ func writeDense(ctx context.Context, ck *hf.Checkpoint, m *format.Manifest, kind
 
 // writeExperts writes one fixed-stride record per (layer, expert).
 func writeExperts(ctx context.Context, ck *hf.Checkpoint, st *format.ExpertStore, path string, p *progress) error {
-	return writeRecords(ctx, &ck.Config, ck.Expert, st, path, p)
+	return writeRecords(ctx, &ck.Config, ck.ExpertFull, st, path, p)
 }
 
-// expertSource yields one expert's gate, up and down weights as float32.
-type expertSource func(layer, expert int) (gate, up, down []float32, err error)
+// expertSource yields one expert's weights (and biases) as float32.
+type expertSource func(layer, expert int) (family.Expert, error)
 
 // writeRecords writes one fixed-stride record of st's layout per (layer,
 // expert) of cfg, taking the weights from src.
@@ -175,12 +183,22 @@ func writeRecords(ctx context.Context, cfg *format.Config, src expertSource, st 
 	rec := make([]byte, st.Stride)
 	n := cfg.ExpertLayers() * cfg.Experts
 	for l := 0; l < cfg.ExpertLayers(); l++ {
+		if l < cfg.FirstDense {
+			// A dense layer has no experts: leave a hole.
+			if err := bw.Flush(); err != nil {
+				return fmt.Errorf("pack: %v", err)
+			}
+			if _, err := f.Seek(int64(cfg.Experts)*st.Stride, io.SeekCurrent); err != nil {
+				return fmt.Errorf("pack: %v", err)
+			}
+			continue
+		}
 		for e := 0; e < cfg.Experts; e++ {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
 			p.step(st.File, l*cfg.Experts+e+1, n)
-			gate, up, down, err := src(l, e)
+			x, err := src(l, e)
 			if err != nil {
 				return err
 			}
@@ -188,7 +206,19 @@ func writeRecords(ctx context.Context, cfg *format.Config, src expertSource, st 
 			for _, pr := range []struct {
 				t *format.Tensor
 				v []float32
-			}{{&st.Gate, gate}, {&st.Up, up}, {&st.Down, down}} {
+			}{{st.GateBias, x.GateBias}, {st.UpBias, x.UpBias}, {st.DownBias, x.DownBias}} {
+				if pr.t == nil {
+					continue
+				}
+				if len(pr.v) != pr.t.Rows()*pr.t.Cols() {
+					return fmt.Errorf("pack: layer %d expert %d: %d bias values, want %d", l, e, len(pr.v), pr.t.Rows()*pr.t.Cols())
+				}
+				putFloats(rec[pr.t.Offset:], pr.v)
+			}
+			for _, pr := range []struct {
+				t *format.Tensor
+				v []float32
+			}{{&st.Gate, x.Gate}, {&st.Up, x.Up}, {&st.Down, x.Down}} {
 				enc, err := quant.Encode(pr.v, pr.t.Rows(), pr.t.Cols(), st.Kind)
 				if err != nil {
 					return fmt.Errorf("pack: layer %d expert %d: %v", l, e, err)
@@ -203,6 +233,9 @@ func writeRecords(ctx context.Context, cfg *format.Config, src expertSource, st 
 		}
 	}
 	if err := bw.Flush(); err != nil {
+		return fmt.Errorf("pack: %v", err)
+	}
+	if err := f.Truncate(int64(n) * st.Stride); err != nil {
 		return fmt.Errorf("pack: %v", err)
 	}
 	return f.Sync()
@@ -324,6 +357,9 @@ func AddLowBits(ctx context.Context, dir string, bits int, w io.Writer) error {
 	if _, ok := m.Store(lk); ok {
 		return nil
 	}
+	if m.Config.ExpertBias {
+		return fmt.Errorf("low-bit store: not supported for experts with biases (%s)", m.Family)
+	}
 	main := m.Stores[0]
 	if main.Kind != format.BF16 && !main.Kind.Quantised() {
 		return fmt.Errorf("low-bit store: main expert store is %s", main.Kind)
@@ -345,11 +381,11 @@ func AddLowBits(ctx context.Context, dir string, bits int, w io.Writer) error {
 		quant.Decode(out, rec[t.Offset:], sc, bi, t.Rows(), t.Cols(), t.Kind)
 		return out
 	}
-	src := func(l, e int) (g, u, d []float32, err error) {
-		if _, err = f.ReadAt(rec, int64(l*m.Experts+e)*main.Stride); err != nil {
-			return
+	src := func(l, e int) (family.Expert, error) {
+		if _, err := f.ReadAt(rec, int64(l*m.Experts+e)*main.Stride); err != nil {
+			return family.Expert{}, err
 		}
-		return dec(&main.Gate), dec(&main.Up), dec(&main.Down), nil
+		return family.Expert{Gate: dec(&main.Gate), Up: dec(&main.Up), Down: dec(&main.Down)}, nil
 	}
 	ls := format.ExpertRecordLayout(&cfg, lk, format.LowStoreFile(bits))
 	tmp := filepath.Join(dir, "."+ls.File+".tmp")

@@ -17,6 +17,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sluicelm/sluice/internal/family"
 	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/hf"
 	"github.com/sluicelm/sluice/internal/pack"
@@ -637,7 +638,10 @@ func TestPackedLayout(t *testing.T) {
 				if di.Size() != m.DenseBytes {
 					t.Errorf("dense.bin is %d bytes, manifest says %d", di.Size(), m.DenseBytes)
 				}
-				specs := format.DenseSpecs(&m.Config)
+				specs, err := family.Specs(&m.Config)
+				if err != nil {
+					t.Fatal(err)
+				}
 				if len(specs) != len(m.Dense) {
 					t.Fatalf("%d dense tensors, want %d", len(m.Dense), len(specs))
 				}

@@ -14,8 +14,8 @@ import (
 	"github.com/sluicelm/sluice/internal/pack"
 )
 
-// Models are the two shared test checkpoints.
-var Models = []string{"tiny-qwen3-5-moe", "tiny-qwen3-moe"}
+// Models are the shared test checkpoints, one per family.
+var Models = []string{"tiny-qwen3-5-moe", "tiny-qwen3-moe", "tiny-gpt-oss", "tiny-deepseek-v32"}
 
 // Shared returns the path of ../shared beside the repository root.
 func Shared(t testing.TB) string {

@@ -1,0 +1,130 @@
+package family_test
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/sluicelm/sluice/internal/block"
+	"github.com/sluicelm/sluice/internal/family"
+	"github.com/sluicelm/sluice/internal/format"
+)
+
+// TestDeepSeekConfig: the tiny DeepSeek-V3.2 config normalises as
+// transformers reads it, and its blocks carry the config's options.
+func TestDeepSeekConfig(t *testing.T) {
+	c, _ := parseDir(t, "tiny-deepseek-v32")
+	if c.Family != family.NameDeepSeek || c.Hidden != 256 || c.Layers != 6 || c.Heads != 4 || c.Experts != 64 || c.TopK != 4 ||
+		c.MoEInter != 64 || c.SharedInter != 64 || !c.NormTopK || c.FirstDense != 1 || c.RotaryDim != 16 || c.RopeTheta != 10000 {
+		t.Fatalf("config %+v", c)
+	}
+	f, _ := family.Named(family.NameDeepSeek)
+	a, err := f.Build(&c, block.Specs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := a.Layers[0].FFN.(*block.MLP); !ok {
+		t.Error("layer 0 is not dense")
+	}
+	m := a.Layers[1].MoE()
+	if m == nil || m.Score != block.SigmoidGroups || m.Groups != 4 || m.TopGroups != 2 || m.Scale != 2.5 || m.SharedGate.Present() {
+		t.Errorf("layer 1 MoE %+v", m)
+	}
+	mla := a.Layers[2].Mixer.(*block.MLA)
+	if mla.KVLora != 64 || mla.QLora != 96 || mla.Nope != 32 || mla.RopeDim != 16 || mla.V != 32 || mla.Index == nil || mla.Index.TopK != 64 {
+		t.Errorf("MLA %+v", mla)
+	}
+	if want := float32(1 / 6.928203230275509); mla.Scale != want { // 48^-½
+		t.Errorf("scale %v, want %v", mla.Scale, want)
+	}
+	if a.States[0].Kind != block.Latent || a.States[0].KVWidth != 80 || a.States[0].IndexWidth != 32 {
+		t.Errorf("state %+v", a.States[0])
+	}
+}
+
+// TestDeepSeekRefusals: what deepseek_v32 does not implement is refused by
+// name.
+func TestDeepSeekRefusals(t *testing.T) {
+	_, raw := parseDir(t, "tiny-deepseek-v32")
+	f, _ := family.Named(family.NameDeepSeek)
+	for _, tc := range []struct {
+		name string
+		edit func(m map[string]any)
+		want string
+	}{
+		{"unknown key", func(m map[string]any) { m["frobnicate"] = 1 }, "frobnicate"},
+		{"fp8", func(m map[string]any) { m["quantization_config"] = map[string]any{"quant_method": "fp8"} }, "quantization_config"},
+		{"scoring", func(m map[string]any) { m["scoring_func"] = "softmax" }, "scoring_func"},
+		{"no q lora", func(m map[string]any) { m["q_lora_rank"] = nil }, "q_lora_rank"},
+		{"mlp layers", func(m map[string]any) {
+			m["mlp_layer_types"] = []any{"sparse", "dense", "sparse", "sparse", "sparse", "sparse"}
+		}, "mlp_layer_types"},
+		{"rope type", func(m map[string]any) {
+			m["rope_parameters"] = map[string]any{"rope_type": "llama3", "rope_theta": 1e4}
+		}, "rope_type"},
+		{"rope key", func(m map[string]any) { m["rope_parameters"] = map[string]any{"rope_type": "default", "factor": 2.0} }, "factor"},
+		{"groups", func(m map[string]any) { m["topk_group"] = 5 }, "topk_group"},
+		{"layer type", func(m map[string]any) { m["layer_types"] = []any{"full_attention"} }, "layer_types"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var m map[string]any
+			json.Unmarshal(raw, &m)
+			tc.edit(m)
+			b, _ := json.Marshal(m)
+			if _, err := f.Parse(b); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("err %v, want one naming %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestDeepSeekRopeRows: the packer reorders the rope rows of q_b_proj and
+// kv_a_proj_with_mqa so that the half-split rope gives what DeepSeek's
+// interleaved rope returns, cat(rot(x[0::2]), rot(x[1::2])): row j of the
+// first half is interleaved row 2j, of the second 2j+1. Rows outside the
+// rope parts stay.
+func TestDeepSeekRopeRows(t *testing.T) {
+	c, _ := parseDir(t, "tiny-deepseek-v32")
+	const qk, nope, rope, kvl = 48, 32, 16, 64
+	row := func(r, cols int) []float32 {
+		v := make([]float32, cols)
+		for i := range v {
+			v[i] = float32(r)
+		}
+		return v
+	}
+	for _, tc := range []struct {
+		name       string
+		rows, cols int
+		ropeAt     []int
+	}{
+		{"layers.0.self_attn.q_b_proj.weight", 4 * qk, 96, []int{nope, qk + nope, 2*qk + nope, 3*qk + nope}},
+		{"layers.3.self_attn.kv_a_proj_with_mqa.weight", kvl + rope, 256, []int{kvl}},
+	} {
+		var v []float32
+		for r := 0; r < tc.rows; r++ {
+			v = append(v, row(r, tc.cols)...)
+		}
+		ck := fakeCheckpoint{tc.name: {[]int{tc.rows, tc.cols}, v}}
+		got, err := family.DenseOf(ck, &c, format.Spec{Name: tc.name, Shape: []int{tc.rows, tc.cols}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for r := 0; r < tc.rows; r++ {
+			want := r
+			for _, at := range tc.ropeAt {
+				if r >= at && r < at+rope {
+					j := r - at
+					if j < rope/2 {
+						want = at + 2*j
+					} else {
+						want = at + 2*(j-rope/2) + 1
+					}
+				}
+			}
+			if got[r*tc.cols] != float32(want) || got[r*tc.cols+tc.cols-1] != float32(want) {
+				t.Fatalf("%s row %d holds row %v, want %d", tc.name, r, got[r*tc.cols], want)
+			}
+		}
+	}
+}

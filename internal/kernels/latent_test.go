@@ -1,0 +1,79 @@
+package kernels
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// TestAttendLatent checks latent attention over a selection of positions
+// against a float64 softmax whose values are the keys' prefix.
+func TestAttendLatent(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	const w, dv, n = 80, 64, 30
+	q := make([]float32, w)
+	kc := make([]float32, n*w)
+	for i := range q {
+		q[i] = float32(rng.NormFloat64())
+	}
+	for i := range kc {
+		kc[i] = float32(rng.NormFloat64())
+	}
+	for _, sel := range [][]int{nil, {0, 3, 4, 17, 29}} {
+		pos := sel
+		if pos == nil {
+			for j := 0; j < n; j++ {
+				pos = append(pos, j)
+			}
+		}
+		s := make([]float64, len(pos))
+		mx := math.Inf(-1)
+		for j, p := range pos {
+			for i := range q {
+				s[j] += float64(q[i]) * float64(kc[p*w+i])
+			}
+			s[j] *= 0.1
+			mx = math.Max(mx, s[j])
+		}
+		var sum float64
+		for j := range s {
+			s[j] = math.Exp(s[j] - mx)
+			sum += s[j]
+		}
+		o := make([]float32, dv)
+		AttendLatent(o, q, kc, w, sel, n, 0.1, make([]float32, n))
+		for i := range o {
+			var want float64
+			for j, p := range pos {
+				want += s[j] / sum * float64(kc[p*w+i])
+			}
+			if math.Abs(float64(o[i])-want) > 1e-5 {
+				t.Fatalf("sel %v: o[%d] = %v, want %v", sel, i, o[i], want)
+			}
+		}
+	}
+}
+
+// TestLayerNorm checks LayerNorm against float64.
+func TestLayerNorm(t *testing.T) {
+	x := []float32{0.5, -1, 2, 3.5, -0.25, 1, 0, 7}
+	w := []float32{1, 2, 0.5, 1, 1, -1, 3, 1}
+	b := []float32{0, 0.1, -0.2, 0, 1, 0, 0, -1}
+	dst := make([]float32, len(x))
+	LayerNorm(dst, x, w, b, 1e-6)
+	var mean, vr float64
+	for _, v := range x {
+		mean += float64(v)
+	}
+	mean /= float64(len(x))
+	for _, v := range x {
+		vr += (float64(v) - mean) * (float64(v) - mean)
+	}
+	vr /= float64(len(x))
+	for i, v := range x {
+		want := (float64(v)-mean)/math.Sqrt(vr+1e-6)*float64(w[i]) + float64(b[i])
+		if math.Abs(float64(dst[i])-want) > 1e-5 {
+			t.Errorf("%d: %v, want %v", i, dst[i], want)
+		}
+	}
+}

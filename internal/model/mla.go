@@ -1,0 +1,256 @@
+package model
+
+import (
+	"math"
+	"slices"
+
+	"github.com/sluicelm/sluice/internal/block"
+	"github.com/sluicelm/sluice/internal/kernels"
+)
+
+// mlaScratch holds the buffers of the latent attention block and its
+// indexer, sized for the model's first MLA layer (all are alike).
+type mlaScratch struct {
+	qa     []float32 // [rows][q_lora]: q_a, then q_a_layernorm(q_a)
+	q      []float32 // [rows][heads·(nope+rope)]
+	ckv    []float32 // [rows][kv_lora+rope]
+	qabs   []float32 // [rows][heads][kv_lora+rope] absorbed queries
+	o      []float32 // [rows][heads·v]
+	qi     []float32 // [rows][index_heads·index_dim]
+	ki     []float32 // [rows][index_dim]
+	wts    []float32 // [rows][index_heads]
+	sel    []int     // [rows][index_topk] selected positions, ascending
+	nsel   []int     // [rows] how many (-1: every position)
+	scores []float32 // [threads][ctx], grown on demand
+	order  []int     // [threads][ctx] the indexer's ranking, grown on demand
+	olat   []float32 // [threads][kv_lora]
+	task   mlaTask
+}
+
+func (s *mlaScratch) init(m *block.MLA, rows, threads int) {
+	w := m.KVLora + m.RopeDim
+	s.qa = make([]float32, rows*m.QLora)
+	s.q = make([]float32, rows*m.Heads*(m.Nope+m.RopeDim))
+	s.ckv = make([]float32, rows*w)
+	s.qabs = make([]float32, rows*m.Heads*w)
+	s.o = make([]float32, rows*m.Heads*m.V)
+	s.olat = make([]float32, threads*m.KVLora)
+	s.nsel = make([]int, rows)
+	if ix := m.Index; ix != nil {
+		s.qi = make([]float32, rows*ix.Heads*ix.Dim)
+		s.ki = make([]float32, rows*ix.Dim)
+		s.wts = make([]float32, rows*ix.Heads)
+		s.sel = make([]int, rows*ix.TopK)
+	}
+}
+
+// grow makes room for span positions per thread.
+func (s *mlaScratch) grow(threads, span int) {
+	if len(s.scores) >= threads*span {
+		return
+	}
+	n := 4096
+	for n < span {
+		n *= 2
+	}
+	s.scores = make([]float32, threads*n)
+	s.order = make([]int, threads*n)
+}
+
+// MLAProject implements block.Backend.
+func (r *Runner) MLAProject(m *block.MLA) {
+	s := &r.mla
+	nb := r.nb
+	r.Pool.MatMul2(s.qa, &m.QA.Mat, s.ckv, &m.KVA.Mat, r.h, nb)
+	r.rows(rowTask{op: opMLANorm, mla: m}, nb)
+	r.Pool.MatMul(s.q, &m.QB.Mat, s.qa, nb)
+	if ix := m.Index; ix != nil {
+		r.Pool.MatMul(s.qi, &ix.WQ.Mat, s.qa, nb)
+		r.Pool.MatMul2(s.ki, &ix.WK.Mat, s.wts, &ix.Weights.Mat, r.h, nb)
+	}
+}
+
+// MLAPrep implements block.Backend.
+func (r *Runner) MLAPrep(m *block.MLA, cache int) {
+	kc, vc, _ := r.st.kv(cache)
+	r.rows(rowTask{op: opMLAPrep, mla: m, kc: kc, vc: vc, pos: r.pos}, r.nb)
+}
+
+// Select implements block.Backend.
+func (r *Runner) Select(m *block.MLA, cache int) {
+	kc, vc, _ := r.st.kv(cache)
+	r.mla.grow(r.Pool.Threads(), r.pos+r.nb)
+	r.rows(rowTask{op: opSelect, mla: m, kc: kc, vc: vc, pos: r.pos, nb: r.nb}, r.nb)
+}
+
+// MLAAttend implements block.Backend.
+func (r *Runner) MLAAttend(m *block.MLA, cache int) {
+	s := &r.mla
+	kc, _, _ := r.st.kv(cache)
+	if m.Index == nil {
+		for i := 0; i < r.nb; i++ {
+			s.nsel[i] = -1
+		}
+	}
+	s.grow(r.Pool.Threads(), r.pos+r.nb)
+	s.task = mlaTask{r: r, m: m, kc: kc, pos: r.pos, nb: r.nb}
+	r.Pool.Parallel(r.nb*m.Heads, 1, &s.task)
+	s.task = mlaTask{}
+	r.Pool.MatMul(r.y, &m.O.Mat, s.o, r.nb)
+}
+
+// mlaNorm applies q_a_layernorm to rows lo..hi of qa.
+func (r *Runner) mlaNorm(m *block.MLA, lo, hi int) {
+	s := &r.mla
+	n := &m.QANorm
+	for i := lo; i < hi; i++ {
+		x := s.qa[i*m.QLora : (i+1)*m.QLora]
+		kernels.RMSNorm(x, x, n.W, n.Eps, n.ZeroCentred)
+	}
+}
+
+// mlaPrep norms and rotates the latents and queries of rows lo..hi,
+// absorbs W_k into the queries and appends the latents (and the indexer's
+// keys) to the cache.
+func (r *Runner) mlaPrep(m *block.MLA, kc, vc []float32, pos, lo, hi int) {
+	s := &r.mla
+	w := m.KVLora + m.RopeDim
+	qw := m.Nope + m.RopeDim
+	rh := r.rope.Dim / 2
+	kn := &m.KVANorm
+	for i := lo; i < hi; i++ {
+		cos, sin := r.cos[i*rh:(i+1)*rh], r.sin[i*rh:(i+1)*rh]
+		c := s.ckv[i*w : (i+1)*w]
+		kernels.RMSNorm(c[:m.KVLora], c[:m.KVLora], kn.W, kn.Eps, kn.ZeroCentred)
+		kernels.Rope(c[m.KVLora:], cos, sin)
+		for h := 0; h < m.Heads; h++ {
+			q := s.q[(i*m.Heads+h)*qw : (i*m.Heads+h+1)*qw]
+			kernels.Rope(q[m.Nope:], cos, sin)
+			qa := s.qabs[(i*m.Heads+h)*w : (i*m.Heads+h+1)*w]
+			clear(qa[:m.KVLora])
+			wk := m.KVB[h*(m.Nope+m.V)*m.KVLora:]
+			for j := 0; j < m.Nope; j++ {
+				kernels.Axpy(qa[:m.KVLora], q[j], wk[j*m.KVLora:(j+1)*m.KVLora])
+			}
+			copy(qa[m.KVLora:], q[m.Nope:])
+		}
+		copy(kc[(pos+i)*w:(pos+i+1)*w], c)
+		if ix := m.Index; ix != nil {
+			k := s.ki[i*ix.Dim : (i+1)*ix.Dim]
+			kernels.LayerNorm(k, k, ix.KNorm, ix.KBias, ix.Eps)
+			kernels.Rope(k, cos, sin)
+			for h := 0; h < ix.Heads; h++ {
+				kernels.Rope(s.qi[(i*ix.Heads+h)*ix.Dim:(i*ix.Heads+h+1)*ix.Dim], cos, sin)
+			}
+			copy(vc[(pos+i)*ix.Dim:(pos+i+1)*ix.Dim], k)
+		}
+	}
+}
+
+// selectRows picks the positions rows lo..hi attend to: every position
+// while a row has at most TopK, else the TopK best indexer scores (the
+// lower position first on ties), in position order.
+func (r *Runner) selectRows(m *block.MLA, vc []float32, pos, nb, lo, hi int) {
+	s := &r.mla
+	ix := m.Index
+	part := r.Pool.Part(nb, rowGrain, lo)
+	span := len(s.scores) / r.Pool.Threads()
+	sc := s.scores[part*span : (part+1)*span]
+	ord := s.order[part*span : (part+1)*span]
+	scale := float32(1 / math.Sqrt(float64(ix.Dim)))
+	wscale := float32(1 / math.Sqrt(float64(ix.Heads)))
+	for i := lo; i < hi; i++ {
+		n := pos + i + 1
+		sel := s.sel[i*ix.TopK : (i+1)*ix.TopK]
+		if n <= ix.TopK {
+			s.nsel[i] = n
+			for t := range n {
+				sel[t] = t
+			}
+			continue
+		}
+		wts := s.wts[i*ix.Heads : (i+1)*ix.Heads]
+		for t := 0; t < n; t++ {
+			k := vc[t*ix.Dim : (t+1)*ix.Dim]
+			var v float32
+			for h := 0; h < ix.Heads; h++ {
+				d := kernels.Dot(s.qi[(i*ix.Heads+h)*ix.Dim:(i*ix.Heads+h+1)*ix.Dim], k) * scale
+				v += wts[h] * wscale * max(d, 0) // weights_proj·heads^-½, relu(scale·q·k)
+			}
+			sc[t] = v
+		}
+		topK(sel, sc[:n], ord[:ix.TopK])
+		slices.Sort(sel)
+		s.nsel[i] = ix.TopK
+	}
+}
+
+// mlaTask computes (row, head) pairs of the latent attention: the softmax
+// over the row's positions in order, then W_v per head.
+type mlaTask struct {
+	r       *Runner
+	m       *block.MLA
+	kc      []float32
+	pos, nb int
+}
+
+func (t *mlaTask) Run(lo, hi int) {
+	r, m := t.r, t.m
+	s := &r.mla
+	w := m.KVLora + m.RopeDim
+	part := r.Pool.Part(t.nb*m.Heads, 1, lo)
+	span := len(s.scores) / r.Pool.Threads()
+	sc := s.scores[part*span : (part+1)*span]
+	olat := s.olat[part*m.KVLora : (part+1)*m.KVLora]
+	for idx := lo; idx < hi; idx++ {
+		i, h := idx/m.Heads, idx%m.Heads
+		var sel []int
+		if k := s.nsel[i]; k >= 0 {
+			sel = s.sel[i*m.Index.TopK : i*m.Index.TopK+k]
+		}
+		q := s.qabs[(i*m.Heads+h)*w : (i*m.Heads+h+1)*w]
+		kernels.AttendLatent(olat, q, t.kc, w, sel, t.pos+i+1, m.Scale, sc)
+		wv := m.KVB[(h*(m.Nope+m.V)+m.Nope)*m.KVLora:]
+		o := s.o[(i*m.Heads+h)*m.V : (i*m.Heads+h+1)*m.V]
+		for j := range o {
+			o[j] = kernels.Dot(wv[j*m.KVLora:(j+1)*m.KVLora], olat)
+		}
+	}
+}
+
+// topK writes into sel the positions of the len(sel) best scores, the
+// lower position first on ties, in no particular order: a bounded heap
+// whose root is the worst kept, O(n log k). heap is scratch of len(sel).
+func topK(sel []int, sc []float32, heap []int) {
+	k := len(sel)
+	better := func(a, b int) bool { return sc[a] > sc[b] || sc[a] == sc[b] && a < b }
+	down := func(i int) {
+		for {
+			w, l, r := i, 2*i+1, 2*i+2
+			if l < k && better(heap[w], heap[l]) {
+				w = l
+			}
+			if r < k && better(heap[w], heap[r]) {
+				w = r
+			}
+			if w == i {
+				return
+			}
+			heap[i], heap[w] = heap[w], heap[i]
+			i = w
+		}
+	}
+	for t := 0; t < k; t++ {
+		heap[t] = t
+	}
+	for i := k/2 - 1; i >= 0; i-- {
+		down(i)
+	}
+	for t := k; t < len(sc); t++ {
+		if better(t, heap[0]) {
+			heap[0] = t
+			down(0)
+		}
+	}
+	copy(sel, heap)
+}
