@@ -72,6 +72,8 @@ func TestGPUBench(t *testing.T) {
 			{"1024x4096 (expert gate/up, Qwen3.5-397B)", 1024, 4096},
 			{"4096x1024 (expert down, Qwen3.5-397B)", 4096, 1024},
 			{"2048x4096 (gate+up of one expert)", 2048, 4096},
+			{"20480x4096 (gate+up of 10 experts in one launch)", 20480, 4096},
+			{"40960x1024 (down of 10 experts in one launch)", 40960, 1024},
 		} {
 			q := newQMat(e, r, sh.O, sh.C, format.Q4)
 			bytes := sh.O*sh.C/2 + 8*sh.O*sh.C/64
@@ -90,25 +92,66 @@ func TestGPUBench(t *testing.T) {
 				act := Acts{X: up(e, x), X8: e.alloc(nb * sh.C), XS: e.alloc(4 * nb * sh.C / 64), XSum: e.alloc(4 * nb * sh.C / 64), Rows: nb, Cols: sh.C}
 				must(e.k.PrepQ4(s, act))
 				out := e.alloc(4 * nb * sh.O)
-				ms := timed(copies, func(i int) { must(e.k.MatQ4(s, out, ws[i%copies], act)) })
-				report("q4 %s nb=%d: %.2f us/launch (stream), %.0f GB/s of weights (%.0f%% of the copy's), %.1f Gweight·row/s",
-					sh.name, nb, ms*1e3, float64(bytes)/(ms/1e3)/1e9, 100*float64(bytes)/(ms/1e3)/1e9/copyBW, float64(sh.O*sh.C*nb)/(ms/1e3)/1e9)
+				variants := []int{0}
 				if nb == 1 {
+					variants = []int{1, 2} // q4_mv, q4_mv2
+				}
+				for _, v := range variants {
+					name := "q4_mm8"
+					switch v {
+					case 1:
+						name = "q4_mv"
+					case 2:
+						name = "q4_mv2"
+					}
+					launch := func(i int) {
+						if v == 0 {
+							must(e.k.MatQ4(s, out, ws[i%copies], act))
+						} else {
+							must(e.k.MatQ4Rows(s, out, ws[i%copies], act, v))
+						}
+					}
+					ms := timed(copies, launch)
+					report("%s %s nb=%d: %.2f us/launch (stream), %.0f GB/s of weights (%.0f%% of the copy's), %.1f Gweight·row/s",
+						name, sh.name, nb, ms*1e3, float64(bytes)/(ms/1e3)/1e9, 100*float64(bytes)/(ms/1e3)/1e9/copyBW, float64(sh.O*sh.C*nb)/(ms/1e3)/1e9)
+					if nb != 1 {
+						continue
+					}
 					// The same launches replayed from a graph: no host
 					// launch cost between kernels.
 					n := min(copies, 256)
 					must(d.BeginCapture(s))
 					for i := 0; i < n; i++ {
-						must(e.k.MatQ4(s, out, ws[i], act))
+						launch(i)
 					}
 					g, err := d.EndCapture(s)
 					must(err)
-					ms := timed(3, func(int) { must(d.LaunchGraph(g, s)) }) / float64(n)
+					ms = timed(3, func(int) { must(d.LaunchGraph(g, s)) }) / float64(n)
 					must(d.DestroyGraph(g))
-					report("q4 %s nb=1 in a graph of %d: %.2f us/kernel, %.0f GB/s (%.0f%% of the copy's)",
-						sh.name, n, ms*1e3, float64(bytes)/(ms/1e3)/1e9, 100*float64(bytes)/(ms/1e3)/1e9/copyBW)
+					report("%s %s nb=1 in a graph of %d: %.2f us/kernel, %.0f GB/s (%.0f%% of the copy's)",
+						name, sh.name, n, ms*1e3, float64(bytes)/(ms/1e3)/1e9, 100*float64(bytes)/(ms/1e3)/1e9/copyBW)
 				}
 			}
+		}
+
+		// Attention decode at 4096 positions and the delta-rule step, at
+		// Qwen3.5-397B-A17B's shapes (32 query heads over 2 kv heads of
+		// 256 dims; 64 value heads over 16 key heads of 128 dims).
+		{
+			const n, nh, nkv, hd = 4096, 32, 2, 256
+			q := up(e, randF32(r, nh*2*hd, 1))
+			kc, vc := up(e, randF32(r, n*nkv*hd, 1)), up(e, randF32(r, n*nkv*hd, 1))
+			o := e.alloc(4 * nh * hd)
+			a := Attn{Pos: n - 1, Rows: 1, Heads: nh, KVHeads: nkv, HeadDim: hd, QRow: nh * 2 * hd, QHead: 2 * hd, ORow: nh * hd, Scale: 0.0625, Gated: true}
+			ms := timed(200, func(int) { must(e.k.Attend(s, o, q, kc, vc, a)) })
+			report("attention decode, %d positions, %d/%d heads of %d: %.2f us (%.0f GB/s of KV cache)", n, nh, nkv, hd, ms*1e3, float64(2*n*nkv*hd*4)/(ms/1e3)/1e9)
+			dn := DN{KeyHeads: 16, ValueHeads: 64, KeyDim: 128, ValueDim: 128}
+			S := up(e, randF32(r, dn.ValueHeads*128*128, 0.1))
+			qkv := up(e, randF32(r, dn.Conv(), 0.1))
+			dec, bet := up(e, randF32(r, dn.ValueHeads, 1)), up(e, randF32(r, dn.ValueHeads, 1))
+			od := e.alloc(4 * dn.ValueHeads * dn.ValueDim)
+			ms = timed(200, func(int) { must(e.k.DNRule(s, S, qkv, dec, bet, od, 1, dn)) })
+			report("delta rule decode, 64 value heads of 128x128: %.2f us (%.0f GB/s of state read+written)", ms*1e3, float64(2*dn.ValueHeads*128*128*4)/(ms/1e3)/1e9)
 		}
 
 		// Launch overhead: an empty kernel, 20000 times.
@@ -153,5 +196,28 @@ func TestGPUBench(t *testing.T) {
 			report("module %s reloaded: %v (JIT %v)", m, mod.Load, mod.JIT)
 			must(d.Unload(mod))
 		}
+	})
+}
+
+// TestGPUProfile launches a few kernels once each at real shapes, for a
+// profiler (ncu) to look at; it runs only with SLUICE_GPU_PROFILE=1.
+func TestGPUProfile(t *testing.T) {
+	if os.Getenv("SLUICE_GPU_PROFILE") == "" {
+		t.Skip("set SLUICE_GPU_PROFILE=1 to run the kernels for a profiler")
+	}
+	onGPU(t, func(e *env) {
+		r := rand.New(rand.NewPCG(21, 21))
+		for _, nb := range []int{1, 8} {
+			q := newQMat(e, r, 20480, 4096, format.Q4)
+			C := 4096
+			act := Acts{X: up(e, randF32(r, nb*C, 2)), X8: e.alloc(nb * C), XS: e.alloc(4 * nb * C / 64), XSum: e.alloc(4 * nb * C / 64), Rows: nb, Cols: C}
+			must(e.k.PrepQ4(e.s, act))
+			must(e.k.MatQ4(e.s, e.alloc(4*nb*20480), q.w, act))
+		}
+		const n, nh, nkv, hd = 4096, 32, 2, 256
+		q := up(e, randF32(r, nh*2*hd, 1))
+		kc, vc := up(e, randF32(r, n*nkv*hd, 1)), up(e, randF32(r, n*nkv*hd, 1))
+		a := Attn{Pos: n - 1, Rows: 1, Heads: nh, KVHeads: nkv, HeadDim: hd, QRow: nh * 2 * hd, QHead: 2 * hd, ORow: nh * hd, Scale: 0.0625, Gated: true}
+		must(e.k.Attend(e.s, e.alloc(4*nh*hd), q, kc, vc, a))
 	})
 }

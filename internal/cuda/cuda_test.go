@@ -323,6 +323,7 @@ func TestQ4(t *testing.T) {
 			for nb := 1; nb <= N; nb++ {
 				e.exact(fmt.Sprintf("q4 [%d %d]: batch of %d (8-row kernel) vs %d", O, C, nb, N), gpuMat(e, q, x, nb, 8), full[:nb*O])
 				e.exact(fmt.Sprintf("q4 [%d %d]: batch of %d (1-row kernel) vs %d", O, C, nb, N), gpuMat(e, q, x, nb, 1), full[:nb*O])
+				e.exact(fmt.Sprintf("q4 [%d %d]: batch of %d (1-row kernel, variant 2) vs %d", O, C, nb, N), gpuMat(e, q, x, nb, 2), full[:nb*O])
 			}
 			for i := 0; i < N; i++ {
 				e.exact(fmt.Sprintf("q4 [%d %d]: row %d alone vs in %d", O, C, i, N), gpuMat(e, q, x[i*C:], 1, 0), full[i*O:(i+1)*O])

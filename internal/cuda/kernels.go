@@ -90,7 +90,7 @@ type ModuleLoad struct {
 func LoadKernels(d *Device) (*Kernels, error) {
 	k := &Kernels{d: d, f: map[string]Func{}}
 	names := map[string][]string{
-		"matvec": {"prep_x", "q4_mv", "q4_mm8", "q8_mv", "q8_mm8", "bf16_mv", "bf16_mm8"},
+		"matvec": {"prep_x", "q4_mv", "q4_mv2", "q4_mm8", "q8_mv", "q8_mm8", "bf16_mv", "bf16_mm8"},
 		"ops":    {"rmsnorm", "rope", "swiglu", "route", "argmax", "dn_qk_norm", "dn_gates"},
 		"attn":   {"attend"},
 		"delta":  {"dn_conv", "dn_rule32", "dn_rule64", "dn_rule128", "bench_empty"},
@@ -174,11 +174,15 @@ func (k *Kernels) MatQ4(s Stream, out uintptr, w Q4, a Acts) error {
 		P(w.Q), P(w.Scales), P(w.Biases), P(a.X8), P(a.XS), P(a.XSum), P(out), I(w.Rows), I(w.Cols), I(a.Rows))
 }
 
-// MatQ4Rows is MatQ4 with the variant forced: r = 1 for the one-row
-// kernel, 8 for the eight-row one (tests and benchmarks compare them).
+// MatQ4Rows is MatQ4 with the kernel forced: r = 1 for the one-row
+// kernel, 2 for its variant with fewer loads in flight and more warps, 8
+// for the eight-row one (tests and benchmarks compare them).
 func (k *Kernels) MatQ4Rows(s Stream, out uintptr, w Q4, a Acts, r int) error {
 	f := k.f["q4_mv"]
-	if r == 8 {
+	switch r {
+	case 2:
+		f, r = k.f["q4_mv2"], 1
+	case 8:
 		f = k.f["q4_mm8"]
 	}
 	return k.d.Launch(f, Dim3{ceil(w.Rows, 8), ceil(a.Rows, r), 1}, Dim3{256, 1, 1}, 0, s,

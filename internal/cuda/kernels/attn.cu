@@ -36,12 +36,21 @@ attend(float* __restrict__ o, const float* __restrict__ q, const float* __restri
     int g = h / (nh / nkv);
     const float* kb = kc + (size_t)g * hd;
     const float* vb = vc + (size_t)g * hd;
-    for (int j = warp; j < n; j += ATT_THREADS / 32) {
-        const float* kj = kb + (size_t)j * kvw;
-        float p = 0.0f;
-        for (int d = lane; d < hd; d += 32) p = fmaf(qs[d], kj[d], p);
-        p = warp_sum32(p);
-        if (lane == 0) sc[j] = __fmul_rn(p, scale);
+    // Four positions per warp at a time: their loads are in flight
+    // together. Each score is still one lane split and one butterfly.
+    for (int j0 = 4 * warp; j0 < n; j0 += 4 * (ATT_THREADS / 32)) {
+        float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int d = lane; d < hd; d += 32) {
+            float qd = qs[d];
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                if (j0 + u < n) p[u] = fmaf(qd, kb[(size_t)(j0 + u) * kvw + d], p[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            float t = warp_sum32(p[u]);
+            if (lane == 0 && j0 + u < n) sc[j0 + u] = __fmul_rn(t, scale);
+        }
     }
     __syncthreads();
     float m = __int_as_float(0xff800000);
@@ -65,20 +74,37 @@ attend(float* __restrict__ o, const float* __restrict__ q, const float* __restri
     float inv = __fdiv_rn(1.0f, sum);
     float* op = o + (size_t)i * oRow + (size_t)h * hd;
     const float* gp = qp + hd;
-    for (int d = tid; d < hd; d += ATT_THREADS) {
-        float a = 0.0f;
-        const float* vd = vb + d;
+    // Two dims per thread (d and d+128) and eight positions per step in
+    // flight; each output is one chain over the positions in order.
+    for (int d0 = tid; d0 < hd; d0 += 2 * ATT_THREADS) {
+        int d1 = d0 + ATT_THREADS;
+        bool two = d1 < hd;
+        float a0 = 0.0f, a1 = 0.0f;
         int j = 0;
-        // Two independent loads per step keep the loop from waiting on
-        // each load in turn; the sum itself stays one chain in order.
-        for (; j + 2 <= n; j += 2) {
-            float v0 = vd[(size_t)j * kvw], v1 = vd[(size_t)(j + 1) * kvw];
-            a = fmaf(sc[j], v0, a);
-            a = fmaf(sc[j + 1], v1, a);
+        for (; j + 8 <= n; j += 8) {
+            float v0[8], v1[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                v0[u] = vb[(size_t)(j + u) * kvw + d0];
+                v1[u] = two ? vb[(size_t)(j + u) * kvw + d1] : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                a0 = fmaf(sc[j + u], v0[u], a0);
+                a1 = fmaf(sc[j + u], v1[u], a1);
+            }
         }
-        if (j < n) a = fmaf(sc[j], vd[(size_t)j * kvw], a);
-        float r = __fmul_rn(a, inv);
-        if (gated) r = __fmul_rn(r, sl_sigmoid(gp[d]));
-        op[d] = r;
+        for (; j < n; j++) {
+            a0 = fmaf(sc[j], vb[(size_t)j * kvw + d0], a0);
+            if (two) a1 = fmaf(sc[j], vb[(size_t)j * kvw + d1], a1);
+        }
+        float r0 = __fmul_rn(a0, inv);
+        if (gated) r0 = __fmul_rn(r0, sl_sigmoid(gp[d0]));
+        op[d0] = r0;
+        if (two) {
+            float r1 = __fmul_rn(a1, inv);
+            if (gated) r1 = __fmul_rn(r1, sl_sigmoid(gp[d1]));
+            op[d1] = r1;
+        }
     }
 }

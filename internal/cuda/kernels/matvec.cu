@@ -58,9 +58,9 @@ extern "C" __global__ void prep_x(const float* __restrict__ x, int8_t* __restric
 // acc = acc + (float(s)·(scale·xs) + bias·xsum), each operation rounded,
 // groups in order. A warp reads a row in 512-byte steps: lane pair (2k,
 // 2k+1) takes the two 16-byte halves of group g0+k; the pair's integer sums
-// are added, and the group terms are chained in group order by broadcasting
-// them lane by lane.
-template <int R>
+// are added, and the group terms go through shared memory to lane r, which
+// chains row r's in group order. Blocks are 256 threads (8 warps).
+template <int R, int PRE>
 __device__ __forceinline__ void q4_rows(const uint8_t* __restrict__ W, const float* __restrict__ scales,
                                         const float* __restrict__ biases, const int8_t* __restrict__ x8,
                                         const float* __restrict__ xs, const float* __restrict__ xsum,
@@ -74,15 +74,16 @@ __device__ __forceinline__ void q4_rows(const uint8_t* __restrict__ W, const flo
     const uint4* wrow = (const uint4*)(W + (size_t)o * (C >> 1));
     const float* srow = scales + (size_t)o * ng;
     const float* brow = biases + (size_t)o * ng;
-    float acc[R];
+    // Lane r < R holds row r's sum; et holds one step's group terms.
+    __shared__ __align__(16) float ets[8][R][20];
+    float(*et)[20] = ets[threadIdx.x >> 5];
+    float acc = 0.0f;
+    for (int g0 = 0; g0 < ng; g0 += 16 * PRE) {
+        // Up to PRE 512-byte steps in flight before the first use.
+        uint4 w[PRE];
+        float sc[PRE], bi[PRE];
 #pragma unroll
-    for (int r = 0; r < R; r++) acc[r] = 0.0f;
-    for (int g0 = 0; g0 < ng; g0 += 64) {
-        // Up to four 512-byte steps in flight before the first use.
-        uint4 w[4];
-        float sc[4], bi[4];
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
+        for (int u = 0; u < PRE; u++) {
             int g = g0 + u * 16 + (lane >> 1);
             if (g < ng) {
                 w[u] = __ldg(wrow + 2 * g + half);
@@ -95,7 +96,7 @@ __device__ __forceinline__ void q4_rows(const uint8_t* __restrict__ W, const flo
             }
         }
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
+        for (int u = 0; u < PRE; u++) {
             int gb = g0 + u * 16;
             if (gb >= ng) break; // uniform
             int g = gb + (lane >> 1);
@@ -105,12 +106,16 @@ __device__ __forceinline__ void q4_rows(const uint8_t* __restrict__ W, const flo
             uint32_t lo1 = w[u].y & 0x0f0f0f0fu, hi1 = (w[u].y >> 4) & 0x0f0f0f0fu;
             uint32_t lo2 = w[u].z & 0x0f0f0f0fu, hi2 = (w[u].z >> 4) & 0x0f0f0f0fu;
             uint32_t lo3 = w[u].w & 0x0f0f0f0fu, hi3 = (w[u].w >> 4) & 0x0f0f0f0fu;
+            // The group terms of every row first, then the chains: the R
+            // chains are independent, so their additions interleave, and
+            // the broadcasts do not wait on the additions.
+            float e[R];
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 int row = r0 + r;
-                if (row >= nb) break; // uniform
+                e[r] = 0.0f;
+                if (row >= nb) continue; // uniform
                 int s = 0;
-                float e = 0.0f;
                 if (valid) {
                     const int8_t* xr = x8 + (size_t)row * C + g * 64 + half * 16;
                     int4 xl = *(const int4*)xr;
@@ -129,19 +134,31 @@ __device__ __forceinline__ void q4_rows(const uint8_t* __restrict__ W, const flo
                     float c = __fmul_rn(sc[u], xs[(size_t)row * ng + g]);
                     float t = __fmul_rn(__int2float_rn(s), c);
                     float b = __fmul_rn(bi[u], xsum[(size_t)row * ng + g]);
-                    e = __fadd_rn(t, b);
+                    e[r] = __fadd_rn(t, b);
                 }
-                float a = acc[r];
-                for (int k = 0; k < n; k++) a = __fadd_rn(a, __shfl_sync(FULL_MASK, e, 2 * k));
-                acc[r] = a;
             }
+            // Chain the 16 group terms in group order: the even lanes put
+            // them in shared memory, and lane r adds row r's in order.
+            if (!half) {
+#pragma unroll
+                for (int r = 0; r < R; r++) et[r][lane >> 1] = e[r];
+            }
+            __syncwarp();
+            if (lane < R) {
+                const float4* p = (const float4*)et[lane];
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    float4 v = p[q];
+                    if (4 * q < n) acc = __fadd_rn(acc, v.x);
+                    if (4 * q + 1 < n) acc = __fadd_rn(acc, v.y);
+                    if (4 * q + 2 < n) acc = __fadd_rn(acc, v.z);
+                    if (4 * q + 3 < n) acc = __fadd_rn(acc, v.w);
+                }
+            }
+            __syncwarp();
         }
     }
-    if (lane == 0) {
-#pragma unroll
-        for (int r = 0; r < R; r++)
-            if (r0 + r < nb) out[(size_t)(r0 + r) * O + o] = acc[r];
-    }
+    if (lane < R && r0 + lane < nb) out[(size_t)(r0 + lane) * O + o] = acc;
 }
 
 // q4_mv: one activation row per warp (grid.y = nb). Block: 256 threads =
@@ -149,7 +166,16 @@ __device__ __forceinline__ void q4_rows(const uint8_t* __restrict__ W, const flo
 extern "C" __global__ void __launch_bounds__(256) q4_mv(const uint8_t* W, const float* scales, const float* biases,
                                                         const int8_t* x8, const float* xs, const float* xsum,
                                                         float* out, int O, int C, int nb) {
-    q4_rows<1>(W, scales, biases, x8, xs, xsum, out, O, C, nb);
+    q4_rows<1, 4>(W, scales, biases, x8, xs, xsum, out, O, C, nb);
+}
+
+// q4_mv2 is q4_mv with two steps in flight instead of four and a register
+// budget for six blocks per SM (occupancy against loads in flight; the
+// benchmark compares them). Same bits.
+extern "C" __global__ void __launch_bounds__(256, 6) q4_mv2(const uint8_t* W, const float* scales, const float* biases,
+                                                            const int8_t* x8, const float* xs, const float* xsum,
+                                                            float* out, int O, int C, int nb) {
+    q4_rows<1, 2>(W, scales, biases, x8, xs, xsum, out, O, C, nb);
 }
 
 // q4_mm8: eight activation rows per warp (grid.y = ceil(nb/8)), each
@@ -157,7 +183,7 @@ extern "C" __global__ void __launch_bounds__(256) q4_mv(const uint8_t* W, const 
 extern "C" __global__ void __launch_bounds__(256) q4_mm8(const uint8_t* W, const float* scales, const float* biases,
                                                          const int8_t* x8, const float* xs, const float* xsum,
                                                          float* out, int O, int C, int nb) {
-    q4_rows<8>(W, scales, biases, x8, xs, xsum, out, O, C, nb);
+    q4_rows<8, 4>(W, scales, biases, x8, xs, xsum, out, O, C, nb);
 }
 
 // q8_rows: float activations, as kernels.dotQ8: per group
@@ -176,9 +202,9 @@ __device__ __forceinline__ void q8_rows(const uint8_t* __restrict__ W, const flo
     int ng = C >> 6;
     int quarter = lane & 3;
     const uint4* wrow = (const uint4*)(W + (size_t)o * C);
-    float acc[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) acc[r] = 0.0f;
+    __shared__ __align__(16) float ets[8][R][12];
+    float(*et)[12] = ets[threadIdx.x >> 5];
+    float acc = 0.0f;
     for (int gb = 0; gb < ng; gb += 8) {
         int g = gb + (lane >> 2);
         bool valid = g < ng;
@@ -190,11 +216,13 @@ __device__ __forceinline__ void q8_rows(const uint8_t* __restrict__ W, const flo
         uint32_t ww[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
         for (int i = 0; i < 16; i++) wf[i] = (float)((ww[i >> 2] >> (8 * (i & 3))) & 0xffu);
+        float e[R];
 #pragma unroll
         for (int r = 0; r < R; r++) {
             int row = r0 + r;
-            if (row >= nb) break;
-            float p = 0.0f, e = 0.0f;
+            e[r] = 0.0f;
+            if (row >= nb) continue; // uniform
+            float p = 0.0f;
             if (valid) {
                 const float4* xr = (const float4*)(x + (size_t)row * C + g * 64 + quarter * 16);
 #pragma unroll
@@ -208,17 +236,27 @@ __device__ __forceinline__ void q8_rows(const uint8_t* __restrict__ W, const flo
             }
             p = __fadd_rn(p, __shfl_xor_sync(FULL_MASK, p, 1));
             p = __fadd_rn(p, __shfl_xor_sync(FULL_MASK, p, 2));
-            if (valid) e = __fadd_rn(__fmul_rn(sc, p), __fmul_rn(bi, xsum[(size_t)row * ng + g]));
-            float a = acc[r];
-            for (int k = 0; k < n; k++) a = __fadd_rn(a, __shfl_sync(FULL_MASK, e, 4 * k));
-            acc[r] = a;
+            if (valid) e[r] = __fadd_rn(__fmul_rn(sc, p), __fmul_rn(bi, xsum[(size_t)row * ng + g]));
         }
-    }
-    if (lane == 0) {
+        if (quarter == 0) {
 #pragma unroll
-        for (int r = 0; r < R; r++)
-            if (r0 + r < nb) out[(size_t)(r0 + r) * O + o] = acc[r];
+            for (int r = 0; r < R; r++) et[r][lane >> 2] = e[r];
+        }
+        __syncwarp();
+        if (lane < R) {
+            const float4* p = (const float4*)et[lane];
+#pragma unroll
+            for (int q = 0; q < 2; q++) {
+                float4 v = p[q];
+                if (4 * q < n) acc = __fadd_rn(acc, v.x);
+                if (4 * q + 1 < n) acc = __fadd_rn(acc, v.y);
+                if (4 * q + 2 < n) acc = __fadd_rn(acc, v.z);
+                if (4 * q + 3 < n) acc = __fadd_rn(acc, v.w);
+            }
+        }
+        __syncwarp();
     }
+    if (lane < R && r0 + lane < nb) out[(size_t)(r0 + lane) * O + o] = acc;
 }
 
 extern "C" __global__ void __launch_bounds__(256) q8_mv(const uint8_t* W, const float* scales, const float* biases,
