@@ -143,7 +143,8 @@ func TestGPUBench(t *testing.T) {
 			kc, vc := up(e, randF32(r, n*nkv*hd, 1)), up(e, randF32(r, n*nkv*hd, 1))
 			o := e.alloc(4 * nh * hd)
 			a := Attn{Pos: n - 1, Rows: 1, Heads: nh, KVHeads: nkv, HeadDim: hd, QRow: nh * 2 * hd, QHead: 2 * hd, ORow: nh * hd, Scale: 0.0625, Gated: true}
-			ms := timed(200, func(int) { must(e.k.Attend(s, o, q, kc, vc, a)) })
+			scr := e.alloc(AttendScratch(a))
+			ms := timed(200, func(int) { must(e.k.Attend(s, o, q, kc, vc, scr, a)) })
 			report("attention decode, %d positions, %d/%d heads of %d: %.2f us (%.0f GB/s of KV cache)", n, nh, nkv, hd, ms*1e3, float64(2*n*nkv*hd*4)/(ms/1e3)/1e9)
 			dn := DN{KeyHeads: 16, ValueHeads: 64, KeyDim: 128, ValueDim: 128}
 			S := up(e, randF32(r, dn.ValueHeads*128*128, 0.1))
@@ -218,6 +219,6 @@ func TestGPUProfile(t *testing.T) {
 		q := up(e, randF32(r, nh*2*hd, 1))
 		kc, vc := up(e, randF32(r, n*nkv*hd, 1)), up(e, randF32(r, n*nkv*hd, 1))
 		a := Attn{Pos: n - 1, Rows: 1, Heads: nh, KVHeads: nkv, HeadDim: hd, QRow: nh * 2 * hd, QHead: 2 * hd, ORow: nh * hd, Scale: 0.0625, Gated: true}
-		must(e.k.Attend(e.s, e.alloc(4*nh*hd), q, kc, vc, a))
+		must(e.k.Attend(e.s, e.alloc(4*nh*hd), q, kc, vc, e.alloc(AttendScratch(a)), a))
 	})
 }

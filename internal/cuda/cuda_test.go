@@ -568,15 +568,20 @@ func TestArgmax(t *testing.T) {
 	})
 }
 
-// TestAttend checks causal attention (plain and gated, grouped-query)
+// TestAttend checks causal attention (plain and gated, grouped-query, one
+// chunk of positions and several)
 // against kernels.Attend within float32 rounding (the q·k dot products sum
 // in another order), and bit-exact batch invariance: each row of a prefill
 // batch equals the same row decoded alone.
 func TestAttend(t *testing.T) {
 	onGPU(t, func(e *env) {
 		r := rand.New(rand.NewPCG(10, 10))
-		for _, gated := range []bool{false, true} {
-			const pos, nb, nh, nkv, hd = 37, 6, 8, 2, 128
+		for _, c := range []struct {
+			pos   int
+			gated bool
+		}{{37, false}, {37, true}, {700, true}, {250, false}} {
+			pos, gated := c.pos, c.gated
+			const nb, nh, nkv, hd = 6, 8, 2, 128
 			qh := hd
 			if gated {
 				qh = 2 * hd
@@ -601,15 +606,15 @@ func TestAttend(t *testing.T) {
 			qd, kd, vd := up(e, q), up(e, kc), up(e, vc)
 			a := Attn{Pos: pos, Rows: nb, Heads: nh, KVHeads: nkv, HeadDim: hd, QRow: nh * qh, QHead: qh, ORow: nh * hd, Scale: scale, Gated: gated}
 			od := e.alloc(4 * nb * nh * hd)
-			must(e.k.Attend(e.s, od, qd, kd, vd, a))
+			must(e.k.Attend(e.s, od, qd, kd, vd, e.alloc(AttendScratch(a)), a))
 			full := down[float32](e, od, nb*nh*hd)
-			e.close(fmt.Sprintf("attention gated=%v", gated), full, want, 2e-6)
+			e.close(fmt.Sprintf("attention pos=%d gated=%v", pos, gated), full, want, 2e-6)
 			for i := 0; i < nb; i++ {
 				b := a
 				b.Pos, b.Rows = pos+i, 1
 				o1 := e.alloc(4 * nh * hd)
-				must(e.k.Attend(e.s, o1, qd+uintptr(4*i*nh*qh), kd, vd, b))
-				e.exact(fmt.Sprintf("attention gated=%v: row %d alone vs in the batch", gated, i), down[float32](e, o1, nh*hd), full[i*nh*hd:(i+1)*nh*hd])
+				must(e.k.Attend(e.s, o1, qd+uintptr(4*i*nh*qh), kd, vd, e.alloc(AttendScratch(b)), b))
+				e.exact(fmt.Sprintf("attention pos=%d gated=%v: row %d alone vs in the batch", pos, gated, i), down[float32](e, o1, nh*hd), full[i*nh*hd:(i+1)*nh*hd])
 			}
 		}
 	})

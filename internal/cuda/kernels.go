@@ -92,7 +92,7 @@ func LoadKernels(d *Device) (*Kernels, error) {
 	names := map[string][]string{
 		"matvec": {"prep_x", "q4_mv", "q4_mv2", "q4_mm8", "q8_mv", "q8_mm8", "bf16_mv", "bf16_mm8"},
 		"ops":    {"rmsnorm", "rope", "swiglu", "route", "argmax", "dn_qk_norm", "dn_gates"},
-		"attn":   {"attend"},
+		"attn":   {"attend_part", "attend_combine"},
 		"delta":  {"dn_conv", "dn_rule32", "dn_rule64", "dn_rule128", "bench_empty"},
 	}
 	for _, m := range modules {
@@ -166,7 +166,7 @@ func (k *Kernels) MatQ4(s Stream, out uintptr, w Q4, a Acts) error {
 	if w.Cols != a.Cols || w.Cols%64 != 0 {
 		return fmt.Errorf("cuda: q4 product of [%d %d] with %d columns", w.Rows, w.Cols, a.Cols)
 	}
-	f, R := k.f["q4_mv"], 1
+	f, R := k.f["q4_mv2"], 1
 	if a.Rows > 1 {
 		f, R = k.f["q4_mm8"], 8
 	}
@@ -274,31 +274,38 @@ type Attn struct {
 	Gated                              bool // the head's output gate follows its query (QHead = 2·HeadDim)
 }
 
-// AttendShared is the dynamic shared memory Attend needs for n positions.
-func AttendShared(n, hd int) int { return 4 * (n + hd + 128) }
+// attChunk is the kernels' ATT_CHUNK: positions per partial block.
+const attChunk = 256
+
+// AttendScratch is the scratch Attend needs for a, in bytes: per (row,
+// head, chunk of 256 positions) HeadDim+2 floats.
+func AttendScratch(a Attn) int {
+	return 4 * a.Rows * a.Heads * ceil(a.Pos+a.Rows, attChunk) * (a.HeadDim + 2)
+}
 
 // Attend computes causal attention of a.Rows query rows over the cache
-// (kc, vc hold positions 0..Pos+Rows-1, row j at j·KVHeads·HeadDim floats).
-func (k *Kernels) Attend(s Stream, o, q, kc, vc uintptr, a Attn) error {
+// (kc, vc hold positions 0..Pos+Rows-1, row j at j·KVHeads·HeadDim
+// floats), split over positions in chunks of 256 and combined in order;
+// scratch holds AttendScratch(a) bytes.
+func (k *Kernels) Attend(s Stream, o, q, kc, vc, scratch uintptr, a Attn) error {
 	if a.KVHeads < 1 || a.Heads%a.KVHeads != 0 {
 		return fmt.Errorf("cuda: attention with %d heads over %d kv heads", a.Heads, a.KVHeads)
 	}
-	sh := AttendShared(a.Pos+a.Rows, a.HeadDim)
-	if sh > 48<<10 {
-		if sh > 227<<10 {
-			return fmt.Errorf("cuda: attention over %d positions needs %d bytes of shared memory, over the 227 KiB limit", a.Pos+a.Rows, sh)
-		}
-		if err := k.d.SetMaxDynamicShared(k.f["attend"], sh); err != nil {
-			return err
-		}
+	nc := ceil(a.Pos+a.Rows, attChunk)
+	if nc > 1024 {
+		return fmt.Errorf("cuda: attention over %d positions, at most %d", a.Pos+a.Rows, 1024*attChunk)
+	}
+	if err := k.d.Launch(k.f["attend_part"], Dim3{a.Heads, a.Rows, nc}, Dim3{128, 1, 1}, 4*a.HeadDim, s,
+		P(scratch), P(q), P(kc), P(vc), I(a.Pos), I(a.Heads), I(a.KVHeads), I(a.HeadDim),
+		I(a.QRow), I(a.QHead), I(a.KVHeads*a.HeadDim), F(a.Scale), I(nc)); err != nil {
+		return err
 	}
 	g := 0
 	if a.Gated {
 		g = 1
 	}
-	return k.d.Launch(k.f["attend"], Dim3{a.Heads, a.Rows, 1}, Dim3{128, 1, 1}, sh, s,
-		P(o), P(q), P(kc), P(vc), I(a.Pos), I(a.Heads), I(a.KVHeads), I(a.HeadDim),
-		I(a.QRow), I(a.QHead), I(a.KVHeads*a.HeadDim), I(a.ORow), F(a.Scale), I(g))
+	return k.d.Launch(k.f["attend_combine"], Dim3{a.Heads, a.Rows, 1}, Dim3{128, 1, 1}, 0, s,
+		P(o), P(scratch), P(q), I(a.Pos), I(a.Heads), I(a.HeadDim), I(a.QRow), I(a.QHead), I(a.ORow), I(nc), I(g))
 }
 
 // DNConv runs the DeltaNet's causal conv (kernel K, 2..8) and SiLU over nb
