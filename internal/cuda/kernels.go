@@ -74,7 +74,8 @@ type Kernels struct {
 	d    *Device
 	mods []*Module
 	f    map[string]Func
-	// Load is the total module load time (JIT compile or cache hit).
+	// Load has each module's load time (a JIT compile, or a hit in the
+	// driver's JIT cache).
 	Load []ModuleLoad
 }
 
