@@ -92,13 +92,15 @@ func TestGPUBench(t *testing.T) {
 				act := Acts{X: up(e, x), X8: e.alloc(nb * sh.C), XS: e.alloc(4 * nb * sh.C / 64), XSum: e.alloc(4 * nb * sh.C / 64), Rows: nb, Cols: sh.C}
 				must(e.k.PrepQ4(s, act))
 				out := e.alloc(4 * nb * sh.O)
-				variants := []int{0}
+				variants := []int{0, 16} // q4_mm8, q4_mma
 				if nb == 1 {
 					variants = []int{1, 2} // q4_mv, q4_mv2
 				}
 				for _, v := range variants {
 					name := "q4_mm8"
 					switch v {
+					case 16:
+						name = "q4_mma"
 					case 1:
 						name = "q4_mv"
 					case 2:
@@ -106,7 +108,9 @@ func TestGPUBench(t *testing.T) {
 					}
 					launch := func(i int) {
 						if v == 0 {
-							must(e.k.MatQ4(s, out, ws[i%copies], act))
+							must(e.k.MatQ4Rows(s, out, ws[i%copies], act, 8))
+						} else if v == 16 {
+							must(e.k.MatQ4MMA(s, out, ws[i%copies], act))
 						} else {
 							must(e.k.MatQ4Rows(s, out, ws[i%copies], act, v))
 						}

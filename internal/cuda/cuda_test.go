@@ -294,6 +294,8 @@ func gpuMat(e *env, q qmat, x []float32, nb int, rowsVariant int) []float32 {
 	switch {
 	case q.kind == format.Q8:
 		must(e.k.MatQ8(e.s, out, q.w, a))
+	case rowsVariant == 16:
+		must(e.k.MatQ4MMA(e.s, out, q.w, a))
 	case rowsVariant != 0:
 		must(e.k.MatQ4Rows(e.s, out, q.w, a, rowsVariant))
 	default:
@@ -324,6 +326,7 @@ func TestQ4(t *testing.T) {
 				e.exact(fmt.Sprintf("q4 [%d %d]: batch of %d (8-row kernel) vs %d", O, C, nb, N), gpuMat(e, q, x, nb, 8), full[:nb*O])
 				e.exact(fmt.Sprintf("q4 [%d %d]: batch of %d (1-row kernel) vs %d", O, C, nb, N), gpuMat(e, q, x, nb, 1), full[:nb*O])
 				e.exact(fmt.Sprintf("q4 [%d %d]: batch of %d (1-row kernel, variant 2) vs %d", O, C, nb, N), gpuMat(e, q, x, nb, 2), full[:nb*O])
+				e.exact(fmt.Sprintf("q4 [%d %d]: batch of %d (tensor cores) vs %d", O, C, nb, N), gpuMat(e, q, x, nb, 16), full[:nb*O])
 			}
 			for i := 0; i < N; i++ {
 				e.exact(fmt.Sprintf("q4 [%d %d]: row %d alone vs in %d", O, C, i, N), gpuMat(e, q, x[i*C:], 1, 0), full[i*O:(i+1)*O])

@@ -91,7 +91,7 @@ type ModuleLoad struct {
 func LoadKernels(d *Device) (*Kernels, error) {
 	k := &Kernels{d: d, f: map[string]Func{}}
 	names := map[string][]string{
-		"matvec": {"prep_x", "q4_mv", "q4_mv2", "q4_mm8", "q8_mv", "q8_mm8", "bf16_mv", "bf16_mm8"},
+		"matvec": {"prep_x", "q4_mv", "q4_mv2", "q4_mm8", "q4_mma", "q8_mv", "q8_mm8", "bf16_mv", "bf16_mm8"},
 		"ops":    {"rmsnorm", "rope", "swiglu", "route", "argmax", "dn_qk_norm", "dn_gates"},
 		"attn":   {"attend_part", "attend_combine"},
 		"delta":  {"dn_conv", "dn_rule32", "dn_rule64", "dn_rule128", "bench_empty"},
@@ -163,9 +163,17 @@ func (k *Kernels) PrepQ4(s Stream, a Acts) error {
 // MatQ4 computes out = W·x for a.Rows rows whose activations PrepQ4
 // prepared: out is float32 [a.Rows][w.Rows]. Bits match
 // kernels.Scratch.MatMul's q4 path, and are the same for every a.Rows.
+//
+// The kernel is chosen by size, which is allowed because all three give
+// the same bits: q4_mv2 for one row; for more, the tensor-core q4_mma
+// once the product has at least 64K outputs (it needs that many warps to
+// hide its latency; measured on the H200, NOTES.md), else q4_mm8.
 func (k *Kernels) MatQ4(s Stream, out uintptr, w Q4, a Acts) error {
 	if w.Cols != a.Cols || w.Cols%64 != 0 {
 		return fmt.Errorf("cuda: q4 product of [%d %d] with %d columns", w.Rows, w.Cols, a.Cols)
+	}
+	if a.Rows > 1 && a.Rows*w.Rows >= 1<<16 {
+		return k.MatQ4MMA(s, out, w, a)
 	}
 	f, R := k.f["q4_mv2"], 1
 	if a.Rows > 1 {
@@ -187,6 +195,16 @@ func (k *Kernels) MatQ4Rows(s Stream, out uintptr, w Q4, a Acts, r int) error {
 		f = k.f["q4_mm8"]
 	}
 	return k.d.Launch(f, Dim3{ceil(w.Rows, 8), ceil(a.Rows, r), 1}, Dim3{256, 1, 1}, 0, s,
+		P(w.Q), P(w.Scales), P(w.Biases), P(a.X8), P(a.XS), P(a.XSum), P(out), I(w.Rows), I(w.Cols), I(a.Rows))
+}
+
+// MatQ4MMA is MatQ4 on int8 tensor cores (mma m16n8k32): the same bits,
+// tiles of 16 outputs by 8 activation rows.
+func (k *Kernels) MatQ4MMA(s Stream, out uintptr, w Q4, a Acts) error {
+	if w.Cols != a.Cols || w.Cols%64 != 0 {
+		return fmt.Errorf("cuda: q4 product of [%d %d] with %d columns", w.Rows, w.Cols, a.Cols)
+	}
+	return k.d.Launch(k.f["q4_mma"], Dim3{ceil(w.Rows, 64), ceil(a.Rows, 8), 1}, Dim3{128, 1, 1}, 0, s,
 		P(w.Q), P(w.Scales), P(w.Biases), P(a.X8), P(a.XS), P(a.XSum), P(out), I(w.Rows), I(w.Cols), I(a.Rows))
 }
 

@@ -324,3 +324,75 @@ extern "C" __global__ void __launch_bounds__(256) bf16_mv(const uint16_t* W, con
 extern "C" __global__ void __launch_bounds__(256) bf16_mm8(const uint16_t* W, const float* x, float* out, int O, int C, int nb) {
     bf16_rows<8>(W, x, out, O, C, nb);
 }
+
+// mma_s8 is D += A·B for one m16n8k32 int8 tensor-core tile (sm_80+):
+// lane → gid = lane/4, t = lane%4; A row-major 16x32: a0 = A[gid][4t..],
+// a1 = A[gid+8][4t..], a2 = A[gid][16+4t..], a3 = A[gid+8][16+4t..]; B 32x8
+// by column: b0 = B[4t..][gid], b1 = B[16+4t..][gid]; D: d0 = D[gid][2t],
+// d1 = D[gid][2t+1], d2 = D[gid+8][2t], d3 = D[gid+8][2t+1]. Integer sums
+// are exact, so the result does not depend on how the hardware orders
+// them.
+__device__ __forceinline__ void mma_s8(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                       uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// q4_mma is the batched q4 product on int8 tensor cores, with q4_rows's
+// bits: a group of 64 is two k=32 slices (the low nibbles of its 32 bytes
+// are q[0..31], the high ones q[32..63], matching x8's two halves), so two
+// mma give the exact int32 Σ q·x8 of a 16 (outputs) x 8 (activation rows)
+// tile, and each thread chains the float terms of its four (output, row)
+// pairs in group order. Warp = 16 output rows x 8 activation rows; block =
+// 4 warps; grid = (ceil(O/64), ceil(nb/8)).
+extern "C" __global__ void __launch_bounds__(128) q4_mma(const uint8_t* __restrict__ W, const float* __restrict__ scales,
+                                                         const float* __restrict__ biases, const int8_t* __restrict__ x8,
+                                                         const float* __restrict__ xs, const float* __restrict__ xsum,
+                                                         float* __restrict__ out, int O, int C, int nb) {
+    int lane = threadIdx.x & 31;
+    int m0 = (blockIdx.x * 4 + (threadIdx.x >> 5)) * 16;
+    if (m0 >= O) return; // whole warps
+    int n0 = blockIdx.y * 8;
+    int gid = lane >> 2, t = lane & 3;
+    int ng = C >> 6;
+    int oA = m0 + gid, oB = m0 + gid + 8;
+    bool vA = oA < O, vB = oB < O;
+    int rx = n0 + gid; // the activation row this thread feeds into B
+    bool vx = rx < nb;
+    int r0 = n0 + 2 * t, r1 = r0 + 1; // the activation rows of its outputs
+    bool v0 = r0 < nb, v1 = r1 < nb;
+    const uint32_t* wA = (const uint32_t*)(W + (size_t)(vA ? oA : 0) * (C >> 1));
+    const uint32_t* wB = (const uint32_t*)(W + (size_t)(vB ? oB : 0) * (C >> 1));
+    const uint32_t* xw = (const uint32_t*)(x8 + (size_t)(vx ? rx : 0) * C);
+    const float* sA = scales + (size_t)(vA ? oA : 0) * ng;
+    const float* sB = scales + (size_t)(vB ? oB : 0) * ng;
+    const float* bA = biases + (size_t)(vA ? oA : 0) * ng;
+    const float* bB = biases + (size_t)(vB ? oB : 0) * ng;
+    const float* xs0 = xs + (size_t)(v0 ? r0 : 0) * ng;
+    const float* xs1 = xs + (size_t)(v1 ? r1 : 0) * ng;
+    const float* xm0 = xsum + (size_t)(v0 ? r0 : 0) * ng;
+    const float* xm1 = xsum + (size_t)(v1 ? r1 : 0) * ng;
+    float acc00 = 0.0f, acc01 = 0.0f, acc10 = 0.0f, acc11 = 0.0f; // (oA,r0) (oA,r1) (oB,r0) (oB,r1)
+    const uint32_t M = 0x0f0f0f0fu;
+#pragma unroll 4
+    for (int g = 0; g < ng; g++) {
+        uint32_t a0 = __ldg(wA + g * 8 + t), a2 = __ldg(wA + g * 8 + 4 + t);
+        uint32_t a1 = __ldg(wB + g * 8 + t), a3 = __ldg(wB + g * 8 + 4 + t);
+        uint32_t b0 = __ldg(xw + g * 16 + t), b1 = __ldg(xw + g * 16 + 4 + t);
+        uint32_t b2 = __ldg(xw + g * 16 + 8 + t), b3 = __ldg(xw + g * 16 + 12 + t);
+        int d[4] = {0, 0, 0, 0};
+        mma_s8(d, a0 & M, a1 & M, a2 & M, a3 & M, b0, b1);
+        mma_s8(d, (a0 >> 4) & M, (a1 >> 4) & M, (a2 >> 4) & M, (a3 >> 4) & M, b2, b3);
+        float scA = __ldg(sA + g), scB = __ldg(sB + g), biA = __ldg(bA + g), biB = __ldg(bB + g);
+        float x0 = __ldg(xs0 + g), x1 = __ldg(xs1 + g), m0s = __ldg(xm0 + g), m1s = __ldg(xm1 + g);
+        acc00 = __fadd_rn(acc00, __fadd_rn(__fmul_rn(__int2float_rn(d[0]), __fmul_rn(scA, x0)), __fmul_rn(biA, m0s)));
+        acc01 = __fadd_rn(acc01, __fadd_rn(__fmul_rn(__int2float_rn(d[1]), __fmul_rn(scA, x1)), __fmul_rn(biA, m1s)));
+        acc10 = __fadd_rn(acc10, __fadd_rn(__fmul_rn(__int2float_rn(d[2]), __fmul_rn(scB, x0)), __fmul_rn(biB, m0s)));
+        acc11 = __fadd_rn(acc11, __fadd_rn(__fmul_rn(__int2float_rn(d[3]), __fmul_rn(scB, x1)), __fmul_rn(biB, m1s)));
+    }
+    if (vA && v0) out[(size_t)r0 * O + oA] = acc00;
+    if (vA && v1) out[(size_t)r1 * O + oA] = acc01;
+    if (vB && v0) out[(size_t)r0 * O + oB] = acc10;
+    if (vB && v1) out[(size_t)r1 * O + oB] = acc11;
+}
