@@ -312,7 +312,7 @@ func gpuMat(e *env, q qmat, x []float32, nb int, rowsVariant int) []float32 {
 func TestQ4(t *testing.T) {
 	onGPU(t, func(e *env) {
 		r := rand.New(rand.NewPCG(2, 2))
-		for _, sh := range [][2]int{{40, 64}, {72, 320}, {33, 1088}, {64, 4096}, {256, 1024}} {
+		for _, sh := range [][2]int{{40, 64}, {72, 320}, {33, 1088}, {64, 4096}, {256, 1024}, {70, 8192}, {2000, 512}, {4500, 64}} {
 			O, C := sh[0], sh[1]
 			q := newQMat(e, r, O, C, format.Q4)
 			const N = 11
