@@ -36,6 +36,11 @@ type Device struct {
 	// arguments), so no Go pointer is ever handed to C and a launch
 	// allocates nothing. Only the owner thread touches it.
 	arena uintptr
+	// sys holds the arguments of the driver call in progress: passing a
+	// slice of it to purego.SyscallN allocates nothing, where a fresh
+	// variadic list would escape to the heap on every call.
+	sys    [16]uintptr
+	closed bool
 }
 
 const (
@@ -173,10 +178,14 @@ func (d *Device) Do(f func() error) error {
 }
 
 // Close synchronises, frees the arena, releases the primary context and
-// stops the owner goroutine. Buffers, modules, streams and graphs should be
+// stops the owner goroutine; a second Close does nothing. Buffers, modules, streams and graphs should be
 // freed first; the primary context's release frees what is left once no
 // other user of it remains.
 func (d *Device) Close() error {
+	if d.closed {
+		return nil
+	}
+	d.closed = true
 	err := d.Do(func() error {
 		err := d.Sync()
 		if d.arena != 0 {
@@ -193,9 +202,11 @@ func (d *Device) Close() error {
 	return err
 }
 
-// call invokes a driver function and names it in the error.
-func call(name string, fn uintptr, args ...uintptr) error {
-	r, _, _ := purego.SyscallN(fn, args...)
+// call invokes a driver function and names it in the error; it allocates
+// nothing.
+func (d *Device) call(name string, fn uintptr, args ...uintptr) error {
+	n := copy(d.sys[:], args)
+	r, _, _ := purego.SyscallN(fn, d.sys[:n]...)
 	return check(name, r)
 }
 
@@ -205,11 +216,11 @@ func (d *Device) out(i int) uintptr { return d.arena + outBase + uintptr(8*i) }
 func (d *Device) outU64(i int) uint64 { return *(*uint64)(cptr(d.out(i))) }
 
 // Sync waits for all work on the device (cuCtxSynchronize).
-func (d *Device) Sync() error { return call("cuCtxSynchronize", fns.ctxSynchronize) }
+func (d *Device) Sync() error { return d.call("cuCtxSynchronize", fns.ctxSynchronize) }
 
 // MemInfo returns the free and total device memory (cuMemGetInfo).
 func (d *Device) MemInfo() (free, total int64, err error) {
-	err = call("cuMemGetInfo", fns.memGetInfo, d.out(0), d.out(1))
+	err = d.call("cuMemGetInfo", fns.memGetInfo, d.out(0), d.out(1))
 	return int64(d.outU64(0)), int64(d.outU64(1)), err
 }
 
@@ -227,7 +238,7 @@ func (d *Device) Alloc(n int) (Buf, error) {
 	if n <= 0 {
 		return Buf{}, fmt.Errorf("cuda: allocation of %d bytes", n)
 	}
-	if err := call("cuMemAlloc", fns.memAlloc, d.out(0), uintptr(n)); err != nil {
+	if err := d.call("cuMemAlloc", fns.memAlloc, d.out(0), uintptr(n)); err != nil {
 		return Buf{}, fmt.Errorf("%w (%d bytes)", err, n)
 	}
 	return Buf{Ptr: uintptr(d.outU64(0)), Bytes: n}, nil
@@ -238,19 +249,20 @@ func (d *Device) Free(b Buf) error {
 	if b.Ptr == 0 {
 		return nil
 	}
-	return call("cuMemFree", fns.memFree, b.Ptr)
+	return d.call("cuMemFree", fns.memFree, b.Ptr)
 }
 
 // bytesOf returns the address and length in bytes of a slice of plain
 // values (no Go pointers inside), for synchronous copies.
-func bytesOf[T any](s []T) (uintptr, int) {
+func bytesOf[T any](s []T) (unsafe.Pointer, int) {
 	if len(s) == 0 {
-		return 0, 0
+		return nil, 0
 	}
-	return uintptr(unsafe.Pointer(&s[0])), len(s) * int(unsafe.Sizeof(s[0]))
+	return unsafe.Pointer(&s[0]), len(s) * int(unsafe.Sizeof(s[0]))
 }
 
 // Upload copies src into b starting at byte off (cuMemcpyHtoD, synchronous).
+// T must hold no pointers (numbers, or arrays and structs of them).
 func Upload[T any](d *Device, b Buf, off int, src []T) error {
 	p, n := bytesOf(src)
 	if off < 0 || off+n > b.Bytes {
@@ -259,13 +271,17 @@ func Upload[T any](d *Device, b Buf, off int, src []T) error {
 	if n == 0 {
 		return nil
 	}
-	err := call("cuMemcpyHtoD", fns.memcpyHtoD, b.Ptr+uintptr(off), p, uintptr(n))
+	// The pointer is converted in the SyscallN call itself, which keeps
+	// the memory in place until the call returns.
+	r, _, _ := purego.SyscallN(fns.memcpyHtoD, b.Ptr+uintptr(off), uintptr(p), uintptr(n))
 	runtime.KeepAlive(src)
-	return err
+	return check("cuMemcpyHtoD", r)
 }
 
 // Download copies len(dst) elements from b at byte off into dst
-// (cuMemcpyDtoH, synchronous: it waits for prior work in the context).
+// (cuMemcpyDtoH). It returns when the copy is done, and is ordered after
+// work on the default stream only: synchronise a stream from NewStream
+// first. Like Upload, T must hold no pointers.
 func Download[T any](d *Device, dst []T, b Buf, off int) error {
 	p, n := bytesOf(dst)
 	if off < 0 || off+n > b.Bytes {
@@ -274,25 +290,25 @@ func Download[T any](d *Device, dst []T, b Buf, off int) error {
 	if n == 0 {
 		return nil
 	}
-	err := call("cuMemcpyDtoH", fns.memcpyDtoH, p, b.Ptr+uintptr(off), uintptr(n))
+	r, _, _ := purego.SyscallN(fns.memcpyDtoH, uintptr(p), b.Ptr+uintptr(off), uintptr(n))
 	runtime.KeepAlive(dst)
-	return err
+	return check("cuMemcpyDtoH", r)
 }
 
 // CopyD copies n bytes between device addresses (cuMemcpyDtoD).
 func (d *Device) CopyD(dst, src uintptr, n int) error {
-	return call("cuMemcpyDtoD", fns.memcpyDtoD, dst, src, uintptr(n))
+	return d.call("cuMemcpyDtoD", fns.memcpyDtoD, dst, src, uintptr(n))
 }
 
 // CopyDAsync copies n bytes between device addresses on s.
 func (d *Device) CopyDAsync(dst, src uintptr, n int, s Stream) error {
-	return call("cuMemcpyDtoDAsync", fns.memcpyDtoDAsync, dst, src, uintptr(n), s.h)
+	return d.call("cuMemcpyDtoDAsync", fns.memcpyDtoDAsync, dst, src, uintptr(n), s.h)
 }
 
 // Fill32 sets n 32-bit words at p to v (cuMemsetD32): tests poison outputs
 // with it.
 func (d *Device) Fill32(p uintptr, v uint32, n int) error {
-	return call("cuMemsetD32", fns.memsetD32, p, uintptr(v), uintptr(n))
+	return d.call("cuMemsetD32", fns.memsetD32, p, uintptr(v), uintptr(n))
 }
 
 // FillF32 sets n floats at p to f.
@@ -309,7 +325,7 @@ type Host struct {
 
 // AllocHost allocates n bytes of page-locked host memory.
 func (d *Device) AllocHost(n int) (Host, error) {
-	if err := call("cuMemAllocHost", fns.memAllocHost, d.out(0), uintptr(n)); err != nil {
+	if err := d.call("cuMemAllocHost", fns.memAllocHost, d.out(0), uintptr(n)); err != nil {
 		return Host{}, fmt.Errorf("%w (%d bytes)", err, n)
 	}
 	return Host{Ptr: uintptr(d.outU64(0)), Bytes: n}, nil
@@ -320,7 +336,7 @@ func (d *Device) FreeHost(h Host) error {
 	if h.Ptr == 0 {
 		return nil
 	}
-	return call("cuMemFreeHost", fns.memFreeHost, h.Ptr)
+	return d.call("cuMemFreeHost", fns.memFreeHost, h.Ptr)
 }
 
 // Slice views h as a byte slice (valid until FreeHost).
@@ -335,7 +351,7 @@ func (d *Device) UploadAsync(dst uintptr, h Host, hoff, n int, s Stream) error {
 	if hoff < 0 || hoff+n > h.Bytes {
 		return fmt.Errorf("cuda: async upload of %d bytes at %d from %d pinned bytes", n, hoff, h.Bytes)
 	}
-	return call("cuMemcpyHtoDAsync", fns.memcpyHtoDAsync, dst, h.Ptr+uintptr(hoff), uintptr(n), s.h)
+	return d.call("cuMemcpyHtoDAsync", fns.memcpyHtoDAsync, dst, h.Ptr+uintptr(hoff), uintptr(n), s.h)
 }
 
 // DownloadAsync copies n bytes from the device address src into pinned
@@ -344,7 +360,7 @@ func (d *Device) DownloadAsync(h Host, hoff int, src uintptr, n int, s Stream) e
 	if hoff < 0 || hoff+n > h.Bytes {
 		return fmt.Errorf("cuda: async download of %d bytes at %d into %d pinned bytes", n, hoff, h.Bytes)
 	}
-	return call("cuMemcpyDtoHAsync", fns.memcpyDtoHAsync, h.Ptr+uintptr(hoff), src, uintptr(n), s.h)
+	return d.call("cuMemcpyDtoHAsync", fns.memcpyDtoHAsync, h.Ptr+uintptr(hoff), src, uintptr(n), s.h)
 }
 
 // Stream is a CUDA stream; the zero Stream is the legacy default stream
@@ -354,7 +370,7 @@ type Stream struct{ h uintptr }
 // NewStream creates a non-blocking stream (it does not synchronise with the
 // default stream).
 func (d *Device) NewStream() (Stream, error) {
-	err := call("cuStreamCreate", fns.streamCreate, d.out(0), 1) // CU_STREAM_NON_BLOCKING
+	err := d.call("cuStreamCreate", fns.streamCreate, d.out(0), 1) // CU_STREAM_NON_BLOCKING
 	return Stream{uintptr(d.outU64(0))}, err
 }
 
@@ -363,12 +379,12 @@ func (d *Device) DestroyStream(s Stream) error {
 	if s.h == 0 {
 		return nil
 	}
-	return call("cuStreamDestroy", fns.streamDestroy, s.h)
+	return d.call("cuStreamDestroy", fns.streamDestroy, s.h)
 }
 
 // SyncStream waits for the work queued on s.
 func (d *Device) SyncStream(s Stream) error {
-	return call("cuStreamSynchronize", fns.streamSynchronize, s.h)
+	return d.call("cuStreamSynchronize", fns.streamSynchronize, s.h)
 }
 
 // Event is a CUDA event (timing enabled).
@@ -376,7 +392,7 @@ type Event struct{ h uintptr }
 
 // NewEvent creates an event.
 func (d *Device) NewEvent() (Event, error) {
-	err := call("cuEventCreate", fns.eventCreate, d.out(0), 0)
+	err := d.call("cuEventCreate", fns.eventCreate, d.out(0), 0)
 	return Event{uintptr(d.outU64(0))}, err
 }
 
@@ -385,21 +401,21 @@ func (d *Device) DestroyEvent(e Event) error {
 	if e.h == 0 {
 		return nil
 	}
-	return call("cuEventDestroy", fns.eventDestroy, e.h)
+	return d.call("cuEventDestroy", fns.eventDestroy, e.h)
 }
 
 // Record records e on s.
 func (d *Device) Record(e Event, s Stream) error {
-	return call("cuEventRecord", fns.eventRecord, e.h, s.h)
+	return d.call("cuEventRecord", fns.eventRecord, e.h, s.h)
 }
 
 // WaitEvent blocks until e has completed.
 func (d *Device) WaitEvent(e Event) error {
-	return call("cuEventSynchronize", fns.eventSynchronize, e.h)
+	return d.call("cuEventSynchronize", fns.eventSynchronize, e.h)
 }
 
 // Elapsed returns the milliseconds between two completed events.
 func (d *Device) Elapsed(start, end Event) (float32, error) {
-	err := call("cuEventElapsedTime", fns.eventElapsedTime, d.out(0), start.h, end.h)
+	err := d.call("cuEventElapsedTime", fns.eventElapsedTime, d.out(0), start.h, end.h)
 	return *(*float32)(cptr(d.out(0))), err
 }

@@ -55,7 +55,7 @@ func (d *Device) Unload(m *Module) error {
 	if m == nil || m.h == 0 {
 		return nil
 	}
-	err := call("cuModuleUnload", fns.moduleUnload, m.h)
+	err := d.call("cuModuleUnload", fns.moduleUnload, m.h)
 	m.h = 0
 	return err
 }
@@ -69,7 +69,11 @@ type Func struct {
 // Func looks up the kernel called name (its extern "C" name) in m.
 func (d *Device) Func(m *Module, name string) (Func, error) {
 	cname := append([]byte(name), 0)
-	if err := call("cuModuleGetFunction", fns.moduleGetFunction, d.out(0), m.h, uintptr(unsafe.Pointer(&cname[0]))); err != nil {
+	// Go memory goes to C only as an unsafe.Pointer converted in the
+	// SyscallN call itself, which keeps it where it is until the call
+	// returns (never through d.call's argument copy).
+	r, _, _ := purego.SyscallN(fns.moduleGetFunction, d.out(0), m.h, uintptr(unsafe.Pointer(&cname[0])))
+	if err := check("cuModuleGetFunction", r); err != nil {
 		return Func{}, fmt.Errorf("%w: kernel %s", err, name)
 	}
 	return Func{h: uintptr(d.outU64(0)), Name: name}, nil
@@ -78,7 +82,7 @@ func (d *Device) Func(m *Module, name string) (Func, error) {
 // SetMaxDynamicShared lets f use up to n bytes of dynamic shared memory
 // (above the default 48 KiB).
 func (d *Device) SetMaxDynamicShared(f Func, n int) error {
-	return call("cuFuncSetAttribute", fns.funcSetAttribute, f.h, 8, uintptr(n)) // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+	return d.call("cuFuncSetAttribute", fns.funcSetAttribute, f.h, 8, uintptr(n)) // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 }
 
 // Dim3 is a grid or block shape.
@@ -99,12 +103,12 @@ func (d *Device) Launch(f Func, grid, block Dim3, shared int, s Stream, args ...
 		vals[i] = a
 		ptrs[i] = d.arena + argBase + uintptr(8*i)
 	}
-	r, _, _ := purego.SyscallN(fns.launchKernel, f.h,
+	err := d.call("cuLaunchKernel", fns.launchKernel, f.h,
 		uintptr(max(grid.X, 1)), uintptr(max(grid.Y, 1)), uintptr(max(grid.Z, 1)),
 		uintptr(max(block.X, 1)), uintptr(max(block.Y, 1)), uintptr(max(block.Z, 1)),
 		uintptr(shared), s.h, d.arena+ptrBase, 0)
-	if r != 0 {
-		return fmt.Errorf("%w: kernel %s grid %v block %v", check("cuLaunchKernel", r), f.Name, grid, block)
+	if err != nil {
+		return fmt.Errorf("%w: kernel %s grid %v block %v", err, f.Name, grid, block)
 	}
 	return nil
 }
@@ -126,16 +130,16 @@ type Graph struct{ g, exec uintptr }
 // launched. The capture mode is thread-local: the owner thread is the only
 // one that queues work anyway.
 func (d *Device) BeginCapture(s Stream) error {
-	return call("cuStreamBeginCapture", fns.streamBeginCapture, s.h, 1) // CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+	return d.call("cuStreamBeginCapture", fns.streamBeginCapture, s.h, 1) // CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
 }
 
 // EndCapture ends the capture on s and instantiates the graph.
 func (d *Device) EndCapture(s Stream) (*Graph, error) {
-	if err := call("cuStreamEndCapture", fns.streamEndCapture, s.h, d.out(0)); err != nil {
+	if err := d.call("cuStreamEndCapture", fns.streamEndCapture, s.h, d.out(0)); err != nil {
 		return nil, err
 	}
 	g := &Graph{g: uintptr(d.outU64(0))}
-	if err := call("cuGraphInstantiateWithFlags", fns.graphInstantiate, d.out(0), g.g, 0); err != nil {
+	if err := d.call("cuGraphInstantiateWithFlags", fns.graphInstantiate, d.out(0), g.g, 0); err != nil {
 		purego.SyscallN(fns.graphDest, g.g)
 		return nil, err
 	}
@@ -145,7 +149,7 @@ func (d *Device) EndCapture(s Stream) (*Graph, error) {
 
 // LaunchGraph queues one replay of g on s.
 func (d *Device) LaunchGraph(g *Graph, s Stream) error {
-	return call("cuGraphLaunch", fns.graphLaunch, g.exec, s.h)
+	return d.call("cuGraphLaunch", fns.graphLaunch, g.exec, s.h)
 }
 
 // DestroyGraph frees g.
@@ -153,8 +157,8 @@ func (d *Device) DestroyGraph(g *Graph) error {
 	if g == nil {
 		return nil
 	}
-	err := call("cuGraphExecDestroy", fns.graphExecDestroy, g.exec)
-	if err2 := call("cuGraphDestroy", fns.graphDest, g.g); err == nil {
+	err := d.call("cuGraphExecDestroy", fns.graphExecDestroy, g.exec)
+	if err2 := d.call("cuGraphDestroy", fns.graphDest, g.g); err == nil {
 		err = err2
 	}
 	return err
