@@ -139,8 +139,9 @@ func TestGPUBench(t *testing.T) {
 		}
 
 		// Attention decode at 4096 positions and the delta-rule step, at
-		// Qwen3.5-397B-A17B's shapes (32 query heads over 2 kv heads of
-		// 256 dims; 64 value heads over 16 key heads of 128 dims).
+		// the head shapes assumed for Qwen3.5-397B-A17B (32 query heads
+		// over 2 kv heads of 256 dims; 64 value heads over 16 key heads of
+		// 128 dims).
 		{
 			const n, nh, nkv, hd = 4096, 32, 2, 256
 			q := up(e, randF32(r, nh*2*hd, 1))
