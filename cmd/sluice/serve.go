@@ -72,7 +72,7 @@ func cmdServe(ctx context.Context, args []string) error {
 	} else if id == "" {
 		id = filepath.Base(filepath.Clean(dir))
 	}
-	opts := engine.Options{Threads: mf.threads, Ctx: mf.ctx, ChunkRows: mf.chunk}
+	opts := engine.Options{Threads: mf.threads, Ctx: mf.ctx, ChunkRows: mf.chunk, Device: mf.device}
 	if isTerminal(os.Stderr) {
 		opts.Progress = os.Stderr
 	}
@@ -102,6 +102,16 @@ func cmdServe(ctx context.Context, args []string) error {
 		return err
 	}
 	defer e.Close()
+	deviceNote(e)
+	if e.OnGPU() {
+		if cacheBytes > 0 {
+			return fmt.Errorf("--cache-mb: the prefix cache is not available on the GPU yet (copying sequence states); use --device cpu or leave --cache-mb out")
+		}
+		cacheBytes = -1
+		if *drafts > 0 {
+			return fmt.Errorf("--drafts: speculative decoding is not available on the GPU yet; use --device cpu")
+		}
+	}
 	srv, err := server.New(server.Config{Engine: e, ModelID: id, APIKey: *apiKey, Slots: *slots, MaxQueue: *maxQueue,
 		CacheBytes: cacheBytes, Drafts: *drafts, MaxBodyBytes: *maxBody << 10})
 	if err != nil {

@@ -41,6 +41,8 @@ type Device struct {
 	// variadic list would escape to the heap on every call.
 	sys    [16]uintptr
 	closed bool
+	// Launches counts kernel launches queued (read it from inside Do).
+	Launches uint64
 }
 
 const (

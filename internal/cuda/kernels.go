@@ -23,7 +23,7 @@ var ptxFS embed.FS
 var srcFS embed.FS
 
 // modules are the PTX files, one module each.
-var modules = []string{"matvec", "ops", "attn", "delta"}
+var modules = []string{"matvec", "ops", "attn", "delta", "fwd"}
 
 // SourcesHash is the sha256 of the kernel sources (.cu and .cuh files in
 // name order, concatenated) as scripts/gpu-ptx.sh computes it.
@@ -95,6 +95,7 @@ func LoadKernels(d *Device) (*Kernels, error) {
 		"ops":    {"rmsnorm", "rope", "swiglu", "route", "argmax", "dn_qk_norm", "dn_gates"},
 		"attn":   {"attend_part", "attend_combine"},
 		"delta":  {"dn_conv", "dn_rule32", "dn_rule64", "dn_rule128", "bench_empty"},
+		"fwd":    {"f32_mv", "gather_rows", "moe_combine"},
 	}
 	for _, m := range modules {
 		ptx, err := PTX(m)
@@ -373,4 +374,27 @@ func (k *Kernels) DNRule(s Stream, S, qkv, decay, beta, o uintptr, nb int, d DN)
 // Empty launches a kernel that does nothing (for overhead measurements).
 func (k *Kernels) Empty(s Stream) error {
 	return k.d.Launch(k.f["bench_empty"], Dim3{1, 1, 1}, Dim3{32, 1, 1}, 0, s, I(0))
+}
+
+// MatF32 computes out = W·x for a float32 matrix w ([rows][cols]) and nb
+// rows of x: one warp per output, summed with fused multiply-adds in a
+// fixed order (within rounding of the CPU's float32 product).
+func (k *Kernels) MatF32(s Stream, out, w uintptr, rows, cols int, x uintptr, nb int) error {
+	return k.d.Launch(k.f["f32_mv"], Dim3{ceil(rows, 8), nb, 1}, Dim3{256, 1, 1}, 0, s,
+		P(w), P(x), P(out), I(rows), I(cols), I(nb))
+}
+
+// GatherRows sets dst row j = src row idx[j] (idx int32 [n]) for n rows of
+// width floats.
+func (k *Kernels) GatherRows(s Stream, dst, src, idx uintptr, n, width int) error {
+	return k.d.Launch(k.f["gather_rows"], Dim3{ceil(n*width, 256), 1, 1}, Dim3{256, 1, 1}, 0, s,
+		P(dst), P(src), P(idx), I(n), I(width))
+}
+
+// MoECombine writes y[i] = Σ_k w[i][k]·outk[pos[i][k]] in router order
+// (pos int32 [nb][K]) plus the shared expert: mode 0 none, 1 ungated, 2
+// gated by sigmoid(sgate[i]).
+func (k *Kernels) MoECombine(s Stream, y, outk, pos, w, shared, sgate uintptr, nb, K, H, mode int) error {
+	return k.d.Launch(k.f["moe_combine"], Dim3{ceil(nb*H, 256), 1, 1}, Dim3{256, 1, 1}, 0, s,
+		P(y), P(outk), P(pos), P(w), P(shared), P(sgate), I(nb), I(K), I(H), I(mode))
 }

@@ -103,6 +103,7 @@ func (d *Device) Launch(f Func, grid, block Dim3, shared int, s Stream, args ...
 		vals[i] = a
 		ptrs[i] = d.arena + argBase + uintptr(8*i)
 	}
+	d.Launches++
 	err := d.call("cuLaunchKernel", fns.launchKernel, f.h,
 		uintptr(max(grid.X, 1)), uintptr(max(grid.Y, 1)), uintptr(max(grid.Z, 1)),
 		uintptr(max(block.X, 1)), uintptr(max(block.Y, 1)), uintptr(max(block.Z, 1)),
