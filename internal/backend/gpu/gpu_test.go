@@ -268,6 +268,7 @@ func TestGPUQuantisedNLL(t *testing.T) {
 	needGPU(t)
 	for _, name := range gpuModels {
 		t.Run(name, func(t *testing.T) {
+			d16, d4 := packed(t, name, 16), packed(t, name, 4)
 			rf := refs(t, name)
 			nll := func(dir, device string) float64 {
 				e := open(t, dir, device, 256)
@@ -283,7 +284,6 @@ func TestGPUQuantisedNLL(t *testing.T) {
 				}
 				return sum / float64(n)
 			}
-			d16, d4 := packed(t, name, 16), packed(t, name, 4)
 			g16, g4, c4 := nll(d16, "cuda"), nll(d4, "cuda"), nll(d4, "cpu")
 			t.Logf("held-out NLL: GPU bf16 %.5f, GPU q4 %.5f (%+.2f%%), CPU q4 %.5f (GPU %+.3f%%)", g16, g4, 100*(g4/g16-1), c4, 100*(g4/c4-1))
 			if d := math.Abs(g4/g16 - 1); d > 0.04 {
