@@ -91,11 +91,11 @@ type ModuleLoad struct {
 func LoadKernels(d *Device) (*Kernels, error) {
 	k := &Kernels{d: d, f: map[string]Func{}}
 	names := map[string][]string{
-		"matvec": {"prep_x", "q4_mv", "q4_mv2", "q4_mm8", "q4_mma", "q8_mv", "q8_mm8", "bf16_mv", "bf16_mm8"},
+		"matvec": {"prep_x", "q4_mv", "q4_mv2", "q4_mm8", "q4_mma", "q8_mv", "q8_mm8", "bf16_mv", "bf16_mm8", "q4_ex", "q8_ex", "bf16_ex"},
 		"ops":    {"rmsnorm", "rope", "swiglu", "route", "argmax", "dn_qk_norm", "dn_gates"},
 		"attn":   {"attend_part", "attend_combine"},
 		"delta":  {"dn_conv", "dn_rule32", "dn_rule64", "dn_rule128", "bench_empty"},
-		"fwd":    {"f32_mv", "gather_rows", "moe_combine"},
+		"fwd":    {"f32_mv", "gather_rows", "moe_combine", "kv_append"},
 	}
 	for _, m := range modules {
 		ptx, err := PTX(m)
@@ -292,6 +292,11 @@ type Attn struct {
 	QRow, QHead, ORow                  int // strides in floats
 	Scale                              float32
 	Gated                              bool // the head's output gate follows its query (QHead = 2·HeadDim)
+	// PosDev, when set, is a device int32 holding Pos, read by the
+	// kernels (a step recorded once and replayed at any position); the
+	// grid then covers MaxPos positions.
+	PosDev uintptr
+	MaxPos int
 }
 
 // attChunk is the kernels' ATT_CHUNK: positions per partial block.
@@ -312,12 +317,15 @@ func (k *Kernels) Attend(s Stream, o, q, kc, vc, scratch uintptr, a Attn) error 
 		return fmt.Errorf("cuda: attention with %d heads over %d kv heads", a.Heads, a.KVHeads)
 	}
 	nc := ceil(a.Pos+a.Rows, attChunk)
+	if a.PosDev != 0 {
+		nc = ceil(a.MaxPos, attChunk)
+	}
 	if nc > 1024 {
 		return fmt.Errorf("cuda: attention over %d positions, at most %d", a.Pos+a.Rows, 1024*attChunk)
 	}
 	if err := k.d.Launch(k.f["attend_part"], Dim3{a.Heads, a.Rows, nc}, Dim3{128, 1, 1}, 4*a.HeadDim, s,
 		P(scratch), P(q), P(kc), P(vc), I(a.Pos), I(a.Heads), I(a.KVHeads), I(a.HeadDim),
-		I(a.QRow), I(a.QHead), I(a.KVHeads*a.HeadDim), F(a.Scale), I(nc)); err != nil {
+		I(a.QRow), I(a.QHead), I(a.KVHeads*a.HeadDim), F(a.Scale), I(nc), P(a.PosDev)); err != nil {
 		return err
 	}
 	g := 0
@@ -325,7 +333,7 @@ func (k *Kernels) Attend(s Stream, o, q, kc, vc, scratch uintptr, a Attn) error 
 		g = 1
 	}
 	return k.d.Launch(k.f["attend_combine"], Dim3{a.Heads, a.Rows, 1}, Dim3{128, 1, 1}, 0, s,
-		P(o), P(scratch), P(q), I(a.Pos), I(a.Heads), I(a.HeadDim), I(a.QRow), I(a.QHead), I(a.ORow), I(nc), I(g))
+		P(o), P(scratch), P(q), I(a.Pos), I(a.Heads), I(a.HeadDim), I(a.QRow), I(a.QHead), I(a.ORow), I(nc), I(g), P(a.PosDev))
 }
 
 // DNConv runs the DeltaNet's causal conv (kernel K, 2..8) and SiLU over nb
@@ -397,4 +405,33 @@ func (k *Kernels) GatherRows(s Stream, dst, src, idx uintptr, n, width int) erro
 func (k *Kernels) MoECombine(s Stream, y, outk, pos, w, shared, sgate uintptr, nb, K, H, mode int) error {
 	return k.d.Launch(k.f["moe_combine"], Dim3{ceil(nb*H, 256), 1, 1}, Dim3{256, 1, 1}, 0, s,
 		P(y), P(outk), P(pos), P(w), P(shared), P(sgate), I(nb), I(K), I(H), I(mode))
+}
+
+// MatEx computes the expert products of one decode row on the device's
+// choice: out row k = W_{ids[k]}·x row (k if own else 0), k < nk, where
+// tab holds, per expert, the matrix's addresses (codes, scales, biases;
+// bf16: values, then two zeros) as uint64. a is prepared as for MatQ4 (q4)
+// or carries X and XSum (q8) or X (bf16). Bits of the one-row kernels.
+func (k *Kernels) MatEx(s Stream, kind string, out, tab, ids uintptr, O int, a Acts, nk int, own bool) error {
+	xsel := 0
+	if own {
+		xsel = 1
+	}
+	grid, block := Dim3{ceil(O, 8), nk, 1}, Dim3{256, 1, 1}
+	switch kind {
+	case "q4":
+		return k.d.Launch(k.f["q4_ex"], grid, block, 0, s, P(tab), P(ids), P(a.X8), P(a.XS), P(a.XSum), P(out), I(O), I(a.Cols), I(nk), I(xsel))
+	case "q8":
+		return k.d.Launch(k.f["q8_ex"], grid, block, 0, s, P(tab), P(ids), P(a.X), P(a.XSum), P(out), I(O), I(a.Cols), I(nk), I(xsel))
+	case "bf16":
+		return k.d.Launch(k.f["bf16_ex"], grid, block, 0, s, P(tab), P(ids), P(a.X), P(out), I(O), I(a.Cols), I(nk), I(xsel))
+	}
+	return fmt.Errorf("cuda: expert products of kind %q", kind)
+}
+
+// KVAppend writes one row's keys and values (n floats each) into cache row
+// *posp (a device int32).
+func (k *Kernels) KVAppend(s Stream, kc, vc, key, val, posp uintptr, n int) error {
+	return k.d.Launch(k.f["kv_append"], Dim3{ceil(n, 256), 1, 1}, Dim3{256, 1, 1}, 0, s,
+		P(kc), P(vc), P(key), P(val), P(posp), I(n))
 }

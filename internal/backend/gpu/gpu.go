@@ -37,6 +37,8 @@ type expert struct{ gate, up, down mat }
 
 // dstate is one sequence's state on the device.
 type dstate struct {
+	graph     *cuda.Graph // the recorded decode step (one row), over this state's buffers
+	nodes     uint64      // kernels in graph
 	ctx       int
 	pos       int // positions the device state holds
 	kc, vc    []uintptr
@@ -61,6 +63,21 @@ type Runner struct {
 	vecs    map[*float32]uintptr
 	experts []expert // [layer*E + e]
 	weights []cuda.Buf
+	// Per expert layer, the device tables of expert addresses [E][3]
+	// (gate, up, down) that a recorded decode step reads the router's
+	// choice through; exKind is their kind ("" when a recorded step cannot
+	// run these experts).
+	tabGate, tabUp, tabDown []uintptr
+	exKind                  string
+	posK                    uintptr // int32 [K] = 0..K-1: a one-row step's combine order
+	posDev                  uintptr // int32: the recorded step's position
+
+	// NoGraphs turns off recording and replaying the decode step (one row
+	// per step): every op is then launched from the host.
+	NoGraphs bool
+	graphing bool // a decode step is being recorded
+	// Replays and the kernels they ran, for the launch counts.
+	replays, replayed uint64
 
 	// Device scratch.
 	scratch                  cuda.Buf
@@ -81,7 +98,7 @@ type Runner struct {
 	plog                   cuda.Host
 	offX, offCos, offSin   int
 	offIds, offW, offGidx  int
-	offPos, offAm          int
+	offPos, offAm, offPosW int
 
 	// Host grouping of a step's rows by expert.
 	slot, distinct, base, nrows []int
@@ -359,6 +376,48 @@ func (r *Runner) upload() error {
 	for i, o := range offs {
 		r.experts[i] = expert{o[0].at(ebuf.Ptr), o[1].at(ebuf.Ptr), o[2].at(ebuf.Ptr)}
 	}
+	switch r.experts[0].gate.kind {
+	case format.Q4:
+		r.exKind = "q4"
+	case format.Q8:
+		r.exKind = "q8"
+	case format.BF16:
+		r.exKind = "bf16"
+	}
+	// The address tables, one [E][3] per layer and matrix, and the
+	// constant combine order of a one-row step.
+	tabs := make([]uint64, 3*len(r.experts)*3)
+	for i, ex := range r.experts {
+		for j, m := range []mat{ex.gate, ex.up, ex.down} {
+			t := tabs[j*3*len(r.experts)+3*i:]
+			if m.kind == format.Q4 || m.kind == format.Q8 {
+				t[0], t[1], t[2] = uint64(m.q), uint64(m.s), uint64(m.b)
+			} else {
+				t[0] = uint64(m.p)
+			}
+		}
+	}
+	posK := make([]int32, r.K+1)
+	for k := range r.K {
+		posK[k] = int32(k)
+	}
+	var ta arena
+	toff := ta.put(bytesOf(tabs))
+	poff := ta.put(bytesOf(posK))
+	tbuf, err := ta.commit(r.Dev)
+	if err != nil {
+		return err
+	}
+	r.weights = append(r.weights, tbuf)
+	per := 3 * r.E * 8 // bytes of one layer's table
+	for l := 0; l < nl; l++ {
+		base := tbuf.Ptr + uintptr(toff)
+		r.tabGate = append(r.tabGate, base+uintptr(l*per))
+		r.tabUp = append(r.tabUp, base+uintptr(len(r.experts)*3*8+l*per))
+		r.tabDown = append(r.tabDown, base+uintptr(2*len(r.experts)*3*8+l*per))
+	}
+	r.posK = tbuf.Ptr + uintptr(poff)
+	r.posDev = tbuf.Ptr + uintptr(poff) + uintptr(4*r.K) // the spare word after posK
 	return nil
 }
 
@@ -431,7 +490,7 @@ func (r *Runner) alloc() error {
 	var hw int
 	h := func(words int) int { off := hw; hw += (words + 15) &^ 15; return off * 4 }
 	r.offX, r.offCos, r.offSin = h(R*H), h(R*rh), h(R*rh)
-	r.offIds, r.offW, r.offGidx, r.offPos, r.offAm = h(R*K), h(R*K), h(R*K), h(R*K), h(R)
+	r.offIds, r.offW, r.offGidx, r.offPos, r.offAm, r.offPosW = h(R*K), h(R*K), h(R*K), h(R*K), h(R), h(1)
 	if r.pin, err = r.Dev.AllocHost(hw * 4); err != nil {
 		return err
 	}
@@ -471,6 +530,7 @@ func (r *Runner) Close() {
 		r.Dev.Sync()
 		r.mu.Lock()
 		for k, ds := range r.states {
+			r.Dev.DestroyGraph(ds.graph)
 			r.Dev.Free(ds.buf)
 			delete(r.states, k)
 		}
@@ -497,12 +557,24 @@ func (r *Runner) Close() {
 // Rows is the most rows a step takes.
 func (r *Runner) Rows() int { return r.maxRows }
 
-// Launches is the number of kernels launched so far.
+// Launches is the number of launches the host made so far: kernels, and
+// replays of recorded steps (one each).
 func (r *Runner) Launches() uint64 {
 	var n uint64
-	r.Dev.Do(func() error { n = r.Dev.Launches; return nil })
+	r.Dev.Do(func() error { n = r.Dev.Launches + r.replays; return nil })
 	return n
 }
+
+// Kernels is the number of kernels run so far, launched or replayed.
+func (r *Runner) Kernels() uint64 {
+	var n uint64
+	r.Dev.Do(func() error { n = r.Dev.Launches + r.replayed; return nil })
+	return n
+}
+
+// SetGraphs turns recording and replaying the one-row step on or off
+// (on by default).
+func (r *Runner) SetGraphs(on bool) { r.NoGraphs = !on }
 
 // state returns st's device state, allocating it on first use (once per
 // sequence state, never per step). A device state is freed when st is
@@ -568,7 +640,10 @@ func (r *Runner) release(wp weak.Pointer[model.State]) {
 	delete(r.states, wp)
 	r.mu.Unlock()
 	if ds != nil && r.scratch.Ptr != 0 {
-		r.Dev.Do(func() error { return r.Dev.Free(ds.buf) })
+		r.Dev.Do(func() error {
+			r.Dev.DestroyGraph(ds.graph)
+			return r.Dev.Free(ds.buf)
+		})
 	}
 }
 
@@ -684,31 +759,42 @@ func (r *Runner) step(ds *dstate, st *model.State, tokens []int, logits []float3
 		r.check(r.Dev.UploadAsync(r.cos, r.pin, r.offCos, 4*nb*rh, r.s))
 		r.check(r.Dev.UploadAsync(r.sin, r.pin, r.offSin, 4*nb*rh, r.s))
 	}
-	if err := a.Forward(r); err != nil {
-		return err
-	}
-	if r.err != nil {
-		return r.err
-	}
-	r.mark("lm_head")
-	n := &a.Norm
-	r.check(r.k.RMSNorm(r.s, r.final, r.x, r.y, r.vecs[&n.W[0]], nb, H, H, n.Eps, n.ZeroCentred))
-	lm := r.mats[&a.LMHead]
-	switch {
-	case argmax:
-		r.mul(r.logits, lm, r.final+uintptr(4*(nb-1)*H), 1, H)
-		r.check(r.k.Argmax(r.s, r.logits, r.am, 1, V))
-		r.mark("download")
-		r.check(r.Dev.DownloadAsync(r.pin, r.offAm, r.am, 4, r.s))
-	case logits == nil:
-	case all:
-		r.mul(r.logits, lm, r.final, nb, H)
-		r.mark("download")
-		r.check(r.Dev.DownloadAsync(r.plog, 0, r.logits, 4*nb*V, r.s))
-	default:
-		r.mul(r.logits, lm, r.final+uintptr(4*(nb-1)*H), 1, H)
-		r.mark("download")
-		r.check(r.Dev.DownloadAsync(r.plog, 0, r.logits, 4*V, r.s))
+	if nb == 1 && !r.NoGraphs && r.prof == nil && r.exKind != "" && (argmax || logits != nil) {
+		// A one-row step is recorded once per sequence state and replayed:
+		// its position goes to the device, which reads it in the cache
+		// append and the attention, and the experts are multiplied on the
+		// router's choice without a round trip to the host.
+		*(*int32)(unsafe.Pointer(&r.pin.Slice()[r.offPosW])) = int32(st.Pos)
+		r.check(r.Dev.UploadAsync(r.posDev, r.pin, r.offPosW, 4, r.s))
+		if ds.graph == nil {
+			if err := r.record(ds); err != nil {
+				return err
+			}
+		}
+		r.check(r.Dev.LaunchGraph(ds.graph, r.s))
+		r.replays++
+		r.replayed += ds.nodes
+		if argmax {
+			r.check(r.Dev.DownloadAsync(r.pin, r.offAm, r.am, 4, r.s))
+		} else {
+			r.check(r.Dev.DownloadAsync(r.plog, 0, r.logits, 4*V, r.s))
+		}
+	} else {
+		if err := r.tail(nb, argmax, logits != nil, all); err != nil {
+			return err
+		}
+		switch {
+		case argmax:
+			r.mark("download")
+			r.check(r.Dev.DownloadAsync(r.pin, r.offAm, r.am, 4, r.s))
+		case logits == nil:
+		case all:
+			r.mark("download")
+			r.check(r.Dev.DownloadAsync(r.plog, 0, r.logits, 4*nb*V, r.s))
+		default:
+			r.mark("download")
+			r.check(r.Dev.DownloadAsync(r.plog, 0, r.logits, 4*V, r.s))
+		}
 	}
 	r.mark("")
 	if err := r.Dev.SyncStream(r.s); err != nil {
@@ -723,6 +809,59 @@ func (r *Runner) step(ds *dstate, st *model.State, tokens []int, logits []float3
 	}
 	st.Pos += nb
 	ds.pos = st.Pos
+	return nil
+}
+
+// tail queues the forward from the rows in x to the logits (and, for
+// argmax, the last row's greedy choice).
+func (r *Runner) tail(nb int, argmax, logits, all bool) error {
+	a := r.M.Arch
+	H, V := r.H, r.V
+	if err := a.Forward(r); err != nil {
+		return err
+	}
+	if r.err != nil {
+		return r.err
+	}
+	r.mark("lm_head")
+	n := &a.Norm
+	r.check(r.k.RMSNorm(r.s, r.final, r.x, r.y, r.vecs[&n.W[0]], nb, H, H, n.Eps, n.ZeroCentred))
+	lm := r.mats[&a.LMHead]
+	switch {
+	case all && logits:
+		r.mul(r.logits, lm, r.final, nb, H)
+	case argmax || logits:
+		r.mul(r.logits, lm, r.final+uintptr(4*(nb-1)*H), 1, H)
+	}
+	if argmax {
+		r.check(r.k.Argmax(r.s, r.logits, r.am, 1, V))
+	}
+	return r.err
+}
+
+// record captures a one-row step over ds's buffers into ds.graph: the
+// forward, the last row's logits and their argmax.
+func (r *Runner) record(ds *dstate) error {
+	if err := r.Dev.BeginCapture(r.s); err != nil {
+		return err
+	}
+	r.graphing = true
+	l0 := r.Dev.Launches
+	err := r.tail(1, true, true, false)
+	r.graphing = false
+	nodes := r.Dev.Launches - l0
+	r.Dev.Launches = l0 // recorded, not launched
+	g, err2 := r.Dev.EndCapture(r.s)
+	if err == nil {
+		err = err2
+	}
+	if err != nil {
+		if g != nil {
+			r.Dev.DestroyGraph(g)
+		}
+		return fmt.Errorf("gpu: recording the decode step: %w", err)
+	}
+	ds.graph, ds.nodes = g, nodes
 	return nil
 }
 
@@ -823,6 +962,10 @@ func (r *Runner) Prep(L *block.Attn, cache int) {
 		r.check(r.k.Rope(r.s, r.kk, r.cos, r.sin, nb, L.KVHeads, kvw, hd, rh))
 	}
 	ds := r.cur
+	if r.graphing {
+		r.check(r.k.KVAppend(r.s, ds.kc[cache], ds.vc[cache], r.kk, r.v, r.posDev, kvw))
+		return
+	}
 	r.check(r.Dev.CopyDAsync(ds.kc[cache]+uintptr(4*r.pos*kvw), r.kk, 4*nb*kvw, r.s))
 	r.check(r.Dev.CopyDAsync(ds.vc[cache]+uintptr(4*r.pos*kvw), r.v, 4*nb*kvw, r.s))
 }
@@ -832,9 +975,13 @@ func (r *Runner) Attend(L *block.Attn, cache int) {
 	r.mark("attend")
 	qw, qstride := qwidth(L)
 	ds := r.cur
-	r.check(r.k.Attend(r.s, r.o, r.q, ds.kc[cache], ds.vc[cache], r.attS, cuda.Attn{Pos: r.pos, Rows: r.nb,
+	at := cuda.Attn{Pos: r.pos, Rows: r.nb,
 		Heads: L.Heads, KVHeads: L.KVHeads, HeadDim: L.HeadDim, QRow: qw, QHead: qstride, ORow: L.Heads * L.HeadDim,
-		Scale: L.Scale, Gated: L.Gate}))
+		Scale: L.Scale, Gated: L.Gate}
+	if r.graphing {
+		at.PosDev, at.MaxPos = r.posDev, ds.ctx
+	}
+	r.check(r.k.Attend(r.s, r.o, r.q, ds.kc[cache], ds.vc[cache], r.attS, at))
 }
 
 // AttnOut implements block.Backend.
@@ -911,6 +1058,11 @@ func (r *Runner) Route(m *block.MoE) {
 // its rows, its outputs landing in consecutive rows of outk.
 func (r *Runner) Experts(m *block.MoE) error {
 	nb, K, H, I := r.nb, r.K, r.H, r.I
+	if r.graphing {
+		r.expertsOnDevice(m)
+		r.shared1(m)
+		return r.err
+	}
 	r.mark("route_sync")
 	r.check(r.Dev.DownloadAsync(r.pin, r.offIds, r.ids, 4*nb*K, r.s))
 	if err := r.Dev.SyncStream(r.s); err != nil {
@@ -961,6 +1113,33 @@ func (r *Runner) Experts(m *block.MoE) error {
 		b, rows := r.base[di], r.nrows[di]
 		r.mulPrepared(r.outk+uintptr(4*b*H), exps[e].down, a, b, rows)
 	}
+	r.shared1(m)
+	return r.err
+}
+
+// expertsOnDevice multiplies the one row's experts on the router's choice
+// on the device (recorded steps): slot k's outputs land in row k of outk,
+// which is where the host's grouping puts them for one row too.
+func (r *Runner) expertsOnDevice(m *block.MoE) {
+	K, H, I := r.K, r.H, r.I
+	l := m.Layer
+	x8 := cuda.Acts{X: r.h, X8: r.x8, XS: r.xs, XSum: r.xsum, Rows: 1, Cols: H}
+	if r.exKind != "bf16" {
+		r.check(r.k.PrepQ4(r.s, x8))
+	}
+	r.check(r.k.MatEx(r.s, r.exKind, r.g, r.tabGate[l], r.ids, I, x8, K, false))
+	r.check(r.k.MatEx(r.s, r.exKind, r.u, r.tabUp[l], r.ids, I, x8, K, false))
+	r.check(r.k.SwiGLU(r.s, r.g, r.g, r.u, K*I))
+	g8 := cuda.Acts{X: r.g, X8: r.x8, XS: r.xs, XSum: r.xsum, Rows: K, Cols: I}
+	if r.exKind != "bf16" {
+		r.check(r.k.PrepQ4(r.s, g8))
+	}
+	r.check(r.k.MatEx(r.s, r.exKind, r.outk, r.tabDown[l], r.ids, H, g8, K, true))
+}
+
+// shared1 computes the shared expert and its gate of every row.
+func (r *Runner) shared1(m *block.MoE) {
+	nb, H := r.nb, r.H
 	if sh := m.Shared; sh != nil {
 		r.mark("shared")
 		gw := r.wmat(&sh.Gate)
@@ -973,7 +1152,6 @@ func (r *Runner) Experts(m *block.MoE) error {
 			r.mul(r.sgate, r.wmat(&m.SharedGate), r.h, nb, H)
 		}
 	}
-	return r.err
 }
 
 // Combine implements block.Backend.
@@ -986,7 +1164,11 @@ func (r *Runner) Combine(m *block.MoE) {
 			mode = 2
 		}
 	}
-	r.check(r.k.MoECombine(r.s, r.y, r.outk, r.posd, r.w, r.shared, r.sgate, r.nb, r.K, r.H, mode))
+	pos := r.posd
+	if r.graphing {
+		pos = r.posK
+	}
+	r.check(r.k.MoECombine(r.s, r.y, r.outk, pos, r.w, r.shared, r.sgate, r.nb, r.K, r.H, mode))
 }
 
 // Dense implements block.Backend (no GPU family has dense layers yet).

@@ -248,8 +248,14 @@ func TestGPUBatchInvariance(t *testing.T) {
 				c := refs(t, name).Cases[0]
 				want := all(t, open(t, dir, "cuda", 128), c.Prompt)
 				V := len(want) / len(c.Prompt)
-				for _, rows := range []int{1, 7, 13} {
-					got := all(t, open(t, dir, "cuda", rows), c.Prompt)
+				// rows 1 runs every token as a recorded, replayed step;
+				// rows -1 runs them one by one launched from the host.
+				for _, rows := range []int{1, -1, 7, 13} {
+					e := open(t, dir, "cuda", max(rows, 1))
+					if rows < 0 {
+						e.Fwd.(interface{ SetGraphs(bool) }).SetGraphs(false)
+					}
+					got := all(t, e, c.Prompt)
 					for i := range want {
 						if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
 							t.Fatalf("rows %d: logit %d (pos %d) = %v, one batch %v", rows, i, i/V, got[i], want[i])
@@ -333,13 +339,15 @@ func TestGPUSpeed(t *testing.T) {
 		for _, bits := range []int{4, 16} {
 			t.Run(fmt.Sprintf("%s/%d", name, bits), func(t *testing.T) {
 				dir := packed(t, name, bits)
-				engines := []*engine.Engine{open(t, dir, "cuda", 256), open(t, dir, "cpu", 256)}
+				engines := []*engine.Engine{open(t, dir, "cuda", 256), open(t, dir, "cuda", 256), open(t, dir, "cpu", 256)}
+				engines[1].Fwd.(interface{ SetGraphs(bool) }).SetGraphs(false)
+				label := []string{"GPU graphs", "GPU launches", "CPU"}
 				rng := rand.New(rand.NewPCG(1, 2))
 				prompt := make([]int, 512)
 				for i := range prompt {
 					prompt[i] = rng.IntN(engines[0].Model.Config.Vocab - 8)
 				}
-				res := make([][3][]float64, 2) // per engine: prefill tok/s, decode tok/s, launches per token
+				res := make([][3][]float64, len(engines)) // per engine: prefill tok/s, decode tok/s, launches per token
 				for trial := 0; trial <= 3; trial++ {
 					for i, e := range engines {
 						pre, dec, lpt := speedTrial(t, e, prompt, 128)
@@ -351,11 +359,11 @@ func TestGPUSpeed(t *testing.T) {
 					}
 				}
 				for i, e := range engines {
-					fmt.Printf("speed: %s bits %d device %-24s threads %d: prefill 512 %.0f tok/s, decode 128 %.0f tok/s (medians of 3: %v / %v), launches per decode token %.0f\n",
-						name, bits, e.Device, e.Runner.Pool.Threads(), median(res[i][0]), median(res[i][1]), round(res[i][0]), round(res[i][1]), median(res[i][2]))
+					fmt.Printf("speed: %s bits %d %-12s %-24s threads %d: prefill 512 %.0f tok/s, decode 128 %.0f tok/s (medians of 3: %v / %v), launches per decode token %.0f\n",
+						name, bits, label[i], e.Device, e.Runner.Pool.Threads(), median(res[i][0]), median(res[i][1]), round(res[i][0]), round(res[i][1]), median(res[i][2]))
 				}
-				fmt.Printf("speed: %s bits %d GPU/CPU: prefill %.2fx, decode %.2fx\n", name, bits,
-					median(res[0][0])/median(res[1][0]), median(res[0][1])/median(res[1][1]))
+				fmt.Printf("speed: %s bits %d GPU/CPU: prefill %.2fx, decode %.2fx (graphs), %.2fx (launches)\n", name, bits,
+					median(res[0][0])/median(res[2][0]), median(res[0][1])/median(res[2][1]), median(res[1][1])/median(res[2][1]))
 				if p, ok := engines[0].Fwd.(engine.Profiler); ok {
 					if err := p.EnableProfile(8192); err != nil {
 						t.Fatal(err)

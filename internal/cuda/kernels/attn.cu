@@ -24,12 +24,17 @@
 #define ATT_CHUNK 256
 #define ATT_MAX_CHUNKS 1024
 
+// With posp set, pos is read from the device (a step replayed from a
+// graph) and nc, the grid's chunk count, covers the longest context; the
+// chunks past a row's position return at once, as they always did.
+//
 // part holds, per (row, head, chunk), hd floats of o_c, then m_c and l_c:
 // part + ((i·nh + h)·nc + c)·(hd+2); nc = chunks of the longest row.
 extern "C" __global__ void __launch_bounds__(ATT_THREADS)
 attend_part(float* __restrict__ part, const float* __restrict__ q, const float* __restrict__ kc,
             const float* __restrict__ vc, int pos, int nh, int nkv, int hd, int qRow, int qHead, int kvw, float scale,
-            int nc) {
+            int nc, const int* __restrict__ posp) {
+    if (posp != nullptr) pos = *posp; // a recorded step reads its position on the device
     extern __shared__ float qs[]; // [hd]
     __shared__ float sc[ATT_CHUNK];
     __shared__ float red[ATT_THREADS / 32];
@@ -104,7 +109,8 @@ attend_part(float* __restrict__ part, const float* __restrict__ q, const float* 
 
 extern "C" __global__ void __launch_bounds__(ATT_THREADS)
 attend_combine(float* __restrict__ o, const float* __restrict__ part, const float* __restrict__ q, int pos, int nh,
-               int hd, int qRow, int qHead, int oRow, int nc, int gated) {
+               int hd, int qRow, int qHead, int oRow, int nc, int gated, const int* __restrict__ posp) {
+    if (posp != nullptr) pos = *posp;
     __shared__ float w[ATT_MAX_CHUNKS];
     __shared__ float inv;
     int h = blockIdx.x, i = blockIdx.y;

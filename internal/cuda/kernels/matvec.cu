@@ -396,3 +396,44 @@ extern "C" __global__ void __launch_bounds__(128) q4_mma(const uint8_t* __restri
     if (vB && v0) out[(size_t)r0 * O + oB] = acc10;
     if (vB && v1) out[(size_t)r1 * O + oB] = acc11;
 }
+
+// The expert products of a decode step, for replay from a graph (no host
+// round trip for the router's choice): slot k = blockIdx.y multiplies the
+// matrix of expert ids[k], whose addresses are tab[3·ids[k] ..] (codes,
+// scales, biases; bf16: values), with activation row k (xsel 1) or row 0
+// (xsel 0: every slot reads the layer's input) into out row k. The rows
+// are those of the one-row kernels (q4_mv2, q8_mv, bf16_mv), so the bits
+// are theirs: the templates address row r0 = blockIdx.y, and the
+// activations are offset back by k rows when every slot reads row 0.
+extern "C" __global__ void __launch_bounds__(256, 6) q4_ex(const unsigned long long* __restrict__ tab,
+                                                           const int* __restrict__ ids, const int8_t* x8,
+                                                           const float* xs, const float* xsum, float* out, int O,
+                                                           int C, int nk, int xsel) {
+    int k = blockIdx.y;
+    const unsigned long long* t = tab + 3 * (size_t)ids[k];
+    size_t back = xsel ? 0 : (size_t)k;
+    size_t ng = C >> 6;
+    q4_rows<1, 2>((const uint8_t*)t[0], (const float*)t[1], (const float*)t[2], x8 - back * C, xs - back * ng,
+                  xsum - back * ng, out, O, C, nk);
+}
+
+extern "C" __global__ void __launch_bounds__(256) q8_ex(const unsigned long long* __restrict__ tab,
+                                                        const int* __restrict__ ids, const float* x,
+                                                        const float* xsum, float* out, int O, int C, int nk,
+                                                        int xsel) {
+    int k = blockIdx.y;
+    const unsigned long long* t = tab + 3 * (size_t)ids[k];
+    size_t back = xsel ? 0 : (size_t)k;
+    size_t ng = C >> 6;
+    q8_rows<1>((const uint8_t*)t[0], (const float*)t[1], (const float*)t[2], x - back * C, xsum - back * ng, out, O, C,
+               nk);
+}
+
+extern "C" __global__ void __launch_bounds__(256) bf16_ex(const unsigned long long* __restrict__ tab,
+                                                          const int* __restrict__ ids, const float* x, float* out,
+                                                          int O, int C, int nk, int xsel) {
+    int k = blockIdx.y;
+    const unsigned long long* t = tab + 3 * (size_t)ids[k];
+    size_t back = xsel ? 0 : (size_t)k;
+    bf16_rows<1>((const uint16_t*)t[0], x - back * C, out, O, C, nk);
+}
