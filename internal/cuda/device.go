@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"sync"
 	"unsafe"
 
 	"github.com/ebitengine/purego"
@@ -30,7 +31,7 @@ type Device struct {
 	Info
 	dev  int32
 	ctx  uintptr
-	reqs chan func()
+	reqs chan *request
 	// arena is page-locked host memory for the pointers and values the
 	// driver reads or writes during a call (out-parameters, kernel
 	// arguments), so no Go pointer is ever handed to C and a launch
@@ -78,7 +79,7 @@ func Open(ordinal int) (*Device, error) {
 	if ordinal < 0 || ordinal >= n {
 		return nil, fmt.Errorf("cuda: no GPU %d (%d present)", ordinal, n)
 	}
-	d := &Device{reqs: make(chan func())}
+	d := &Device{reqs: make(chan *request)}
 	d.Ordinal = ordinal
 	errc := make(chan error)
 	go d.owner(errc)
@@ -97,8 +98,9 @@ func (d *Device) owner(errc chan<- error) {
 		return
 	}
 	errc <- nil
-	for f := range d.reqs {
-		f()
+	for q := range d.reqs {
+		q.err = q.run()
+		q.done <- struct{}{}
 	}
 }
 
@@ -164,19 +166,34 @@ func (d *Device) setup() error {
 // error. Every other method must be called from inside f; f must not call
 // Do itself (it would wait for itself).
 func (d *Device) Do(f func() error) error {
-	var err error
-	done := make(chan struct{})
-	d.reqs <- func() {
-		defer close(done)
-		defer func() {
-			if p := recover(); p != nil {
-				err = fmt.Errorf("cuda: panic on the device thread: %v", p)
-			}
-		}()
-		err = f()
-	}
-	<-done
+	q := requests.Get().(*request)
+	q.f = f
+	d.reqs <- q
+	<-q.done
+	err := q.err
+	q.f, q.err = nil, nil
+	requests.Put(q)
 	return err
+}
+
+// request is one Do call in flight; they are recycled, so that a Do whose
+// f is not a fresh closure allocates nothing (a decode step's).
+type request struct {
+	f    func() error
+	err  error
+	done chan struct{}
+}
+
+var requests = sync.Pool{New: func() any { return &request{done: make(chan struct{}, 1)} }}
+
+// run calls f on the owner thread, turning a panic into an error.
+func (q *request) run() (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("cuda: panic on the device thread: %v", p)
+		}
+	}()
+	return q.f()
 }
 
 // Close synchronises, frees the arena, releases the primary context and

@@ -113,6 +113,19 @@ type Runner struct {
 	err     error
 
 	prof *profile // phase timing, nil unless EnableProfile
+
+	// The forward call in flight, for fwdFn (a method value made once, so
+	// that handing a step to the device thread allocates nothing).
+	fa    fwdArgs
+	fwdFn func() error
+}
+
+type fwdArgs struct {
+	st          *model.State
+	tokens      []int
+	out         []float32
+	all, argmax bool
+	best        int
 }
 
 var _ block.Backend = (*Runner)(nil)
@@ -169,6 +182,7 @@ func New(dev *cuda.Device, m *model.Model, maxRows, ctx int) (*Runner, error) {
 	r := &Runner{M: m, Dev: dev, maxRows: max(maxRows, 1), ctx: max(ctx, 1), H: c.Hidden, V: c.Vocab, E: c.Experts, K: c.TopK,
 		I: c.MoEInter, mats: map[*block.Weight]mat{}, vecs: map[*float32]uintptr{},
 		states: map[weak.Pointer[model.State]]*dstate{}}
+	r.fwdFn = r.doForward
 	err := dev.Do(func() error {
 		free, _, err := dev.MemInfo()
 		if err != nil {
@@ -678,42 +692,49 @@ func (r *Runner) forward(st *model.State, tokens []int, out []float32, all, argm
 	if !argmax && (all && len(out) < len(tokens)*V || !all && len(out) < V) {
 		return 0, fmt.Errorf("forward: logits buffer too small")
 	}
-	var best int
-	err := r.Dev.Do(func() error {
-		ds, err := r.state(st)
-		if err != nil {
+	r.fa = fwdArgs{st: st, tokens: tokens, out: out, all: all, argmax: argmax}
+	err := r.Dev.Do(r.fwdFn)
+	best := r.fa.best
+	r.fa = fwdArgs{}
+	return best, err
+}
+
+// doForward runs r.fa on the device thread.
+func (r *Runner) doForward() error {
+	st, tokens, out, all, argmax := r.fa.st, r.fa.tokens, r.fa.out, r.fa.all, r.fa.argmax
+	V := r.V
+	ds, err := r.state(st)
+	if err != nil {
+		return err
+	}
+	if st.Pos == 0 {
+		if err := r.reset(ds); err != nil {
 			return err
 		}
-		if st.Pos == 0 {
-			if err := r.reset(ds); err != nil {
-				return err
-			}
-		} else if ds.pos != st.Pos {
-			return fmt.Errorf("gpu: the sequence state is at position %d but its GPU copy at %d: copying, restoring or rolling back sequence states (prefix cache, speculative decoding) is not available on the GPU yet", st.Pos, ds.pos)
+	} else if ds.pos != st.Pos {
+		return fmt.Errorf("gpu: the sequence state is at position %d but its GPU copy at %d: copying, restoring or rolling back sequence states (prefix cache, speculative decoding) is not available on the GPU yet", st.Pos, ds.pos)
+	}
+	for done := 0; done < len(tokens); {
+		nb := min(r.maxRows, len(tokens)-done)
+		last := done+nb == len(tokens)
+		var dst []float32
+		switch {
+		case argmax:
+		case all:
+			dst = out[done*V : (done+nb)*V]
+		case last:
+			dst = out[:V]
 		}
-		for done := 0; done < len(tokens); {
-			nb := min(r.maxRows, len(tokens)-done)
-			last := done+nb == len(tokens)
-			var dst []float32
-			switch {
-			case argmax:
-			case all:
-				dst = out[done*V : (done+nb)*V]
-			case last:
-				dst = out[:V]
-			}
-			if err := r.step(ds, st, tokens[done:done+nb], dst, all, argmax && last); err != nil {
-				ds.pos = -2 // unknown: the next step must start a sequence over
-				return err
-			}
-			done += nb
+		if err := r.step(ds, st, tokens[done:done+nb], dst, all, argmax && last); err != nil {
+			ds.pos = -2 // unknown: the next step must start a sequence over
+			return err
 		}
-		if argmax {
-			best = int(r.pam[0])
-		}
-		return nil
-	})
-	return best, err
+		done += nb
+	}
+	if argmax {
+		r.fa.best = int(r.pam[0])
+	}
+	return nil
 }
 
 // reset zeroes a sequence's DeltaNet state for position 0.

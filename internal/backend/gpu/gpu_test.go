@@ -19,6 +19,7 @@ import (
 
 	"github.com/sluicelm/sluice/internal/cuda"
 	"github.com/sluicelm/sluice/internal/engine"
+	"github.com/sluicelm/sluice/internal/model"
 	"github.com/sluicelm/sluice/internal/pack"
 	"github.com/sluicelm/sluice/internal/sample"
 	"github.com/sluicelm/sluice/internal/testutil"
@@ -419,4 +420,39 @@ func round(v []float64) []float64 {
 		out[i] = math.Round(x)
 	}
 	return out
+}
+
+// TestGPUDecodeAllocs: a decode step on the GPU allocates nothing on the
+// host (the device's memory is all allocated when the model and the
+// sequence state first run).
+func TestGPUDecodeAllocs(t *testing.T) {
+	needGPU(t)
+	name := gpuModels[0]
+	e := open(t, packed(t, name, 4), "cuda", 64)
+	am, ok := e.Fwd.(interface {
+		ForwardArgmax(st *model.State, tokens []int) (int, error)
+	})
+	if !ok {
+		t.Fatal("the GPU forward has no ForwardArgmax")
+	}
+	st, _ := e.NewState()
+	c := refs(t, name).Cases[0]
+	next, err := am.ForwardArgmax(st, c.Prompt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok := []int{next}
+	for _, graphs := range []bool{true, false} {
+		e.Fwd.(interface{ SetGraphs(bool) }).SetGraphs(graphs)
+		var ferr error
+		allocs := testing.AllocsPerRun(20, func() {
+			tok[0], ferr = am.ForwardArgmax(st, tok)
+		})
+		if ferr != nil {
+			t.Fatal(ferr)
+		}
+		if allocs != 0 {
+			t.Errorf("graphs %v: a decode step allocates %.1f times", graphs, allocs)
+		}
+	}
 }
