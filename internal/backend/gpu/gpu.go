@@ -780,7 +780,7 @@ func (r *Runner) step(ds *dstate, st *model.State, tokens []int, logits []float3
 		r.check(r.Dev.UploadAsync(r.cos, r.pin, r.offCos, 4*nb*rh, r.s))
 		r.check(r.Dev.UploadAsync(r.sin, r.pin, r.offSin, 4*nb*rh, r.s))
 	}
-	if nb == 1 && !r.NoGraphs && r.prof == nil && r.exKind != "" && (argmax || logits != nil) {
+	if nb == 1 && !r.NoGraphs && r.exKind != "" && (argmax || logits != nil) {
 		// A one-row step is recorded once per sequence state and replayed:
 		// its position goes to the device, which reads it in the cache
 		// append and the attention, and the experts are multiplied on the
@@ -792,9 +792,11 @@ func (r *Runner) step(ds *dstate, st *model.State, tokens []int, logits []float3
 				return err
 			}
 		}
+		r.mark("graph")
 		r.check(r.Dev.LaunchGraph(ds.graph, r.s))
 		r.replays++
 		r.replayed += ds.nodes
+		r.mark("download")
 		if argmax {
 			r.check(r.Dev.DownloadAsync(r.pin, r.offAm, r.am, 4, r.s))
 		} else {

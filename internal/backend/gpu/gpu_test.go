@@ -365,12 +365,14 @@ func TestGPUSpeed(t *testing.T) {
 				}
 				fmt.Printf("speed: %s bits %d GPU/CPU: prefill %.2fx, decode %.2fx (graphs), %.2fx (launches)\n", name, bits,
 					median(res[0][0])/median(res[2][0]), median(res[0][1])/median(res[2][1]), median(res[1][1])/median(res[2][1]))
-				if p, ok := engines[0].Fwd.(engine.Profiler); ok {
-					if err := p.EnableProfile(8192); err != nil {
-						t.Fatal(err)
+				for i, e := range engines[:2] {
+					if p, ok := e.Fwd.(engine.Profiler); ok {
+						if err := p.EnableProfile(8192); err != nil {
+							t.Fatal(err)
+						}
+						speedTrial(t, e, prompt, 129) // the decode resets the totals first
+						fmt.Printf("speed: %s bits %d decode, %s: %s", name, bits, label[i], p.Profile())
 					}
-					speedTrial(t, engines[0], prompt, 129) // the decode resets the totals first
-					fmt.Printf("speed: %s bits %d decode %s", name, bits, p.Profile())
 				}
 			})
 		}

@@ -12,7 +12,9 @@ import (
 // recorded on the stream where a phase begins, and after the step the
 // time between consecutive events is added to the phase's total. It
 // serialises nothing but costs one event record per op, so it is off
-// unless asked for.
+// unless asked for. A replayed step is one phase, "graph"; with graphs
+// off (SetGraphs) each op is timed, including the gaps in which the
+// device waits for the host's next launch.
 type profile struct {
 	ev    []cuda.Event
 	names []string
@@ -52,8 +54,8 @@ func (r *Runner) ResetProfile() {
 // mark begins phase name ("" ends the step).
 func (r *Runner) mark(name string) {
 	p := r.prof
-	if p == nil || p.n >= len(p.ev) {
-		return
+	if p == nil || p.n >= len(p.ev) || r.graphing {
+		return // a step being recorded is timed as one replay
 	}
 	r.check(r.Dev.Record(p.ev[p.n], r.s))
 	p.names[p.n] = name
