@@ -26,6 +26,7 @@ func cmdBench(ctx context.Context, args []string) error {
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the timed trials to this file")
 	genOnly := fs.Bool("profile-decode-only", false, "with --cpuprofile, profile only decode (prompt of 1 token)")
 	depth := fs.Int("depth", 0, "context tokens before the timed decode (0: decode from an empty context, as llama-bench's tg test does)")
+	graphs := fs.Bool("gpu-graphs", true, "on the GPU, record the one-row decode step as a CUDA graph and replay it (false: launch every kernel from the host)")
 	phases := fs.Bool("gpu-phases", false, "on the GPU, time the phases of the last trial's decode steps with CUDA events and print where the time goes (stderr)")
 	disk := fs.Bool("disk", false, "also measure the O_DIRECT random-read bandwidth of the expert store at the record size and queue depth in use")
 	if _, err := parse(fs, args); err != nil {
@@ -77,6 +78,9 @@ func cmdBench(ctx context.Context, args []string) error {
 	}
 	if *genOnly {
 		prompt, ctxToks = prompt[:1], prompt[:1]
+	}
+	if g, ok := e.Fwd.(interface{ SetGraphs(bool) }); ok {
+		g.SetGraphs(*graphs)
 	}
 	if *phases {
 		p, ok := e.Fwd.(engine.Profiler)
