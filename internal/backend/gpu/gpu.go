@@ -51,8 +51,8 @@ type dstate struct {
 // Runner is the CUDA backend of one model on one GPU. Like model.Runner it
 // serves one step at a time.
 type Runner struct {
-	M   *model.Model
-	Dev *cuda.Device
+	M   *model.Model // the model, whose blocks drive the backend
+	Dev *cuda.Device // the GPU; the caller owns it (Close leaves it open)
 	k   *cuda.Kernels
 	s   cuda.Stream
 
@@ -161,9 +161,9 @@ func Supported(m *model.Model) error {
 	return nil
 }
 
-// NeedBytes estimates the device memory m needs at rows rows per step:
-// dense weights, every expert, scratch (a sequence's state comes on top).
-func NeedBytes(m *model.Model, rows int) (dense, experts int64) {
+// NeedBytes is the device memory m's weights need: dense weights and every
+// expert (scratch and each sequence's state come on top).
+func NeedBytes(m *model.Model) (dense, experts int64) {
 	dense = m.Manifest.DenseBytes
 	for _, st := range m.Manifest.Stores[:1] {
 		experts = int64(m.Manifest.ExpertLayers) * int64(m.Manifest.Experts) * st.Stride
@@ -188,7 +188,7 @@ func New(dev *cuda.Device, m *model.Model, maxRows, ctx int) (*Runner, error) {
 		if err != nil {
 			return err
 		}
-		dense, exps := NeedBytes(m, r.maxRows)
+		dense, exps := NeedBytes(m)
 		if need := dense + exps + 256<<20; need > free {
 			return fmt.Errorf("the model needs %.2f GiB of GPU memory (dense %.2f GiB, experts %.2f GiB, plus scratch) and %s has %.2f GiB free; expert streaming on the GPU is not available yet (use --device cpu)",
 				gib(need), gib(dense), gib(exps), dev.Name, gib(free))
