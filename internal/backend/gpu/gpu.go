@@ -70,6 +70,8 @@ type Runner struct {
 	tabGate, tabUp, tabDown []uintptr
 	exKind                  string
 	posK                    uintptr // int32 [K] = 0..K-1: a one-row step's combine order
+	idsG                    uintptr // int32 [K+1]: a recorded step's experts, then E (the shared expert)
+	sharedSlot              bool    // the shared expert runs as slot K of a recorded step
 	posDev                  uintptr // int32: the recorded step's position
 
 	// NoGraphs turns off recording and replaying the decode step (one row
@@ -398,40 +400,68 @@ func (r *Runner) upload() error {
 	case format.BF16:
 		r.exKind = "bf16"
 	}
-	// The address tables, one [E][3] per layer and matrix, and the
-	// constant combine order of a one-row step.
-	tabs := make([]uint64, 3*len(r.experts)*3)
-	for i, ex := range r.experts {
-		for j, m := range []mat{ex.gate, ex.up, ex.down} {
-			t := tabs[j*3*len(r.experts)+3*i:]
-			if m.kind == format.Q4 || m.kind == format.Q8 {
-				t[0], t[1], t[2] = uint64(m.q), uint64(m.s), uint64(m.b)
-			} else {
-				t[0] = uint64(m.p)
-			}
+	// The shared expert joins the routed ones in a recorded step as entry
+	// E of every table (slot K, with id E), when it has their shape and
+	// kind: one launch per product serves both.
+	r.sharedSlot = true
+	for i := range a.Layers {
+		sh := a.Layers[i].MoE().Shared
+		if sh == nil || sh.Inter != r.I || r.wmat(&sh.Gate).kind != r.experts[0].gate.kind ||
+			r.wmat(&sh.Up).kind != r.experts[0].up.kind || r.wmat(&sh.Down).kind != r.experts[0].down.kind {
+			r.sharedSlot = false
 		}
 	}
-	posK := make([]int32, r.K+1)
+	// The address tables, one [E+1][3] per layer and matrix, the
+	// constant combine order of a one-row step and its ids (the router
+	// writes the first K; id E, the shared expert, stays in slot K).
+	E1 := r.E + 1
+	tabs := make([]uint64, 3*nl*E1*3)
+	put := func(j, l, e int, m mat) {
+		t := tabs[j*3*nl*E1+3*(l*E1+e):]
+		if m.kind == format.Q4 || m.kind == format.Q8 {
+			t[0], t[1], t[2] = uint64(m.q), uint64(m.s), uint64(m.b)
+		} else {
+			t[0] = uint64(m.p)
+		}
+	}
+	for l := 0; l < nl; l++ {
+		for e := 0; e < r.E; e++ {
+			ex := &r.experts[l*r.E+e]
+			put(0, l, e, ex.gate)
+			put(1, l, e, ex.up)
+			put(2, l, e, ex.down)
+		}
+		if sh := a.Layers[l].MoE().Shared; r.sharedSlot {
+			put(0, l, r.E, r.wmat(&sh.Gate))
+			put(1, l, r.E, r.wmat(&sh.Up))
+			put(2, l, r.E, r.wmat(&sh.Down))
+		}
+	}
+	posK := make([]int32, r.K+1) // 0..K-1, then the step's position
 	for k := range r.K {
 		posK[k] = int32(k)
 	}
+	idsG := make([]int32, r.K+1)
+	idsG[r.K] = int32(r.E)
 	var ta arena
 	toff := ta.put(bytesOf(tabs))
 	poff := ta.put(bytesOf(posK))
+	ioff := ta.put(bytesOf(idsG))
 	tbuf, err := ta.commit(r.Dev)
 	if err != nil {
 		return err
 	}
 	r.weights = append(r.weights, tbuf)
-	per := 3 * r.E * 8 // bytes of one layer's table
+	per := 3 * E1 * 8 // bytes of one layer's table
 	for l := 0; l < nl; l++ {
 		base := tbuf.Ptr + uintptr(toff)
 		r.tabGate = append(r.tabGate, base+uintptr(l*per))
-		r.tabUp = append(r.tabUp, base+uintptr(len(r.experts)*3*8+l*per))
-		r.tabDown = append(r.tabDown, base+uintptr(2*len(r.experts)*3*8+l*per))
+		r.tabUp = append(r.tabUp, base+uintptr(nl*per+l*per))
+		r.tabDown = append(r.tabDown, base+uintptr(2*nl*per+l*per))
 	}
 	r.posK = tbuf.Ptr + uintptr(poff)
 	r.posDev = tbuf.Ptr + uintptr(poff) + uintptr(4*r.K) // the spare word after posK
+	r.idsG = tbuf.Ptr + uintptr(ioff)
 	return nil
 }
 
@@ -446,7 +476,7 @@ func (r *Runner) alloc() error {
 	cd := 2*kd + vd
 	rh := r.M.Arch.Rope.Dim / 2
 	wide := max(H, c.Heads*c.HeadDim, vd, I)
-	acts := max(R*K*max(H, I), R*wide)
+	acts := max((R*K+1)*max(H, I), R*wide)
 	attS := cuda.AttendScratch(cuda.Attn{Pos: r.ctx, Rows: R, Heads: c.Heads, HeadDim: c.HeadDim})
 	var sz int
 	f := func(floats int) int { // reserve floats, 256-byte aligned
@@ -479,9 +509,9 @@ func (r *Runner) alloc() error {
 	add(&r.gidx, R*K)
 	add(&r.posd, R*K)
 	add(&r.gin, R*K*H)
-	add(&r.g, R*K*I)
-	add(&r.u, R*K*I)
-	add(&r.outk, R*K*H)
+	add(&r.g, (R*K+1)*I) // +1: the shared expert's row of a recorded step
+	add(&r.u, (R*K+1)*I)
+	add(&r.outk, (R*K+1)*H)
 	add(&r.sg, R*I)
 	add(&r.su, R*I)
 	add(&r.shared, R*H)
@@ -1072,7 +1102,11 @@ func (r *Runner) RouterLogits(m *block.MoE) {
 
 // Route implements block.Backend.
 func (r *Runner) Route(m *block.MoE) {
-	r.check(r.k.Route(r.s, r.rl, r.rl, r.ids, r.w, r.nb, r.E, r.K, m.NormTopK))
+	ids := r.ids
+	if r.graphing {
+		ids = r.idsG
+	}
+	r.check(r.k.Route(r.s, r.rl, r.rl, ids, r.w, r.nb, r.E, r.K, m.NormTopK))
 }
 
 // Experts implements block.Backend: the chosen experts come back to the
@@ -1083,7 +1117,11 @@ func (r *Runner) Experts(m *block.MoE) error {
 	nb, K, H, I := r.nb, r.K, r.H, r.I
 	if r.graphing {
 		r.expertsOnDevice(m)
-		r.shared1(m)
+		if !r.sharedSlot {
+			r.shared1(m)
+		} else if m.SharedGate.Present() {
+			r.mul(r.sgate, r.wmat(&m.SharedGate), r.h, 1, H)
+		}
 		return r.err
 	}
 	r.mark("route_sync")
@@ -1145,19 +1183,22 @@ func (r *Runner) Experts(m *block.MoE) error {
 // which is where the host's grouping puts them for one row too.
 func (r *Runner) expertsOnDevice(m *block.MoE) {
 	K, H, I := r.K, r.H, r.I
+	if m.Shared != nil && r.sharedSlot {
+		K++ // slot K: the shared expert, id E
+	}
 	l := m.Layer
 	x8 := cuda.Acts{X: r.h, X8: r.x8, XS: r.xs, XSum: r.xsum, Rows: 1, Cols: H}
 	if r.exKind != "bf16" {
 		r.check(r.k.PrepQ4(r.s, x8))
 	}
-	r.check(r.k.MatEx(r.s, r.exKind, r.g, r.tabGate[l], r.ids, I, x8, K, false))
-	r.check(r.k.MatEx(r.s, r.exKind, r.u, r.tabUp[l], r.ids, I, x8, K, false))
+	r.check(r.k.MatEx(r.s, r.exKind, r.g, r.tabGate[l], r.idsG, I, x8, K, false))
+	r.check(r.k.MatEx(r.s, r.exKind, r.u, r.tabUp[l], r.idsG, I, x8, K, false))
 	r.check(r.k.SwiGLU(r.s, r.g, r.g, r.u, K*I))
 	g8 := cuda.Acts{X: r.g, X8: r.x8, XS: r.xs, XSum: r.xsum, Rows: K, Cols: I}
 	if r.exKind != "bf16" {
 		r.check(r.k.PrepQ4(r.s, g8))
 	}
-	r.check(r.k.MatEx(r.s, r.exKind, r.outk, r.tabDown[l], r.ids, H, g8, K, true))
+	r.check(r.k.MatEx(r.s, r.exKind, r.outk, r.tabDown[l], r.idsG, H, g8, K, true))
 }
 
 // shared1 computes the shared expert and its gate of every row.
@@ -1187,11 +1228,14 @@ func (r *Runner) Combine(m *block.MoE) {
 			mode = 2
 		}
 	}
-	pos := r.posd
+	pos, shared := r.posd, r.shared
 	if r.graphing {
 		pos = r.posK
+		if r.sharedSlot {
+			shared = r.outk + uintptr(4*r.K*r.H) // slot K
+		}
 	}
-	r.check(r.k.MoECombine(r.s, r.y, r.outk, pos, r.w, r.shared, r.sgate, r.nb, r.K, r.H, mode))
+	r.check(r.k.MoECombine(r.s, r.y, r.outk, pos, r.w, shared, r.sgate, r.nb, r.K, r.H, mode))
 }
 
 // Dense implements block.Backend (no GPU family has dense layers yet).
