@@ -65,8 +65,39 @@ for prompt in ["def fibonacci(n):", "The quick brown fox", "import numpy as np\n
         print(f"  {dev}: top two {top[0]} {ll[top[0]]:.6f}, {top[1]} {ll[top[1]]:.6f}, gap {ll[top[0]] - ll[top[1]]:.2e}")
 PY
 	;;
+serve)
+	# sluice serve on the GPU: two concurrent chat requests and a
+	# completion, greedy; each answer against the CPU's serve.
+	export SLUICE_CACHE=${SLUICE_CACHE:-/tmp/sluice-cache}
+	S=$dir/sluice
+	for dev in cuda cpu; do
+		$S serve --device $dev --addr 127.0.0.1:18080 --slots 2 &
+		pid=$!
+		python3 - $dev <<'PY'
+import json, sys, time, urllib.request, threading
+def post(path, body):
+    req = urllib.request.Request("http://127.0.0.1:18080" + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    return json.load(urllib.request.urlopen(req, timeout=60))
+for _ in range(100):
+    try:
+        urllib.request.urlopen("http://127.0.0.1:18080/health", timeout=1); break
+    except Exception:
+        time.sleep(0.2)
+out = {}
+def chat(i):
+    r = post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Write a function number %d" % i}], "max_tokens": 24, "temperature": 0})
+    out[i] = r["choices"][0]["message"]["content"]
+threads = [threading.Thread(target=chat, args=(i,)) for i in range(2)]
+[t.start() for t in threads]; [t.join() for t in threads]
+c = post("/v1/completions", {"prompt": "def fibonacci(n):", "max_tokens": 24, "temperature": 0})
+print(sys.argv[1], json.dumps(out), json.dumps(c["choices"][0]["text"]))
+PY
+		kill $pid
+		wait $pid
+	done
+	;;
 *)
-	echo "usage: scripts/gpu-cli.sh stage DIR | run DIR | diverge DIR" >&2
+	echo "usage: scripts/gpu-cli.sh stage DIR | run DIR | diverge DIR | serve DIR" >&2
 	exit 2
 	;;
 esac

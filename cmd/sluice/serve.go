@@ -130,8 +130,8 @@ func cmdServe(ctx context.Context, args []string) error {
 	if *apiKey != "" {
 		auth = ", API key required"
 	}
-	fmt.Fprintf(os.Stderr, "sluice serve: %s (context %d) on http://%s: %d slots of %s, queue %d, prefix cache %s%s\n",
-		id, e.Ctx, ln.Addr(), srv.Slots(), mibStr(srv.StateBytes()), *maxQueue, cacheDesc, auth)
+	fmt.Fprintf(os.Stderr, "sluice serve: %s (context %d) on http://%s: %d slots of %s, queue %d, prefix cache %s%s, device %s\n",
+		id, e.Ctx, ln.Addr(), srv.Slots(), mibStr(srv.StateBytes()), *maxQueue, cacheDesc, auth, e.Device)
 	if e.ExpertPlan != "" {
 		fmt.Fprintf(os.Stderr, "sluice serve: experts: %s\n", e.ExpertPlan)
 	}
