@@ -6,6 +6,7 @@ require golang.org/x/text v0.44.0
 
 require (
 	github.com/chromedp/chromedp v0.23.0
+	github.com/ebitengine/purego v0.11.3
 	golang.org/x/sys v0.50.0
 )
 

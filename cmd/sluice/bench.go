@@ -11,6 +11,8 @@ import (
 	"slices"
 	"sort"
 	"strings"
+
+	"github.com/sluicelm/sluice/internal/engine"
 )
 
 func cmdBench(ctx context.Context, args []string) error {
@@ -24,6 +26,8 @@ func cmdBench(ctx context.Context, args []string) error {
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the timed trials to this file")
 	genOnly := fs.Bool("profile-decode-only", false, "with --cpuprofile, profile only decode (prompt of 1 token)")
 	depth := fs.Int("depth", 0, "context tokens before the timed decode (0: decode from an empty context, as llama-bench's tg test does)")
+	graphs := fs.Bool("gpu-graphs", true, "on the GPU, record the one-row decode step as a CUDA graph and replay it (false: launch every kernel from the host)")
+	phases := fs.Bool("gpu-phases", false, "on the GPU, time the phases of the last trial's decode steps with CUDA events and print where the time goes (stderr)")
 	disk := fs.Bool("disk", false, "also measure the O_DIRECT random-read bandwidth of the expert store at the record size and queue depth in use")
 	if _, err := parse(fs, args); err != nil {
 		return err
@@ -75,7 +79,20 @@ func cmdBench(ctx context.Context, args []string) error {
 	if *genOnly {
 		prompt, ctxToks = prompt[:1], prompt[:1]
 	}
-	var pre, dec, disp []float64
+	if g, ok := e.Fwd.(interface{ SetGraphs(bool) }); ok {
+		g.SetGraphs(*graphs)
+	}
+	if *phases {
+		p, ok := e.Fwd.(engine.Profiler)
+		if !ok {
+			return fmt.Errorf("--gpu-phases needs the GPU (device %s)", e.Device)
+		}
+		if err := p.EnableProfile(8192); err != nil {
+			return err
+		}
+		defer func() { fmt.Fprint(os.Stderr, p.Profile()) }()
+	}
+	var pre, dec, disp, launches []float64
 	var trials []benchTrial
 	var diskBefore float64
 	if *disk && e.Stream != nil {
@@ -111,6 +128,7 @@ func cmdBench(ctx context.Context, args []string) error {
 		pre = append(pre, bt.pre.PrefillTokS)
 		dec = append(dec, s.DecodeTokS)
 		disp = append(disp, float64(bt.dispatches)/float64(max(s.GeneratedTokens-1, 1)))
+		launches = append(launches, float64(bt.launches)/float64(max(s.GeneratedTokens-1, 1)))
 		if isTerminal(os.Stderr) && !*asJSON {
 			fmt.Fprintf(os.Stderr, "\rtrial %d/%d", t, *repeat)
 		}
@@ -122,6 +140,9 @@ func cmdBench(ctx context.Context, args []string) error {
 		// Operations a decode step hands to the worker pool: times the
 		// per-op hand-off (BenchmarkPoolDispatch), the overhead per token.
 		"decode_dispatches_per_token": median(disp),
+		// GPU kernels a decode step launches (0 on the CPU).
+		"decode_launches_per_token": median(launches),
+		"device":                    e.Device,
 	}
 	var xs *poolBench
 	if e.Stream != nil {
@@ -147,8 +168,8 @@ func cmdBench(ctx context.Context, args []string) error {
 	if xs != nil {
 		defer xs.print(os.Stdout, e)
 	}
-	fmt.Printf("%-40s %-12s %5s %8s %14s %14s\n", "model", "family", "bits", "threads", "pp"+fmt.Sprint(*promptN)+" tok/s", "tg"+fmt.Sprint(*genN)+" tok/s")
-	fmt.Printf("%-40s %-12s %5d %8d %14.1f %14.1f\n", trim(e.Dir, 40), e.Model.Config.Family, e.Model.Manifest.Bits, e.Runner.Pool.Threads(), median(pre), median(dec))
+	fmt.Printf("%-40s %-12s %5s %8s %14s %14s  %s\n", "model", "family", "bits", "threads", "pp"+fmt.Sprint(*promptN)+" tok/s", "tg"+fmt.Sprint(*genN)+" tok/s", "device")
+	fmt.Printf("%-40s %-12s %5d %8d %14.1f %14.1f  %s\n", trim(e.Dir, 40), e.Model.Config.Family, e.Model.Manifest.Bits, e.Runner.Pool.Threads(), median(pre), median(dec), e.Device)
 	return nil
 }
 

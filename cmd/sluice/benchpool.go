@@ -20,6 +20,8 @@ type benchTrial struct {
 	decode experts.Snapshot
 	// dispatches is the operations the decode split across threads.
 	dispatches uint64
+	// launches is the GPU kernels the decode launched (0 on the CPU).
+	launches uint64
 }
 
 // runTrial times a prefill of prompt from an empty context, then a decode
@@ -53,13 +55,17 @@ func runTrial(ctx context.Context, e *engine.Engine, st *model.State, prompt, ct
 	if e.Stream != nil {
 		before = e.Stream.Stats()
 	}
-	d0 := e.Runner.Pool.Dispatches()
+	d0, l0 := e.Runner.Pool.Dispatches(), e.Launches()
+	if p, ok := e.Fwd.(engine.Profiler); ok {
+		p.ResetProfile() // the phase profile covers the decode only
+	}
 	for !q.Done() {
 		if _, _, err := q.Step(ctx); err != nil {
 			return bt, err
 		}
 	}
 	bt.dispatches = e.Runner.Pool.Dispatches() - d0
+	bt.launches = e.Launches() - l0
 	if e.Stream != nil {
 		bt.decode = e.Stream.Stats().Sub(before)
 	}

@@ -299,8 +299,8 @@ func cmdRun(ctx context.Context, args []string) error {
 	}
 	out.WriteString("\n")
 	out.Flush()
-	fmt.Fprintf(os.Stderr, "prompt %d tokens, generated %d tokens (%s), prefill %.1f tok/s, decode %.1f tok/s\n",
-		stats.PromptTokens, stats.GeneratedTokens, stats.StopReason, stats.PrefillTokS, stats.DecodeTokS)
+	fmt.Fprintf(os.Stderr, "prompt %d tokens, generated %d tokens (%s), prefill %.1f tok/s, decode %.1f tok/s, device %s\n",
+		stats.PromptTokens, stats.GeneratedTokens, stats.StopReason, stats.PrefillTokS, stats.DecodeTokS, stats.Device)
 	fmt.Fprintln(os.Stderr, expertSummary(e, stats))
 	return nil
 }
@@ -329,7 +329,7 @@ func perToken(bytes int64, n int) float64 {
 func statsJSON(s engine.Stats, seed uint64) map[string]any {
 	m := map[string]any{"prompt_tokens": s.PromptTokens, "generated_tokens": s.GeneratedTokens,
 		"prefill_tok_s": s.PrefillTokS, "decode_tok_s": s.DecodeTokS, "prefill_ms": s.PrefillMS,
-		"decode_ms": s.DecodeMS, "stop_reason": s.StopReason, "seed": seed}
+		"decode_ms": s.DecodeMS, "stop_reason": s.StopReason, "seed": seed, "device": s.Device}
 	if s.Experts != nil {
 		m["experts"] = s.Experts
 	}

@@ -48,6 +48,7 @@ type modelFlags struct {
 	threads int
 	ctx     int
 	chunk   int
+	device  string
 	experts expertFlags
 }
 
@@ -67,6 +68,7 @@ func (m *modelFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&m.threads, "threads", 0, "worker threads (0 = one per CPU)")
 	fs.IntVar(&m.ctx, "ctx", 0, "context length in tokens (0 = min(model maximum, 4096))")
 	fs.IntVar(&m.chunk, "chunk", 256, "prefill chunk size in tokens (rows per batched step)")
+	fs.StringVar(&m.device, "device", "auto", "where the forward pass runs: auto (the GPU when one is usable, else the CPU), cpu, cuda or cuda:N")
 	x := &m.experts
 	fs.StringVar(&x.poolMB, "pool-mb", "", "stream experts through a pool of N MiB, or N% of the expert store (default: map them whole if they fit, else auto-size)")
 	fs.Float64Var(&x.memoryGB, "memory-gb", 0, "total memory budget in GiB (dense + state + scratch + expert pool); experts stream when they do not fit")
@@ -133,7 +135,19 @@ func (m *modelFlags) open(ctx context.Context) (*engine.Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	return engine.Open(ctx, dir, engine.Options{Threads: m.threads, Ctx: m.ctx, ChunkRows: m.chunk, Progress: progress, Experts: xo})
+	e, err := engine.Open(ctx, dir, engine.Options{Threads: m.threads, Ctx: m.ctx, ChunkRows: m.chunk, Progress: progress, Experts: xo, Device: m.device})
+	if err != nil {
+		return nil, err
+	}
+	deviceNote(e)
+	return e, nil
+}
+
+// deviceNote says on stderr why auto chose the CPU, when it did.
+func deviceNote(e *engine.Engine) {
+	if e.DeviceNote != "" {
+		fmt.Fprintln(os.Stderr, e.DeviceNote)
+	}
 }
 
 // sampleFlags are the sampling flags of run and chat, with the number of

@@ -81,7 +81,7 @@ func cmdServe(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	opts := engine.Options{Threads: mf.threads, Ctx: mf.ctx, ChunkRows: mf.chunk, Experts: xo}
+	opts := engine.Options{Threads: mf.threads, Ctx: mf.ctx, ChunkRows: mf.chunk, Experts: xo, Device: mf.device}
 	if isTerminal(os.Stderr) {
 		opts.Progress = os.Stderr
 	}
@@ -111,6 +111,16 @@ func cmdServe(ctx context.Context, args []string) error {
 		return err
 	}
 	defer e.Close()
+	deviceNote(e)
+	if e.OnGPU() {
+		if cacheBytes > 0 {
+			return fmt.Errorf("--cache-mb: the prefix cache is not available on the GPU yet (copying sequence states); use --device cpu or leave --cache-mb out")
+		}
+		cacheBytes = -1
+		if *drafts > 0 {
+			return fmt.Errorf("--drafts: speculative decoding is not available on the GPU yet; use --device cpu")
+		}
+	}
 	srv, err := server.New(server.Config{Engine: e, ModelID: id, APIKey: *apiKey, Slots: *slots, MaxQueue: *maxQueue,
 		CacheBytes: cacheBytes, Drafts: *drafts, MaxBodyBytes: *maxBody << 10})
 	if err != nil {
@@ -129,8 +139,8 @@ func cmdServe(ctx context.Context, args []string) error {
 	if *apiKey != "" {
 		auth = ", API key required"
 	}
-	fmt.Fprintf(os.Stderr, "sluice serve: %s (context %d) on http://%s: %d slots of %s, queue %d, prefix cache %s%s\n",
-		id, e.Ctx, ln.Addr(), srv.Slots(), mibStr(srv.StateBytes()), *maxQueue, cacheDesc, auth)
+	fmt.Fprintf(os.Stderr, "sluice serve: %s (context %d) on http://%s: %d slots of %s, queue %d, prefix cache %s%s, device %s\n",
+		id, e.Ctx, ln.Addr(), srv.Slots(), mibStr(srv.StateBytes()), *maxQueue, cacheDesc, auth, e.Device)
 	if e.ExpertPlan != "" {
 		fmt.Fprintf(os.Stderr, "sluice serve: experts: %s\n", e.ExpertPlan)
 	}

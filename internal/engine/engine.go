@@ -31,15 +31,24 @@ type Options struct {
 	CacheDir  string    // where packed copies of Hugging Face directories go; "" = user cache
 	Progress  io.Writer // pack progress; nil = silent
 	Experts   ExpertOptions
+	// Device is where the forward pass runs: "cpu" (also ""), "cuda",
+	// "cuda:N", or "auto" (the GPU when one is usable, else the CPU).
+	Device string
 }
 
 // Engine is one loaded model with its tokenizer and runner.
 type Engine struct {
 	Model  *model.Model
-	Runner *model.Runner
-	Tok    *tokenizer.Tokenizer
-	Ctx    int
-	Dir    string // the packed directory in use
+	Runner *model.Runner // the CPU runner (MTP drafts and benchmarks use it)
+	// Fwd runs the forward pass: Runner, or the GPU backend. Device names
+	// it ("cpu", or "cuda:N (name)"); DeviceNote says why auto chose the
+	// CPU, when it did.
+	Fwd        Forwarder
+	Device     string
+	DeviceNote string
+	Tok        *tokenizer.Tokenizer
+	Ctx        int
+	Dir        string // the packed directory in use
 	// Stream is the expert pool when experts stream from disk; nil when
 	// the store is mapped whole. ExpertPlan says which and why.
 	Stream     *experts.Stream
@@ -97,6 +106,10 @@ func Open(ctx context.Context, dir string, o Options) (*Engine, error) {
 	}
 	e.Runner = model.NewRunner(m, o.Threads, chunk)
 	if e.Runner.Routes, err = experts.LoadRoutes(packed, &m.Config); err != nil {
+		e.Close()
+		return nil, err
+	}
+	if err := e.selectDevice(o, chunk); err != nil {
 		e.Close()
 		return nil, err
 	}
@@ -158,6 +171,9 @@ func CacheDir() (string, error) {
 
 // Close releases the model.
 func (e *Engine) Close() {
+	if c, ok := e.Fwd.(closer); ok && e.Fwd != Forwarder(e.Runner) {
+		c.Close()
+	}
 	e.Runner.Close()
 	e.Model.Close()
 }
@@ -186,6 +202,8 @@ type Stats struct {
 	PrefillMS       float64 `json:"prefill_ms"`
 	DecodeMS        float64 `json:"decode_ms"`
 	StopReason      string  `json:"stop_reason"` // "eos", "length", "context"
+	// Device is where the forward pass ran ("cpu", "cuda:0 (NAME)").
+	Device string `json:"device"`
 	// MTP describes speculative decoding; nil when no drafts were asked for.
 	MTP *MTPStats `json:"mtp,omitempty"`
 	// Experts and Lookahead describe the expert pool; nil when the
@@ -243,6 +261,7 @@ type Score struct {
 	Logprobs   []float64 `json:"logprobs"`
 	NLL        float64   `json:"nll"`
 	LastLogits []float32 `json:"last_logits"`
+	Device     string    `json:"device"` // where the forward pass ran
 }
 
 // Score runs tokens through a fresh state and reports, per position, the
@@ -259,7 +278,7 @@ func (e *Engine) Score(ctx context.Context, tokens []int) (*Score, error) {
 		return nil, err
 	}
 	V := e.Model.Config.Vocab
-	sc := &Score{N: len(tokens), Argmax: make([]int, len(tokens)), Logprobs: make([]float64, 0, len(tokens)-1)}
+	sc := &Score{Device: e.Device, N: len(tokens), Argmax: make([]int, len(tokens)), Logprobs: make([]float64, 0, len(tokens)-1)}
 	step := e.Runner.MaxRows
 	logits := make([]float32, step*V)
 	lp := make([]float32, V)
@@ -268,7 +287,7 @@ func (e *Engine) Score(ctx context.Context, tokens []int) (*Score, error) {
 			return nil, err
 		}
 		j := min(i+step, len(tokens))
-		if err := e.Runner.Forward(st, tokens[i:j], logits, true); err != nil {
+		if err := e.Fwd.Forward(st, tokens[i:j], logits, true); err != nil {
 			return nil, err
 		}
 		for r := 0; r < j-i; r++ {

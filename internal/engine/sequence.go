@@ -28,6 +28,10 @@ type Sequence struct {
 	stats   Stats
 	decodeT time.Duration
 	sp      *spec // speculative decoding with the MTP head; nil when off
+	// am is set when the next token is the plain argmax and the forward
+	// computes it on the device; next is then that token.
+	am   argmaxer
+	next int
 	// Expert pool counters at the start and after the last prefill.
 	xStart, xPrefilled experts.Snapshot
 }
@@ -44,6 +48,15 @@ func (e *Engine) NewSequence(st *model.State, o GenOptions) (*Sequence, error) {
 		q.eos[id] = true
 	}
 	q.stats.StopReason = "length"
+	q.stats.Device = e.Device
+	if o.Drafts > 0 && e.OnGPU() {
+		return nil, fmt.Errorf("speculative decoding (drafts) is not available on the GPU yet; use --device cpu or --drafts 0")
+	}
+	p := o.Sample
+	if a, ok := e.Fwd.(argmaxer); ok && p.Greedy() && (p.RepetitionPenalty == 0 || p.RepetitionPenalty == 1) &&
+		p.PresencePenalty == 0 && p.FrequencyPenalty == 0 {
+		q.am = a
+	}
 	q.xStart = e.expertSnap()
 	var off string
 	if q.sp, off = e.newSpec(o); off != "" {
@@ -71,7 +84,7 @@ func (q *Sequence) Prefill(ctx context.Context, prompt []int) error {
 			return err
 		}
 		j := min(i+step, len(prompt))
-		if err := q.e.Runner.Forward(st, prompt[i:j], q.logits, false); err != nil {
+		if err := q.forward(prompt[i:j]); err != nil {
 			return err
 		}
 		if q.sp != nil {
@@ -133,7 +146,10 @@ func (q *Sequence) Step(ctx context.Context) ([]int, string, error) {
 	if q.sp != nil {
 		return q.specStep(ctx)
 	}
-	next := q.smp.Sample(q.logits, q.history)
+	next := q.next
+	if q.am == nil {
+		next = q.smp.Sample(q.logits, q.history)
+	}
 	q.out = append(q.out, next)
 	q.history = append(q.history, next)
 	if q.eos[next] && !q.opts.IgnoreEOS {
@@ -153,7 +169,7 @@ func (q *Sequence) Step(ctx context.Context) ([]int, string, error) {
 		q.done = true
 	default:
 		tok := [1]int{next}
-		if err := q.e.Runner.Forward(q.St, tok[:], q.logits, false); err != nil {
+		if err := q.forward(tok[:]); err != nil {
 			q.done = true
 			return q.out[len(q.out)-1:], text, err
 		}
@@ -163,3 +179,15 @@ func (q *Sequence) Step(ctx context.Context) ([]int, string, error) {
 
 // Flush returns text held back for an incomplete UTF-8 sequence.
 func (q *Sequence) Flush() string { return q.dec.Flush() }
+
+// forward runs tokens through the model: the next token's logits into
+// q.logits, or, for plain greedy decoding on a device that computes the
+// argmax, the next token into q.next.
+func (q *Sequence) forward(tokens []int) error {
+	if q.am != nil {
+		var err error
+		q.next, err = q.am.ForwardArgmax(q.St, tokens)
+		return err
+	}
+	return q.e.Fwd.Forward(q.St, tokens, q.logits, false)
+}

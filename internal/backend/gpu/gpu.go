@@ -1,0 +1,1259 @@
+// Package gpu runs the forward pass of a loaded model on an NVIDIA GPU:
+// the family's block order drives Runner (a block.Backend) exactly as it
+// drives the CPU's model.Runner. Dense weights, experts, each sequence's
+// KV cache and DeltaNet state and all scratch live in device memory,
+// allocated when the model loads (a sequence's state when it first runs);
+// a step allocates nothing on the device. The host does what is cheap and
+// sequential: the embedding rows and rotary tables of the step's tokens,
+// and, once per MoE layer, the grouping of rows by expert (the chosen
+// experts come back to the host, which picks the weights to multiply).
+package gpu
+
+import (
+	"fmt"
+	"math"
+	"runtime"
+	"sync"
+	"unsafe"
+	"weak"
+
+	"github.com/sluicelm/sluice/internal/block"
+	"github.com/sluicelm/sluice/internal/cuda"
+	"github.com/sluicelm/sluice/internal/format"
+	"github.com/sluicelm/sluice/internal/kernels"
+	"github.com/sluicelm/sluice/internal/model"
+)
+
+// mat is a matrix in device memory.
+type mat struct {
+	kind       format.Kind
+	rows, cols int
+	q, s, b    uintptr // quantised: codes, scales, biases
+	p          uintptr // bf16 or f32 values
+}
+
+// expert is one routed expert on the device.
+type expert struct{ gate, up, down mat }
+
+// dstate is one sequence's state on the device.
+type dstate struct {
+	graph     *cuda.Graph // the recorded decode step (one row), over this state's buffers
+	nodes     uint64      // kernels in graph
+	ctx       int
+	pos       int // positions the device state holds
+	kc, vc    []uintptr
+	conv, rec []uintptr
+	convN     []int // floats of conv and rec per layer
+	recN      []int
+	buf       cuda.Buf
+}
+
+// Runner is the CUDA backend of one model on one GPU. Like model.Runner it
+// serves one step at a time.
+type Runner struct {
+	M   *model.Model // the model, whose blocks drive the backend
+	Dev *cuda.Device // the GPU; the caller owns it (Close leaves it open)
+	k   *cuda.Kernels
+	s   cuda.Stream
+
+	maxRows, H, V, E, K, I int
+	ctx                    int // the most positions a sequence state may hold
+
+	mats    map[*block.Weight]mat
+	vecs    map[*float32]uintptr
+	experts []expert // [layer*E + e]
+	weights []cuda.Buf
+	// Per expert layer, the device tables of expert addresses [E][3]
+	// (gate, up, down) that a recorded decode step reads the router's
+	// choice through; exKind is their kind ("" when a recorded step cannot
+	// run these experts).
+	tabGate, tabUp, tabDown []uintptr
+	exKind                  string
+	posK                    uintptr // int32 [K] = 0..K-1: a one-row step's combine order
+	idsG                    uintptr // int32 [K+1]: a recorded step's experts, then E (the shared expert)
+	sharedSlot              bool    // the shared expert runs as slot K of a recorded step
+	posDev                  uintptr // int32: the recorded step's position
+
+	// NoGraphs turns off recording and replaying the decode step (one row
+	// per step): every op is then launched from the host.
+	NoGraphs bool
+	graphing bool // a decode step is being recorded
+	// Replays and the kernels they ran, for the launch counts.
+	replays, replayed uint64
+
+	// Device scratch.
+	scratch                  cuda.Buf
+	x, h, y, final, cos, sin uintptr
+	q, kk, v, o, attS        uintptr
+	qkv, z, db, da, dno      uintptr
+	rl, ids, w, gidx, posd   uintptr
+	gin, g, u, outk          uintptr
+	sg, su, shared, sgate    uintptr
+	logits, am               uintptr
+	x8, xs, xsum             uintptr
+
+	// Pinned host memory: the step's inputs and what comes back.
+	pin                    cuda.Host
+	px, pcos, psin         []float32
+	pids, pgidx, ppos, pam []int32
+	pw                     []float32
+	plog                   cuda.Host
+	offX, offCos, offSin   int
+	offIds, offW, offGidx  int
+	offPos, offAm, offPosW int
+
+	// Host grouping of a step's rows by expert.
+	slot, distinct, base, nrows []int
+	members                     [][]int
+
+	mu     sync.Mutex
+	states map[weak.Pointer[model.State]]*dstate
+
+	// The step in flight.
+	cur     *dstate
+	pos, nb int
+	err     error
+
+	prof *profile // phase timing, nil unless EnableProfile
+
+	// The forward call in flight, for fwdFn (a method value made once, so
+	// that handing a step to the device thread allocates nothing).
+	fa    fwdArgs
+	fwdFn func() error
+}
+
+type fwdArgs struct {
+	st          *model.State
+	tokens      []int
+	out         []float32
+	all, argmax bool
+	best        int
+}
+
+var _ block.Backend = (*Runner)(nil)
+
+// Supported reports why m cannot run on the GPU backend, or nil.
+func Supported(m *model.Model) error {
+	c := &m.Config
+	if c.Family != "qwen3_moe" && c.Family != "qwen3_5_moe" {
+		return fmt.Errorf("the GPU backend runs qwen3_moe and qwen3_5_moe; %s runs on the CPU only for now", c.Family)
+	}
+	for i := range m.Arch.Layers {
+		L := &m.Arch.Layers[i]
+		switch x := L.Mixer.(type) {
+		case *block.Attn:
+			if x.Window > 0 || x.Sinks != nil || x.QB != nil || x.OB != nil || x.QNorm == nil || x.KNorm == nil {
+				return fmt.Errorf("layer %d: attention variant not supported on the GPU", i)
+			}
+		case *block.DeltaNet:
+			if x.KeyDim != 32 && x.KeyDim != 64 && x.KeyDim != 128 {
+				return fmt.Errorf("layer %d: DeltaNet key dim %d not supported on the GPU (32, 64 or 128)", i, x.KeyDim)
+			}
+		default:
+			return fmt.Errorf("layer %d: mixer %T not supported on the GPU", i, L.Mixer)
+		}
+		moe := L.MoE()
+		if moe == nil || moe.Score != block.SoftmaxTopK || moe.Act != block.SwiGLU || moe.RouterBias != nil {
+			return fmt.Errorf("layer %d: feed-forward block not supported on the GPU", i)
+		}
+	}
+	if c.TopK > 32 {
+		return fmt.Errorf("top-%d routing not supported on the GPU (at most 32)", c.TopK)
+	}
+	return nil
+}
+
+// NeedBytes is the device memory m's weights need: dense weights and every
+// expert (scratch and each sequence's state come on top).
+func NeedBytes(m *model.Model) (dense, experts int64) {
+	dense = m.Manifest.DenseBytes
+	for _, st := range m.Manifest.Stores[:1] {
+		experts = int64(m.Manifest.ExpertLayers) * int64(m.Manifest.Experts) * st.Stride
+	}
+	return dense, experts
+}
+
+// New uploads m to dev and prepares scratch for steps of up to maxRows
+// rows over sequences of up to ctx positions. Experts must fit in device memory: streaming them on the GPU is not
+// available yet, and New says how much memory was needed.
+func New(dev *cuda.Device, m *model.Model, maxRows, ctx int) (*Runner, error) {
+	if err := Supported(m); err != nil {
+		return nil, err
+	}
+	c := &m.Config
+	r := &Runner{M: m, Dev: dev, maxRows: max(maxRows, 1), ctx: max(ctx, 1), H: c.Hidden, V: c.Vocab, E: c.Experts, K: c.TopK,
+		I: c.MoEInter, mats: map[*block.Weight]mat{}, vecs: map[*float32]uintptr{},
+		states: map[weak.Pointer[model.State]]*dstate{}}
+	r.fwdFn = r.doForward
+	err := dev.Do(func() error {
+		free, _, err := dev.MemInfo()
+		if err != nil {
+			return err
+		}
+		dense, exps := NeedBytes(m)
+		if need := dense + exps + 256<<20; need > free {
+			return fmt.Errorf("the model needs %.2f GiB of GPU memory (dense %.2f GiB, experts %.2f GiB, plus scratch) and %s has %.2f GiB free; expert streaming on the GPU is not available yet (use --device cpu)",
+				gib(need), gib(dense), gib(exps), dev.Name, gib(free))
+		}
+		if r.k, err = cuda.LoadKernels(dev); err != nil {
+			return err
+		}
+		if r.s, err = dev.NewStream(); err != nil {
+			return err
+		}
+		if err := r.upload(); err != nil {
+			return err
+		}
+		return r.alloc()
+	})
+	if err != nil {
+		r.Close()
+		return nil, fmt.Errorf("gpu: %w", err)
+	}
+	return r, nil
+}
+
+func gib(n int64) float64 { return float64(n) / (1 << 30) }
+
+// arena lays out host slices in one device buffer.
+type arena struct {
+	size int
+	srcs []piece
+}
+
+type piece struct {
+	off int
+	b   []byte
+}
+
+func bytesOf[T any](s []T) []byte {
+	if len(s) == 0 {
+		return nil
+	}
+	var z T
+	return unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), len(s)*int(unsafe.Sizeof(z)))
+}
+
+// put reserves room for b (256-byte aligned) and returns its offset.
+func (a *arena) put(b []byte) int {
+	off := a.size
+	a.srcs = append(a.srcs, piece{off, b})
+	a.size += (len(b) + 255) &^ 255
+	return off
+}
+
+// commit allocates the buffer and copies every piece in.
+func (a *arena) commit(d *cuda.Device) (cuda.Buf, error) {
+	buf, err := d.Alloc(max(a.size, 256))
+	if err != nil {
+		return buf, err
+	}
+	for _, p := range a.srcs {
+		if len(p.b) > 0 {
+			if err := cuda.Upload(d, buf, p.off, p.b); err != nil {
+				d.Free(buf)
+				return cuda.Buf{}, err
+			}
+		}
+	}
+	return buf, nil
+}
+
+// matOffsets is a mat whose addresses are arena offsets until committed.
+type matOffsets struct {
+	m       mat
+	q, s, b int
+	p       int
+}
+
+func putMat(a *arena, km *kernels.Mat) matOffsets {
+	o := matOffsets{m: mat{kind: km.Kind, rows: km.Rows, cols: km.Cols}}
+	switch km.Kind {
+	case format.Q4, format.Q8:
+		o.q, o.s, o.b = a.put(km.Q), a.put(bytesOf(km.Scales)), a.put(bytesOf(km.Biases))
+	case format.BF16:
+		o.p = a.put(bytesOf(km.BF16))
+	default:
+		o.p = a.put(bytesOf(km.F32))
+	}
+	return o
+}
+
+func (o matOffsets) at(base uintptr) mat {
+	m := o.m
+	switch m.kind {
+	case format.Q4, format.Q8:
+		m.q, m.s, m.b = base+uintptr(o.q), base+uintptr(o.s), base+uintptr(o.b)
+	default:
+		m.p = base + uintptr(o.p)
+	}
+	return m
+}
+
+// upload copies the dense weights and every expert to the device.
+func (r *Runner) upload() error {
+	a := r.M.Arch
+	var ar arena
+	mats := map[*block.Weight]matOffsets{}
+	vecs := map[*float32]int{}
+	w := func(x *block.Weight) {
+		if x.Present() {
+			mats[x] = putMat(&ar, &x.Mat)
+		}
+	}
+	v := func(x []float32) {
+		if len(x) > 0 {
+			if _, ok := vecs[&x[0]]; !ok {
+				vecs[&x[0]] = ar.put(bytesOf(x))
+			}
+		}
+	}
+	w(&a.LMHead)
+	v(a.Norm.W)
+	for i := range a.Layers {
+		L := &a.Layers[i]
+		v(L.In.W)
+		v(L.Post.W)
+		switch x := L.Mixer.(type) {
+		case *block.Attn:
+			w(&x.Q)
+			w(&x.K)
+			w(&x.V)
+			w(&x.O)
+			v(x.QNorm.W)
+			v(x.KNorm.W)
+		case *block.DeltaNet:
+			w(&x.QKV)
+			w(&x.Z)
+			w(&x.B)
+			w(&x.A)
+			w(&x.Out)
+			v(x.ConvT)
+			v(x.ALog)
+			v(x.DtBias)
+			v(x.GNorm.W)
+		}
+		m := L.MoE()
+		w(&m.Router)
+		if m.Shared != nil {
+			w(&m.Shared.Gate)
+			w(&m.Shared.Up)
+			w(&m.Shared.Down)
+			w(&m.SharedGate)
+		}
+	}
+	buf, err := ar.commit(r.Dev)
+	if err != nil {
+		return err
+	}
+	r.weights = append(r.weights, buf)
+	for k, o := range mats {
+		r.mats[k] = o.at(buf.Ptr)
+	}
+	for k, o := range vecs {
+		r.vecs[k] = buf.Ptr + uintptr(o)
+	}
+
+	// Experts: every record of the trunk's layers, through the resident
+	// provider's views of experts.bin.
+	prov, err := model.NewResidentProvider(r.M)
+	if err != nil {
+		return err
+	}
+	defer prov.Close()
+	nl := len(a.Layers)
+	all := make([]int, r.E)
+	for e := range all {
+		all[e] = e
+	}
+	var ea arena
+	offs := make([][3]matOffsets, nl*r.E)
+	for l := 0; l < nl; l++ {
+		if err := prov.Begin(l, all, model.Hint{}); err != nil {
+			return err
+		}
+		for range all {
+			e, ex, err := prov.Next()
+			if err != nil {
+				return err
+			}
+			offs[l*r.E+e] = [3]matOffsets{putMat(&ea, &ex.Gate), putMat(&ea, &ex.Up), putMat(&ea, &ex.Down)}
+			if ex.GateBias != nil {
+				return fmt.Errorf("experts with biases are not supported on the GPU")
+			}
+		}
+	}
+	ebuf, err := ea.commit(r.Dev)
+	if err != nil {
+		return fmt.Errorf("experts (%.2f GiB): %w; expert streaming on the GPU is not available yet", gib(int64(ea.size)), err)
+	}
+	r.weights = append(r.weights, ebuf)
+	r.experts = make([]expert, len(offs))
+	for i, o := range offs {
+		r.experts[i] = expert{o[0].at(ebuf.Ptr), o[1].at(ebuf.Ptr), o[2].at(ebuf.Ptr)}
+	}
+	switch r.experts[0].gate.kind {
+	case format.Q4:
+		r.exKind = "q4"
+	case format.Q8:
+		r.exKind = "q8"
+	case format.BF16:
+		r.exKind = "bf16"
+	}
+	// The shared expert joins the routed ones in a recorded step as entry
+	// E of every table (slot K, with id E), when it has their shape and
+	// kind: one launch per product serves both.
+	r.sharedSlot = true
+	for i := range a.Layers {
+		sh := a.Layers[i].MoE().Shared
+		if sh == nil || sh.Inter != r.I || r.wmat(&sh.Gate).kind != r.experts[0].gate.kind ||
+			r.wmat(&sh.Up).kind != r.experts[0].up.kind || r.wmat(&sh.Down).kind != r.experts[0].down.kind {
+			r.sharedSlot = false
+		}
+	}
+	// The address tables, one [E+1][3] per layer and matrix, the
+	// constant combine order of a one-row step and its ids (the router
+	// writes the first K; id E, the shared expert, stays in slot K).
+	E1 := r.E + 1
+	tabs := make([]uint64, 3*nl*E1*3)
+	put := func(j, l, e int, m mat) {
+		t := tabs[j*3*nl*E1+3*(l*E1+e):]
+		if m.kind == format.Q4 || m.kind == format.Q8 {
+			t[0], t[1], t[2] = uint64(m.q), uint64(m.s), uint64(m.b)
+		} else {
+			t[0] = uint64(m.p)
+		}
+	}
+	for l := 0; l < nl; l++ {
+		for e := 0; e < r.E; e++ {
+			ex := &r.experts[l*r.E+e]
+			put(0, l, e, ex.gate)
+			put(1, l, e, ex.up)
+			put(2, l, e, ex.down)
+		}
+		if sh := a.Layers[l].MoE().Shared; r.sharedSlot {
+			put(0, l, r.E, r.wmat(&sh.Gate))
+			put(1, l, r.E, r.wmat(&sh.Up))
+			put(2, l, r.E, r.wmat(&sh.Down))
+		}
+	}
+	posK := make([]int32, r.K+1) // 0..K-1, then the step's position
+	for k := range r.K {
+		posK[k] = int32(k)
+	}
+	idsG := make([]int32, r.K+1)
+	idsG[r.K] = int32(r.E)
+	var ta arena
+	toff := ta.put(bytesOf(tabs))
+	poff := ta.put(bytesOf(posK))
+	ioff := ta.put(bytesOf(idsG))
+	tbuf, err := ta.commit(r.Dev)
+	if err != nil {
+		return err
+	}
+	r.weights = append(r.weights, tbuf)
+	per := 3 * E1 * 8 // bytes of one layer's table
+	for l := 0; l < nl; l++ {
+		base := tbuf.Ptr + uintptr(toff)
+		r.tabGate = append(r.tabGate, base+uintptr(l*per))
+		r.tabUp = append(r.tabUp, base+uintptr(nl*per+l*per))
+		r.tabDown = append(r.tabDown, base+uintptr(2*nl*per+l*per))
+	}
+	r.posK = tbuf.Ptr + uintptr(poff)
+	r.posDev = tbuf.Ptr + uintptr(poff) + uintptr(4*r.K) // the spare word after posK
+	r.idsG = tbuf.Ptr + uintptr(ioff)
+	return nil
+}
+
+// alloc sizes the scratch for maxRows rows.
+func (r *Runner) alloc() error {
+	c := &r.M.Config
+	R, H, K := r.maxRows, r.H, r.K
+	I := max(c.MoEInter, c.SharedInter)
+	qw := 2 * c.Heads * c.HeadDim
+	kvw := c.KVHeads * c.HeadDim
+	kd, vd := c.LinearKeyHeads*c.LinearKeyDim, c.LinearValueHeads*c.LinearValueDim
+	cd := 2*kd + vd
+	rh := r.M.Arch.Rope.Dim / 2
+	wide := max(H, c.Heads*c.HeadDim, vd, I)
+	acts := max((R*K+1)*max(H, I), R*wide)
+	attS := cuda.AttendScratch(cuda.Attn{Pos: r.ctx, Rows: R, Heads: c.Heads, HeadDim: c.HeadDim})
+	var sz int
+	f := func(floats int) int { // reserve floats, 256-byte aligned
+		off := sz
+		sz += (4*max(floats, 1) + 255) &^ 255
+		return off
+	}
+	offs := []*uintptr{}
+	sizes := []int{}
+	add := func(p *uintptr, floats int) { offs = append(offs, p); sizes = append(sizes, f(floats)) }
+	add(&r.x, R*H)
+	add(&r.h, R*H)
+	add(&r.y, R*H)
+	add(&r.final, R*H)
+	add(&r.cos, R*rh)
+	add(&r.sin, R*rh)
+	add(&r.q, R*qw)
+	add(&r.kk, R*kvw)
+	add(&r.v, R*kvw)
+	add(&r.o, R*c.Heads*c.HeadDim)
+	add(&r.attS, attS/4)
+	add(&r.qkv, R*cd)
+	add(&r.z, R*vd)
+	add(&r.db, R*c.LinearValueHeads)
+	add(&r.da, R*c.LinearValueHeads)
+	add(&r.dno, R*vd)
+	add(&r.rl, R*r.E)
+	add(&r.ids, R*K)
+	add(&r.w, R*K)
+	add(&r.gidx, R*K)
+	add(&r.posd, R*K)
+	add(&r.gin, R*K*H)
+	add(&r.g, (R*K+1)*I) // +1: the shared expert's row of a recorded step
+	add(&r.u, (R*K+1)*I)
+	add(&r.outk, (R*K+1)*H)
+	add(&r.sg, R*I)
+	add(&r.su, R*I)
+	add(&r.shared, R*H)
+	add(&r.sgate, R)
+	add(&r.logits, R*r.V)
+	add(&r.am, R)
+	add(&r.x8, acts/4+1)
+	add(&r.xs, acts/64)
+	add(&r.xsum, acts/64)
+	buf, err := r.Dev.Alloc(sz)
+	if err != nil {
+		return fmt.Errorf("scratch (%.2f GiB): %w", gib(int64(sz)), err)
+	}
+	r.scratch = buf
+	for i, p := range offs {
+		*p = buf.Ptr + uintptr(sizes[i])
+	}
+
+	// Pinned host memory, in 4-byte words.
+	var hw int
+	h := func(words int) int { off := hw; hw += (words + 15) &^ 15; return off * 4 }
+	r.offX, r.offCos, r.offSin = h(R*H), h(R*rh), h(R*rh)
+	r.offIds, r.offW, r.offGidx, r.offPos, r.offAm, r.offPosW = h(R*K), h(R*K), h(R*K), h(R*K), h(R), h(1)
+	if r.pin, err = r.Dev.AllocHost(hw * 4); err != nil {
+		return err
+	}
+	f32 := r.pin.F32()
+	i32 := unsafe.Slice((*int32)(unsafe.Pointer(&f32[0])), len(f32))
+	r.px = f32[r.offX/4 : r.offX/4+R*H]
+	r.pcos = f32[r.offCos/4 : r.offCos/4+R*rh]
+	r.psin = f32[r.offSin/4 : r.offSin/4+R*rh]
+	r.pids = i32[r.offIds/4 : r.offIds/4+R*K]
+	r.pw = f32[r.offW/4 : r.offW/4+R*K]
+	r.pgidx = i32[r.offGidx/4 : r.offGidx/4+R*K]
+	r.ppos = i32[r.offPos/4 : r.offPos/4+R*K]
+	r.pam = i32[r.offAm/4 : r.offAm/4+R]
+	if r.plog, err = r.Dev.AllocHost(4 * R * r.V); err != nil {
+		return err
+	}
+	r.slot = make([]int, r.E)
+	for i := range r.slot {
+		r.slot[i] = -1
+	}
+	r.distinct = make([]int, 0, r.E)
+	r.base = make([]int, r.E)
+	r.nrows = make([]int, r.E)
+	r.members = make([][]int, r.E)
+	for i := range r.members {
+		r.members[i] = make([]int, 0, R*K)
+	}
+	return nil
+}
+
+// Close frees everything the runner holds on the device.
+func (r *Runner) Close() {
+	if r.Dev == nil {
+		return
+	}
+	r.Dev.Do(func() error {
+		r.Dev.Sync()
+		r.mu.Lock()
+		for k, ds := range r.states {
+			r.Dev.DestroyGraph(ds.graph)
+			r.Dev.Free(ds.buf)
+			delete(r.states, k)
+		}
+		r.mu.Unlock()
+		for _, b := range r.weights {
+			r.Dev.Free(b)
+		}
+		r.weights = nil
+		r.Dev.Free(r.scratch)
+		r.scratch = cuda.Buf{}
+		r.Dev.FreeHost(r.pin)
+		r.Dev.FreeHost(r.plog)
+		r.pin, r.plog = cuda.Host{}, cuda.Host{}
+		r.Dev.DestroyStream(r.s)
+		r.s = cuda.Stream{}
+		if r.k != nil {
+			r.k.Close()
+			r.k = nil
+		}
+		return nil
+	})
+}
+
+// Rows is the most rows a step takes.
+func (r *Runner) Rows() int { return r.maxRows }
+
+// Launches is the number of launches the host made so far: kernels, and
+// replays of recorded steps (one each).
+func (r *Runner) Launches() uint64 {
+	var n uint64
+	r.Dev.Do(func() error { n = r.Dev.Launches + r.replays; return nil })
+	return n
+}
+
+// Kernels is the number of kernels run so far, launched or replayed.
+func (r *Runner) Kernels() uint64 {
+	var n uint64
+	r.Dev.Do(func() error { n = r.Dev.Launches + r.replayed; return nil })
+	return n
+}
+
+// SetGraphs turns recording and replaying the one-row step on or off
+// (on by default).
+func (r *Runner) SetGraphs(on bool) { r.NoGraphs = !on }
+
+// state returns st's device state, allocating it on first use (once per
+// sequence state, never per step). A device state is freed when st is
+// garbage collected.
+func (r *Runner) state(st *model.State) (*dstate, error) {
+	wp := weak.Make(st)
+	r.mu.Lock()
+	ds := r.states[wp]
+	r.mu.Unlock()
+	if ds != nil {
+		return ds, nil
+	}
+	if st.Ctx > r.ctx {
+		return nil, fmt.Errorf("gpu: a sequence state of %d positions exceeds the %d the GPU backend was opened for", st.Ctx, r.ctx)
+	}
+	a := r.M.Arch
+	ds = &dstate{ctx: st.Ctx}
+	var sz int
+	type slot struct {
+		p *uintptr
+		n int
+	}
+	var slots []slot
+	n := len(a.States)
+	ds.kc, ds.vc, ds.conv, ds.rec = make([]uintptr, n), make([]uintptr, n), make([]uintptr, n), make([]uintptr, n)
+	ds.convN, ds.recN = make([]int, n), make([]int, n)
+	for l, sp := range a.States {
+		switch sp.Kind {
+		case block.KV:
+			slots = append(slots, slot{&ds.kc[l], st.Ctx * sp.KVWidth}, slot{&ds.vc[l], st.Ctx * sp.KVWidth})
+		case block.Recurrent:
+			ds.convN[l], ds.recN[l] = sp.ConvFloats, sp.RecFloats
+			slots = append(slots, slot{&ds.conv[l], sp.ConvFloats}, slot{&ds.rec[l], sp.RecFloats})
+		default:
+			return nil, fmt.Errorf("gpu: state kind %d not supported", sp.Kind)
+		}
+	}
+	offs := make([]int, len(slots))
+	for i, s := range slots {
+		offs[i] = sz
+		sz += (4*max(s.n, 1) + 255) &^ 255
+	}
+	buf, err := r.Dev.Alloc(sz)
+	if err != nil {
+		return nil, fmt.Errorf("gpu: sequence state of %d positions (%.2f GiB): %w", st.Ctx, gib(int64(sz)), err)
+	}
+	ds.buf = buf
+	for i, s := range slots {
+		*s.p = buf.Ptr + uintptr(offs[i])
+	}
+	ds.pos = -1 // reset on the first step
+	r.mu.Lock()
+	r.states[wp] = ds
+	r.mu.Unlock()
+	runtime.AddCleanup(st, func(wp weak.Pointer[model.State]) { r.release(wp) }, wp)
+	return ds, nil
+}
+
+// release frees the device state of a collected sequence state.
+func (r *Runner) release(wp weak.Pointer[model.State]) {
+	r.mu.Lock()
+	ds := r.states[wp]
+	delete(r.states, wp)
+	r.mu.Unlock()
+	if ds != nil && r.scratch.Ptr != 0 {
+		r.Dev.Do(func() error {
+			r.Dev.DestroyGraph(ds.graph)
+			return r.Dev.Free(ds.buf)
+		})
+	}
+}
+
+// Forward consumes tokens at positions st.Pos.. and advances st, as
+// model.Runner.Forward: logits of every token into out when all, else of
+// the last one. The result does not depend on the chunking.
+func (r *Runner) Forward(st *model.State, tokens []int, out []float32, all bool) error {
+	_, err := r.forward(st, tokens, out, all, false)
+	return err
+}
+
+// ForwardArgmax is Forward that returns the last token's greedy choice
+// (the lowest id among the largest logits), computed on the device: no
+// logits come back to the host.
+func (r *Runner) ForwardArgmax(st *model.State, tokens []int) (int, error) {
+	return r.forward(st, tokens, nil, false, true)
+}
+
+func (r *Runner) forward(st *model.State, tokens []int, out []float32, all, argmax bool) (int, error) {
+	V := r.V
+	if len(tokens) == 0 {
+		return 0, fmt.Errorf("forward: no tokens")
+	}
+	if st.Pos+len(tokens) > st.Ctx {
+		return 0, fmt.Errorf("forward: %d tokens at position %d exceed the context of %d", len(tokens), st.Pos, st.Ctx)
+	}
+	for _, t := range tokens {
+		if t < 0 || t >= V {
+			return 0, fmt.Errorf("forward: token id %d outside the vocabulary [0,%d)", t, V)
+		}
+	}
+	if !argmax && (all && len(out) < len(tokens)*V || !all && len(out) < V) {
+		return 0, fmt.Errorf("forward: logits buffer too small")
+	}
+	r.fa = fwdArgs{st: st, tokens: tokens, out: out, all: all, argmax: argmax}
+	err := r.Dev.Do(r.fwdFn)
+	best := r.fa.best
+	r.fa = fwdArgs{}
+	return best, err
+}
+
+// doForward runs r.fa on the device thread.
+func (r *Runner) doForward() error {
+	st, tokens, out, all, argmax := r.fa.st, r.fa.tokens, r.fa.out, r.fa.all, r.fa.argmax
+	V := r.V
+	ds, err := r.state(st)
+	if err != nil {
+		return err
+	}
+	if st.Pos == 0 {
+		if err := r.reset(ds); err != nil {
+			return err
+		}
+	} else if ds.pos != st.Pos {
+		return fmt.Errorf("gpu: the sequence state is at position %d but its GPU copy at %d: copying, restoring or rolling back sequence states (prefix cache, speculative decoding) is not available on the GPU yet", st.Pos, ds.pos)
+	}
+	for done := 0; done < len(tokens); {
+		nb := min(r.maxRows, len(tokens)-done)
+		last := done+nb == len(tokens)
+		var dst []float32
+		switch {
+		case argmax:
+		case all:
+			dst = out[done*V : (done+nb)*V]
+		case last:
+			dst = out[:V]
+		}
+		if err := r.step(ds, st, tokens[done:done+nb], dst, all, argmax && last); err != nil {
+			ds.pos = -2 // unknown: the next step must start a sequence over
+			return err
+		}
+		done += nb
+	}
+	if argmax {
+		r.fa.best = int(r.pam[0])
+	}
+	return nil
+}
+
+// reset zeroes a sequence's DeltaNet state for position 0.
+func (r *Runner) reset(ds *dstate) error {
+	if err := r.Dev.SyncStream(r.s); err != nil {
+		return err
+	}
+	for l := range ds.conv {
+		if ds.conv[l] != 0 {
+			if err := r.Dev.Fill32(ds.conv[l], 0, ds.convN[l]); err != nil {
+				return err
+			}
+			if err := r.Dev.Fill32(ds.rec[l], 0, ds.recN[l]); err != nil {
+				return err
+			}
+		}
+	}
+	ds.pos = 0
+	return r.Dev.Sync()
+}
+
+// step runs one batch of nb ≤ maxRows rows (on the device thread).
+func (r *Runner) step(ds *dstate, st *model.State, tokens []int, logits []float32, all, argmax bool) error {
+	a := r.M.Arch
+	H, V := r.H, r.V
+	nb := len(tokens)
+	rp := &a.Rope
+	rh := rp.Dim / 2
+	for i, t := range tokens {
+		a.Embed.Mat.Row(r.px[i*H:(i+1)*H], t)
+		cos, sin := r.pcos[i*rh:(i+1)*rh], r.psin[i*rh:(i+1)*rh]
+		kernels.RopeTable(cos, sin, st.Pos+i, rp.InvFreq)
+		if rp.Scale != 1 {
+			kernels.Scale(cos, rp.Scale)
+			kernels.Scale(sin, rp.Scale)
+		}
+	}
+	r.cur, r.pos, r.nb, r.err = ds, st.Pos, nb, nil
+	defer func() { r.cur = nil }()
+	r.mark("upload")
+	r.check(r.Dev.UploadAsync(r.x, r.pin, r.offX, 4*nb*H, r.s))
+	if rh > 0 {
+		r.check(r.Dev.UploadAsync(r.cos, r.pin, r.offCos, 4*nb*rh, r.s))
+		r.check(r.Dev.UploadAsync(r.sin, r.pin, r.offSin, 4*nb*rh, r.s))
+	}
+	if nb == 1 && !r.NoGraphs && r.exKind != "" && (argmax || logits != nil) {
+		// A one-row step is recorded once per sequence state and replayed:
+		// its position goes to the device, which reads it in the cache
+		// append and the attention, and the experts are multiplied on the
+		// router's choice without a round trip to the host.
+		*(*int32)(unsafe.Pointer(&r.pin.Slice()[r.offPosW])) = int32(st.Pos)
+		r.check(r.Dev.UploadAsync(r.posDev, r.pin, r.offPosW, 4, r.s))
+		if ds.graph == nil {
+			if err := r.record(ds); err != nil {
+				return err
+			}
+		}
+		r.mark("graph")
+		r.check(r.Dev.LaunchGraph(ds.graph, r.s))
+		r.replays++
+		r.replayed += ds.nodes
+		r.mark("download")
+		if argmax {
+			r.check(r.Dev.DownloadAsync(r.pin, r.offAm, r.am, 4, r.s))
+		} else {
+			r.check(r.Dev.DownloadAsync(r.plog, 0, r.logits, 4*V, r.s))
+		}
+	} else {
+		if err := r.tail(nb, argmax, logits != nil, all); err != nil {
+			return err
+		}
+		switch {
+		case argmax:
+			r.mark("download")
+			r.check(r.Dev.DownloadAsync(r.pin, r.offAm, r.am, 4, r.s))
+		case logits == nil:
+		case all:
+			r.mark("download")
+			r.check(r.Dev.DownloadAsync(r.plog, 0, r.logits, 4*nb*V, r.s))
+		default:
+			r.mark("download")
+			r.check(r.Dev.DownloadAsync(r.plog, 0, r.logits, 4*V, r.s))
+		}
+	}
+	r.mark("")
+	if err := r.Dev.SyncStream(r.s); err != nil {
+		return err
+	}
+	if r.err != nil {
+		return r.err
+	}
+	r.prof.collect(r)
+	if logits != nil {
+		copy(logits, r.plog.F32()[:len(logits)])
+	}
+	st.Pos += nb
+	ds.pos = st.Pos
+	return nil
+}
+
+// tail queues the forward from the rows in x to the logits (and, for
+// argmax, the last row's greedy choice).
+func (r *Runner) tail(nb int, argmax, logits, all bool) error {
+	a := r.M.Arch
+	H, V := r.H, r.V
+	if err := a.Forward(r); err != nil {
+		return err
+	}
+	if r.err != nil {
+		return r.err
+	}
+	r.mark("lm_head")
+	n := &a.Norm
+	r.check(r.k.RMSNorm(r.s, r.final, r.x, r.y, r.vecs[&n.W[0]], nb, H, H, n.Eps, n.ZeroCentred))
+	lm := r.mats[&a.LMHead]
+	switch {
+	case all && logits:
+		r.mul(r.logits, lm, r.final, nb, H)
+	case argmax || logits:
+		r.mul(r.logits, lm, r.final+uintptr(4*(nb-1)*H), 1, H)
+	}
+	if argmax {
+		r.check(r.k.Argmax(r.s, r.logits, r.am, 1, V))
+	}
+	return r.err
+}
+
+// record captures a one-row step over ds's buffers into ds.graph: the
+// forward, the last row's logits and their argmax.
+func (r *Runner) record(ds *dstate) error {
+	if err := r.Dev.BeginCapture(r.s); err != nil {
+		return err
+	}
+	r.graphing = true
+	l0 := r.Dev.Launches
+	err := r.tail(1, true, true, false)
+	r.graphing = false
+	nodes := r.Dev.Launches - l0
+	r.Dev.Launches = l0 // recorded, not launched
+	g, err2 := r.Dev.EndCapture(r.s)
+	if err == nil {
+		err = err2
+	}
+	if err != nil {
+		if g != nil {
+			r.Dev.DestroyGraph(g)
+		}
+		return fmt.Errorf("gpu: recording the decode step: %w", err)
+	}
+	ds.graph, ds.nodes = g, nodes
+	return nil
+}
+
+// check keeps the first error of the step: Backend ops return none.
+func (r *Runner) check(err error) {
+	if err != nil && r.err == nil {
+		r.err = err
+	}
+}
+
+// acts are prepared activations of rows rows of cols floats at x.
+type acts struct {
+	x          uintptr
+	rows, cols int
+}
+
+// prepare quantises the activations for products with matrices of kind k.
+func (r *Runner) prepare(x uintptr, rows, cols int, k format.Kind) acts {
+	if k == format.Q4 || k == format.Q8 {
+		r.check(r.k.PrepQ4(r.s, cuda.Acts{X: x, X8: r.x8, XS: r.xs, XSum: r.xsum, Rows: rows, Cols: cols}))
+	}
+	return acts{x, rows, cols}
+}
+
+// mulPrepared writes out = W·rows from..from+n of a (already prepared).
+func (r *Runner) mulPrepared(out uintptr, w mat, a acts, from, n int) {
+	C := a.cols
+	switch w.kind {
+	case format.Q4, format.Q8:
+		ac := cuda.Acts{X: a.x + uintptr(4*from*C), X8: r.x8 + uintptr(from*C), XS: r.xs + uintptr(4*from*(C/64)),
+			XSum: r.xsum + uintptr(4*from*(C/64)), Rows: n, Cols: C}
+		q := cuda.Q4{Rows: w.rows, Cols: w.cols, Q: w.q, Scales: w.s, Biases: w.b}
+		if w.kind == format.Q4 {
+			r.check(r.k.MatQ4(r.s, out, q, ac))
+		} else {
+			r.check(r.k.MatQ8(r.s, out, q, ac))
+		}
+	case format.BF16:
+		r.check(r.k.MatBF16(r.s, out, w.p, w.rows, w.cols, a.x+uintptr(4*from*C), n))
+	default:
+		r.check(r.k.MatF32(r.s, out, w.p, w.rows, w.cols, a.x+uintptr(4*from*C), n))
+	}
+}
+
+// mul writes out = W·x for nb rows of cols floats.
+func (r *Runner) mul(out uintptr, w mat, x uintptr, nb, cols int) {
+	if w.cols != cols {
+		r.check(fmt.Errorf("gpu: product of a [%d %d] matrix with %d columns", w.rows, w.cols, cols))
+		return
+	}
+	r.mulPrepared(out, w, r.prepare(x, nb, cols, w.kind), 0, nb)
+}
+
+func (r *Runner) wmat(w *block.Weight) mat { return r.mats[w] }
+
+// Norm implements block.Backend.
+func (r *Runner) Norm(n *block.Norm, add bool) {
+	r.mark("norm")
+	var y uintptr
+	if add {
+		y = r.y
+	}
+	r.check(r.k.RMSNorm(r.s, r.h, r.x, y, r.vecs[&n.W[0]], r.nb, r.H, r.H, n.Eps, n.ZeroCentred))
+}
+
+func qwidth(L *block.Attn) (qw, qstride int) {
+	qw, qstride = L.Heads*L.HeadDim, L.HeadDim
+	if L.Gate {
+		qw, qstride = 2*qw, 2*L.HeadDim
+	}
+	return qw, qstride
+}
+
+// Project implements block.Backend.
+func (r *Runner) Project(L *block.Attn) {
+	r.mark("attn_proj")
+	a := r.prepare(r.h, r.nb, r.H, r.wmat(&L.Q).kind)
+	r.mulPrepared(r.q, r.wmat(&L.Q), a, 0, r.nb)
+	if r.wmat(&L.K).kind != r.wmat(&L.Q).kind {
+		a = r.prepare(r.h, r.nb, r.H, r.wmat(&L.K).kind)
+	}
+	r.mulPrepared(r.kk, r.wmat(&L.K), a, 0, r.nb)
+	r.mulPrepared(r.v, r.wmat(&L.V), a, 0, r.nb)
+}
+
+// Prep implements block.Backend.
+func (r *Runner) Prep(L *block.Attn, cache int) {
+	r.mark("attn_prep")
+	nb, hd := r.nb, L.HeadDim
+	qw, qstride := qwidth(L)
+	kvw := L.KVHeads * hd
+	rh := r.M.Arch.Rope.Dim / 2
+	qn, kn := L.QNorm, L.KNorm
+	r.check(r.k.RMSNorm(r.s, r.q, r.q, 0, r.vecs[&qn.W[0]], nb*L.Heads, hd, qstride, qn.Eps, qn.ZeroCentred))
+	r.check(r.k.RMSNorm(r.s, r.kk, r.kk, 0, r.vecs[&kn.W[0]], nb*L.KVHeads, hd, hd, kn.Eps, kn.ZeroCentred))
+	if rh > 0 {
+		r.check(r.k.Rope(r.s, r.q, r.cos, r.sin, nb, L.Heads, qw, qstride, rh))
+		r.check(r.k.Rope(r.s, r.kk, r.cos, r.sin, nb, L.KVHeads, kvw, hd, rh))
+	}
+	ds := r.cur
+	if r.graphing {
+		r.check(r.k.KVAppend(r.s, ds.kc[cache], ds.vc[cache], r.kk, r.v, r.posDev, kvw))
+		return
+	}
+	r.check(r.Dev.CopyDAsync(ds.kc[cache]+uintptr(4*r.pos*kvw), r.kk, 4*nb*kvw, r.s))
+	r.check(r.Dev.CopyDAsync(ds.vc[cache]+uintptr(4*r.pos*kvw), r.v, 4*nb*kvw, r.s))
+}
+
+// Attend implements block.Backend.
+func (r *Runner) Attend(L *block.Attn, cache int) {
+	r.mark("attend")
+	qw, qstride := qwidth(L)
+	ds := r.cur
+	at := cuda.Attn{Pos: r.pos, Rows: r.nb,
+		Heads: L.Heads, KVHeads: L.KVHeads, HeadDim: L.HeadDim, QRow: qw, QHead: qstride, ORow: L.Heads * L.HeadDim,
+		Scale: L.Scale, Gated: L.Gate}
+	if r.graphing {
+		at.PosDev, at.MaxPos = r.posDev, ds.ctx
+	}
+	r.check(r.k.Attend(r.s, r.o, r.q, ds.kc[cache], ds.vc[cache], r.attS, at))
+}
+
+// AttnOut implements block.Backend.
+func (r *Runner) AttnOut(L *block.Attn) {
+	r.mark("attn_out")
+	r.mul(r.y, r.wmat(&L.O), r.o, r.nb, L.Heads*L.HeadDim)
+}
+
+func dnShape(d *block.DeltaNet) cuda.DN {
+	return cuda.DN{KeyHeads: d.KeyHeads, ValueHeads: d.ValueHeads, KeyDim: d.KeyDim, ValueDim: d.ValueDim}
+}
+
+// DNProject implements block.Backend.
+func (r *Runner) DNProject(d *block.DeltaNet) {
+	r.mark("dn_proj")
+	a := r.prepare(r.h, r.nb, r.H, r.wmat(&d.QKV).kind)
+	r.mulPrepared(r.qkv, r.wmat(&d.QKV), a, 0, r.nb)
+	if r.wmat(&d.Z).kind != r.wmat(&d.QKV).kind {
+		a = r.prepare(r.h, r.nb, r.H, r.wmat(&d.Z).kind)
+	}
+	r.mulPrepared(r.z, r.wmat(&d.Z), a, 0, r.nb)
+	r.mul(r.db, r.wmat(&d.B), r.h, r.nb, r.H)
+	r.mul(r.da, r.wmat(&d.A), r.h, r.nb, r.H)
+}
+
+// Conv implements block.Backend.
+func (r *Runner) Conv(d *block.DeltaNet, cache int) {
+	r.mark("dn_conv")
+	r.check(r.k.DNConv(r.s, r.qkv, r.cur.conv[cache], r.vecs[&d.ConvT[0]], r.nb, dnShape(d).Conv(), d.Kernel))
+}
+
+// DNPrep implements block.Backend.
+func (r *Runner) DNPrep(d *block.DeltaNet) {
+	r.mark("dn_prep")
+	qscale := float32(1 / math.Sqrt(float64(d.KeyDim)))
+	r.check(r.k.DNPrep(r.s, r.qkv, r.db, r.da, r.vecs[&d.ALog[0]], r.vecs[&d.DtBias[0]], r.nb, dnShape(d), qscale))
+}
+
+// DeltaRule implements block.Backend.
+func (r *Runner) DeltaRule(d *block.DeltaNet, cache int) {
+	r.mark("dn_rule")
+	r.check(r.k.DNRule(r.s, r.cur.rec[cache], r.qkv, r.da, r.db, r.dno, r.nb, dnShape(d)))
+}
+
+// DNGate implements block.Backend.
+func (r *Runner) DNGate(d *block.DeltaNet) {
+	r.mark("dn_gate")
+	g := &d.GNorm
+	nv, dv := d.ValueHeads, d.ValueDim
+	r.check(r.k.RMSNorm(r.s, r.dno, r.dno, 0, r.vecs[&g.W[0]], r.nb*nv, dv, dv, g.Eps, g.ZeroCentred))
+	r.check(r.k.SwiGLU(r.s, r.dno, r.z, r.dno, r.nb*nv*dv))
+}
+
+// DNOut implements block.Backend.
+func (r *Runner) DNOut(d *block.DeltaNet) {
+	r.mark("dn_out")
+	r.mul(r.y, r.wmat(&d.Out), r.dno, r.nb, d.ValueHeads*d.ValueDim)
+}
+
+// RouterLogits implements block.Backend.
+func (r *Runner) RouterLogits(m *block.MoE) {
+	r.mark("router")
+	r.mul(r.rl, r.wmat(&m.Router), r.h, r.nb, r.H)
+}
+
+// Route implements block.Backend.
+func (r *Runner) Route(m *block.MoE) {
+	ids := r.ids
+	if r.graphing {
+		ids = r.idsG
+	}
+	r.check(r.k.Route(r.s, r.rl, r.rl, ids, r.w, r.nb, r.E, r.K, m.NormTopK))
+}
+
+// Experts implements block.Backend: the chosen experts come back to the
+// host, which groups the rows by expert in first-use order (as the CPU
+// does); the rows are gathered on the device and each expert multiplies
+// its rows, its outputs landing in consecutive rows of outk.
+func (r *Runner) Experts(m *block.MoE) error {
+	nb, K, H, I := r.nb, r.K, r.H, r.I
+	if r.graphing {
+		r.expertsOnDevice(m)
+		if !r.sharedSlot {
+			r.shared1(m)
+		} else if m.SharedGate.Present() {
+			r.mul(r.sgate, r.wmat(&m.SharedGate), r.h, 1, H)
+		}
+		return r.err
+	}
+	r.mark("route_sync")
+	r.check(r.Dev.DownloadAsync(r.pin, r.offIds, r.ids, 4*nb*K, r.s))
+	if err := r.Dev.SyncStream(r.s); err != nil {
+		return err
+	}
+	r.mark("experts")
+	r.distinct = r.distinct[:0]
+	for i := 0; i < nb; i++ {
+		for k := 0; k < K; k++ {
+			e := int(r.pids[i*K+k])
+			if e < 0 || e >= r.E {
+				return fmt.Errorf("gpu: router chose expert %d of %d", e, r.E)
+			}
+			if r.slot[e] < 0 {
+				r.slot[e] = len(r.distinct)
+				r.distinct = append(r.distinct, e)
+				r.members[e] = r.members[e][:0]
+			}
+			r.members[e] = append(r.members[e], i*K+k)
+		}
+	}
+	at := 0
+	for di, e := range r.distinct {
+		r.slot[e] = -1
+		r.base[di], r.nrows[di] = at, len(r.members[e])
+		for j, rk := range r.members[e] {
+			r.pgidx[at+j] = int32(rk / K)
+			r.ppos[rk] = int32(at + j)
+		}
+		at += len(r.members[e])
+	}
+	n := nb * K
+	r.check(r.Dev.UploadAsync(r.gidx, r.pin, r.offGidx, 4*n, r.s))
+	r.check(r.Dev.UploadAsync(r.posd, r.pin, r.offPos, 4*n, r.s))
+	r.check(r.k.GatherRows(r.s, r.gin, r.h, r.gidx, n, H))
+	exps := r.experts[m.Layer*r.E:]
+	kind := exps[r.distinct[0]].gate.kind
+	a := r.prepare(r.gin, n, H, kind)
+	for di, e := range r.distinct {
+		ex := &exps[e]
+		b, rows := r.base[di], r.nrows[di]
+		r.mulPrepared(r.g+uintptr(4*b*I), ex.gate, a, b, rows)
+		r.mulPrepared(r.u+uintptr(4*b*I), ex.up, a, b, rows)
+	}
+	r.check(r.k.SwiGLU(r.s, r.g, r.g, r.u, n*I))
+	a = r.prepare(r.g, n, I, kind)
+	for di, e := range r.distinct {
+		b, rows := r.base[di], r.nrows[di]
+		r.mulPrepared(r.outk+uintptr(4*b*H), exps[e].down, a, b, rows)
+	}
+	r.shared1(m)
+	return r.err
+}
+
+// expertsOnDevice multiplies the one row's experts on the router's choice
+// on the device (recorded steps): slot k's outputs land in row k of outk,
+// which is where the host's grouping puts them for one row too.
+func (r *Runner) expertsOnDevice(m *block.MoE) {
+	K, H, I := r.K, r.H, r.I
+	if m.Shared != nil && r.sharedSlot {
+		K++ // slot K: the shared expert, id E
+	}
+	l := m.Layer
+	x8 := cuda.Acts{X: r.h, X8: r.x8, XS: r.xs, XSum: r.xsum, Rows: 1, Cols: H}
+	if r.exKind != "bf16" {
+		r.check(r.k.PrepQ4(r.s, x8))
+	}
+	r.check(r.k.MatEx(r.s, r.exKind, r.g, r.tabGate[l], r.idsG, I, x8, K, false))
+	r.check(r.k.MatEx(r.s, r.exKind, r.u, r.tabUp[l], r.idsG, I, x8, K, false))
+	r.check(r.k.SwiGLU(r.s, r.g, r.g, r.u, K*I))
+	g8 := cuda.Acts{X: r.g, X8: r.x8, XS: r.xs, XSum: r.xsum, Rows: K, Cols: I}
+	if r.exKind != "bf16" {
+		r.check(r.k.PrepQ4(r.s, g8))
+	}
+	r.check(r.k.MatEx(r.s, r.exKind, r.outk, r.tabDown[l], r.idsG, H, g8, K, true))
+}
+
+// shared1 computes the shared expert and its gate of every row.
+func (r *Runner) shared1(m *block.MoE) {
+	nb, H := r.nb, r.H
+	if sh := m.Shared; sh != nil {
+		r.mark("shared")
+		gw := r.wmat(&sh.Gate)
+		a := r.prepare(r.h, nb, H, gw.kind)
+		r.mulPrepared(r.sg, gw, a, 0, nb)
+		r.mulPrepared(r.su, r.wmat(&sh.Up), a, 0, nb)
+		r.check(r.k.SwiGLU(r.s, r.sg, r.sg, r.su, nb*sh.Inter))
+		r.mul(r.shared, r.wmat(&sh.Down), r.sg, nb, sh.Inter)
+		if m.SharedGate.Present() {
+			r.mul(r.sgate, r.wmat(&m.SharedGate), r.h, nb, H)
+		}
+	}
+}
+
+// Combine implements block.Backend.
+func (r *Runner) Combine(m *block.MoE) {
+	r.mark("combine")
+	mode := 0
+	if m.Shared != nil {
+		mode = 1
+		if m.SharedGate.Present() {
+			mode = 2
+		}
+	}
+	pos, shared := r.posd, r.shared
+	if r.graphing {
+		pos = r.posK
+		if r.sharedSlot {
+			shared = r.outk + uintptr(4*r.K*r.H) // slot K
+		}
+	}
+	r.check(r.k.MoECombine(r.s, r.y, r.outk, pos, r.w, shared, r.sgate, r.nb, r.K, r.H, mode))
+}
+
+// Dense implements block.Backend (no GPU family has dense layers yet).
+func (r *Runner) Dense(m *block.MLP) { r.check(fmt.Errorf("gpu: dense MLP layers are not supported")) }
+
+// MLAProject implements block.Backend (latent attention is CPU-only).
+func (r *Runner) MLAProject(m *block.MLA) {
+	r.check(fmt.Errorf("gpu: latent attention is not supported"))
+}
+
+// MLAPrep implements block.Backend.
+func (r *Runner) MLAPrep(m *block.MLA, cache int) {}
+
+// Select implements block.Backend.
+func (r *Runner) Select(m *block.MLA, cache int) {}
+
+// MLAAttend implements block.Backend.
+func (r *Runner) MLAAttend(m *block.MLA, cache int) {}
+
+// Emit implements block.Backend: tracing is a CPU feature.
+func (r *Runner) Emit(name string, layer int, b block.Buf) {}

@@ -1,0 +1,460 @@
+package gpu_test
+
+// Tests of the GPU backend against transformers' references and the CPU
+// runner. They skip where there is no GPU. The shared test data is found
+// at $SLUICE_SHARED, else ../shared beside the repository root (the GPU
+// machine has no copy of the checkout's parent, so its script sets it).
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"testing"
+
+	"github.com/sluicelm/sluice/internal/cuda"
+	"github.com/sluicelm/sluice/internal/engine"
+	"github.com/sluicelm/sluice/internal/model"
+	"github.com/sluicelm/sluice/internal/pack"
+	"github.com/sluicelm/sluice/internal/sample"
+	"github.com/sluicelm/sluice/internal/testutil"
+)
+
+var gpuModels = []string{"tiny-qwen3-moe", "tiny-qwen3-5-moe"}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if packDir != "" && os.Getenv("SLUICE_GPU_PACKS") == "" {
+		os.RemoveAll(packDir)
+	}
+	os.Exit(code)
+}
+
+// needGPU skips the test where no GPU is usable.
+func needGPU(t testing.TB) {
+	t.Helper()
+	n, err := cuda.Count()
+	if err != nil {
+		t.Skipf("no GPU: %v", err)
+	}
+	if n == 0 {
+		t.Skip("no GPU: the driver sees none")
+	}
+}
+
+func shared(t testing.TB) string {
+	t.Helper()
+	d := os.Getenv("SLUICE_SHARED")
+	if d == "" {
+		d = filepath.Join("..", "..", "..", "..", "shared")
+	}
+	if _, err := os.Stat(d); err != nil {
+		t.Skipf("shared test data not found at %s (set SLUICE_SHARED)", d)
+	}
+	return d
+}
+
+var (
+	packMu  sync.Mutex
+	packDir string
+)
+
+// packed packs a shared model at bits once per binary ($SLUICE_GPU_PACKS
+// keeps them across runs) and returns the directory; it skips the test
+// when the shared copy of the model is absent.
+func packed(t testing.TB, name string, bits int) string {
+	t.Helper()
+	src := filepath.Join(shared(t), "models", name)
+	if _, err := os.Stat(filepath.Join(src, "config.json")); err != nil {
+		t.Skipf("model %s not found in the shared data", name)
+	}
+	packMu.Lock()
+	defer packMu.Unlock()
+	if packDir == "" {
+		packDir = os.Getenv("SLUICE_GPU_PACKS")
+		if packDir == "" {
+			d, err := os.MkdirTemp("", "sluice-gpu-test-")
+			if err != nil {
+				t.Fatal(err)
+			}
+			packDir = d
+		}
+	}
+	dst := filepath.Join(packDir, fmt.Sprintf("%s-%d", name, bits))
+	if _, err := os.Stat(filepath.Join(dst, "manifest.json")); err == nil {
+		return dst
+	}
+	if err := pack.Pack(context.Background(), src, dst, pack.Options{Bits: bits, Force: true}); err != nil {
+		t.Fatalf("pack %s at %d bits: %v", name, bits, err)
+	}
+	return dst
+}
+
+func refs(t testing.TB, name string) *testutil.Refs {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(shared(t), "refs", name+".json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &testutil.Refs{}
+	if err := json.Unmarshal(b, r); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func open(t testing.TB, dir, device string, rows int) *engine.Engine {
+	t.Helper()
+	e, err := engine.Open(context.Background(), dir, engine.Options{Device: device, ChunkRows: rows, Threads: 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	if device == "cuda" && !e.OnGPU() {
+		t.Fatalf("device cuda gave %s", e.Device)
+	}
+	return e
+}
+
+func argmax(x []float32) int {
+	b := 0
+	for i, v := range x {
+		if v > x[b] {
+			b = i
+		}
+	}
+	return b
+}
+
+func logSoftmax(x []float32) []float64 {
+	mx := math.Inf(-1)
+	for _, v := range x {
+		mx = math.Max(mx, float64(v))
+	}
+	var s float64
+	for _, v := range x {
+		s += math.Exp(float64(v) - mx)
+	}
+	out := make([]float64, len(x))
+	for i, v := range x {
+		out[i] = float64(v) - mx - math.Log(s)
+	}
+	return out
+}
+
+// all runs prompt through a fresh state and returns every position's logits.
+func all(t testing.TB, e *engine.Engine, prompt []int) []float32 {
+	t.Helper()
+	st, err := e.Model.NewState(len(prompt) + 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]float32, len(prompt)*e.Model.Config.Vocab)
+	if err := e.Fwd.Forward(st, prompt, out, true); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestGPUConformance checks exact mode (bf16) on the GPU against
+// transformers: argmax per position (a mismatch only where the reference's
+// top two are within 1e-3), last logits within 1e-3, and the 48 greedy
+// tokens, decoded through the engine (argmax on the device) and through
+// the logits (argmax on the host).
+func TestGPUConformance(t *testing.T) {
+	needGPU(t)
+	for _, name := range gpuModels {
+		t.Run(name, func(t *testing.T) {
+			dir := packed(t, name, 16)
+			rf := refs(t, name)
+			e := open(t, dir, "cuda", 64)
+			V := e.Model.Config.Vocab
+			for ci, c := range rf.Cases {
+				out := all(t, e, c.Prompt)
+				for p := range c.Prompt {
+					if got := argmax(out[p*V : (p+1)*V]); got != c.Argmax[p] {
+						if lp := c.Top5Logprobs[p]; math.Abs(lp[0]-lp[1]) > 1e-3 {
+							t.Errorf("case %d pos %d: argmax %d, want %d (ref top2 %v)", ci, p, got, c.Argmax[p], lp[:2])
+						}
+					}
+				}
+				last := out[(len(c.Prompt)-1)*V:]
+				var worst float64
+				for i, want := range c.LastLogits {
+					worst = math.Max(worst, math.Abs(float64(last[i])-want))
+				}
+				if ci == 0 {
+					t.Logf("case 0: last logits max abs diff %.2e (device %s)", worst, e.Device)
+				}
+				if worst > 1e-3 {
+					t.Errorf("case %d: last logits differ by up to %g", ci, worst)
+				}
+				// Greedy through the engine: the argmax on the device.
+				st, _ := e.NewState()
+				got, _, err := e.Generate(context.Background(), st, c.Prompt,
+					engine.GenOptions{MaxTokens: len(c.Greedy), Sample: sample.Params{}, IgnoreEOS: true}, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if d := firstDiff(got, c.Greedy); d >= 0 {
+					t.Errorf("case %d: greedy tokens (device argmax) differ at %d\n got %v\nwant %v", ci, d, got, c.Greedy)
+				}
+				// Greedy through the logits.
+				st2, _ := e.Model.NewState(len(c.Prompt) + len(c.Greedy))
+				logits := make([]float32, V)
+				if err := e.Fwd.Forward(st2, c.Prompt, logits, false); err != nil {
+					t.Fatal(err)
+				}
+				var host []int
+				for len(host) < len(c.Greedy) {
+					next := argmax(logits)
+					host = append(host, next)
+					if err := e.Fwd.Forward(st2, []int{next}, logits, false); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if d := firstDiff(host, c.Greedy); d >= 0 {
+					t.Errorf("case %d: greedy tokens (host argmax) differ at %d\n got %v\nwant %v", ci, d, host, c.Greedy)
+				}
+			}
+		})
+	}
+}
+
+func firstDiff(a, b []int) int {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	if len(a) != len(b) {
+		return min(len(a), len(b))
+	}
+	return -1
+}
+
+// TestGPUBatchInvariance requires bit-identical logits on the GPU whether a
+// prompt runs in one batch, token by token or in odd-sized chunks.
+func TestGPUBatchInvariance(t *testing.T) {
+	needGPU(t)
+	for _, name := range gpuModels {
+		for _, bits := range []int{16, 4} {
+			t.Run(fmt.Sprintf("%s/%d", name, bits), func(t *testing.T) {
+				dir := packed(t, name, bits)
+				c := refs(t, name).Cases[0]
+				want := all(t, open(t, dir, "cuda", 128), c.Prompt)
+				V := len(want) / len(c.Prompt)
+				// rows 1 runs every token as a recorded, replayed step;
+				// rows -1 runs them one by one launched from the host.
+				for _, rows := range []int{1, -1, 7, 13} {
+					e := open(t, dir, "cuda", max(rows, 1))
+					if rows < 0 {
+						e.Fwd.(interface{ SetGraphs(bool) }).SetGraphs(false)
+					}
+					got := all(t, e, c.Prompt)
+					for i := range want {
+						if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+							t.Fatalf("rows %d: logit %d (pos %d) = %v, one batch %v", rows, i, i/V, got[i], want[i])
+						}
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestGPUQuantisedNLL compares held-out NLL on the long cases at 4 bits on
+// the GPU with exact mode on the GPU (within 4%) and with 4 bits on the CPU
+// (within 0.5%).
+func TestGPUQuantisedNLL(t *testing.T) {
+	needGPU(t)
+	for _, name := range gpuModels {
+		t.Run(name, func(t *testing.T) {
+			d16, d4 := packed(t, name, 16), packed(t, name, 4)
+			rf := refs(t, name)
+			nll := func(dir, device string) float64 {
+				e := open(t, dir, device, 256)
+				V := e.Model.Config.Vocab
+				var sum float64
+				var n int
+				for _, c := range rf.Long {
+					out := all(t, e, c.Prompt)
+					for p := 0; p+1 < len(c.Prompt); p++ {
+						sum -= logSoftmax(out[p*V : (p+1)*V])[c.Prompt[p+1]]
+						n++
+					}
+				}
+				return sum / float64(n)
+			}
+			g16, g4, c4 := nll(d16, "cuda"), nll(d4, "cuda"), nll(d4, "cpu")
+			t.Logf("held-out NLL: GPU bf16 %.5f, GPU q4 %.5f (%+.2f%%), CPU q4 %.5f (GPU %+.3f%%)", g16, g4, 100*(g4/g16-1), c4, 100*(g4/c4-1))
+			if d := math.Abs(g4/g16 - 1); d > 0.04 {
+				t.Errorf("GPU q4 NLL off bf16 by %.2f%%, want <= 4%%", 100*d)
+			}
+			if d := math.Abs(g4/c4 - 1); d > 0.005 {
+				t.Errorf("GPU q4 NLL off the CPU's q4 by %.3f%%, want <= 0.5%%", 100*d)
+			}
+		})
+	}
+}
+
+// TestGPURefusals: what the GPU cannot do yet is refused, not computed
+// wrongly: drafts, and a state changed behind the backend's back.
+func TestGPURefusals(t *testing.T) {
+	needGPU(t)
+	name := gpuModels[1]
+	e := open(t, packed(t, name, 4), "cuda", 64)
+	c := refs(t, name).Cases[0]
+	st, _ := e.NewState()
+	if _, _, err := e.Generate(context.Background(), st, c.Prompt, engine.GenOptions{MaxTokens: 4, Drafts: 2}, nil); err == nil {
+		t.Error("drafts on the GPU: no error")
+	}
+	a, _ := e.NewState()
+	logits := make([]float32, e.Model.Config.Vocab)
+	if err := e.Fwd.Forward(a, c.Prompt, logits, false); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := e.NewState()
+	if err := b.CopyFrom(a); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Fwd.Forward(b, c.Prompt[:1], logits, false); err == nil {
+		t.Error("a state copied on the host ran on the GPU without an error")
+	}
+}
+
+// TestGPUSpeed (SLUICE_GPU_BENCH=1) measures prefill of 512 tokens and
+// decode of 128 on the GPU and on the CPU (every core), alternating, and
+// the phase profile of the GPU's decode.
+func TestGPUSpeed(t *testing.T) {
+	if os.Getenv("SLUICE_GPU_BENCH") == "" {
+		t.Skip("set SLUICE_GPU_BENCH=1")
+	}
+	needGPU(t)
+	for _, name := range gpuModels {
+		for _, bits := range []int{4, 16} {
+			t.Run(fmt.Sprintf("%s/%d", name, bits), func(t *testing.T) {
+				dir := packed(t, name, bits)
+				engines := []*engine.Engine{open(t, dir, "cuda", 256), open(t, dir, "cuda", 256), open(t, dir, "cpu", 256)}
+				engines[1].Fwd.(interface{ SetGraphs(bool) }).SetGraphs(false)
+				label := []string{"GPU graphs", "GPU launches", "CPU"}
+				rng := rand.New(rand.NewPCG(1, 2))
+				prompt := make([]int, 512)
+				for i := range prompt {
+					prompt[i] = rng.IntN(engines[0].Model.Config.Vocab - 8)
+				}
+				res := make([][3][]float64, len(engines)) // per engine: prefill tok/s, decode tok/s, launches per token
+				for trial := 0; trial <= 3; trial++ {
+					for i, e := range engines {
+						pre, dec, lpt := speedTrial(t, e, prompt, 128)
+						if trial > 0 {
+							res[i][0] = append(res[i][0], pre)
+							res[i][1] = append(res[i][1], dec)
+							res[i][2] = append(res[i][2], lpt)
+						}
+					}
+				}
+				for i, e := range engines {
+					fmt.Printf("speed: %s bits %d %-12s %-24s threads %d: prefill 512 %.0f tok/s, decode 128 %.0f tok/s (medians of 3: %v / %v), launches per decode token %.0f\n",
+						name, bits, label[i], e.Device, e.Runner.Pool.Threads(), median(res[i][0]), median(res[i][1]), round(res[i][0]), round(res[i][1]), median(res[i][2]))
+				}
+				fmt.Printf("speed: %s bits %d GPU/CPU: prefill %.2fx, decode %.2fx (graphs), %.2fx (launches)\n", name, bits,
+					median(res[0][0])/median(res[2][0]), median(res[0][1])/median(res[2][1]), median(res[1][1])/median(res[2][1]))
+				for i, e := range engines[:2] {
+					if p, ok := e.Fwd.(engine.Profiler); ok {
+						if err := p.EnableProfile(8192); err != nil {
+							t.Fatal(err)
+						}
+						speedTrial(t, e, prompt, 129) // the decode resets the totals first
+						fmt.Printf("speed: %s bits %d decode, %s: %s", name, bits, label[i], p.Profile())
+					}
+				}
+			})
+		}
+	}
+}
+
+// speedTrial prefills prompt from an empty context and decodes gen tokens
+// greedily after it, as sluice bench does.
+func speedTrial(t testing.TB, e *engine.Engine, prompt []int, gen int) (pre, dec, launchesPerToken float64) {
+	st, err := e.NewState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	q, err := e.NewSequence(st, engine.GenOptions{MaxTokens: gen, IgnoreEOS: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Prefill(ctx, prompt); err != nil {
+		t.Fatal(err)
+	}
+	l0 := e.Launches()
+	if p, ok := e.Fwd.(engine.Profiler); ok {
+		p.ResetProfile()
+	}
+	for !q.Done() {
+		if _, _, err := q.Step(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := q.Stats()
+	return s.PrefillTokS, s.DecodeTokS, float64(e.Launches()-l0) / float64(max(s.GeneratedTokens-1, 1))
+}
+
+func median(v []float64) float64 {
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	if len(s) == 0 {
+		return 0
+	}
+	return s[len(s)/2]
+}
+
+func round(v []float64) []float64 {
+	out := make([]float64, len(v))
+	for i, x := range v {
+		out[i] = math.Round(x)
+	}
+	return out
+}
+
+// TestGPUDecodeAllocs: a decode step on the GPU allocates nothing on the
+// host (the device's memory is all allocated when the model and the
+// sequence state first run).
+func TestGPUDecodeAllocs(t *testing.T) {
+	needGPU(t)
+	name := gpuModels[0]
+	e := open(t, packed(t, name, 4), "cuda", 64)
+	am, ok := e.Fwd.(interface {
+		ForwardArgmax(st *model.State, tokens []int) (int, error)
+	})
+	if !ok {
+		t.Fatal("the GPU forward has no ForwardArgmax")
+	}
+	st, _ := e.NewState()
+	c := refs(t, name).Cases[0]
+	next, err := am.ForwardArgmax(st, c.Prompt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok := []int{next}
+	for _, graphs := range []bool{true, false} {
+		e.Fwd.(interface{ SetGraphs(bool) }).SetGraphs(graphs)
+		var ferr error
+		allocs := testing.AllocsPerRun(20, func() {
+			tok[0], ferr = am.ForwardArgmax(st, tok)
+		})
+		if ferr != nil {
+			t.Fatal(ferr)
+		}
+		if allocs != 0 {
+			t.Errorf("graphs %v: a decode step allocates %.1f times", graphs, allocs)
+		}
+	}
+}

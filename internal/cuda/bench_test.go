@@ -1,0 +1,229 @@
+package cuda
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/sluicelm/sluice/internal/format"
+)
+
+// TestGPUBench measures, on the device, the figures internal/cuda/NOTES.md
+// records: device-to-device copy bandwidth (the ceiling), the q4
+// matrix-vector kernel's achieved bandwidth at real shapes, the batched q4
+// product, kernel launch overhead and graph replay overhead. It runs only
+// with SLUICE_GPU_BENCH=1 (scripts/gpu-test.sh sets it), since it takes
+// seconds and a few GiB of device memory, and it asserts nothing about
+// speed.
+func TestGPUBench(t *testing.T) {
+	if os.Getenv("SLUICE_GPU_BENCH") == "" {
+		t.Skip("set SLUICE_GPU_BENCH=1 to run the GPU benchmarks")
+	}
+	onGPU(t, func(e *env) {
+		d := e.d
+		s, err := d.NewStream()
+		must(err)
+		defer d.DestroyStream(s)
+		ev0, _ := d.NewEvent()
+		ev1, _ := d.NewEvent()
+		defer d.DestroyEvent(ev0)
+		defer d.DestroyEvent(ev1)
+		// timed runs f reps times between two events, three times over,
+		// and returns the median milliseconds per rep.
+		timed := func(reps int, f func(i int)) float64 {
+			f(0) // warm-up
+			must(d.SyncStream(s))
+			var ms []float64
+			for trial := 0; trial < 3; trial++ {
+				must(d.Record(ev0, s))
+				for i := 0; i < reps; i++ {
+					f(i)
+				}
+				must(d.Record(ev1, s))
+				must(d.WaitEvent(ev1))
+				m, err := d.Elapsed(ev0, ev1)
+				must(err)
+				ms = append(ms, float64(m)/float64(reps))
+			}
+			sort.Float64s(ms)
+			return ms[1]
+		}
+		report := func(format string, a ...any) { fmt.Printf("bench: "+format+"\n", a...) }
+		report("%v", d.Info)
+
+		// Copy ceiling: 2 GiB device to device, bytes read + written.
+		const cp = 2 << 30
+		a, b := e.alloc(cp), e.alloc(cp)
+		ms := timed(5, func(int) { must(d.CopyDAsync(b, a, cp, s)) })
+		copyBW := 2 * cp / (ms / 1e3) / 1e9
+		report("d2d copy %d MiB: %.3f ms, %.0f GB/s (read+write)", cp>>20, ms, copyBW)
+
+		// q4 matrix-vector at real shapes, rotating over enough copies of
+		// the matrix (≥ 1 GiB) that the 60 MB L2 holds none of them.
+		r := rand.New(rand.NewPCG(20, 20))
+		for _, sh := range []struct {
+			name string
+			O, C int
+		}{
+			{"4096x4096 (square)", 4096, 4096},
+			{"1024x4096 (expert gate/up, Qwen3.5-397B)", 1024, 4096},
+			{"4096x1024 (expert down, Qwen3.5-397B)", 4096, 1024},
+			{"2048x4096 (gate+up of one expert)", 2048, 4096},
+			{"20480x4096 (gate+up of 10 experts in one launch)", 20480, 4096},
+			{"40960x1024 (down of 10 experts in one launch)", 40960, 1024},
+		} {
+			q := newQMat(e, r, sh.O, sh.C, format.Q4)
+			bytes := sh.O*sh.C/2 + 8*sh.O*sh.C/64
+			copies := max(4, (1<<30)/bytes)
+			ws := make([]Q4, copies)
+			for i := range ws {
+				ws[i] = q.w
+				ws[i].Q = e.alloc(sh.O * sh.C / 2)
+				must(d.CopyD(ws[i].Q, q.w.Q, sh.O*sh.C/2))
+				ws[i].Scales, ws[i].Biases = e.alloc(4*sh.O*sh.C/64), e.alloc(4*sh.O*sh.C/64)
+				must(d.CopyD(ws[i].Scales, q.w.Scales, 4*sh.O*sh.C/64))
+				must(d.CopyD(ws[i].Biases, q.w.Biases, 4*sh.O*sh.C/64))
+			}
+			for _, nb := range []int{1, 8, 32} {
+				x := randF32(r, nb*sh.C, 2)
+				act := Acts{X: up(e, x), X8: e.alloc(nb * sh.C), XS: e.alloc(4 * nb * sh.C / 64), XSum: e.alloc(4 * nb * sh.C / 64), Rows: nb, Cols: sh.C}
+				must(e.k.PrepQ4(s, act))
+				out := e.alloc(4 * nb * sh.O)
+				variants := []int{0, 16} // q4_mm8, q4_mma
+				if nb == 1 {
+					variants = []int{1, 2} // q4_mv, q4_mv2
+				}
+				for _, v := range variants {
+					name := "q4_mm8"
+					switch v {
+					case 16:
+						name = "q4_mma"
+					case 1:
+						name = "q4_mv"
+					case 2:
+						name = "q4_mv2"
+					}
+					launch := func(i int) {
+						if v == 0 {
+							must(e.k.MatQ4Rows(s, out, ws[i%copies], act, 8))
+						} else if v == 16 {
+							must(e.k.MatQ4MMA(s, out, ws[i%copies], act))
+						} else {
+							must(e.k.MatQ4Rows(s, out, ws[i%copies], act, v))
+						}
+					}
+					ms := timed(copies, launch)
+					report("%s %s nb=%d: %.2f us/launch (stream), %.0f GB/s of weights (%.0f%% of the copy's), %.1f Gweight·row/s",
+						name, sh.name, nb, ms*1e3, float64(bytes)/(ms/1e3)/1e9, 100*float64(bytes)/(ms/1e3)/1e9/copyBW, float64(sh.O*sh.C*nb)/(ms/1e3)/1e9)
+					if nb != 1 {
+						continue
+					}
+					// The same launches replayed from a graph: no host
+					// launch cost between kernels.
+					n := min(copies, 256)
+					must(d.BeginCapture(s))
+					for i := 0; i < n; i++ {
+						launch(i)
+					}
+					g, err := d.EndCapture(s)
+					must(err)
+					ms = timed(3, func(int) { must(d.LaunchGraph(g, s)) }) / float64(n)
+					must(d.DestroyGraph(g))
+					report("%s %s nb=1 in a graph of %d: %.2f us/kernel, %.0f GB/s (%.0f%% of the copy's)",
+						name, sh.name, n, ms*1e3, float64(bytes)/(ms/1e3)/1e9, 100*float64(bytes)/(ms/1e3)/1e9/copyBW)
+				}
+			}
+		}
+
+		// Attention decode at 4096 positions and the delta-rule step, at
+		// the head shapes assumed for Qwen3.5-397B-A17B (32 query heads
+		// over 2 kv heads of 256 dims; 64 value heads over 16 key heads of
+		// 128 dims).
+		{
+			const n, nh, nkv, hd = 4096, 32, 2, 256
+			q := up(e, randF32(r, nh*2*hd, 1))
+			kc, vc := up(e, randF32(r, n*nkv*hd, 1)), up(e, randF32(r, n*nkv*hd, 1))
+			o := e.alloc(4 * nh * hd)
+			a := Attn{Pos: n - 1, Rows: 1, Heads: nh, KVHeads: nkv, HeadDim: hd, QRow: nh * 2 * hd, QHead: 2 * hd, ORow: nh * hd, Scale: 0.0625, Gated: true}
+			scr := e.alloc(AttendScratch(a))
+			ms := timed(200, func(int) { must(e.k.Attend(s, o, q, kc, vc, scr, a)) })
+			report("attention decode, %d positions, %d/%d heads of %d: %.2f us (%.0f GB/s of KV cache)", n, nh, nkv, hd, ms*1e3, float64(2*n*nkv*hd*4)/(ms/1e3)/1e9)
+			dn := DN{KeyHeads: 16, ValueHeads: 64, KeyDim: 128, ValueDim: 128}
+			S := up(e, randF32(r, dn.ValueHeads*128*128, 0.1))
+			qkv := up(e, randF32(r, dn.Conv(), 0.1))
+			dec, bet := up(e, randF32(r, dn.ValueHeads, 1)), up(e, randF32(r, dn.ValueHeads, 1))
+			od := e.alloc(4 * dn.ValueHeads * dn.ValueDim)
+			ms = timed(200, func(int) { must(e.k.DNRule(s, S, qkv, dec, bet, od, 1, dn)) })
+			report("delta rule decode, 64 value heads of 128x128: %.2f us (%.0f GB/s of state read+written)", ms*1e3, float64(2*dn.ValueHeads*128*128*4)/(ms/1e3)/1e9)
+		}
+
+		// Launch overhead: an empty kernel, 20000 times.
+		const L = 20000
+		must(e.k.Empty(s))
+		must(d.SyncStream(s))
+		start := time.Now()
+		for i := 0; i < L; i++ {
+			must(e.k.Empty(s))
+		}
+		host := time.Since(start)
+		must(d.SyncStream(s))
+		all := time.Since(start)
+		ms = timed(L, func(int) { must(e.k.Empty(s)) })
+		report("empty kernel: host %.2f us/launch (cuLaunchKernel through purego), %.2f us/launch until done, device %.2f us/launch", host.Seconds()*1e6/L, all.Seconds()*1e6/L, ms*1e3)
+		// Graph replay: 100 empty kernels per graph, and 1.
+		for _, n := range []int{1, 100} {
+			must(d.BeginCapture(s))
+			for i := 0; i < n; i++ {
+				must(e.k.Empty(s))
+			}
+			g, err := d.EndCapture(s)
+			must(err)
+			reps := 20000 / n
+			start := time.Now()
+			for i := 0; i < reps; i++ {
+				must(d.LaunchGraph(g, s))
+			}
+			host := time.Since(start)
+			must(d.SyncStream(s))
+			ms := timed(reps, func(int) { must(d.LaunchGraph(g, s)) })
+			report("graph of %d empty kernels: host %.2f us/replay, device %.2f us/replay = %.3f us/kernel", n, host.Seconds()*1e6/float64(reps), ms*1e3, ms*1e3/float64(n))
+			must(d.DestroyGraph(g))
+		}
+		// Module load with the driver's JIT cache warm (TestMain loaded
+		// every module once already).
+		for _, m := range modules {
+			ptx, err := PTX(m)
+			must(err)
+			mod, err := d.LoadPTX(ptx)
+			must(err)
+			report("module %s reloaded: %v (JIT %v)", m, mod.Load, mod.JIT)
+			must(d.Unload(mod))
+		}
+	})
+}
+
+// TestGPUProfile launches a few kernels once each at real shapes, for a
+// profiler (ncu) to look at; it runs only with SLUICE_GPU_PROFILE=1.
+func TestGPUProfile(t *testing.T) {
+	if os.Getenv("SLUICE_GPU_PROFILE") == "" {
+		t.Skip("set SLUICE_GPU_PROFILE=1 to run the kernels for a profiler")
+	}
+	onGPU(t, func(e *env) {
+		r := rand.New(rand.NewPCG(21, 21))
+		for _, nb := range []int{1, 8} {
+			q := newQMat(e, r, 20480, 4096, format.Q4)
+			C := 4096
+			act := Acts{X: up(e, randF32(r, nb*C, 2)), X8: e.alloc(nb * C), XS: e.alloc(4 * nb * C / 64), XSum: e.alloc(4 * nb * C / 64), Rows: nb, Cols: C}
+			must(e.k.PrepQ4(e.s, act))
+			must(e.k.MatQ4(e.s, e.alloc(4*nb*20480), q.w, act))
+		}
+		const n, nh, nkv, hd = 4096, 32, 2, 256
+		q := up(e, randF32(r, nh*2*hd, 1))
+		kc, vc := up(e, randF32(r, n*nkv*hd, 1)), up(e, randF32(r, n*nkv*hd, 1))
+		a := Attn{Pos: n - 1, Rows: 1, Heads: nh, KVHeads: nkv, HeadDim: hd, QRow: nh * 2 * hd, QHead: 2 * hd, ORow: nh * hd, Scale: 0.0625, Gated: true}
+		must(e.k.Attend(e.s, e.alloc(4*nh*hd), q, kc, vc, e.alloc(AttendScratch(a)), a))
+	})
+}

@@ -1,0 +1,756 @@
+package cuda
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/sluicelm/sluice/internal/format"
+	"github.com/sluicelm/sluice/internal/kernels"
+	"github.com/sluicelm/sluice/internal/quant"
+)
+
+// The GPU tests share one device, opened once; without a GPU (or a
+// driver) they skip with the reason, so CI on a CPU machine stays green.
+var gpu struct {
+	d   *Device
+	k   *Kernels
+	err error
+}
+
+func TestMain(m *testing.M) {
+	d, err := Open(0)
+	if err == nil {
+		var k *Kernels
+		err = d.Do(func() error {
+			var e error
+			k, e = LoadKernels(d)
+			return e
+		})
+		if err != nil {
+			d.Close()
+			d = nil
+			err = fmt.Errorf("loading the kernels: %w", err)
+		}
+		gpu.k = k
+	}
+	gpu.d, gpu.err = d, err
+	if err != nil {
+		fmt.Println("cuda: GPU tests skip:", err)
+	} else {
+		fmt.Println("cuda:", d.Info)
+		for _, l := range gpu.k.Load {
+			fmt.Printf("cuda: module %s loaded in %v (JIT %v)\n", l.Name, l.Mod.Load, l.Mod.JIT)
+		}
+	}
+	code := m.Run()
+	if gpu.d != nil {
+		gpu.d.Do(func() error { return gpu.k.Close() })
+		gpu.d.Close()
+	}
+	os.Exit(code)
+}
+
+// env is a test's view of the device inside Do: helpers panic on driver
+// errors (Do turns the panic into an error) and remember buffers to free.
+type env struct {
+	t    *testing.T
+	d    *Device
+	k    *Kernels
+	s    Stream
+	bufs []Buf
+}
+
+// onGPU runs f on the device thread, skipping where there is no GPU.
+func onGPU(t *testing.T, f func(e *env)) {
+	t.Helper()
+	if gpu.err != nil {
+		t.Skip("no GPU:", gpu.err)
+	}
+	err := gpu.d.Do(func() error {
+		e := &env{t: t, d: gpu.d, k: gpu.k}
+		defer func() {
+			for _, b := range e.bufs {
+				gpu.d.Free(b)
+			}
+		}()
+		f(e)
+		return gpu.d.Sync()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func must(err error) {
+	if err != nil {
+		panic(err)
+	}
+}
+
+// alloc returns n bytes of device memory poisoned with NaNs, so an output
+// element that a kernel fails to write cannot pass.
+func (e *env) alloc(n int) uintptr {
+	b, err := e.d.Alloc(max(n, 4))
+	must(err)
+	e.bufs = append(e.bufs, b)
+	must(e.d.Fill32(b.Ptr, 0x7fc0dead, b.Bytes/4))
+	return b.Ptr
+}
+
+func up[T any](e *env, v []T) uintptr {
+	_, n := bytesOf(v)
+	p := e.alloc(n)
+	must(Upload(e.d, Buf{Ptr: p, Bytes: n}, 0, v))
+	return p
+}
+
+func down[T any](e *env, p uintptr, n int) []T {
+	v := make([]T, n)
+	_, b := bytesOf(v)
+	must(Download(e.d, v, Buf{Ptr: p, Bytes: b}, 0))
+	return v
+}
+
+func randF32(r *rand.Rand, n int, scale float32) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = (r.Float32()*2 - 1) * scale
+	}
+	return v
+}
+
+// sameBits reports the first element where got and want differ in bits
+// (NaN included), or -1.
+func sameBits(got, want []float32) int {
+	for i := range want {
+		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+			return i
+		}
+	}
+	return -1
+}
+
+func (e *env) exact(what string, got, want []float32) {
+	e.t.Helper()
+	if i := sameBits(got, want); i >= 0 {
+		n := 0
+		for j := range want {
+			if math.Float32bits(got[j]) != math.Float32bits(want[j]) {
+				n++
+			}
+		}
+		e.t.Errorf("%s: %d of %d elements differ; first at %d: GPU %g (%08x), CPU %g (%08x)", what, n, len(want), i,
+			got[i], math.Float32bits(got[i]), want[i], math.Float32bits(want[i]))
+	}
+}
+
+// close checks ‖got−want‖/‖want‖ ≤ tol and that nothing is NaN.
+func (e *env) close(what string, got, want []float32, tol float64) {
+	e.t.Helper()
+	var d, w float64
+	for i := range want {
+		if math.IsNaN(float64(got[i])) {
+			e.t.Errorf("%s: element %d is NaN (unwritten?)", what, i)
+			return
+		}
+		x := float64(got[i]) - float64(want[i])
+		d += x * x
+		w += float64(want[i]) * float64(want[i])
+	}
+	if rel := math.Sqrt(d / max(w, 1e-30)); rel > tol {
+		e.t.Errorf("%s: relative error %.3g, want ≤ %g", what, rel, tol)
+	}
+}
+
+// TestDriver covers the binding itself: device info, memory info, sync
+// and async copies through pinned memory on a stream, events, errors that
+// name the call and the CUDA error, and a captured graph replayed.
+func TestDriver(t *testing.T) {
+	onGPU(t, func(e *env) {
+		d := e.d
+		if d.Name == "" || d.Major < 8 || d.SMs < 1 || d.TotalBytes <= 0 {
+			t.Errorf("implausible device info: %+v", d.Info)
+		}
+		free, total, err := d.MemInfo()
+		must(err)
+		if free <= 0 || free > total || total != d.TotalBytes {
+			t.Errorf("MemInfo: free %d, total %d, device total %d", free, total, d.TotalBytes)
+		}
+		// Errors carry the call and the error's name.
+		_, err = d.Alloc(1 << 60)
+		var ce *Error
+		if !errors.As(err, &ce) || ce.Call != "cuMemAlloc" || ce.Name != "CUDA_ERROR_OUT_OF_MEMORY" {
+			t.Errorf("huge Alloc: error %v, want cuMemAlloc: CUDA_ERROR_OUT_OF_MEMORY", err)
+		}
+		r := rand.New(rand.NewPCG(1, 1))
+		n := 1 << 20
+		src := randF32(r, n, 1)
+		a := up(e, src)
+		b := e.alloc(4 * n)
+		must(d.CopyD(b, a, 4*n))
+		e.exact("sync copies", down[float32](e, b, n), src)
+
+		s, err := d.NewStream()
+		must(err)
+		defer d.DestroyStream(s)
+		h, err := d.AllocHost(4 * n)
+		must(err)
+		defer d.FreeHost(h)
+		src2 := randF32(r, n, 1)
+		copy(h.F32(), src2)
+		ev0, err := d.NewEvent()
+		must(err)
+		defer d.DestroyEvent(ev0)
+		ev1, err := d.NewEvent()
+		must(err)
+		defer d.DestroyEvent(ev1)
+		must(d.Record(ev0, s))
+		must(d.UploadAsync(a, h, 0, 4*n, s))
+		must(d.CopyDAsync(b, a, 4*n, s))
+		clear(h.F32())
+		must(d.SyncStream(s))
+		must(d.DownloadAsync(h, 0, b, 4*n, s))
+		must(d.Record(ev1, s))
+		must(d.WaitEvent(ev1))
+		ms, err := d.Elapsed(ev0, ev1)
+		must(err)
+		if !(ms > 0) {
+			t.Errorf("event time %v ms", ms)
+		}
+		e.exact("async copies through pinned memory", h.F32(), src2)
+
+		// A graph of two kernels, replayed twice: y = silu(x)·x, then
+		// silu(y)·y.
+		x := randF32(r, 1000, 4)
+		want := make([]float32, len(x))
+		kernels.SwiGLU(want, x, x)
+		kernels.SwiGLU(want, want, want)
+		xd := up(e, x)
+		must(d.BeginCapture(s))
+		must(e.k.SwiGLU(s, xd, xd, xd, len(x)))
+		must(e.k.SwiGLU(s, xd, xd, xd, len(x)))
+		g, err := d.EndCapture(s)
+		must(err)
+		defer d.DestroyGraph(g)
+		e.exact("graph captured, not run", down[float32](e, xd, len(x)), x)
+		must(d.LaunchGraph(g, s))
+		must(d.SyncStream(s))
+		e.exact("graph replay", down[float32](e, xd, len(x)), want)
+		kernels.SwiGLU(want, want, want)
+		kernels.SwiGLU(want, want, want)
+		must(d.LaunchGraph(g, s))
+		must(d.SyncStream(s))
+		e.exact("second graph replay", down[float32](e, xd, len(x)), want)
+	})
+}
+
+// TestOpenNoGPU checks the error without a driver: Open fails cleanly,
+// naming the cause, and nothing panics.
+func TestOpenNoGPU(t *testing.T) {
+	if gpu.err == nil {
+		if _, err := Open(1 << 20); err == nil || !strings.Contains(err.Error(), "no GPU") {
+			t.Errorf("Open of a missing ordinal: %v", err)
+		}
+		return
+	}
+	_, err := Open(0)
+	if err == nil {
+		t.Fatal("Open succeeded where TestMain's failed")
+	}
+	t.Log("Open(0):", err)
+}
+
+// qmat is a random quantised matrix on both sides.
+type qmat struct {
+	m    kernels.Mat
+	w    Q4
+	enc  *quant.Encoded
+	kind format.Kind
+}
+
+func newQMat(e *env, r *rand.Rand, rows, cols int, kind format.Kind) qmat {
+	enc, err := quant.Encode(randF32(r, rows*cols, 1), rows, cols, kind)
+	must(err)
+	m := kernels.Mat{Rows: rows, Cols: cols, Kind: kind, Q: enc.Values, Scales: enc.Scales, Biases: enc.Biases}
+	w := Q4{Rows: rows, Cols: cols, Q: up(e, enc.Values), Scales: up(e, enc.Scales), Biases: up(e, enc.Biases)}
+	return qmat{m, w, enc, kind}
+}
+
+// gpuMat runs the product of w with nb rows of x on the GPU, with the
+// activations prepared there.
+func gpuMat(e *env, q qmat, x []float32, nb int, rowsVariant int) []float32 {
+	C := q.w.Cols
+	a := Acts{X: up(e, x[:nb*C]), XSum: e.alloc(4 * nb * C / 64), Rows: nb, Cols: C}
+	if q.kind == format.Q4 {
+		a.X8, a.XS = e.alloc(nb*C), e.alloc(4*nb*C/64)
+	}
+	must(e.k.PrepQ4(e.s, a))
+	out := e.alloc(4 * nb * q.w.Rows)
+	switch {
+	case q.kind == format.Q8:
+		must(e.k.MatQ8(e.s, out, q.w, a))
+	case rowsVariant == 16:
+		must(e.k.MatQ4MMA(e.s, out, q.w, a))
+	case rowsVariant != 0:
+		must(e.k.MatQ4Rows(e.s, out, q.w, a, rowsVariant))
+	default:
+		must(e.k.MatQ4(e.s, out, q.w, a))
+	}
+	return down[float32](e, out, nb*q.w.Rows)
+}
+
+// TestQ4 checks the q4 product bit for bit against the CPU's
+// (kernels.Scratch.MatMul, whose integer design the kernel reproduces) for
+// shapes whose group counts are and are not multiples of the warp's step,
+// and batch invariance: every row alone, and in every batch of 1..N rows,
+// through both kernel variants, gives the same bits.
+func TestQ4(t *testing.T) {
+	onGPU(t, func(e *env) {
+		r := rand.New(rand.NewPCG(2, 2))
+		for _, sh := range [][2]int{{40, 64}, {72, 320}, {33, 1088}, {64, 4096}, {256, 1024}, {70, 8192}, {2000, 512}, {4500, 64}} {
+			O, C := sh[0], sh[1]
+			q := newQMat(e, r, O, C, format.Q4)
+			const N = 11
+			x := randF32(r, N*C, 3)
+			var sc kernels.Scratch
+			want := make([]float32, N*O)
+			sc.MatMul(want, &q.m, x, N)
+			full := gpuMat(e, q, x, N, 0)
+			e.exact(fmt.Sprintf("q4 [%d %d] x %d rows vs CPU", O, C, N), full, want)
+			for nb := 1; nb <= N; nb++ {
+				e.exact(fmt.Sprintf("q4 [%d %d]: batch of %d (8-row kernel) vs %d", O, C, nb, N), gpuMat(e, q, x, nb, 8), full[:nb*O])
+				e.exact(fmt.Sprintf("q4 [%d %d]: batch of %d (1-row kernel) vs %d", O, C, nb, N), gpuMat(e, q, x, nb, 1), full[:nb*O])
+				e.exact(fmt.Sprintf("q4 [%d %d]: batch of %d (1-row kernel, variant 2) vs %d", O, C, nb, N), gpuMat(e, q, x, nb, 2), full[:nb*O])
+				e.exact(fmt.Sprintf("q4 [%d %d]: batch of %d (tensor cores) vs %d", O, C, nb, N), gpuMat(e, q, x, nb, 16), full[:nb*O])
+			}
+			for i := 0; i < N; i++ {
+				e.exact(fmt.Sprintf("q4 [%d %d]: row %d alone vs in %d", O, C, i, N), gpuMat(e, q, x[i*C:], 1, 0), full[i*O:(i+1)*O])
+			}
+		}
+	})
+}
+
+// TestQ8 checks the q8 product against the CPU's within float32 rounding
+// (the CPU's vector lanes order the products differently) and bit-exact
+// batch invariance.
+func TestQ8(t *testing.T) {
+	onGPU(t, func(e *env) {
+		r := rand.New(rand.NewPCG(3, 3))
+		for _, sh := range [][2]int{{40, 64}, {72, 576}, {64, 4096}} {
+			O, C := sh[0], sh[1]
+			q := newQMat(e, r, O, C, format.Q8)
+			const N = 10
+			x := randF32(r, N*C, 3)
+			var sc kernels.Scratch
+			want := make([]float32, N*O)
+			sc.MatMul(want, &q.m, x, N)
+			full := gpuMat(e, q, x, N, 0)
+			e.close(fmt.Sprintf("q8 [%d %d]", O, C), full, want, 2e-6)
+			for i := 0; i < N; i++ {
+				e.exact(fmt.Sprintf("q8 [%d %d]: row %d alone vs in %d", O, C, i, N), gpuMat(e, q, x[i*C:], 1, 0), full[i*O:(i+1)*O])
+			}
+		}
+	})
+}
+
+// TestBF16 checks the bf16 product likewise.
+func TestBF16(t *testing.T) {
+	onGPU(t, func(e *env) {
+		r := rand.New(rand.NewPCG(4, 4))
+		for _, sh := range [][2]int{{40, 8}, {72, 584}, {64, 4096}} {
+			O, C := sh[0], sh[1]
+			w := make([]uint16, O*C)
+			for i := range w {
+				w[i] = quant.BF16(r.Float32()*2 - 1)
+			}
+			m := kernels.Mat{Rows: O, Cols: C, Kind: format.BF16, BF16: w}
+			wd := up(e, w)
+			const N = 10
+			x := randF32(r, N*C, 3)
+			var sc kernels.Scratch
+			want := make([]float32, N*O)
+			sc.MatMul(want, &m, x, N)
+			run := func(xs []float32, nb int) []float32 {
+				out := e.alloc(4 * nb * O)
+				must(e.k.MatBF16(e.s, out, wd, O, C, up(e, xs[:nb*C]), nb))
+				return down[float32](e, out, nb*O)
+			}
+			full := run(x, N)
+			e.close(fmt.Sprintf("bf16 [%d %d]", O, C), full, want, 2e-6)
+			for i := 0; i < N; i++ {
+				e.exact(fmt.Sprintf("bf16 [%d %d]: row %d alone vs in %d", O, C, i, N), run(x[i*C:], 1), full[i*O:(i+1)*O])
+			}
+		}
+	})
+}
+
+// TestRMSNorm checks the norm with and without the fused residual add,
+// plain and zero-centred, for lengths with and without a tail past the
+// last 32-float block, and a strided in-place use (per-head q norms).
+func TestRMSNorm(t *testing.T) {
+	onGPU(t, func(e *env) {
+		r := rand.New(rand.NewPCG(5, 5))
+		for _, n := range []int{4096, 100, 7, 256} {
+			for _, zc := range []bool{false, true} {
+				for _, withAdd := range []bool{false, true} {
+					const rows = 9
+					x := randF32(r, rows*n, 5)
+					add := randF32(r, rows*n, 5)
+					w := randF32(r, n, 1)
+					wantX := append([]float32(nil), x...)
+					want := make([]float32, rows*n)
+					for i := 0; i < rows; i++ {
+						xi := wantX[i*n : (i+1)*n]
+						if withAdd {
+							kernels.Add(xi, add[i*n:(i+1)*n])
+						}
+						kernels.RMSNorm(want[i*n:(i+1)*n], xi, w, 1e-6, zc)
+					}
+					xd, dd := up(e, x), e.alloc(4*rows*n)
+					var ad uintptr
+					if withAdd {
+						ad = up(e, add)
+					}
+					must(e.k.RMSNorm(e.s, dd, xd, ad, up(e, w), rows, n, n, 1e-6, zc))
+					what := fmt.Sprintf("rmsnorm n=%d zc=%v add=%v", n, zc, withAdd)
+					e.exact(what, down[float32](e, dd, rows*n), want)
+					e.exact(what+" residual", down[float32](e, xd, rows*n), wantX)
+				}
+			}
+		}
+		// In place over heads of 64 dims, 128 floats apart (query, gate).
+		const heads, hd = 12, 64
+		x := randF32(r, heads*2*hd, 5)
+		w := randF32(r, hd, 1)
+		want := append([]float32(nil), x...)
+		for h := 0; h < heads; h++ {
+			q := want[h*2*hd : h*2*hd+hd]
+			kernels.RMSNorm(q, q, w, 1e-6, true)
+		}
+		xd := up(e, x)
+		must(e.k.RMSNorm(e.s, xd, xd, 0, up(e, w), heads, hd, 2*hd, 1e-6, true))
+		e.exact("strided in-place head norm", down[float32](e, xd, len(x)), want)
+	})
+}
+
+// TestRope checks partial rotary embedding on strided heads.
+func TestRope(t *testing.T) {
+	onGPU(t, func(e *env) {
+		r := rand.New(rand.NewPCG(6, 6))
+		const nb, nh, hd, rh = 5, 6, 128, 16 // a quarter of the dims rotate
+		x := randF32(r, nb*nh*2*hd, 3)
+		inv := kernels.RopeFreqs(2*rh, 1e7)
+		cos, sin := make([]float32, nb*rh), make([]float32, nb*rh)
+		for i := 0; i < nb; i++ {
+			kernels.RopeTable(cos[i*rh:(i+1)*rh], sin[i*rh:(i+1)*rh], 1000+i*37, inv)
+		}
+		want := append([]float32(nil), x...)
+		for i := 0; i < nb; i++ {
+			for h := 0; h < nh; h++ {
+				o := i*nh*2*hd + h*2*hd
+				kernels.Rope(want[o:o+hd], cos[i*rh:(i+1)*rh], sin[i*rh:(i+1)*rh])
+			}
+		}
+		xd := up(e, x)
+		must(e.k.Rope(e.s, xd, up(e, cos), up(e, sin), nb, nh, nh*2*hd, 2*hd, rh))
+		e.exact("rope", down[float32](e, xd, len(x)), want)
+	})
+}
+
+// TestSwiGLU checks silu(gate)·up over a range that reaches Exp's cut-offs.
+func TestSwiGLU(t *testing.T) {
+	onGPU(t, func(e *env) {
+		r := rand.New(rand.NewPCG(7, 7))
+		n := 100003
+		g, u := randF32(r, n, 100), randF32(r, n, 3)
+		want := make([]float32, n)
+		kernels.SwiGLU(want, g, u)
+		out := e.alloc(4 * n)
+		must(e.k.SwiGLU(e.s, out, up(e, g), up(e, u), n))
+		e.exact("swiglu", down[float32](e, out, n), want)
+	})
+}
+
+// refTopK is an independent top-k: sort by probability, descending, ties
+// to the lower id, then renormalise in order.
+func refTopK(p []float32, k int, norm bool) ([]int32, []float32) {
+	idx := make([]int, len(p))
+	for i := range idx {
+		idx[i] = i
+	}
+	for a := 0; a < k; a++ { // selection: the best of the rest
+		b := a
+		for c := a + 1; c < len(idx); c++ {
+			if p[idx[c]] > p[idx[b]] || (p[idx[c]] == p[idx[b]] && idx[c] < idx[b]) {
+				b = c
+			}
+		}
+		idx[a], idx[b] = idx[b], idx[a]
+	}
+	ids, w := make([]int32, k), make([]float32, k)
+	var s float32
+	for j := 0; j < k; j++ {
+		ids[j], w[j] = int32(idx[j]), p[idx[j]]
+		s += w[j]
+	}
+	if norm {
+		for j := range w {
+			w[j] /= s
+		}
+	}
+	return ids, w
+}
+
+// TestRoute checks the router's softmax and top-k, with ties planted.
+func TestRoute(t *testing.T) {
+	onGPU(t, func(e *env) {
+		r := rand.New(rand.NewPCG(8, 8))
+		for _, c := range []struct {
+			E, K int
+			norm bool
+		}{{512, 10, true}, {128, 8, false}, {256, 8, true}, {40, 1, true}} {
+			const nb = 13
+			logits := randF32(r, nb*c.E, 4)
+			for i := range logits {
+				if i%3 == 0 { // coarse values: many exact ties
+					logits[i] = float32(math.Round(float64(logits[i])))
+				}
+			}
+			probs := append([]float32(nil), logits...)
+			var wantIDs []int32
+			var wantW []float32
+			for i := 0; i < nb; i++ {
+				p := probs[i*c.E : (i+1)*c.E]
+				kernels.Softmax(p)
+				ids, w := refTopK(p, c.K, c.norm)
+				wantIDs = append(wantIDs, ids...)
+				wantW = append(wantW, w...)
+			}
+			ld, pd := up(e, logits), e.alloc(4*nb*c.E)
+			idd, wd := e.alloc(4*nb*c.K), e.alloc(4*nb*c.K)
+			must(e.k.Route(e.s, ld, pd, idd, wd, nb, c.E, c.K, c.norm))
+			gotIDs := down[int32](e, idd, nb*c.K)
+			for i := range wantIDs {
+				if gotIDs[i] != wantIDs[i] {
+					t.Errorf("route E=%d K=%d: row %d slot %d: expert %d, want %d", c.E, c.K, i/c.K, i%c.K, gotIDs[i], wantIDs[i])
+					break
+				}
+			}
+			e.exact(fmt.Sprintf("route E=%d K=%d weights", c.E, c.K), down[float32](e, wd, nb*c.K), wantW)
+		}
+	})
+}
+
+// TestArgmax checks greedy argmax with planted ties.
+func TestArgmax(t *testing.T) {
+	onGPU(t, func(e *env) {
+		r := rand.New(rand.NewPCG(9, 9))
+		const nb, V = 4, 151937
+		x := randF32(r, nb*V, 10)
+		want := make([]int32, nb)
+		for i := 0; i < nb; i++ {
+			row := x[i*V : (i+1)*V]
+			a, b := r.IntN(V), r.IntN(V)
+			row[a], row[b] = 11, 11 // a tie for the maximum
+			want[i] = int32(min(a, b))
+		}
+		x[3*V+5] = float32(math.NaN()) // NaN never wins
+		out := e.alloc(4 * nb)
+		must(e.k.Argmax(e.s, up(e, x), out, nb, V))
+		got := down[int32](e, out, nb)
+		for i := range want {
+			if got[i] != want[i] {
+				t.Errorf("argmax row %d: %d, want %d", i, got[i], want[i])
+			}
+		}
+	})
+}
+
+// TestAttend checks causal attention (plain and gated, grouped-query, one
+// chunk of positions and several)
+// against kernels.Attend within float32 rounding (the q·k dot products sum
+// in another order), and bit-exact batch invariance: each row of a prefill
+// batch equals the same row decoded alone.
+func TestAttend(t *testing.T) {
+	onGPU(t, func(e *env) {
+		r := rand.New(rand.NewPCG(10, 10))
+		for _, c := range []struct {
+			pos   int
+			gated bool
+		}{{37, false}, {37, true}, {700, true}, {250, false}} {
+			pos, gated := c.pos, c.gated
+			const nb, nh, nkv, hd = 6, 8, 2, 128
+			qh := hd
+			if gated {
+				qh = 2 * hd
+			}
+			kvw := nkv * hd
+			n := pos + nb
+			q := randF32(r, nb*nh*qh, 2)
+			kc, vc := randF32(r, n*kvw, 2), randF32(r, n*kvw, 2)
+			scale := float32(1 / math.Sqrt(hd))
+			want := make([]float32, nb*nh*hd)
+			sc := make([]float32, n)
+			for i := 0; i < nb; i++ {
+				for h := 0; h < nh; h++ {
+					g := h / (nh / nkv)
+					o := want[i*nh*hd+h*hd : i*nh*hd+(h+1)*hd]
+					kernels.Attend(o, q[i*nh*qh+h*qh:i*nh*qh+h*qh+hd], kc[g*hd:], vc[g*hd:], kvw, pos+i+1, scale, sc)
+					if gated {
+						kernels.MulSigmoid(o, q[i*nh*qh+h*qh+hd:i*nh*qh+h*qh+2*hd])
+					}
+				}
+			}
+			qd, kd, vd := up(e, q), up(e, kc), up(e, vc)
+			a := Attn{Pos: pos, Rows: nb, Heads: nh, KVHeads: nkv, HeadDim: hd, QRow: nh * qh, QHead: qh, ORow: nh * hd, Scale: scale, Gated: gated}
+			od := e.alloc(4 * nb * nh * hd)
+			must(e.k.Attend(e.s, od, qd, kd, vd, e.alloc(AttendScratch(a)), a))
+			full := down[float32](e, od, nb*nh*hd)
+			e.close(fmt.Sprintf("attention pos=%d gated=%v", pos, gated), full, want, 2e-6)
+			for i := 0; i < nb; i++ {
+				b := a
+				b.Pos, b.Rows = pos+i, 1
+				o1 := e.alloc(4 * nh * hd)
+				must(e.k.Attend(e.s, o1, qd+uintptr(4*i*nh*qh), kd, vd, e.alloc(AttendScratch(b)), b))
+				e.exact(fmt.Sprintf("attention pos=%d gated=%v: row %d alone vs in the batch", pos, gated, i), down[float32](e, o1, nh*hd), full[i*nh*hd:(i+1)*nh*hd])
+			}
+		}
+	})
+}
+
+// dnShape is a small DeltaNet: 2 key heads, 4 value heads.
+var dnShape = DN{KeyHeads: 2, ValueHeads: 4, KeyDim: 128, ValueDim: 128}
+
+// TestDNConv checks the causal conv + SiLU bit for bit against the CPU's
+// arithmetic (kernels.MulSet, MulAdd, SiLUInPlace, as the model's conv),
+// and that a step of nb rows equals nb steps of one row.
+func TestDNConv(t *testing.T) {
+	onGPU(t, func(e *env) {
+		r := rand.New(rand.NewPCG(11, 11))
+		const K, nb = 4, 5
+		cd := dnShape.Conv()
+		x := randF32(r, nb*cd, 3)
+		hist := randF32(r, (K-1)*cd, 3)
+		convT := randF32(r, K*cd, 1)
+		// CPU: the timeline [hist, x], out_i = Σ_j w_j·t_{i+j}.
+		tl := append(append([]float32(nil), hist...), x...)
+		want := make([]float32, nb*cd)
+		for i := 0; i < nb; i++ {
+			acc := want[i*cd : (i+1)*cd]
+			kernels.MulSet(acc, convT[:cd], tl[i*cd:(i+1)*cd])
+			for j := 1; j < K; j++ {
+				kernels.MulAdd(acc, convT[j*cd:(j+1)*cd], tl[(i+j)*cd:(i+j+1)*cd])
+			}
+			kernels.SiLUInPlace(acc)
+		}
+		wantHist := tl[nb*cd:]
+		xd, hd, wd := up(e, x), up(e, hist), up(e, convT)
+		must(e.k.DNConv(e.s, xd, hd, wd, nb, cd, K))
+		e.exact("conv", down[float32](e, xd, nb*cd), want)
+		e.exact("conv history", down[float32](e, hd, (K-1)*cd), wantHist)
+		// Row by row from the same history.
+		xd, hd = up(e, x), up(e, hist)
+		for i := 0; i < nb; i++ {
+			must(e.k.DNConv(e.s, xd+uintptr(4*i*cd), hd, wd, 1, cd, K))
+		}
+		e.exact("conv row by row vs one step", down[float32](e, xd, nb*cd), want)
+	})
+}
+
+// TestDNPrep checks the q/k norms bit for bit and beta and the decay
+// (float64 exp and log1p on both sides, which may differ in the last bit
+// of a float64) to one float32 ulp.
+func TestDNPrep(t *testing.T) {
+	onGPU(t, func(e *env) {
+		r := rand.New(rand.NewPCG(12, 12))
+		d := dnShape
+		const nb = 7
+		cd := d.Conv()
+		qkv := randF32(r, nb*cd, 3)
+		b, a := randF32(r, nb*d.ValueHeads, 6), randF32(r, nb*d.ValueHeads, 30)
+		alog, dt := randF32(r, d.ValueHeads, 2), randF32(r, d.ValueHeads, 2)
+		qscale := float32(1 / math.Sqrt(float64(d.KeyDim)))
+		want := append([]float32(nil), qkv...)
+		kd := d.KeyHeads * d.KeyDim
+		for i := 0; i < nb; i++ {
+			x := want[i*cd : (i+1)*cd]
+			for h := 0; h < d.KeyHeads; h++ {
+				q := x[h*d.KeyDim : (h+1)*d.KeyDim]
+				kernels.L2Norm(q, 1e-6)
+				for j := range q {
+					q[j] *= qscale
+				}
+				kernels.L2Norm(x[kd+h*d.KeyDim:kd+(h+1)*d.KeyDim], 1e-6)
+			}
+		}
+		wantB, wantA := make([]float32, len(b)), make([]float32, len(a))
+		for i := range b {
+			h := i % d.ValueHeads
+			wantB[i] = kernels.Sigmoid(b[i])
+			wantA[i] = float32(math.Exp(float64(-float32(math.Exp(float64(alog[h]))) * kernels.Softplus(a[i]+dt[h]))))
+		}
+		qd, bd, ad := up(e, qkv), up(e, b), up(e, a)
+		must(e.k.DNPrep(e.s, qd, bd, ad, up(e, alog), up(e, dt), nb, d, qscale))
+		e.exact("dn q/k norms", down[float32](e, qd, nb*cd), want)
+		e.exact("dn beta", down[float32](e, bd, len(b)), wantB)
+		got := down[float32](e, ad, len(a))
+		for i := range got {
+			if d := int64(math.Float32bits(got[i])) - int64(math.Float32bits(wantA[i])); d < -1 || d > 1 {
+				t.Errorf("dn decay %d: %g, want %g", i, got[i], wantA[i])
+				break
+			}
+		}
+	})
+}
+
+// TestDNRule checks the delta rule against kernels.DeltaRule, over nb rows
+// in one step and row by row (bit-exact against each other), for each key
+// dim the kernel is built for. The GPU reproduces the CPU's AVX2 kernel's
+// arithmetic; against the pure-Go twin (no FMA) it is within rounding.
+func TestDNRule(t *testing.T) {
+	onGPU(t, func(e *env) {
+		r := rand.New(rand.NewPCG(13, 13))
+		for _, dk := range []int{32, 64, 128} {
+			d := DN{KeyHeads: 2, ValueHeads: 4, KeyDim: dk, ValueDim: 128}
+			const nb = 6
+			cd, kd, vd := d.Conv(), d.KeyHeads*dk, d.ValueHeads*d.ValueDim
+			qkv := randF32(r, nb*cd, 0.2)
+			S := randF32(r, d.ValueHeads*dk*d.ValueDim, 1)
+			decay, beta := make([]float32, nb*d.ValueHeads), make([]float32, nb*d.ValueHeads)
+			for i := range decay {
+				decay[i], beta[i] = 0.5+r.Float32()/2, r.Float32()
+			}
+			wantS := append([]float32(nil), S...)
+			want := make([]float32, nb*vd)
+			kv := make([]float32, d.ValueDim)
+			for h := 0; h < d.ValueHeads; h++ {
+				kh := h / (d.ValueHeads / d.KeyHeads)
+				for i := 0; i < nb; i++ {
+					x := qkv[i*cd : (i+1)*cd]
+					kernels.DeltaRule(wantS[h*dk*d.ValueDim:(h+1)*dk*d.ValueDim], x[kd+kh*dk:kd+(kh+1)*dk], x[kh*dk:(kh+1)*dk],
+						x[2*kd+h*d.ValueDim:2*kd+(h+1)*d.ValueDim], kv, want[i*vd+h*d.ValueDim:i*vd+(h+1)*d.ValueDim], decay[i*d.ValueHeads+h], beta[i*d.ValueHeads+h])
+				}
+			}
+			qd, dd, bd := up(e, qkv), up(e, decay), up(e, beta)
+			Sd, od := up(e, S), e.alloc(4*nb*vd)
+			must(e.k.DNRule(e.s, Sd, qd, dd, bd, od, nb, d))
+			got, gotS := down[float32](e, od, nb*vd), down[float32](e, Sd, len(S))
+			e.close(fmt.Sprintf("delta rule dk=%d output", dk), got, want, 1e-6)
+			e.close(fmt.Sprintf("delta rule dk=%d state", dk), gotS, wantS, 1e-6)
+			if i := sameBits(got, want); i >= 0 {
+				t.Logf("delta rule dk=%d: not bit-identical to the CPU's (first at %d; expected where the CPU has no AVX2)", dk, i)
+			}
+			Sd, od = up(e, S), e.alloc(4*nb*vd)
+			for i := 0; i < nb; i++ {
+				must(e.k.DNRule(e.s, Sd, qd+uintptr(4*i*cd), dd+uintptr(4*i*d.ValueHeads), bd+uintptr(4*i*d.ValueHeads), od+uintptr(4*i*vd), 1, d))
+			}
+			e.exact(fmt.Sprintf("delta rule dk=%d row by row vs one step", dk), down[float32](e, od, nb*vd), got)
+			e.exact(fmt.Sprintf("delta rule dk=%d state row by row", dk), down[float32](e, Sd, len(S)), gotS)
+		}
+	})
+}

@@ -1,0 +1,437 @@
+package cuda
+
+import (
+	"crypto/sha256"
+	"embed"
+	"encoding/hex"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+)
+
+// ptxFS holds the kernels compiled by scripts/gpu-ptx.sh.
+//
+//go:embed kernels/*.ptx
+var ptxFS embed.FS
+
+// srcFS holds the kernel sources, for the freshness check of the PTX.
+//
+//go:embed kernels/*.cu kernels/*.cuh
+var srcFS embed.FS
+
+// modules are the PTX files, one module each.
+var modules = []string{"matvec", "ops", "attn", "delta", "fwd"}
+
+// SourcesHash is the sha256 of the kernel sources (.cu and .cuh files in
+// name order, concatenated) as scripts/gpu-ptx.sh computes it.
+func SourcesHash() string {
+	var names []string
+	fs.WalkDir(srcFS, "kernels", func(p string, e fs.DirEntry, err error) error {
+		if err == nil && !e.IsDir() {
+			names = append(names, p)
+		}
+		return nil
+	})
+	sort.Strings(names)
+	h := sha256.New()
+	for _, n := range names {
+		b, _ := srcFS.ReadFile(n)
+		h.Write(b)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// ptxHash is the sources hash a PTX file was generated from (its first
+// line), or "".
+func ptxHash(ptx []byte) string {
+	line, _, _ := strings.Cut(string(ptx), "\n")
+	h, ok := strings.CutPrefix(line, "// sluice-sources-sha256: ")
+	if !ok {
+		return ""
+	}
+	return strings.TrimSpace(h)
+}
+
+// PTX returns the embedded PTX of module name. With $SLUICE_PTX_DIR set it
+// reads name.ptx from that directory instead: the GPU test script uses this
+// to test kernels compiled in the same run, before they are committed.
+func PTX(name string) ([]byte, error) {
+	if dir := os.Getenv("SLUICE_PTX_DIR"); dir != "" {
+		return os.ReadFile(filepath.Join(dir, name+".ptx"))
+	}
+	return ptxFS.ReadFile("kernels/" + name + ".ptx")
+}
+
+// Kernels are sluice's GPU kernels, loaded into one device. The launch
+// methods queue work on a stream and, like every Device method, must be
+// called from inside Device.Do. Device addresses are passed as uintptr; the
+// shapes are checked against nothing but themselves, so the caller (the
+// backend) owns the buffers' sizes.
+type Kernels struct {
+	d    *Device
+	mods []*Module
+	f    map[string]Func
+	// Load has each module's load time (a JIT compile, or a hit in the
+	// driver's JIT cache).
+	Load []ModuleLoad
+}
+
+// ModuleLoad is one module's load time.
+type ModuleLoad struct {
+	Name string
+	Mod  *Module
+}
+
+// LoadKernels loads every module and looks up every kernel. Modules load
+// eagerly (Open sets CUDA_MODULE_LOADING=EAGER before cuInit), so no first
+// launch later waits for a compile.
+func LoadKernels(d *Device) (*Kernels, error) {
+	k := &Kernels{d: d, f: map[string]Func{}}
+	names := map[string][]string{
+		"matvec": {"prep_x", "q4_mv", "q4_mv2", "q4_mm8", "q4_mma", "q8_mv", "q8_mm8", "bf16_mv", "bf16_mm8", "q4_ex", "q8_ex", "bf16_ex"},
+		"ops":    {"rmsnorm", "rope", "swiglu", "route", "argmax", "dn_qk_norm", "dn_gates"},
+		"attn":   {"attend_part", "attend_combine"},
+		"delta":  {"dn_conv", "dn_rule32", "dn_rule64", "dn_rule128", "bench_empty"},
+		"fwd":    {"f32_mv", "gather_rows", "moe_combine", "kv_append"},
+	}
+	for _, m := range modules {
+		ptx, err := PTX(m)
+		if err != nil {
+			return nil, fmt.Errorf("cuda: kernels %s: %v", m, err)
+		}
+		if ptxHash(ptx) == "none" {
+			return nil, fmt.Errorf("cuda: kernels %s: placeholder PTX; run scripts/gpu-ptx.sh", m)
+		}
+		mod, err := d.LoadPTX(ptx)
+		if err != nil {
+			return nil, fmt.Errorf("cuda: kernels %s: %w", m, err)
+		}
+		k.mods = append(k.mods, mod)
+		k.Load = append(k.Load, ModuleLoad{m, mod})
+		for _, n := range names[m] {
+			f, err := d.Func(mod, n)
+			if err != nil {
+				return nil, err
+			}
+			k.f[n] = f
+		}
+	}
+	return k, nil
+}
+
+// Close unloads the modules.
+func (k *Kernels) Close() error {
+	var err error
+	for _, m := range k.mods {
+		if e := k.d.Unload(m); err == nil {
+			err = e
+		}
+	}
+	return err
+}
+
+func ceil(a, b int) int { return (a + b - 1) / b }
+
+// Q4 is a q4 matrix on the device: [Rows][Cols] packed as format.Q4
+// (Cols/2 bytes per row), with float32 Scales and Biases [Rows][Cols/64].
+type Q4 struct {
+	Rows, Cols        int
+	Q, Scales, Biases uintptr
+}
+
+// Acts are the prepared activations of nb rows of Cols floats for
+// quantised products: X8 int8 [nb][Cols] and XS float32 [nb][Cols/64] (q4
+// only), XSum float32 [nb][Cols/64].
+type Acts struct {
+	X, X8, XS, XSum uintptr
+	Rows, Cols      int
+}
+
+// PrepQ4 computes the group sums, int8 activations and scales of a's rows
+// (X8 and XS are skipped when zero, as a q8 product needs only XSum).
+func (k *Kernels) PrepQ4(s Stream, a Acts) error {
+	if a.Cols%64 != 0 {
+		return fmt.Errorf("cuda: activations of %d columns, want a multiple of 64", a.Cols)
+	}
+	total := a.Rows * a.Cols / 64
+	return k.d.Launch(k.f["prep_x"], Dim3{ceil(total, 128), 1, 1}, Dim3{128, 1, 1}, 0, s,
+		P(a.X), P(a.X8), P(a.XS), P(a.XSum), I(a.Cols), I(total))
+}
+
+// MatQ4 computes out = W·x for a.Rows rows whose activations PrepQ4
+// prepared: out is float32 [a.Rows][w.Rows]. Bits match
+// kernels.Scratch.MatMul's q4 path, and are the same for every a.Rows.
+//
+// The kernel is chosen by size, which is allowed because all three give
+// the same bits: q4_mv2 for one row; for more, the tensor-core q4_mma
+// once the product has at least 64K outputs (it needs that many warps to
+// hide its latency; measured on the H200, NOTES.md), else q4_mm8.
+func (k *Kernels) MatQ4(s Stream, out uintptr, w Q4, a Acts) error {
+	if w.Cols != a.Cols || w.Cols%64 != 0 {
+		return fmt.Errorf("cuda: q4 product of [%d %d] with %d columns", w.Rows, w.Cols, a.Cols)
+	}
+	if a.Rows > 1 && a.Rows*w.Rows >= 1<<16 {
+		return k.MatQ4MMA(s, out, w, a)
+	}
+	f, R := k.f["q4_mv2"], 1
+	if a.Rows > 1 {
+		f, R = k.f["q4_mm8"], 8
+	}
+	return k.d.Launch(f, Dim3{ceil(w.Rows, 8), ceil(a.Rows, R), 1}, Dim3{256, 1, 1}, 0, s,
+		P(w.Q), P(w.Scales), P(w.Biases), P(a.X8), P(a.XS), P(a.XSum), P(out), I(w.Rows), I(w.Cols), I(a.Rows))
+}
+
+// MatQ4Rows is MatQ4 with the kernel forced: r = 1 for the one-row
+// kernel, 2 for its variant with fewer loads in flight and more warps, 8
+// for the eight-row one (tests and benchmarks compare them).
+func (k *Kernels) MatQ4Rows(s Stream, out uintptr, w Q4, a Acts, r int) error {
+	f := k.f["q4_mv"]
+	switch r {
+	case 2:
+		f, r = k.f["q4_mv2"], 1
+	case 8:
+		f = k.f["q4_mm8"]
+	}
+	return k.d.Launch(f, Dim3{ceil(w.Rows, 8), ceil(a.Rows, r), 1}, Dim3{256, 1, 1}, 0, s,
+		P(w.Q), P(w.Scales), P(w.Biases), P(a.X8), P(a.XS), P(a.XSum), P(out), I(w.Rows), I(w.Cols), I(a.Rows))
+}
+
+// MatQ4MMA is MatQ4 on int8 tensor cores (mma m16n8k32): the same bits,
+// tiles of 16 outputs by 8 activation rows.
+func (k *Kernels) MatQ4MMA(s Stream, out uintptr, w Q4, a Acts) error {
+	if w.Cols != a.Cols || w.Cols%64 != 0 {
+		return fmt.Errorf("cuda: q4 product of [%d %d] with %d columns", w.Rows, w.Cols, a.Cols)
+	}
+	return k.d.Launch(k.f["q4_mma"], Dim3{ceil(w.Rows, 64), ceil(a.Rows, 8), 1}, Dim3{128, 1, 1}, 0, s,
+		P(w.Q), P(w.Scales), P(w.Biases), P(a.X8), P(a.XS), P(a.XSum), P(out), I(w.Rows), I(w.Cols), I(a.Rows))
+}
+
+// MatQ8 computes out = W·x for a q8 matrix (the Q4 struct's fields with
+// one byte per weight); a needs X and XSum (PrepQ4 with X8 zero).
+func (k *Kernels) MatQ8(s Stream, out uintptr, w Q4, a Acts) error {
+	if w.Cols != a.Cols || w.Cols%64 != 0 {
+		return fmt.Errorf("cuda: q8 product of [%d %d] with %d columns", w.Rows, w.Cols, a.Cols)
+	}
+	f, R := k.f["q8_mv"], 1
+	if a.Rows > 1 {
+		f, R = k.f["q8_mm8"], 8
+	}
+	return k.d.Launch(f, Dim3{ceil(w.Rows, 8), ceil(a.Rows, R), 1}, Dim3{256, 1, 1}, 0, s,
+		P(w.Q), P(w.Scales), P(w.Biases), P(a.X), P(a.XSum), P(out), I(w.Rows), I(w.Cols), I(a.Rows))
+}
+
+// MatBF16 computes out = W·x for a bf16 matrix w ([rows][cols] uint16)
+// and nb rows of x; cols must be a multiple of 8.
+func (k *Kernels) MatBF16(s Stream, out, w uintptr, rows, cols int, x uintptr, nb int) error {
+	if cols%8 != 0 {
+		return fmt.Errorf("cuda: bf16 product with %d columns, want a multiple of 8", cols)
+	}
+	f, R := k.f["bf16_mv"], 1
+	if nb > 1 {
+		f, R = k.f["bf16_mm8"], 8
+	}
+	return k.d.Launch(f, Dim3{ceil(rows, 8), ceil(nb, R), 1}, Dim3{256, 1, 1}, 0, s,
+		P(w), P(x), P(out), I(rows), I(cols), I(nb))
+}
+
+// RMSNorm normalises rows rows of n floats, stride apart: x += add (add may
+// be 0), then dst = x/rms(x)·w, or ·(1+w) when zeroCentred. Bits match
+// kernels.Add then kernels.RMSNorm.
+func (k *Kernels) RMSNorm(s Stream, dst, x, add, w uintptr, rows, n, stride int, eps float32, zeroCentred bool) error {
+	zc := 0
+	if zeroCentred {
+		zc = 1
+	}
+	return k.d.Launch(k.f["rmsnorm"], Dim3{ceil(rows, 8), 1, 1}, Dim3{256, 1, 1}, 0, s,
+		P(dst), P(x), P(add), P(w), I(rows), I(n), I(stride), F(eps), I(zc))
+}
+
+// Rope rotates the first 2·rh dims of nh head vectors in each of nb rows
+// (vector (r, h) at x + 4·(r·rowStride + h·headStride) bytes) by the
+// host-computed tables cos, sin [nb][rh]. Bits match kernels.Rope.
+func (k *Kernels) Rope(s Stream, x, cos, sin uintptr, nb, nh, rowStride, headStride, rh int) error {
+	n := nb * nh * rh
+	return k.d.Launch(k.f["rope"], Dim3{ceil(n, 256), 1, 1}, Dim3{256, 1, 1}, 0, s,
+		P(x), P(cos), P(sin), I(nb), I(nh), I(rowStride), I(headStride), I(rh))
+}
+
+// SwiGLU sets dst = silu(gate)·up over n floats (kernels.SwiGLU's bits).
+func (k *Kernels) SwiGLU(s Stream, dst, gate, up uintptr, n int) error {
+	return k.d.Launch(k.f["swiglu"], Dim3{ceil(n, 256), 1, 1}, Dim3{256, 1, 1}, 0, s, P(dst), P(gate), P(up), I(n))
+}
+
+// Route takes the softmax of nb rows of E router logits into probs (may
+// be logits) and the top-k experts of each row into ids (int32 [nb][k])
+// and w ([nb][k]), renormalised when norm: kernels.Softmax then
+// model.Route, bit for bit. k is at most 32.
+func (k *Kernels) Route(s Stream, logits, probs, ids, w uintptr, nb, E, topK int, norm bool) error {
+	if topK < 1 || topK > 32 || topK > E {
+		return fmt.Errorf("cuda: route top-%d of %d experts (at most 32)", topK, E)
+	}
+	nm := 0
+	if norm {
+		nm = 1
+	}
+	return k.d.Launch(k.f["route"], Dim3{ceil(nb, 8), 1, 1}, Dim3{256, 1, 1}, 0, s,
+		P(logits), P(probs), P(ids), P(w), I(nb), I(E), I(topK), I(nm))
+}
+
+// Argmax writes, for each of nb rows of V floats, the index of the largest
+// (lowest index on ties) as int32 into out.
+func (k *Kernels) Argmax(s Stream, x, out uintptr, nb, V int) error {
+	return k.d.Launch(k.f["argmax"], Dim3{nb, 1, 1}, Dim3{256, 1, 1}, 0, s, P(x), P(out), I(V))
+}
+
+// Attn describes one attention call: nb query rows at positions pos..,
+// nh query heads of hd dims over nkv cache heads.
+type Attn struct {
+	Pos, Rows, Heads, KVHeads, HeadDim int
+	QRow, QHead, ORow                  int // strides in floats
+	Scale                              float32
+	Gated                              bool // the head's output gate follows its query (QHead = 2·HeadDim)
+	// PosDev, when set, is a device int32 holding Pos, read by the
+	// kernels (a step recorded once and replayed at any position); the
+	// grid then covers MaxPos positions.
+	PosDev uintptr
+	MaxPos int
+}
+
+// attChunk is the kernels' ATT_CHUNK: positions per partial block.
+const attChunk = 256
+
+// AttendScratch is the scratch Attend needs for a, in bytes: per (row,
+// head, chunk of 256 positions) HeadDim+2 floats.
+func AttendScratch(a Attn) int {
+	return 4 * a.Rows * a.Heads * ceil(a.Pos+a.Rows, attChunk) * (a.HeadDim + 2)
+}
+
+// Attend computes causal attention of a.Rows query rows over the cache
+// (kc, vc hold positions 0..Pos+Rows-1, row j at j·KVHeads·HeadDim
+// floats), split over positions in chunks of 256 and combined in order;
+// scratch holds AttendScratch(a) bytes.
+func (k *Kernels) Attend(s Stream, o, q, kc, vc, scratch uintptr, a Attn) error {
+	if a.KVHeads < 1 || a.Heads%a.KVHeads != 0 {
+		return fmt.Errorf("cuda: attention with %d heads over %d kv heads", a.Heads, a.KVHeads)
+	}
+	nc := ceil(a.Pos+a.Rows, attChunk)
+	if a.PosDev != 0 {
+		nc = ceil(a.MaxPos, attChunk)
+	}
+	if nc > 1024 {
+		return fmt.Errorf("cuda: attention over %d positions, at most %d", a.Pos+a.Rows, 1024*attChunk)
+	}
+	if err := k.d.Launch(k.f["attend_part"], Dim3{a.Heads, a.Rows, nc}, Dim3{128, 1, 1}, 4*a.HeadDim, s,
+		P(scratch), P(q), P(kc), P(vc), I(a.Pos), I(a.Heads), I(a.KVHeads), I(a.HeadDim),
+		I(a.QRow), I(a.QHead), I(a.KVHeads*a.HeadDim), F(a.Scale), I(nc), P(a.PosDev)); err != nil {
+		return err
+	}
+	g := 0
+	if a.Gated {
+		g = 1
+	}
+	return k.d.Launch(k.f["attend_combine"], Dim3{a.Heads, a.Rows, 1}, Dim3{128, 1, 1}, 0, s,
+		P(o), P(scratch), P(q), I(a.Pos), I(a.Heads), I(a.HeadDim), I(a.QRow), I(a.QHead), I(a.ORow), I(nc), I(g), P(a.PosDev))
+}
+
+// DNConv runs the DeltaNet's causal conv (kernel K, 2..8) and SiLU over nb
+// rows of cd channels in place, updating the history hist [K-1][cd].
+func (k *Kernels) DNConv(s Stream, qkv, hist, convT uintptr, nb, cd, K int) error {
+	if K < 2 || K > 8 {
+		return fmt.Errorf("cuda: conv kernel %d, want 2..8", K)
+	}
+	return k.d.Launch(k.f["dn_conv"], Dim3{ceil(cd, 128), 1, 1}, Dim3{128, 1, 1}, 0, s,
+		P(qkv), P(hist), P(convT), I(nb), I(cd), I(K))
+}
+
+// DN describes the DeltaNet's head shapes.
+type DN struct {
+	KeyHeads, ValueHeads, KeyDim, ValueDim int
+}
+
+// Conv is the width of the conv output: q, k and v of every head.
+func (d DN) Conv() int { return 2*d.KeyHeads*d.KeyDim + d.ValueHeads*d.ValueDim }
+
+// DNPrep normalises q and k per head (q also times qscale) in the conv
+// output and turns b and a ([nb][nv]) into beta and the decay in place.
+func (k *Kernels) DNPrep(s Stream, qkv, b, a, alog, dtBias uintptr, nb int, d DN, qscale float32) error {
+	rows := nb * d.KeyHeads
+	if err := k.d.Launch(k.f["dn_qk_norm"], Dim3{ceil(rows, 8), 1, 1}, Dim3{256, 1, 1}, 0, s,
+		P(qkv), I(rows), I(d.KeyHeads), I(d.KeyDim), I(d.Conv()), F(1e-6), F(qscale)); err != nil {
+		return err
+	}
+	n := nb * d.ValueHeads
+	return k.d.Launch(k.f["dn_gates"], Dim3{ceil(n, 128), 1, 1}, Dim3{128, 1, 1}, 0, s,
+		P(b), P(a), P(alog), P(dtBias), I(nb), I(d.ValueHeads))
+}
+
+// DNRule runs the gated delta rule over nb rows for every value head:
+// state S [nv][dk][dv], prepared qkv, decay and beta [nb][nv], output o
+// [nb][nv·dv]. dk must be 32, 64 or 128 and dv at most 1024.
+func (k *Kernels) DNRule(s Stream, S, qkv, decay, beta, o uintptr, nb int, d DN) error {
+	f, ok := k.f[fmt.Sprintf("dn_rule%d", d.KeyDim)]
+	if !ok || d.ValueDim > 1024 || d.ValueHeads%d.KeyHeads != 0 {
+		return fmt.Errorf("cuda: delta rule with key dim %d, value dim %d, %d/%d heads (key dim 32, 64 or 128)", d.KeyDim, d.ValueDim, d.KeyHeads, d.ValueHeads)
+	}
+	return k.d.Launch(f, Dim3{d.ValueHeads, 1, 1}, Dim3{d.ValueDim, 1, 1}, 0, s,
+		P(S), P(qkv), P(decay), P(beta), P(o), I(nb), I(d.KeyHeads), I(d.ValueHeads), I(d.ValueDim))
+}
+
+// Empty launches a kernel that does nothing (for overhead measurements).
+func (k *Kernels) Empty(s Stream) error {
+	return k.d.Launch(k.f["bench_empty"], Dim3{1, 1, 1}, Dim3{32, 1, 1}, 0, s, I(0))
+}
+
+// MatF32 computes out = W·x for a float32 matrix w ([rows][cols]) and nb
+// rows of x: one warp per output, summed with fused multiply-adds in a
+// fixed order (within rounding of the CPU's float32 product).
+func (k *Kernels) MatF32(s Stream, out, w uintptr, rows, cols int, x uintptr, nb int) error {
+	return k.d.Launch(k.f["f32_mv"], Dim3{ceil(rows, 8), nb, 1}, Dim3{256, 1, 1}, 0, s,
+		P(w), P(x), P(out), I(rows), I(cols), I(nb))
+}
+
+// GatherRows sets dst row j = src row idx[j] (idx int32 [n]) for n rows of
+// width floats.
+func (k *Kernels) GatherRows(s Stream, dst, src, idx uintptr, n, width int) error {
+	return k.d.Launch(k.f["gather_rows"], Dim3{ceil(n*width, 256), 1, 1}, Dim3{256, 1, 1}, 0, s,
+		P(dst), P(src), P(idx), I(n), I(width))
+}
+
+// MoECombine writes y[i] = Σ_k w[i][k]·outk[pos[i][k]] in router order
+// (pos int32 [nb][K]) plus the shared expert: mode 0 none, 1 ungated, 2
+// gated by sigmoid(sgate[i]).
+func (k *Kernels) MoECombine(s Stream, y, outk, pos, w, shared, sgate uintptr, nb, K, H, mode int) error {
+	return k.d.Launch(k.f["moe_combine"], Dim3{ceil(nb*H, 256), 1, 1}, Dim3{256, 1, 1}, 0, s,
+		P(y), P(outk), P(pos), P(w), P(shared), P(sgate), I(nb), I(K), I(H), I(mode))
+}
+
+// MatEx computes the expert products of one decode row on the device's
+// choice: out row k = W_{ids[k]}·x row (k if own else 0), k < nk, where
+// tab holds, per expert, the matrix's addresses (codes, scales, biases;
+// bf16: values, then two zeros) as uint64. a is prepared as for MatQ4 (q4)
+// or carries X and XSum (q8) or X (bf16). Bits of the one-row kernels.
+func (k *Kernels) MatEx(s Stream, kind string, out, tab, ids uintptr, O int, a Acts, nk int, own bool) error {
+	xsel := 0
+	if own {
+		xsel = 1
+	}
+	grid, block := Dim3{ceil(O, 8), nk, 1}, Dim3{256, 1, 1}
+	switch kind {
+	case "q4":
+		return k.d.Launch(k.f["q4_ex"], grid, block, 0, s, P(tab), P(ids), P(a.X8), P(a.XS), P(a.XSum), P(out), I(O), I(a.Cols), I(nk), I(xsel))
+	case "q8":
+		return k.d.Launch(k.f["q8_ex"], grid, block, 0, s, P(tab), P(ids), P(a.X), P(a.XSum), P(out), I(O), I(a.Cols), I(nk), I(xsel))
+	case "bf16":
+		return k.d.Launch(k.f["bf16_ex"], grid, block, 0, s, P(tab), P(ids), P(a.X), P(out), I(O), I(a.Cols), I(nk), I(xsel))
+	}
+	return fmt.Errorf("cuda: expert products of kind %q", kind)
+}
+
+// KVAppend writes one row's keys and values (n floats each) into cache row
+// *posp (a device int32).
+func (k *Kernels) KVAppend(s Stream, kc, vc, key, val, posp uintptr, n int) error {
+	return k.d.Launch(k.f["kv_append"], Dim3{ceil(n, 256), 1, 1}, Dim3{256, 1, 1}, 0, s,
+		P(kc), P(vc), P(key), P(val), P(posp), I(n))
+}

@@ -1,0 +1,139 @@
+// Causal attention over a KV cache, for decode and prefill alike: query row
+// i of a step at position pos+i attends to cache positions 0..pos+i, which
+// must already hold this step's keys and values (the cache is appended
+// before attention, so cached and new positions are reduced in one order).
+//
+// Layout (as internal/model): q row i, head h at q + i·qRow + h·qHead
+// (qHead = 2·hd when each head's query is followed by its output gate);
+// the cache holds position j's kv head g at kc + j·kvw + g·hd; o row i,
+// head h at o + i·oRow + h·hd. Grouped-query: head h reads kv head
+// h/(nh/nkv).
+//
+// Split over positions in chunks of a fixed ATT_CHUNK (never a fixed
+// number of chunks), so a row's arithmetic depends only on its own
+// position. attend_part: one block of 128 threads per (head, row, chunk)
+// computes the chunk's scores s_j = scale·(q·k_j) (one warp per position,
+// lanes over dims, butterfly sum), its max m_c, e_j = Exp(s_j − m_c)
+// (kernels.Exp), l_c = Σe (a fixed 128-way split and tree) and o_c = Σ e_j·v_j
+// (one thread per dim, positions in order). attend_combine: per (head,
+// row), M = max m_c, w_c = Exp(m_c − M), o = (Σ_c w_c·o_c)·(1/Σ_c w_c·l_c)
+// in chunk order, and with the gate o·sigmoid(g).
+#include "common.cuh"
+
+#define ATT_THREADS 128
+#define ATT_CHUNK 256
+#define ATT_MAX_CHUNKS 1024
+
+// With posp set, pos is read from the device (a step replayed from a
+// graph) and nc, the grid's chunk count, covers the longest context; the
+// chunks past a row's position return at once, as they always did.
+//
+// part holds, per (row, head, chunk), hd floats of o_c, then m_c and l_c:
+// part + ((i·nh + h)·nc + c)·(hd+2); nc = chunks of the longest row.
+extern "C" __global__ void __launch_bounds__(ATT_THREADS)
+attend_part(float* __restrict__ part, const float* __restrict__ q, const float* __restrict__ kc,
+            const float* __restrict__ vc, int pos, int nh, int nkv, int hd, int qRow, int qHead, int kvw, float scale,
+            int nc, const int* __restrict__ posp) {
+    if (posp != nullptr) pos = *posp; // a recorded step reads its position on the device
+    extern __shared__ float qs[]; // [hd]
+    __shared__ float sc[ATT_CHUNK];
+    __shared__ float red[ATT_THREADS / 32];
+    int h = blockIdx.x, i = blockIdx.y, c = blockIdx.z;
+    int n = pos + i + 1;
+    int jc = c * ATT_CHUNK;
+    if (jc >= n) return; // whole blocks
+    int len = min(ATT_CHUNK, n - jc);
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const float* qp = q + (size_t)i * qRow + (size_t)h * qHead;
+    for (int d = tid; d < hd; d += ATT_THREADS) qs[d] = qp[d];
+    __syncthreads();
+    int g = h / (nh / nkv);
+    const float* kb = kc + (size_t)jc * kvw + (size_t)g * hd;
+    const float* vb = vc + (size_t)jc * kvw + (size_t)g * hd;
+    // Four positions per warp at a time: their loads are in flight
+    // together. Each score is still one lane split and one butterfly.
+    for (int j0 = 4 * warp; j0 < len; j0 += 4 * (ATT_THREADS / 32)) {
+        float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int d = lane; d < hd; d += 32) {
+            float qd = qs[d];
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                if (j0 + u < len) p[u] = fmaf(qd, kb[(size_t)(j0 + u) * kvw + d], p[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            float t = warp_sum32(p[u]);
+            if (lane == 0 && j0 + u < len) sc[j0 + u] = __fmul_rn(t, scale);
+        }
+    }
+    __syncthreads();
+    float m = __int_as_float(0xff800000);
+    for (int j = tid; j < len; j += ATT_THREADS) m = fmaxf(m, sc[j]);
+#pragma unroll
+    for (int s = 16; s > 0; s >>= 1) m = fmaxf(m, __shfl_xor_sync(FULL_MASK, m, s));
+    if (lane == 0) red[warp] = m;
+    __syncthreads();
+    m = fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3]));
+    __syncthreads();
+    float l = 0.0f;
+    for (int j = tid; j < len; j += ATT_THREADS) {
+        float e = sl_exp(__fsub_rn(sc[j], m));
+        sc[j] = e;
+        l = __fadd_rn(l, e);
+    }
+    l = warp_sum32(l);
+    if (lane == 0) red[warp] = l;
+    __syncthreads();
+    l = __fadd_rn(__fadd_rn(red[0], red[1]), __fadd_rn(red[2], red[3]));
+    float* pp = part + ((size_t)(i * nh + h) * nc + c) * (hd + 2);
+    if (tid == 0) {
+        pp[hd] = m;
+        pp[hd + 1] = l;
+    }
+    // Each dim is one chain over the chunk's positions in order, eight
+    // loads in flight per step.
+    for (int d = tid; d < hd; d += ATT_THREADS) {
+        float a = 0.0f;
+        int j = 0;
+        for (; j + 8 <= len; j += 8) {
+            float v[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) v[u] = vb[(size_t)(j + u) * kvw + d];
+#pragma unroll
+            for (int u = 0; u < 8; u++) a = fmaf(sc[j + u], v[u], a);
+        }
+        for (; j < len; j++) a = fmaf(sc[j], vb[(size_t)j * kvw + d], a);
+        pp[d] = a;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(ATT_THREADS)
+attend_combine(float* __restrict__ o, const float* __restrict__ part, const float* __restrict__ q, int pos, int nh,
+               int hd, int qRow, int qHead, int oRow, int nc, int gated, const int* __restrict__ posp) {
+    if (posp != nullptr) pos = *posp;
+    __shared__ float w[ATT_MAX_CHUNKS];
+    __shared__ float inv;
+    int h = blockIdx.x, i = blockIdx.y;
+    int n = pos + i + 1;
+    int cn = (n + ATT_CHUNK - 1) / ATT_CHUNK;
+    const float* pb = part + (size_t)(i * nh + h) * nc * (hd + 2);
+    float M = __int_as_float(0xff800000);
+    for (int c = 0; c < cn; c++) M = fmaxf(M, pb[(size_t)c * (hd + 2) + hd]);
+    for (int c = threadIdx.x; c < cn; c += ATT_THREADS) w[c] = sl_exp(__fsub_rn(pb[(size_t)c * (hd + 2) + hd], M));
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float L = 0.0f;
+        for (int c = 0; c < cn; c++) L = fmaf(w[c], pb[(size_t)c * (hd + 2) + hd + 1], L);
+        inv = __fdiv_rn(1.0f, L);
+    }
+    __syncthreads();
+    const float* gp = q + (size_t)i * qRow + (size_t)h * qHead + hd;
+    float* op = o + (size_t)i * oRow + (size_t)h * hd;
+    for (int d = threadIdx.x; d < hd; d += ATT_THREADS) {
+        float a = 0.0f;
+        for (int c = 0; c < cn; c++) a = fmaf(w[c], pb[(size_t)c * (hd + 2) + d], a);
+        float r = __fmul_rn(a, inv);
+        if (gated) r = __fmul_rn(r, sl_sigmoid(gp[d]));
+        op[d] = r;
+    }
+}

@@ -1,0 +1,68 @@
+// Shared device helpers of sluice's kernels.
+//
+// Numerics: the kernels are compiled with -fmad=false, so a product and a
+// following sum are rounded separately, as the CPU kernels of
+// internal/kernels compute them; a fused multiply-add is written out as
+// fmaf where the CPU's assembly uses one (VFMADD) or where no CPU twin
+// fixes the order. Where a comment says "as the CPU", the arithmetic is the
+// CPU kernel's, operation for operation, so the results are bit-identical.
+#pragma once
+#include <stdint.h>
+
+#define FULL_MASK 0xffffffffu
+
+// sl_exp is kernels.Exp: e^x in float32 by range reduction to 2^k·e^r and
+// a degree-6 polynomial, every step rounded as the CPU rounds it.
+__device__ __forceinline__ float sl_exp(float x) {
+    if (x < -87.3f) return 0.0f;
+    if (x > 88.7f) return __int_as_float(0x7f800000);
+    float k = floorf(__fadd_rn(__fmul_rn(x, 1.44269504088896341f), 0.5f));
+    float r = __fsub_rn(__fsub_rn(x, __fmul_rn(k, 0.693359375f)), __fmul_rn(k, -2.12194440e-4f));
+    float p = 1.0f / 720.0f;
+    p = __fadd_rn(__fmul_rn(p, r), 1.0f / 120.0f);
+    p = __fadd_rn(__fmul_rn(p, r), 1.0f / 24.0f);
+    p = __fadd_rn(__fmul_rn(p, r), 1.0f / 6.0f);
+    p = __fadd_rn(__fmul_rn(p, r), 0.5f);
+    p = __fadd_rn(__fmul_rn(p, r), 1.0f);
+    p = __fadd_rn(__fmul_rn(p, r), 1.0f);
+    return __fmul_rn(p, __int_as_float(((int)k + 127) << 23));
+}
+
+// sl_sigmoid is kernels.Sigmoid: 1/(1+e^-x).
+__device__ __forceinline__ float sl_sigmoid(float x) {
+    return __fdiv_rn(1.0f, __fadd_rn(1.0f, sl_exp(-x)));
+}
+
+// sl_silu is kernels.SiLU: x·sigmoid(x).
+__device__ __forceinline__ float sl_silu(float x) { return __fmul_rn(x, sl_sigmoid(x)); }
+
+// warp_sum32 is the sum over a warp's lanes as a fixed butterfly: every
+// lane ends with the same bits (each step adds two equal pairs), and the
+// order never depends on anything but the lane.
+__device__ __forceinline__ float warp_sum32(float v) {
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1) v = __fadd_rn(v, __shfl_xor_sync(FULL_MASK, v, m));
+    return v;
+}
+
+// hsum8_lanes is kernels.hsum8 over lanes 0..7 of a warp:
+// ((s0+s4)+(s1+s5)) + ((s2+s6)+(s3+s7)). Every lane returns the total.
+__device__ __forceinline__ float hsum8_lanes(float s) {
+    float v[8];
+#pragma unroll
+    for (int l = 0; l < 8; l++) v[l] = __shfl_sync(FULL_MASK, s, l);
+    return __fadd_rn(__fadd_rn(__fadd_rn(v[0], v[4]), __fadd_rn(v[1], v[5])),
+                     __fadd_rn(__fadd_rn(v[2], v[6]), __fadd_rn(v[3], v[7])));
+}
+
+// lanes32_sum is kernels.sumSquares's final step for per-lane partial sums
+// a (lane l holding the CPU's a[l]): s[l] = (a[l]+a[8+l]) + (a[16+l]+a[24+l])
+// for l < 8, then hsum8. Every lane returns the total.
+__device__ __forceinline__ float lanes32_sum(float a) {
+    int lane = threadIdx.x & 31;
+    float a8 = __shfl_sync(FULL_MASK, a, (lane + 8) & 31);
+    float a16 = __shfl_sync(FULL_MASK, a, (lane + 16) & 31);
+    float a24 = __shfl_sync(FULL_MASK, a, (lane + 24) & 31);
+    float s = __fadd_rn(__fadd_rn(a, a8), __fadd_rn(a16, a24));
+    return hsum8_lanes(s);
+}

@@ -1,0 +1,62 @@
+// Glue of the forward pass on the GPU: float32 products (router, DeltaNet
+// b and a, the shared expert's gate), the gather of expert inputs and the
+// combine of the routed outputs in router order. Each output element is
+// computed by one thread or one warp in a fixed order, so a row's bits
+// never depend on the batch.
+#include "common.cuh"
+
+// f32_mv: out[r][o] = Σ_c W[o][c]·x[r][c] for nb rows of x; one warp per
+// (o, r), lane l summing columns l, l+32, ... with fmaf, then lanes32_sum.
+extern "C" __global__ void f32_mv(const float* __restrict__ W, const float* __restrict__ x, float* __restrict__ out,
+                                  int O, int C, int nb) {
+    int o = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int r = blockIdx.y;
+    if (o >= O || r >= nb) return;
+    int lane = threadIdx.x & 31;
+    const float* w = W + (size_t)o * C;
+    const float* xr = x + (size_t)r * C;
+    float a = 0.0f;
+    for (int i = lane; i < C; i += 32) a = fmaf(w[i], xr[i], a);
+    a = lanes32_sum(a);
+    if (lane == 0) out[(size_t)r * O + o] = a;
+}
+
+// gather_rows: dst[j] = src[idx[j]] for n rows of width floats.
+extern "C" __global__ void gather_rows(float* __restrict__ dst, const float* __restrict__ src, const int* __restrict__ idx,
+                                       int n, int width) {
+    size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= (size_t)n * width) return;
+    size_t j = t / width, c = t % width;
+    dst[t] = src[(size_t)idx[j] * width + c];
+}
+
+// moe_combine: y[i] = Σ_k w[i][k]·outk[pos[i][k]] in router order, then
+// plus g·shared[i] when mode > 0 (mode 1: g = 1; mode 2: g =
+// sigmoid(sgate[i])). As the CPU's combine: clear, Axpy per expert.
+extern "C" __global__ void moe_combine(float* __restrict__ y, const float* __restrict__ outk, const int* __restrict__ pos,
+                                       const float* __restrict__ w, const float* __restrict__ shared,
+                                       const float* __restrict__ sgate, int nb, int K, int H, int mode) {
+    size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= (size_t)nb * H) return;
+    int i = (int)(t / H), c = (int)(t % H);
+    float a = 0.0f;
+    for (int k = 0; k < K; k++) a = __fadd_rn(a, __fmul_rn(w[i * K + k], outk[(size_t)pos[i * K + k] * H + c]));
+    if (mode > 0) {
+        float g = 1.0f;
+        if (mode == 2) g = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-sgate[i])));
+        a = __fadd_rn(a, __fmul_rn(g, shared[(size_t)i * H + c]));
+    }
+    y[t] = a;
+}
+
+// kv_append: one row's keys and values (n floats each) into cache row
+// *posp, the position read on the device so that a recorded decode step
+// replays at any position.
+extern "C" __global__ void kv_append(float* __restrict__ kc, float* __restrict__ vc, const float* __restrict__ k,
+                                     const float* __restrict__ v, const int* __restrict__ posp, int n) {
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= n) return;
+    size_t off = (size_t)(*posp) * n + t;
+    kc[off] = k[t];
+    vc[off] = v[t];
+}

@@ -1,0 +1,196 @@
+// Row-wise and element-wise ops: RMSNorm (with the fused residual add),
+// RoPE, SwiGLU, the router's softmax and top-k, greedy argmax, and the
+// DeltaNet's per-row preparation. Each row is computed by one warp or one
+// block in a fixed order, so a row's bits never depend on the batch.
+#include "common.cuh"
+
+// sum_squares32 is kernels.sumSquares for one warp over x[0..n): whole
+// 32-float blocks put element i into lane i%32, the rest of the row into
+// lanes 0..7 (element n32+t into lane t%8), each lane in index order; then
+// lanes32_sum. Every lane returns the total.
+__device__ __forceinline__ float sum_squares32(const float* x, int n) {
+    int lane = threadIdx.x & 31;
+    int n32 = n & ~31;
+    float a = 0.0f;
+    for (int i = lane; i < n32; i += 32) {
+        float v = x[i];
+        a = __fadd_rn(a, __fmul_rn(v, v));
+    }
+    if (lane < 8)
+        for (int i = n32 + lane; i < n; i += 8) {
+            float v = x[i];
+            a = __fadd_rn(a, __fmul_rn(v, v));
+        }
+    return lanes32_sum(a);
+}
+
+// rmsnorm: for each of rows rows of n floats, stride floats apart:
+// x += add (when add is not null; written back, as the residual), then
+// dst = x/rms(x)·w, or ·(1+w) when zc (zero-centred). As kernels.RMSNorm
+// after kernels.Add. One warp per row; dst may be x.
+extern "C" __global__ void rmsnorm(float* dst, float* x, const float* __restrict__ add, const float* __restrict__ w,
+                                   int rows, int n, int stride, float eps, int zc) {
+    int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= rows) return;
+    int lane = threadIdx.x & 31;
+    float* xr = x + (size_t)row * stride;
+    float* dr = dst + (size_t)row * stride;
+    if (add != nullptr) {
+        const float* ar = add + (size_t)row * stride;
+        for (int i = lane; i < n; i += 32) xr[i] = __fadd_rn(xr[i], ar[i]);
+        __syncwarp();
+    }
+    float ss = sum_squares32(xr, n);
+    float inv = (float)(1.0 / sqrt((double)__fadd_rn(__fdiv_rn(ss, (float)n), eps)));
+    for (int i = lane; i < n; i += 32) {
+        float v = __fmul_rn(xr[i], inv);
+        float g = zc ? __fadd_rn(1.0f, w[i]) : w[i];
+        dr[i] = __fmul_rn(v, g);
+    }
+}
+
+// rope applies rotate-half rotary embedding to the first 2·rh dims of nh
+// head vectors per row: vector (r, h) starts at x + r·rowStride +
+// h·headStride; cos and sin are [nb][rh] (the host's tables, from
+// kernels.RopeTable). As kernels.Rope. One thread per (row, head, i).
+extern "C" __global__ void rope(float* x, const float* __restrict__ cos, const float* __restrict__ sin, int nb, int nh,
+                                int rowStride, int headStride, int rh) {
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= nb * nh * rh) return;
+    int i = t % rh;
+    int v = t / rh;
+    int h = v % nh, r = v / nh;
+    float* p = x + (size_t)r * rowStride + (size_t)h * headStride;
+    float c = cos[r * rh + i], s = sin[r * rh + i];
+    float x1 = p[i], x2 = p[rh + i];
+    p[i] = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
+    p[rh + i] = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
+}
+
+// swiglu: dst = silu(gate)·up over n floats, as kernels.SwiGLU.
+extern "C" __global__ void swiglu(float* dst, const float* gate, const float* up, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = __fmul_rn(sl_silu(gate[i]), up[i]);
+}
+
+// route: per row, the softmax of E router logits (kernels.Softmax: max,
+// e = Exp(x-max), the sum in 8 lanes by index mod 8 then hsum8, x·(1/sum))
+// into probs (which may be logits), then the top k as model.Route: in order
+// of probability, ties to the lower id; with norm, weights divided by their
+// sum (summed in order). ids are int32 [nb][k], w [nb][k]. One warp per row;
+// probs is left with the chosen entries overwritten by -1.
+extern "C" __global__ void route(const float* logits, float* probs, int* __restrict__ ids, float* __restrict__ wts,
+                                 int nb, int E, int K, int norm) {
+    int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= nb) return;
+    int lane = threadIdx.x & 31;
+    const float* lr = logits + (size_t)row * E;
+    float* pr = probs + (size_t)row * E;
+    float m = lr[0];
+    for (int i = lane; i < E; i += 32) m = fmaxf(m, lr[i]);
+#pragma unroll
+    for (int s = 16; s > 0; s >>= 1) m = fmaxf(m, __shfl_xor_sync(FULL_MASK, m, s));
+    for (int i = lane; i < E; i += 32) pr[i] = sl_exp(__fsub_rn(lr[i], m));
+    __syncwarp();
+    float a = 0.0f;
+    if (lane < 8)
+        for (int i = lane; i < E; i += 8) a = __fadd_rn(a, pr[i]);
+    float inv = __fdiv_rn(1.0f, hsum8_lanes(a));
+    __syncwarp();
+    for (int i = lane; i < E; i += 32) pr[i] = __fmul_rn(pr[i], inv);
+    __syncwarp();
+    float sum = 0.0f;
+    for (int k = 0; k < K; k++) {
+        float bv = -2.0f;
+        int bi = 0x7fffffff;
+        for (int i = lane; i < E; i += 32) {
+            float v = pr[i];
+            if (v > bv) bv = v, bi = i;
+        }
+#pragma unroll
+        for (int s = 16; s > 0; s >>= 1) {
+            float ov = __shfl_xor_sync(FULL_MASK, bv, s);
+            int oi = __shfl_xor_sync(FULL_MASK, bi, s);
+            if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
+        }
+        if (lane == 0) {
+            ids[row * K + k] = bi;
+            wts[row * K + k] = bv;
+            pr[bi] = -1.0f;
+        }
+        sum = __fadd_rn(sum, bv);
+        __syncwarp();
+    }
+    if (norm && lane < K) wts[row * K + lane] = __fdiv_rn(wts[row * K + lane], sum);
+}
+
+// argmax: per row of V logits the index of the largest, ties to the lowest
+// index (as sample's greedy argmax); a row of only NaN or -Inf gives 0.
+// One block of 256 threads per row.
+extern "C" __global__ void __launch_bounds__(256) argmax(const float* __restrict__ x, int* __restrict__ out, int V) {
+    const float* xr = x + (size_t)blockIdx.x * V;
+    float bv = __int_as_float(0xff800000);
+    int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) {
+        float v = xr[i];
+        if (v > bv) bv = v, bi = i;
+    }
+#pragma unroll
+    for (int s = 16; s > 0; s >>= 1) {
+        float ov = __shfl_xor_sync(FULL_MASK, bv, s);
+        int oi = __shfl_xor_sync(FULL_MASK, bi, s);
+        if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
+    }
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) sv[warp] = bv, si[warp] = bi;
+    __syncthreads();
+    if (warp == 0) {
+        int nw = blockDim.x >> 5;
+        bv = lane < nw ? sv[lane] : __int_as_float(0xff800000);
+        bi = lane < nw ? si[lane] : 0x7fffffff;
+#pragma unroll
+        for (int s = 16; s > 0; s >>= 1) {
+            float ov = __shfl_xor_sync(FULL_MASK, bv, s);
+            int oi = __shfl_xor_sync(FULL_MASK, bi, s);
+            if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
+        }
+        if (lane == 0) out[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
+    }
+}
+
+// dn_qk_norm: the DeltaNet's per-head L2 norms of q and k in the conv
+// output qkv ([nb][2·nk·dk + nv·dv]): q = q/‖q‖·qscale, k = k/‖k‖, with
+// ‖x‖ = sqrt(Σx²+eps) summed as kernels.L2Norm. One warp per (row, key
+// head), rows = nb·nk.
+extern "C" __global__ void dn_qk_norm(float* qkv, int rows, int nk, int dk, int cd, float eps, float qscale) {
+    int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (t >= rows) return;
+    int lane = threadIdx.x & 31;
+    int r = t / nk, h = t - r * nk;
+    float* q = qkv + (size_t)r * cd + h * dk;
+    float* k = qkv + (size_t)r * cd + nk * dk + h * dk;
+    float iq = (float)(1.0 / sqrt((double)__fadd_rn(sum_squares32(q, dk), eps)));
+    float ik = (float)(1.0 / sqrt((double)__fadd_rn(sum_squares32(k, dk), eps)));
+    __syncwarp();
+    for (int i = lane; i < dk; i += 32) {
+        q[i] = __fmul_rn(__fmul_rn(q[i], iq), qscale);
+        k[i] = __fmul_rn(k[i], ik);
+    }
+}
+
+// dn_gates turns the b and a projections ([nb][nv]) into beta =
+// sigmoid(b) and decay = exp(-exp(A_log)·softplus(a + dt_bias)) in place,
+// with the CPU's float64 steps (model.dnPrep); softplus is linear above 20.
+extern "C" __global__ void dn_gates(float* b, float* a, const float* __restrict__ alog, const float* __restrict__ dtBias,
+                                    int nb, int nv) {
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= nb * nv) return;
+    int h = t % nv;
+    b[t] = sl_sigmoid(b[t]);
+    float x = __fadd_rn(a[t], dtBias[h]);
+    float sp = x > 20.0f ? x : (float)log1p(exp((double)x));
+    float na = -(float)exp((double)alog[h]);
+    a[t] = (float)exp((double)__fmul_rn(na, sp));
+}

@@ -1,0 +1,103 @@
+package engine
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/sluicelm/sluice/internal/model"
+)
+
+// Forwarder runs a model's forward pass over a sequence state: the CPU's
+// model.Runner or a GPU backend.
+type Forwarder interface {
+	// Forward consumes tokens at positions st.Pos.. and advances st,
+	// writing logits of every token into out when all, else of the last.
+	Forward(st *model.State, tokens []int, out []float32, all bool) error
+}
+
+// argmaxer is a Forwarder that can return the last token's greedy choice
+// without handing the logits to the host.
+type argmaxer interface {
+	ForwardArgmax(st *model.State, tokens []int) (int, error)
+}
+
+// closer is a Forwarder with resources of its own.
+type closer interface{ Close() }
+
+// launcher counts kernel launches (GPU backends).
+type launcher interface{ Launches() uint64 }
+
+// deviceSpec is a parsed --device value.
+type deviceSpec struct {
+	kind    string // "auto", "cpu", "cuda"
+	ordinal int
+}
+
+// parseDevice reads auto, cpu, cuda or cuda:N ("" is cpu: the library's
+// default; the CLI passes auto).
+func parseDevice(s string) (deviceSpec, error) {
+	switch s {
+	case "", "cpu":
+		return deviceSpec{kind: "cpu"}, nil
+	case "auto":
+		return deviceSpec{kind: "auto"}, nil
+	case "cuda", "gpu":
+		return deviceSpec{kind: "cuda"}, nil
+	}
+	if n, ok := strings.CutPrefix(s, "cuda:"); ok {
+		if i, err := strconv.Atoi(n); err == nil && i >= 0 {
+			return deviceSpec{kind: "cuda", ordinal: i}, nil
+		}
+	}
+	return deviceSpec{}, fmt.Errorf("--device %q: want auto, cpu, cuda or cuda:N", s)
+}
+
+// selectDevice sets e.Fwd for o.Device: the CPU runner, or a GPU backend
+// when one is asked for (cuda: an error when none is usable) or usable
+// (auto: else the CPU, with the reason in e.DeviceNote).
+func (e *Engine) selectDevice(o Options, rows int) error {
+	ds, err := parseDevice(o.Device)
+	if err != nil {
+		return err
+	}
+	e.Fwd, e.Device = e.Runner, "cpu"
+	if ds.kind == "cpu" {
+		return nil
+	}
+	if e.Runner.Routes != nil {
+		if ds.kind == "cuda" {
+			return fmt.Errorf("device cuda: replayed routes (a synthetic model) run on the CPU only")
+		}
+		e.DeviceNote = "device: cpu (replayed routes run on the CPU only)"
+		return nil
+	}
+	f, name, err := openCUDA(e.Model, ds.ordinal, rows, e.Ctx)
+	if err != nil {
+		if ds.kind == "cuda" {
+			return fmt.Errorf("device cuda: %v", err)
+		}
+		e.DeviceNote = "device: cpu (" + err.Error() + ")"
+		return nil
+	}
+	e.Fwd, e.Device = f, name
+	return nil
+}
+
+// OnGPU reports whether the engine's forward runs on a GPU.
+func (e *Engine) OnGPU() bool { return e.Device != "cpu" }
+
+// Launches is the number of GPU kernels launched so far (0 on the CPU).
+func (e *Engine) Launches() uint64 {
+	if l, ok := e.Fwd.(launcher); ok {
+		return l.Launches()
+	}
+	return 0
+}
+
+// Profiler is a forward with a phase profile (the GPU backend).
+type Profiler interface {
+	EnableProfile(maxMarks int) error
+	ResetProfile()
+	Profile() string
+}

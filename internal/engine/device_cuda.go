@@ -1,0 +1,52 @@
+//go:build linux && !nocuda
+
+package engine
+
+import (
+	"fmt"
+
+	"github.com/sluicelm/sluice/internal/backend/gpu"
+	"github.com/sluicelm/sluice/internal/cuda"
+	"github.com/sluicelm/sluice/internal/model"
+)
+
+// gpuForwarder owns its device as well as the backend.
+type gpuForwarder struct {
+	*gpu.Runner
+}
+
+// Close frees the backend, then releases the device.
+func (g gpuForwarder) Close() {
+	g.Runner.Close()
+	g.Runner.Dev.Close()
+}
+
+// openCUDA opens GPU ordinal and uploads m for steps of rows rows, or says
+// why the GPU is not usable (no driver, no GPU, too old, model not
+// supported or too large).
+func openCUDA(m *model.Model, ordinal, rows, ctx int) (Forwarder, string, error) {
+	if err := gpu.Supported(m); err != nil {
+		return nil, "", err
+	}
+	n, err := cuda.Count()
+	if err != nil {
+		return nil, "", err
+	}
+	if n == 0 {
+		return nil, "", fmt.Errorf("no NVIDIA GPU found")
+	}
+	dev, err := cuda.Open(ordinal)
+	if err != nil {
+		return nil, "", err
+	}
+	if dev.Major < 8 {
+		dev.Close()
+		return nil, "", fmt.Errorf("GPU %d (%s) has compute capability %d.%d; sluice's kernels need 8.0 (Ampere) or later", ordinal, dev.Name, dev.Major, dev.Minor)
+	}
+	r, err := gpu.New(dev, m, rows, ctx)
+	if err != nil {
+		dev.Close()
+		return nil, "", err
+	}
+	return gpuForwarder{r}, fmt.Sprintf("cuda:%d (%s)", ordinal, dev.Name), nil
+}
