@@ -1,3 +1,5 @@
+//go:build linux
+
 // Package cuda binds the CUDA driver API (libcuda.so.1) at run time, with
 // no cgo, and holds sluice's GPU kernels as embedded PTX.
 //

@@ -1,3 +1,5 @@
+//go:build linux
+
 // Package gpu runs the forward pass of a loaded model on an NVIDIA GPU:
 // the family's block order drives Runner (a block.Backend) exactly as it
 // drives the CPU's model.Runner. Dense weights, experts, each sequence's

@@ -1,3 +1,5 @@
+//go:build linux
+
 package gpu_test
 
 // Tests of the GPU backend against transformers' references and the CPU
