@@ -92,7 +92,9 @@ func (m *mlxNotes) report(w io.Writer) {
 	for k := range requant {
 		keys = append(keys, k)
 	}
-	sort.Slice(keys, func(i, j int) bool { return keys[i][0] < keys[j][0] || keys[i][0] == keys[j][0] && keys[i][1] < keys[j][1] })
+	sort.Slice(keys, func(i, j int) bool {
+		return keys[i][0] < keys[j][0] || keys[i][0] == keys[j][0] && keys[i][1] < keys[j][1]
+	})
 	for _, k := range keys {
 		fmt.Fprintf(w, "pack: %d MLX %d-bit group-%d tensors dequantised exactly, then stored as the pack stores them (requantised to %s where that kind is quantised)\n", requant[k], k[0], k[1], m.kind)
 	}

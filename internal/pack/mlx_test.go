@@ -370,7 +370,6 @@ func agree(a, b []int) int {
 	return n
 }
 
-
 // TestPackMLXErrors: a quantisation sluice cannot read is a clear error
 // naming the field or tensor, and nothing is left behind.
 func TestPackMLXErrors(t *testing.T) {
