@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluicelm/sluice/internal/engine"
 	"github.com/sluicelm/sluice/internal/format"
+	"github.com/sluicelm/sluice/internal/model"
 	"github.com/sluicelm/sluice/internal/pack"
 	"github.com/sluicelm/sluice/internal/quant"
 	"github.com/sluicelm/sluice/internal/safetensors"
@@ -266,6 +267,49 @@ func sameBits(a, b []float32) int {
 	return -1
 }
 
+// heldOutNLL is the mean next-token NLL of the packed model in dir over
+// the prompts of cases.
+func heldOutNLL(t *testing.T, dir string, cases []testutil.Case) float64 {
+	t.Helper()
+	m, err := model.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if m.Experts, err = model.NewResidentProvider(m); err != nil {
+		t.Fatal(err)
+	}
+	r := model.NewRunner(m, 2, 64)
+	defer r.Close()
+	V := m.Config.Vocab
+	var sum float64
+	n := 0
+	for _, c := range cases {
+		st, err := m.NewState(len(c.Prompt))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := make([]float32, len(c.Prompt)*V)
+		if err := r.Forward(st, c.Prompt, out, true); err != nil {
+			t.Fatal(err)
+		}
+		for p := 0; p+1 < len(c.Prompt); p++ {
+			row := out[p*V : (p+1)*V]
+			mx := row[0]
+			for _, v := range row {
+				mx = max(mx, v)
+			}
+			var z float64
+			for _, v := range row {
+				z += math.Exp(float64(v - mx))
+			}
+			sum += math.Log(z) - float64(row[c.Prompt[p+1]]-mx)
+			n++
+		}
+	}
+	return sum / float64(n)
+}
+
 // greedyOf runs 24 greedy tokens of the packed model in dir.
 func greedyOf(t *testing.T, dir string, prompt []int) []int {
 	t.Helper()
@@ -291,8 +335,9 @@ func greedyOf(t *testing.T, dir string, prompt []int) []int {
 // tensor decodes to exactly the values the MLX checkpoint dequantises to
 // (copied, not requantised), and the 8-bit router decodes exactly too.
 // (b) At --bits 16 the MLX pack is byte-identical to the pack of the same
-// dequantised values from an unquantised checkpoint. Greedy tokens at
-// --bits 4 are only logged: sluice's own q4 quantiser picks other scales
+// dequantised values from an unquantised checkpoint, and at --bits 4 its
+// held-out NLL is within 0.5% of that pack's. Greedy tokens at --bits 4
+// are only logged: sluice's own q4 quantiser picks other scales
 // for those values (its bias is the group minimum, MLX's the edge of
 // larger magnitude, with a possibly negative scale), and the q4 kernels
 // quantise activations to int8, which on these tiny random models moves
@@ -350,6 +395,23 @@ func TestPackMLX(t *testing.T) {
 			}
 			if copiedDense == 0 || checked < 3*m.Config.Layers*m.Experts {
 				t.Fatalf("checked %d tensors (%d q4 dense)", checked, copiedDense)
+			}
+			// Greedy tokens on these tiny random models move under any
+			// q4 noise (see above), so the model-level check is held-out
+			// NLL against the dequantised values at 16 bits: within 0.5%
+			// (the project's q8 bound, not q4's 4%), since the copy's
+			// weights are those values exactly and only the q4 kernels'
+			// int8 activations differ.
+			if !testing.Short() {
+				refs := testutil.LoadRefs(t, tc.model)
+				n16 := heldOutNLL(t, packTo(t, mm.plain, 16), refs.Long)
+				n4 := heldOutNLL(t, dst, refs.Long)
+				r4 := heldOutNLL(t, packTo(t, mm.plain, 4), refs.Long)
+				t.Logf("held-out NLL: dequantised values at 16 bits %.4f, MLX q4 copied %.4f (%+.2f%%), the values requantised by sluice at 4 bits %.4f (%+.2f%%)",
+					n16, n4, 100*(n4/n16-1), r4, 100*(r4/n16-1))
+				if d := math.Abs(n4/n16 - 1); d > 0.005 {
+					t.Errorf("MLX q4 NLL off by %.2f%%, want <= 0.5%%", 100*d)
+				}
 			}
 			// At 16 bits both packs hold the dequantised values rounded to
 			// bf16: byte for byte the same model.
