@@ -139,3 +139,68 @@ func TestTinyModelTemplatesFixtures(t *testing.T) {
 		}
 	}
 }
+
+// TestJinjaSnippetsMatchJinja2 renders the feature snippets of
+// testdata/chat/snippets.json and requires jinja2's strings.
+func TestJinjaSnippetsMatchJinja2(t *testing.T) {
+	b, err := os.ReadFile("testdata/chat/snippets.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var snips []struct {
+		Name     string          `json:"name"`
+		Template string          `json:"template"`
+		Vars     json.RawMessage `json:"vars"`
+	}
+	if err := json.Unmarshal(b, &snips); err != nil {
+		t.Fatal(err)
+	}
+	defer func(f func() time.Time) { timeNow = f }(timeNow)
+	timeNow = func() time.Time { return time.Date(2026, 3, 7, 12, 0, 0, 0, time.UTC) }
+	for _, sn := range snips {
+		t.Run(sn.Name, func(t *testing.T) {
+			d := json.NewDecoder(strings.NewReader(string(sn.Vars)))
+			d.UseNumber()
+			var vars map[string]any
+			if err := d.Decode(&vars); err != nil {
+				t.Fatal(err)
+			}
+			tmpl, err := parseTemplate(sn.Template)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := tmpl.render(intNumbers(vars).(map[string]any))
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, err := os.ReadFile(filepath.Join("testdata/chat", "snippet."+sn.Name+".txt"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != string(want) {
+				t.Errorf("got  %q\nwant %q", got, string(want))
+			}
+		})
+	}
+}
+
+// intNumbers turns the json.Numbers of decoded JSON into ints.
+func intNumbers(v any) any {
+	switch x := v.(type) {
+	case json.Number:
+		i, err := x.Int64()
+		if err != nil {
+			panic(err)
+		}
+		return int(i)
+	case []any:
+		for i := range x {
+			x[i] = intNumbers(x[i])
+		}
+	case map[string]any:
+		for k := range x {
+			x[k] = intNumbers(x[k])
+		}
+	}
+	return v
+}

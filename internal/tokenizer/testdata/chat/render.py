@@ -8,6 +8,8 @@ chat/cases.json with jinja2 configured as transformers configures it
 its tojson, raise_exception and strftime_now), strftime_now reading the
 fixed date of cases.json, and writes chat/<template>.<case>.txt. A case the
 template refuses (raise_exception) is written as <template>.<case>.error.
+It also renders the feature snippets of chat/snippets.json into
+chat/snippet.<name>.txt.
 """
 import datetime
 import json
@@ -38,6 +40,10 @@ env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extens
 env.filters["tojson"] = tojson
 env.globals["raise_exception"] = raise_exception
 env.globals["strftime_now"] = strftime_now
+
+for snip in json.load(open(os.path.join(here, "snippets.json"), encoding="utf-8")):
+    text = env.from_string(snip["template"]).render(**snip["vars"])
+    open(os.path.join(here, f"snippet.{snip['name']}.txt"), "w", encoding="utf-8", newline="").write(text)
 
 for name, spec in cases["templates"].items():
     src = open(os.path.join(here, "..", "templates", spec["file"]), encoding="utf-8").read()
