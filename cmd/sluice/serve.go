@@ -111,6 +111,9 @@ func cmdServe(ctx context.Context, args []string) error {
 		return err
 	}
 	defer e.Close()
+	if e.Tok.TemplateIsFallback() {
+		fmt.Fprintf(os.Stderr, "note: the model's chat template could not be used (%s); using the ChatML fallback\n", e.Tok.TemplateFallbackReason())
+	}
 	srv, err := server.New(server.Config{Engine: e, ModelID: id, APIKey: *apiKey, Slots: *slots, MaxQueue: *maxQueue,
 		CacheBytes: cacheBytes, Drafts: *drafts, MaxBodyBytes: *maxBody << 10})
 	if err != nil {
