@@ -91,7 +91,7 @@ var mlxExpertRe = regexp.MustCompile(`^model\.layers\.(\d+)\.mlp\.experts\.(\d+)
 // [C][K][1] and the zero-centred norm weights stored plus one. plain holds
 // the values MLX's checkpoint stands for under the Hugging Face names, in
 // F32, for comparison.
-func makeMLX(t *testing.T, model string, qwen35 bool, cfgEdit func(map[string]any), edit func(map[string]rawTensor)) *mlxModel {
+func makeMLX(t *testing.T, model string, qwen35 bool) *mlxModel {
 	t.Helper()
 	src := testutil.ModelDir(t, model)
 	ck, err := safetensors.OpenDir(src)
@@ -185,9 +185,6 @@ func makeMLX(t *testing.T, model string, qwen35 bool, cfgEdit func(map[string]an
 			pl[fmtExpert(k.layer, e, k.proj)] = rawTensor{"F32", stackShape[k], f32Bytes(dq[e*n : (e+1)*n])}
 		}
 	}
-	if edit != nil {
-		edit(mx)
-	}
 	for dir, ts := range map[string]map[string]rawTensor{out.mlx: mx, out.plain: pl} {
 		cfg := testutil.ReadJSON(t, filepath.Join(src, "config.json"))
 		if qwen35 {
@@ -199,9 +196,6 @@ func makeMLX(t *testing.T, model string, qwen35 bool, cfgEdit func(map[string]an
 				q[k] = v
 			}
 			cfg["quantization"], cfg["quantization_config"] = q, q
-			if cfgEdit != nil {
-				cfgEdit(cfg)
-			}
 		}
 		testutil.WriteJSON(t, filepath.Join(dir, "config.json"), cfg)
 		for _, f := range []string{"generation_config.json", "tokenizer.json", "tokenizer_config.json"} {
@@ -349,7 +343,7 @@ func TestPackMLX(t *testing.T) {
 		qwen35 bool
 	}{{"tiny-qwen3-moe", false}, {"tiny-qwen3-5-moe", true}} {
 		t.Run(tc.model, func(t *testing.T) {
-			mm := makeMLX(t, tc.model, tc.qwen35, nil, nil)
+			mm := makeMLX(t, tc.model, tc.qwen35)
 			dst := filepath.Join(t.TempDir(), "packed")
 			var log bytes.Buffer
 			if err := pack.Pack(context.Background(), mm.mlx, dst, pack.Options{Bits: 4, Log: &log}); err != nil {
@@ -437,6 +431,16 @@ func agree(a, b []int) int {
 func TestPackMLXErrors(t *testing.T) {
 	const model = "tiny-qwen3-moe"
 	const w = "model.layers.0.self_attn.q_proj"
+	base := makeMLX(t, model, false)
+	ck, err := safetensors.OpenDir(base.mlx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	baseTensors := map[string]rawTensor{}
+	for n, tn := range ck.Tensors {
+		baseTensors[n] = rawTensor{tn.DType, tn.Shape, tn.Data}
+	}
 	for _, tc := range []struct {
 		name string
 		cfg  func(map[string]any)
@@ -465,9 +469,28 @@ func TestPackMLXErrors(t *testing.T) {
 		{"module false", func(c map[string]any) { c["quantization"].(map[string]any)[w] = false }, nil, "quantization." + w + " is false"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			mm := makeMLX(t, model, false, tc.cfg, tc.edit)
+			src := t.TempDir()
+			cfg := testutil.ReadJSON(t, filepath.Join(base.mlx, "config.json"))
+			q := map[string]any{}
+			for k, v := range cfg["quantization"].(map[string]any) {
+				q[k] = v
+			}
+			cfg["quantization"] = q
+			delete(cfg, "quantization_config")
+			if tc.cfg != nil {
+				tc.cfg(cfg)
+			}
+			testutil.WriteJSON(t, filepath.Join(src, "config.json"), cfg)
+			ts := map[string]rawTensor{}
+			for n, r := range baseTensors {
+				ts[n] = r
+			}
+			if tc.edit != nil {
+				tc.edit(ts)
+			}
+			writeSafetensors(t, filepath.Join(src, "model.safetensors"), ts)
 			parent := t.TempDir()
-			err := pack.Pack(context.Background(), mm.mlx, filepath.Join(parent, "out"), pack.Options{Bits: 4})
+			err := pack.Pack(context.Background(), src, filepath.Join(parent, "out"), pack.Options{Bits: 4})
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("error %v, want one containing %q", err, tc.want)
 			}
