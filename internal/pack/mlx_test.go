@@ -396,11 +396,12 @@ func TestPackMLX(t *testing.T) {
 			// (the project's q8 bound, not q4's 4%), since the copy's
 			// weights are those values exactly and only the q4 kernels'
 			// int8 activations differ.
+			plain16, plain4 := packTo(t, mm.plain, 16), packTo(t, mm.plain, 4)
 			if !testing.Short() {
 				refs := testutil.LoadRefs(t, tc.model)
-				n16 := heldOutNLL(t, packTo(t, mm.plain, 16), refs.Long)
+				n16 := heldOutNLL(t, plain16, refs.Long)
 				n4 := heldOutNLL(t, dst, refs.Long)
-				r4 := heldOutNLL(t, packTo(t, mm.plain, 4), refs.Long)
+				r4 := heldOutNLL(t, plain4, refs.Long)
 				t.Logf("held-out NLL: dequantised values at 16 bits %.4f, MLX q4 copied %.4f (%+.2f%%), the values requantised by sluice at 4 bits %.4f (%+.2f%%)",
 					n16, n4, 100*(n4/n16-1), r4, 100*(r4/n16-1))
 				if d := math.Abs(n4/n16 - 1); d > 0.005 {
@@ -409,11 +410,11 @@ func TestPackMLX(t *testing.T) {
 			}
 			// At 16 bits both packs hold the dequantised values rounded to
 			// bf16: byte for byte the same model.
-			assertSamePack(t, packTo(t, mm.plain, 16), packTo(t, mm.mlx, 16))
+			assertSamePack(t, plain16, packTo(t, mm.mlx, 16))
 			prompt := []int{12, 345, 678, 9, 1011, 1213, 77}
-			at16 := greedyOf(t, packTo(t, mm.plain, 16), prompt)
+			at16 := greedyOf(t, plain16, prompt)
 			t.Logf("greedy tokens agreeing with the dequantised values at --bits 16: MLX copied q4 %d of %d, the values requantised by sluice at --bits 4 %d of %d",
-				agree(greedyOf(t, dst, prompt), at16), len(at16), agree(greedyOf(t, packTo(t, mm.plain, 4), prompt), at16), len(at16))
+				agree(greedyOf(t, dst, prompt), at16), len(at16), agree(greedyOf(t, plain4, prompt), at16), len(at16))
 		})
 	}
 }
