@@ -91,7 +91,7 @@ var mlxExpertRe = regexp.MustCompile(`^model\.layers\.(\d+)\.mlp\.experts\.(\d+)
 // [C][K][1] and the zero-centred norm weights stored plus one. plain holds
 // the values MLX's checkpoint stands for under the Hugging Face names, in
 // F32, for comparison.
-func makeMLX(t *testing.T, model string, qwen35 bool) *mlxModel {
+func makeMLX(t *testing.T, model string, qwen35 bool, bits, group int) *mlxModel {
 	t.Helper()
 	src := testutil.ModelDir(t, model)
 	ck, err := safetensors.OpenDir(src)
@@ -109,16 +109,16 @@ func makeMLX(t *testing.T, model string, qwen35 bool) *mlxModel {
 	}
 	overrides := map[string]any{}
 	quantise := func(hfName, mlxW string, shape []int, v []float32) {
-		bits := 4
+		bits, group := bits, group
 		if strings.HasSuffix(hfName, "mlp.gate.weight") || strings.HasSuffix(hfName, "shared_expert_gate.weight") {
-			bits = 8
+			bits, group = 8, 64
 			overrides[strings.TrimSuffix(mlxW, ".weight")] = map[string]any{"group_size": 64, "bits": 8}
 			out.gates++
 		}
 		cols := shape[len(shape)-1]
-		words, s, b, dq := mlxQuantize(v, bits, 64)
+		words, s, b, dq := mlxQuantize(v, bits, group)
 		base := strings.TrimSuffix(mlxW, ".weight")
-		gs := append(append([]int{}, shape[:len(shape)-1]...), cols/64)
+		gs := append(append([]int{}, shape[:len(shape)-1]...), cols/group)
 		mx[mlxW] = rawTensor{"U32", append(append([]int{}, shape[:len(shape)-1]...), cols*bits/32), words}
 		mx[base+".scales"] = rawTensor{"BF16", gs, s}
 		mx[base+".biases"] = rawTensor{"BF16", gs, b}
@@ -191,7 +191,7 @@ func makeMLX(t *testing.T, model string, qwen35 bool) *mlxModel {
 			delete(cfg, "mtp_num_hidden_layers")
 		}
 		if dir == out.mlx {
-			q := map[string]any{"group_size": 64, "bits": 4}
+			q := map[string]any{"group_size": group, "bits": bits}
 			for k, v := range overrides {
 				q[k] = v
 			}
@@ -343,7 +343,7 @@ func TestPackMLX(t *testing.T) {
 		qwen35 bool
 	}{{"tiny-qwen3-moe", false}, {"tiny-qwen3-5-moe", true}} {
 		t.Run(tc.model, func(t *testing.T) {
-			mm := makeMLX(t, tc.model, tc.qwen35)
+			mm := makeMLX(t, tc.model, tc.qwen35, 4, 64)
 			dst := filepath.Join(t.TempDir(), "packed")
 			var log bytes.Buffer
 			if err := pack.Pack(context.Background(), mm.mlx, dst, pack.Options{Bits: 4, Log: &log}); err != nil {
@@ -411,6 +411,9 @@ func TestPackMLX(t *testing.T) {
 			// At 16 bits both packs hold the dequantised values rounded to
 			// bf16: byte for byte the same model.
 			assertSamePack(t, plain16, packTo(t, mm.mlx, 16))
+			// At 8 bits nothing is copied: every tensor is dequantised
+			// exactly and requantised, as from the unquantised values.
+			assertSamePack(t, packTo(t, mm.plain, 8), packTo(t, mm.mlx, 8))
 			prompt := []int{12, 345, 678, 9, 1011, 1213, 77}
 			at16 := greedyOf(t, plain16, prompt)
 			t.Logf("greedy tokens agreeing with the dequantised values at --bits 16: MLX copied q4 %d of %d, the values requantised by sluice at --bits 4 %d of %d",
@@ -432,7 +435,7 @@ func agree(a, b []int) int {
 func TestPackMLXErrors(t *testing.T) {
 	const model = "tiny-qwen3-moe"
 	const w = "model.layers.0.self_attn.q_proj"
-	base := makeMLX(t, model, false)
+	base := makeMLX(t, model, false, 4, 64)
 	ck, err := safetensors.OpenDir(base.mlx)
 	if err != nil {
 		t.Fatal(err)
@@ -497,5 +500,33 @@ func TestPackMLXErrors(t *testing.T) {
 			}
 			assertEmptyDir(t, parent)
 		})
+	}
+}
+
+// TestPackMLXOtherWidths: a 2-bit group-32 MLX checkpoint (the router at
+// 8 bits) packed at --bits 4 is dequantised exactly and requantised by
+// sluice: the pack is byte-identical to that of the dequantised values,
+// and the notice says so.
+func TestPackMLXOtherWidths(t *testing.T) {
+	mm := makeMLX(t, "tiny-qwen3-moe", false, 2, 32)
+	dst := filepath.Join(t.TempDir(), "packed")
+	var log bytes.Buffer
+	if err := pack.Pack(context.Background(), mm.mlx, dst, pack.Options{Bits: 4, Log: &log}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(log.String(), "2-bit group-32 tensors dequantised") || strings.Contains(log.String(), "copied") {
+		t.Errorf("notice:\n%s", log.String())
+	}
+	assertSamePack(t, packTo(t, mm.plain, 4), dst)
+	// And the values are the MLX dequantisation: the router is stored
+	// float32, so it shows them unchanged.
+	m := readManifest(t, dst)
+	dense, _ := os.ReadFile(filepath.Join(dst, "dense.bin"))
+	d, ok := m.Find("layers.0.mlp.gate.weight")
+	if !ok || d.Kind != format.F32 {
+		t.Fatalf("router: %+v", d)
+	}
+	if j := sameBits(decodeAt(dense, 0, d), mm.dq["layers.0.mlp.gate.weight"]); j >= 0 {
+		t.Errorf("router value %d differs from the MLX dequantisation", j)
 	}
 }
