@@ -364,7 +364,7 @@ func cmdChat(ctx context.Context, args []string) error {
 	defer e.Close()
 	sf.draftNote(e)
 	if e.Tok.TemplateIsFallback() {
-		fmt.Fprintln(os.Stderr, "note: the model's chat template could not be used; using ChatML")
+		fmt.Fprintf(os.Stderr, "note: the model's chat template could not be used (%s); using the ChatML fallback\n", e.Tok.TemplateFallbackReason())
 	}
 	var msgs []tokenizer.Message
 	if *system != "" {

@@ -121,6 +121,9 @@ func cmdServe(ctx context.Context, args []string) error {
 			return fmt.Errorf("--drafts: speculative decoding is not available on the GPU yet; use --device cpu")
 		}
 	}
+	if e.Tok.TemplateIsFallback() {
+		fmt.Fprintf(os.Stderr, "note: the model's chat template could not be used (%s); using the ChatML fallback\n", e.Tok.TemplateFallbackReason())
+	}
 	srv, err := server.New(server.Config{Engine: e, ModelID: id, APIKey: *apiKey, Slots: *slots, MaxQueue: *maxQueue,
 		CacheBytes: cacheBytes, Drafts: *drafts, MaxBodyBytes: *maxBody << 10})
 	if err != nil {

@@ -26,6 +26,8 @@ type Checkpoint struct {
 	Config format.Config
 	ck     *safetensors.Checkpoint
 	byName map[string]*safetensors.Tensor // canonical name → tensor
+	mlx    map[string]*mlxQuant           // canonical name → MLX-quantised weight
+	shift  map[string]bool                // norm weights mlx-lm stored plus one
 }
 
 // IsCheckpoint reports whether dir looks like a Hugging Face model directory.
@@ -128,11 +130,16 @@ func Open(dir string) (*Checkpoint, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Checkpoint{Dir: dir, Config: cfg, ck: ck, byName: map[string]*safetensors.Tensor{}}
+	c := &Checkpoint{Dir: dir, Config: cfg, ck: ck, byName: map[string]*safetensors.Tensor{},
+		mlx: map[string]*mlxQuant{}, shift: map[string]bool{}}
 	hasMTP := false
 	for name, t := range ck.Tensors {
 		n := name
 		switch {
+		case strings.HasPrefix(n, "language_model.model."): // mlx-lm's Qwen3.5
+			n = strings.TrimPrefix(n, "language_model.model.")
+		case strings.HasPrefix(n, "language_model."):
+			n = strings.TrimPrefix(n, "language_model.")
 		case strings.HasPrefix(n, "model.language_model."):
 			n = strings.TrimPrefix(n, "model.language_model.")
 		case strings.HasPrefix(n, "model.visual.") || strings.HasPrefix(n, "visual."):
@@ -149,6 +156,10 @@ func Open(dir string) (*Checkpoint, error) {
 		}
 		c.byName[n] = t
 	}
+	if err := c.bindMLX(); err != nil {
+		ck.Close()
+		return nil, err
+	}
 	if cfg.MTPLayers > 0 && !hasMTP {
 		// Config promises an MTP head the weights lack (some conversions drop
 		// it): run without it rather than fail.
@@ -157,6 +168,9 @@ func Open(dir string) (*Checkpoint, error) {
 	if emb, ok := c.byName["embed_tokens.weight"]; ok && tie {
 		if _, ok := c.byName["lm_head.weight"]; !ok {
 			c.byName["lm_head.weight"] = emb
+			if q := c.mlx["embed_tokens.weight"]; q != nil {
+				c.mlx["lm_head.weight"] = q
+			}
 		}
 	}
 	return c, nil
@@ -168,6 +182,12 @@ func (c *Checkpoint) Close() error { return c.ck.Close() }
 // Float32 returns the canonical tensor name converted to float32 after
 // checking its shape.
 func (c *Checkpoint) Float32(name string, shape []int) ([]float32, error) {
+	if q := c.mlx[name]; q != nil {
+		if !slices.Equal(q.shape, shape) {
+			return nil, fmt.Errorf("checkpoint %s: tensor %s is %v, want %v", c.Dir, name, q.shape, shape)
+		}
+		return q.dequant(-1), nil
+	}
 	t, ok := c.byName[name]
 	if !ok {
 		return nil, fmt.Errorf("checkpoint %s: tensor %s is missing", c.Dir, name)
@@ -175,7 +195,13 @@ func (c *Checkpoint) Float32(name string, shape []int) ([]float32, error) {
 	if !slices.Equal(t.Shape, shape) {
 		return nil, fmt.Errorf("checkpoint %s: tensor %s is %v, want %v", c.Dir, name, t.Shape, shape)
 	}
-	return t.Float32()
+	v, err := t.Float32()
+	if err == nil && c.shift[name] {
+		for i := range v {
+			v[i]--
+		}
+	}
+	return v, err
 }
 
 // Has reports whether the checkpoint holds the canonical tensor name.
@@ -187,6 +213,15 @@ func (c *Checkpoint) Has(name string) bool {
 // Slice returns sub-tensor i of the first dimension of the canonical
 // tensor name, converted to float32, after checking its full shape.
 func (c *Checkpoint) Slice(name string, shape []int, i int) ([]float32, error) {
+	if q := c.mlx[name]; q != nil {
+		if !slices.Equal(q.shape, shape) {
+			return nil, fmt.Errorf("checkpoint %s: tensor %s is %v, want %v", c.Dir, name, q.shape, shape)
+		}
+		if i < 0 || i >= shape[0] {
+			return nil, fmt.Errorf("checkpoint %s: tensor %s has no slice %d", c.Dir, name, i)
+		}
+		return q.dequant(i), nil
+	}
 	t, ok := c.byName[name]
 	if !ok {
 		return nil, fmt.Errorf("checkpoint %s: tensor %s is missing", c.Dir, name)
@@ -206,6 +241,9 @@ func (c *Checkpoint) Slice(name string, shape []int, i int) ([]float32, error) {
 // Raw returns sub-tensor i of the first dimension of the canonical tensor
 // name as stored, with its dtype, after checking its full shape.
 func (c *Checkpoint) Raw(name string, shape []int, i int) (string, []byte, error) {
+	if c.mlx[name] != nil {
+		return "", nil, fmt.Errorf("checkpoint %s: tensor %s is MLX-quantised, not in the layout this family converts", c.Dir, name)
+	}
 	t, ok := c.byName[name]
 	if !ok {
 		return "", nil, fmt.Errorf("checkpoint %s: tensor %s is missing", c.Dir, name)
@@ -224,11 +262,14 @@ func (c *Checkpoint) Raw(name string, shape []int, i int) (string, []byte, error
 // expert e of layer l (the MTP layer is l = num_hidden_layers), converted
 // by the family from the checkpoint's layout.
 func (c *Checkpoint) Expert(l, e int) (gate, up, down []float32, err error) {
-	x, err := family.ExpertOf(c, &c.Config, l, e)
+	x, err := c.ExpertFull(l, e)
 	return x.Gate, x.Up, x.Down, err
 }
 
 // ExpertFull is Expert with the biases of families that have them.
 func (c *Checkpoint) ExpertFull(l, e int) (family.Expert, error) {
+	if x, ok, err := c.switchExpert(l, e); ok {
+		return x, err
+	}
 	return family.ExpertOf(c, &c.Config, l, e)
 }

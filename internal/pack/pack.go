@@ -28,6 +28,7 @@ type Options struct {
 	Force    bool      // replace an existing destination
 	LowBits  []int     // also write low-bit expert stores (3, 2) for lossy miss reads
 	Progress io.Writer // nil: silent
+	Log      io.Writer // notices (how MLX-quantised tensors were carried over); nil: os.Stderr
 }
 
 // CopiedFiles are the checkpoint files a packed directory carries along.
@@ -69,13 +70,14 @@ func Pack(ctx context.Context, src, dst string, o Options) (err error) {
 		return fmt.Errorf("pack: %v", err)
 	}
 	p := &progress{w: o.Progress, start: time.Now()}
+	mx := newMLXNotes(ck, kind)
 	m := &format.Manifest{Format: format.Version, Family: cfg.Family, Config: cfg, Bits: o.Bits, GroupSize: format.GroupSize,
 		ExpertLayers: cfg.ExpertLayers(), Experts: cfg.Experts}
-	if err := writeDense(ctx, ck, m, kind, filepath.Join(tmp, "dense.bin"), p); err != nil {
+	if err := writeDense(ctx, ck, m, kind, filepath.Join(tmp, "dense.bin"), p, mx); err != nil {
 		return err
 	}
 	st := format.ExpertRecordLayout(&cfg, kind, "experts.bin")
-	if err := writeExperts(ctx, ck, &st, filepath.Join(tmp, st.File), p); err != nil {
+	if err := writeExperts(ctx, ck, &st, filepath.Join(tmp, st.File), p, mx); err != nil {
 		return err
 	}
 	m.Stores = []format.ExpertStore{st}
@@ -121,12 +123,13 @@ func Pack(ctx context.Context, src, dst string, o Options) (err error) {
 		os.RemoveAll(old)
 	}
 	p.done(dst)
+	mx.report(o.Log)
 	return nil
 }
 
 // writeDense writes every dense tensor of the family's list, 64-byte
 // aligned.
-func writeDense(ctx context.Context, ck *hf.Checkpoint, m *format.Manifest, kind format.Kind, path string, p *progress) error {
+func writeDense(ctx context.Context, ck *hf.Checkpoint, m *format.Manifest, kind format.Kind, path string, p *progress, mx *mlxNotes) error {
 	f, err := os.Create(path)
 	if err != nil {
 		return fmt.Errorf("pack: %v", err)
@@ -142,16 +145,25 @@ func writeDense(ctx context.Context, ck *hf.Checkpoint, m *format.Manifest, kind
 			return err
 		}
 		p.step("dense", i+1, len(specs))
-		v, err := family.DenseOf(ck, &m.Config, s)
-		if err != nil {
-			return err
-		}
 		k := format.F32
 		if s.Quant {
 			k = kind
 		}
 		t := format.Tensor{Name: s.Name, Kind: k, Shape: s.Shape}
-		if err := w.put(&t, v); err != nil {
+		enc, err := mx.dense(ck, &m.Config, s, k)
+		if err != nil {
+			return err
+		}
+		if enc == nil {
+			v, err := family.DenseOf(ck, &m.Config, s)
+			if err != nil {
+				return err
+			}
+			if enc, err = quant.Encode(v, t.Rows(), t.Cols(), t.Kind); err != nil {
+				return fmt.Errorf("pack: %s: %v", s.Name, err)
+			}
+		}
+		if err := w.put(&t, enc); err != nil {
 			return fmt.Errorf("pack: %s: %v", s.Name, err)
 		}
 		m.Dense = append(m.Dense, t)
@@ -164,8 +176,8 @@ func writeDense(ctx context.Context, ck *hf.Checkpoint, m *format.Manifest, kind
 }
 
 // writeExperts writes one fixed-stride record per (layer, expert).
-func writeExperts(ctx context.Context, ck *hf.Checkpoint, st *format.ExpertStore, path string, p *progress) error {
-	return writeRecords(ctx, &ck.Config, ck.ExpertFull, st, path, p)
+func writeExperts(ctx context.Context, ck *hf.Checkpoint, st *format.ExpertStore, path string, p *progress, mx *mlxNotes) error {
+	return writeRecordsExact(ctx, &ck.Config, ck.ExpertFull, mx.experts(ck, st.Kind), st, path, p)
 }
 
 // expertSource yields one expert's weights (and biases) as float32.
@@ -174,6 +186,16 @@ type expertSource func(layer, expert int) (family.Expert, error)
 // writeRecords writes one fixed-stride record of st's layout per (layer,
 // expert) of cfg, taking the weights from src.
 func writeRecords(ctx context.Context, cfg *format.Config, src expertSource, st *format.ExpertStore, path string, p *progress) error {
+	return writeRecordsExact(ctx, cfg, src, nil, st, path, p)
+}
+
+// exactSource yields one expert's gate, up and down already encoded in the
+// store's kind (ok false: encode src's values instead).
+type exactSource func(layer, expert int) (m [3]*quant.Encoded, ok bool, err error)
+
+// writeRecordsExact is writeRecords taking each expert from exact when it
+// has it.
+func writeRecordsExact(ctx context.Context, cfg *format.Config, src expertSource, exact exactSource, st *format.ExpertStore, path string, p *progress) error {
 	f, err := os.Create(path)
 	if err != nil {
 		return fmt.Errorf("pack: %v", err)
@@ -198,9 +220,18 @@ func writeRecords(ctx context.Context, cfg *format.Config, src expertSource, st 
 				return err
 			}
 			p.step(st.File, l*cfg.Experts+e+1, n)
-			x, err := src(l, e)
-			if err != nil {
-				return err
+			var pre [3]*quant.Encoded
+			ok := false
+			if exact != nil {
+				if pre, ok, err = exact(l, e); err != nil {
+					return err
+				}
+			}
+			var x family.Expert
+			if !ok {
+				if x, err = src(l, e); err != nil {
+					return err
+				}
 			}
 			clear(rec)
 			for _, pr := range []struct {
@@ -215,13 +246,15 @@ func writeRecords(ctx context.Context, cfg *format.Config, src expertSource, st 
 				}
 				putFloats(rec[pr.t.Offset:], pr.v)
 			}
-			for _, pr := range []struct {
+			for k, pr := range []struct {
 				t *format.Tensor
 				v []float32
 			}{{&st.Gate, x.Gate}, {&st.Up, x.Up}, {&st.Down, x.Down}} {
-				enc, err := quant.Encode(pr.v, pr.t.Rows(), pr.t.Cols(), st.Kind)
-				if err != nil {
-					return fmt.Errorf("pack: layer %d expert %d: %v", l, e, err)
+				enc := pre[k]
+				if enc == nil {
+					if enc, err = quant.Encode(pr.v, pr.t.Rows(), pr.t.Cols(), st.Kind); err != nil {
+						return fmt.Errorf("pack: layer %d expert %d: %v", l, e, err)
+					}
 				}
 				copy(rec[pr.t.Offset:], enc.Values)
 				putFloats(rec[pr.t.ScaleOffset:], enc.Scales)
@@ -273,11 +306,8 @@ func (a *alignedWriter) write(b []byte) (int64, error) {
 	return at, err
 }
 
-func (a *alignedWriter) put(t *format.Tensor, v []float32) error {
-	enc, err := quant.Encode(v, t.Rows(), t.Cols(), t.Kind)
-	if err != nil {
-		return err
-	}
+func (a *alignedWriter) put(t *format.Tensor, enc *quant.Encoded) error {
+	var err error
 	if t.Offset, err = a.write(enc.Values); err != nil {
 		return err
 	}

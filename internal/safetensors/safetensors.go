@@ -19,7 +19,7 @@ import (
 // Tensor is one named tensor; Data aliases the mapped file.
 type Tensor struct {
 	Name  string
-	DType string // "BF16", "F16", "F32"
+	DType string // "BF16", "F16", "F32", or "U32" (MLX-quantised weights), "U8"…
 	Shape []int
 	Data  []byte
 	File  string
@@ -195,7 +195,7 @@ func (c *Checkpoint) openFile(path string) error {
 		switch e.DType {
 		case "BF16", "F16":
 			es = 2
-		case "F32":
+		case "F32", "U32": // U32: MLX's packed quantised weights
 			es = 4
 		}
 		if e.Offsets[0] < 0 || e.Offsets[1] < e.Offsets[0] || e.Offsets[1] > int64(len(body)) {

@@ -115,16 +115,18 @@ func pickTemplate(raw json.RawMessage) string {
 // that unsupported features are detected at load time, not mid-request.
 func (t *Tokenizer) setTemplate(src string) {
 	t.template = nil
-	t.templateFallback.Store(true)
+	t.fallBack("no chat template")
 	if strings.TrimSpace(src) == "" {
 		return
 	}
 	tmpl, err := parseTemplate(src)
 	if err != nil {
+		t.fallBack(err.Error())
 		return
 	}
 	probe := []Message{{"system", "s"}, {"user", "u"}, {"assistant", "a"}, {"user", "u"}}
 	if _, err := tmpl.render(t.templateVars(probe, true)); err != nil {
+		t.fallBack(err.Error())
 		return
 	}
 	t.template = tmpl
@@ -161,7 +163,7 @@ func (t *Tokenizer) ApplyChatTemplate(msgs []Message, addGenerationPrompt bool) 
 		}
 		// The probe render passed but these messages hit an unsupported
 		// path; stay on ChatML so a conversation is not rendered two ways.
-		t.templateFallback.Store(true)
+		t.fallBack(err.Error())
 	}
 	return chatML(msgs, addGenerationPrompt), nil
 }
@@ -170,6 +172,24 @@ func (t *Tokenizer) ApplyChatTemplate(msgs []Message, addGenerationPrompt bool) 
 // ChatML format because the model's template was absent or could not be
 // rendered by the Jinja subset.
 func (t *Tokenizer) TemplateIsFallback() bool { return t.templateFallback.Load() }
+
+// TemplateFallbackReason says why ApplyChatTemplate uses ChatML: no
+// template, or the template feature or render error that made sluice's
+// Jinja subset give up. It is "" while the model's template is used.
+func (t *Tokenizer) TemplateFallbackReason() string {
+	if !t.templateFallback.Load() {
+		return ""
+	}
+	if w := t.templateWhy.Load(); w != nil {
+		return *w
+	}
+	return "no chat template"
+}
+
+func (t *Tokenizer) fallBack(why string) {
+	t.templateWhy.Store(&why)
+	t.templateFallback.Store(true)
+}
 
 // chatML is the Qwen chat format, used when the real template is unusable.
 func chatML(msgs []Message, addGenerationPrompt bool) string {

@@ -8,11 +8,13 @@ import (
 	"unicode"
 )
 
-// This file is a deliberately small Jinja interpreter: enough for simple
-// chat templates (for/if/elif/else/set, string concatenation, comparisons,
-// boolean logic, attribute and index access, loop.*, trim/length filters and
-// defined/none tests). Anything else is a parse or render error, which the
-// caller turns into the ChatML fallback instead of guessing.
+// This file is a deliberately small Jinja interpreter: enough for the chat
+// templates of the families sluice runs (for/if/elif/else/set, macros,
+// namespaces, string concatenation, comparisons, conditional expressions,
+// boolean logic, attribute, index and slice access, list literals,
+// loop.*, the filters and methods of jinja_ext.go, and type tests).
+// Anything else is a parse or render error, which the caller turns into
+// the announced ChatML fallback instead of guessing.
 //
 // Whitespace follows Hugging Face's environment: trim_blocks=True and
 // lstrip_blocks=True, plus explicit "-" / "+" markers on tags.
@@ -43,6 +45,7 @@ type ifNode struct {
 
 type forNode struct {
 	varName string
+	names   []string // loop targets: one, or two unpacking pairs
 	iter    expr
 	body    []node
 }
@@ -232,7 +235,7 @@ func lexExpr(src string, i int, closer string) ([]token, int, error) {
 			i += n
 		default:
 			op := ""
-			for _, cand := range []string{"==", "!=", "<=", ">=", "<", ">", "=", "+", "-", "~", "(", ")", "[", "]", ".", ",", "|"} {
+			for _, cand := range []string{"==", "!=", "<=", ">=", "<", ">", "=", "+", "-", "~", "(", ")", "[", "]", ".", ",", "|", ":", "*", "/", "%"} {
 				if strings.HasPrefix(src[i:], cand) {
 					op = cand
 					break
@@ -311,8 +314,14 @@ func (p *tmplParser) parseBody() (body []node, end string, err error) {
 				return nil, "", errors.New("empty or malformed block tag")
 			}
 			switch name := s.toks[0].val; name {
-			case "endfor", "endif", "elif", "else":
+			case "endfor", "endif", "elif", "else", "endmacro":
 				return body, name, nil
+			case "macro":
+				n, err := p.parseMacro()
+				if err != nil {
+					return nil, "", err
+				}
+				body = append(body, n)
 			case "if":
 				n, err := p.parseIf()
 				if err != nil {
@@ -327,6 +336,16 @@ func (p *tmplParser) parseBody() (body []node, end string, err error) {
 				body = append(body, n)
 			case "set":
 				t := s.toks
+				if len(t) >= 6 && t[1].kind == 'n' && t[2].kind == 'o' && t[2].val == "." && t[3].kind == 'n' && t[4].kind == 'o' && t[4].val == "=" {
+					// {% set ns.attr = … %}: a namespace attribute.
+					e, err := parseWholeExpr(t[5:])
+					if err != nil {
+						return nil, "", err
+					}
+					body = append(body, setAttrNode{t[1].val, t[3].val, e})
+					p.pos++
+					continue
+				}
 				if len(t) < 4 || t[1].kind != 'n' || t[2].kind != 'o' || t[2].val != "=" {
 					// Also rejects block-style {% set x %}...{% endset %}.
 					return nil, "", fmt.Errorf("%w: set statement form", errUnsupported)
@@ -397,10 +416,19 @@ func (p *tmplParser) parseIf() (node, error) {
 
 func (p *tmplParser) parseFor() (node, error) {
 	t := p.segs[p.pos].toks
-	if len(t) < 4 || t[1].kind != 'n' || t[2].kind != 'n' || t[2].val != "in" {
+	var names []string
+	k := 1
+	for k < len(t) && t[k].kind == 'n' && t[k].val != "in" {
+		names = append(names, t[k].val)
+		k++
+		if k < len(t) && t[k].kind == 'o' && t[k].val == "," {
+			k++
+		}
+	}
+	if len(names) == 0 || len(names) > 2 || k >= len(t)-1 || t[k].kind != 'n' || t[k].val != "in" {
 		return nil, fmt.Errorf("%w: for statement form", errUnsupported)
 	}
-	iter, err := parseWholeExpr(t[3:])
+	iter, err := parseWholeExpr(t[k+1:])
 	if err != nil {
 		return nil, err
 	}
@@ -413,7 +441,7 @@ func (p *tmplParser) parseFor() (node, error) {
 		return nil, fmt.Errorf("for block closed by %q", end)
 	}
 	p.pos++
-	return &forNode{varName: t[1].val, iter: iter, body: body}, nil
+	return &forNode{varName: names[0], names: names, iter: iter, body: body}, nil
 }
 
 // Expressions.
@@ -437,6 +465,7 @@ type binExpr struct {
 type filterExpr struct {
 	e    expr
 	name string
+	args []expr
 }
 type testExpr struct {
 	e      expr
@@ -454,7 +483,7 @@ func parseWholeExpr(toks []token) (expr, error) {
 		return nil, errors.New("missing expression")
 	}
 	p := &exprParser{toks: toks}
-	e, err := p.parseOr()
+	e, err := p.parseTernary()
 	if err != nil {
 		return nil, err
 	}
@@ -596,30 +625,52 @@ func (p *exprParser) parsePostfix() (expr, error) {
 			if p.pos >= len(p.toks) || p.toks[p.pos].kind != 'n' {
 				return nil, errors.New("expected a name after '.'")
 			}
-			e = attrExpr{e, litExpr{p.toks[p.pos].val}}
+			name := p.toks[p.pos].val
 			p.pos++
-			if p.peek('o', "(") {
-				return nil, fmt.Errorf("%w: method calls", errUnsupported)
+			if p.accept('o', "(") {
+				args, kw, err := p.parseArgs()
+				if err != nil {
+					return nil, err
+				}
+				if len(kw) > 0 || !knownMethod(name) {
+					return nil, fmt.Errorf("%w: method %s()", errUnsupported, name)
+				}
+				e = methodExpr{e, name, args}
+				continue
 			}
+			e = attrExpr{e, litExpr{name}}
 		case p.accept('o', "["):
-			k, err := p.parseOr()
+			idx, err := p.parseSubscript()
 			if err != nil {
 				return nil, err
 			}
-			if !p.accept('o', "]") {
-				return nil, fmt.Errorf("%w: expected ']' (slices are not supported)", errUnsupported)
+			if sl, ok := idx.(sliceExpr); ok {
+				sl.obj = e
+				e = sl
+			} else {
+				e = attrExpr{e, idx}
 			}
-			e = attrExpr{e, k}
 		case p.accept('o', "|"):
 			if p.pos >= len(p.toks) || p.toks[p.pos].kind != 'n' {
 				return nil, errors.New("expected a filter name after '|'")
 			}
 			name := p.toks[p.pos].val
 			p.pos++
-			if (name != "trim" && name != "length") || p.peek('o', "(") {
+			var args []expr
+			if p.accept('o', "(") {
+				var kw map[string]expr
+				var err error
+				if args, kw, err = p.parseArgs(); err != nil {
+					return nil, err
+				}
+				if len(kw) > 0 {
+					return nil, fmt.Errorf("%w: keyword arguments of filter %q", errUnsupported, name)
+				}
+			}
+			if !knownFilter(name, len(args)) {
 				return nil, fmt.Errorf("%w: filter %q", errUnsupported, name)
 			}
-			e = filterExpr{e, name}
+			e = filterExpr{e, name, args}
 		case p.accept('n', "is"):
 			neg := p.accept('n', "not")
 			if p.pos >= len(p.toks) || p.toks[p.pos].kind != 'n' {
@@ -628,7 +679,7 @@ func (p *exprParser) parsePostfix() (expr, error) {
 			name := p.toks[p.pos].val
 			p.pos++
 			switch name {
-			case "defined", "undefined", "none", "string":
+			case "defined", "undefined", "none", "string", "mapping", "iterable", "sequence", "number", "integer", "boolean", "true", "false":
 			default:
 				return nil, fmt.Errorf("%w: test %q", errUnsupported, name)
 			}
@@ -665,13 +716,20 @@ func (p *exprParser) parsePrimary() (expr, error) {
 		case "none", "None":
 			return litExpr{nil}, nil
 		}
-		if p.peek('o', "(") {
-			return nil, fmt.Errorf("%w: function call %s()", errUnsupported, t.val)
+		if p.accept('o', "(") {
+			args, kw, err := p.parseArgs()
+			if err != nil {
+				return nil, err
+			}
+			return callExpr{t.val, args, kw}, nil
 		}
 		return nameExpr{t.val}, nil
 	case 'o':
+		if t.val == "[" {
+			return p.parseList()
+		}
 		if t.val == "(" {
-			e, err := p.parseOr()
+			e, err := p.parseTernary()
 			if err != nil {
 				return nil, err
 			}
@@ -715,6 +773,15 @@ func (a attrExpr) eval(s *scope) (any, error) {
 		return nil, err
 	}
 	switch o := obj.(type) {
+	case *namespace:
+		k, ok := key.(string)
+		if !ok {
+			return nil, fmt.Errorf("namespace attribute must be a string, got %T", key)
+		}
+		if v, ok := o.vars[k]; ok {
+			return v, nil
+		}
+		return undefined{}, nil
 	case map[string]any:
 		k, ok := key.(string)
 		if !ok {
@@ -781,6 +848,8 @@ func (f filterExpr) eval(s *scope) (any, error) {
 		return nil, err
 	}
 	switch f.name {
+	case "tojson", "join", "upper", "lower", "string", "items", "first", "last":
+		return applyFilter(f.name, v, f.args, s)
 	case "trim":
 		str, err := toString(v)
 		if err != nil {
@@ -819,6 +888,8 @@ func (t testExpr) eval(s *scope) (any, error) {
 		r = v == nil
 	case "string":
 		_, r = v.(string)
+	default:
+		r = typeTest(t.name, v)
 	}
 	return r != t.negate, nil
 }
@@ -1012,7 +1083,7 @@ func toString(v any) (string, error) {
 // render executes the template with the given top-level variables.
 func (t *template) render(vars map[string]any) (string, error) {
 	var b strings.Builder
-	if err := renderNodes(&b, t.body, &scope{vars: vars}); err != nil {
+	if err := renderNodes(&b, t.body, &scope{vars: vars, parent: &scope{vars: builtins()}}); err != nil {
 		return "", err
 	}
 	return b.String(), nil
@@ -1039,6 +1110,18 @@ func renderNodes(b *strings.Builder, nodes []node, s *scope) error {
 				return err
 			}
 			s.vars[n.name] = v
+		case setAttrNode:
+			ns, ok := s.lookup(n.name).(*namespace)
+			if !ok {
+				return fmt.Errorf("cannot set attribute %s of %s: not a namespace", n.attr, n.name)
+			}
+			v, err := n.e.eval(s)
+			if err != nil {
+				return err
+			}
+			ns.vars[n.attr] = v
+		case *macroNode:
+			s.vars[n.name] = &macroValue{n, s}
 		case *ifNode:
 			for i, body := range n.bodies {
 				if i < len(n.conds) {
@@ -1064,6 +1147,17 @@ func renderNodes(b *strings.Builder, nodes []node, s *scope) error {
 			switch x := v.(type) {
 			case []any:
 				items = x
+			case string:
+				for _, r := range x {
+					items = append(items, string(r))
+				}
+			case map[string]any:
+				if len(x) > 1 {
+					return fmt.Errorf("%w: iterating a dict with several keys (its order is lost)", errUnsupported)
+				}
+				for k := range x {
+					items = append(items, k)
+				}
 			case undefined:
 				// Jinja iterates an undefined value as empty.
 			default:
@@ -1080,6 +1174,13 @@ func renderNodes(b *strings.Builder, nodes []node, s *scope) error {
 					"length":    len(items),
 				}
 				inner := &scope{vars: map[string]any{n.varName: item, "loop": loop}, parent: s}
+				if len(n.names) == 2 {
+					pair, ok := item.([]any)
+					if !ok || len(pair) != 2 {
+						return fmt.Errorf("cannot unpack a %T into %s, %s", item, n.names[0], n.names[1])
+					}
+					inner.vars[n.names[0]], inner.vars[n.names[1]] = pair[0], pair[1]
+				}
 				if err := renderNodes(b, n.body, inner); err != nil {
 					return err
 				}

@@ -36,6 +36,7 @@ type Tokenizer struct {
 
 	template         *template // nil when absent or unparsable
 	templateFallback atomic.Bool
+	templateWhy      atomic.Pointer[string] // why the fallback is used
 	bosToken         string
 	eosToken         string
 	extraVars        map[string]any

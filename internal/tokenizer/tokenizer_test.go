@@ -452,8 +452,8 @@ func TestChatTemplateFallback(t *testing.T) {
 	for name, config := range map[string]string{
 		"no config":       "",
 		"filter":          configWithTemplate(t, "{{ messages | tojson }}"),
-		"macro":           configWithTemplate(t, "{% macro m() %}x{% endmacro %}{{ m() }}"),
-		"method call":     configWithTemplate(t, "{% for m in messages %}{{ m.content.strip() }}{% endfor %}"),
+		"call block":      configWithTemplate(t, "{% macro m() %}x{{ caller() }}{% endmacro %}{% call m() %}y{% endcall %}"),
+		"method call":     configWithTemplate(t, "{% for m in messages %}{{ m.content.format(1) }}{% endfor %}"),
 		"unclosed for":    configWithTemplate(t, "{% for m in messages %}{{ m.content }}"),
 		"render error":    configWithTemplate(t, "{{ messages[0].role + 1 }}"),
 		"no template key": `{"eos_token": "<|im_end|>"}`,
@@ -462,8 +462,8 @@ func TestChatTemplateFallback(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
-		if !tok.TemplateIsFallback() {
-			t.Errorf("%s: TemplateIsFallback = false", name)
+		if !tok.TemplateIsFallback() || tok.TemplateFallbackReason() == "" {
+			t.Errorf("%s: TemplateIsFallback = %v, reason %q", name, tok.TemplateIsFallback(), tok.TemplateFallbackReason())
 		}
 		got, err := tok.ApplyChatTemplate(msgs, true)
 		if err != nil || got != chatml {
