@@ -399,7 +399,7 @@ func TestPullStalledConnection(t *testing.T) {
 	h := fakeHub(t)
 	h.StallAfter[shard], h.Stalls[shard] = 1<<20, 1
 	c := client(h)
-	c.Stall = 200 * time.Millisecond
+	c.Stall = time.Second
 	dir := t.TempDir()
 	ref, _ := ParseRef("tiny/qwen3-moe")
 	if _, err := c.Pull(context.Background(), ref, nil, dir); err != nil {
