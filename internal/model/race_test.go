@@ -2,6 +2,7 @@
 
 package model
 
-// raceEnabled: the race detector slows the kernels' Go twins tenfold, and
-// the race run checks synchronisation, not numerics.
+// raceEnabled: the race run checks synchronisation; TestCrossCPULogits,
+// whose Go-twin half runs ten times slower under it, checks numerics and
+// runs without it.
 const raceEnabled = true
