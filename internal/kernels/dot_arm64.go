@@ -10,10 +10,10 @@ import (
 
 // On arm64 the kernels' amd64 entry points (the *AVX2 names the dispatch
 // uses) are NEON assembly where it has been written (dot_arm64.s: the f32
-// and bf16 dots, axpy, the attention value mix, the q4 int8 products) and
-// calls of the Go twins elsewhere. Either way each computes its twin's
-// arithmetic bit for bit, so logits are the same bits as on amd64.
-// SLUICE_NOSIMD selects the Go twins throughout, as on amd64.
+// and bf16 dots, axpy, the attention value mix, the delta-rule step, the
+// q4 int8 products) and calls of the Go twins elsewhere. Either way each
+// computes its twin's arithmetic bit for bit, so logits are the same bits
+// as on amd64. SLUICE_NOSIMD selects the Go twins throughout, as on amd64.
 var useAVX2 = true
 
 // useSDOT selects SDOT (the dot-product extension, ARMv8.4 and many v8.2
@@ -32,6 +32,9 @@ func axpyNEON(y *float32, a float32, x *float32, n int)
 
 //go:noescape
 func mixNEON(o, v *float32, stride, n, hd int, p *float32)
+
+//go:noescape
+func deltaRuleNEON(S, k, q, v, kv, o *float32, decay, beta float32, dk, dv int)
 
 //go:noescape
 func dotQ4I8NEON(q *byte, scales, biases *float32, x8 *int8, xs, xsum *float32, ng int, sdot bool) float32
@@ -54,7 +57,7 @@ func dotQ8AVX2(q *byte, scales, biases, x, xsum *float32, ng int) float32 {
 func axpyAVX2(y *float32, a float32, x *float32, n int) { axpyNEON(y, a, x, n) }
 
 func deltaRuleAVX2(S, k, q, v, kv, o *float32, decay, beta float32, dk, dv int) {
-	deltaRuleGo(f32s2(S, dk*dv), f32s2(k, dk), f32s2(q, dk), f32s2(v, dv), f32s2(kv, dv), f32s2(o, dv), decay, beta)
+	deltaRuleNEON(S, k, q, v, kv, o, decay, beta, dk, dv)
 }
 
 // scoresAVX2 is out[j] = dot(q, k_j)·scale for n keys stride bytes apart.

@@ -215,3 +215,86 @@ i8slow:
 i8done:
 	FMOVS F0, ret+64(FP)
 	RET
+
+// func deltaRuleNEON(S, k, q, v, kv, o *float32, decay, beta float32, dk, dv int)
+// deltaRuleGo for dv a multiple of 4: S = decay·S and kv = Σ_a S[a]·k[a]
+// (fused, in row order), kv = (v − kv)·beta, then S[a] += k[a]·kv and
+// o = Σ_a S[a]·q[a] (fused, in row order).
+TEXT ·deltaRuleNEON(SB), NOSPLIT, $0-72
+	MOVD S+0(FP), R0
+	MOVD k+8(FP), R1
+	MOVD q+16(FP), R2
+	MOVD v+24(FP), R3
+	MOVD kv+32(FP), R4
+	MOVD o+40(FP), R5
+	FMOVS decay+48(FP), F30
+	VDUP V30.S[0], V30.S4
+	FMOVS beta+52(FP), F31
+	VDUP V31.S[0], V31.S4
+	MOVD dk+56(FP), R6
+	MOVD dv+64(FP), R7
+	LSR $2, R7, R7
+	CBZ R7, drdone
+	CBZ R6, drdone
+	VEOR V0.B16, V0.B16, V0.B16
+	MOVD R4, R8
+	MOVD R5, R9
+	MOVD R7, R10
+drzero:
+	VST1.P [V0.S4], 16(R8)
+	VST1.P [V0.S4], 16(R9)
+	SUBS $1, R10, R10
+	BNE drzero
+	MOVD R0, R8
+	MOVD R1, R11
+	MOVD R6, R12
+dr1row:
+	VLD1R.P 4(R11), [V1.S4]
+	MOVD R4, R9
+	MOVD R7, R10
+dr1col:
+	VLD1 (R8), [V2.S4]
+	WORD $0x6e3edc42 /* FMUL V2.4S, V2.4S, V30.4S */
+	VST1.P [V2.S4], 16(R8)
+	VLD1 (R9), [V3.S4]
+	VFMLA V1.S4, V2.S4, V3.S4
+	VST1.P [V3.S4], 16(R9)
+	SUBS $1, R10, R10
+	BNE dr1col
+	SUBS $1, R12, R12
+	BNE dr1row
+	MOVD R3, R8
+	MOVD R4, R9
+	MOVD R7, R10
+drmid:
+	VLD1.P 16(R8), [V2.S4]
+	VLD1 (R9), [V3.S4]
+	WORD $0x4ea3d442 /* FSUB V2.4S, V2.4S, V3.4S */
+	WORD $0x6e3fdc42 /* FMUL V2.4S, V2.4S, V31.4S */
+	VST1.P [V2.S4], 16(R9)
+	SUBS $1, R10, R10
+	BNE drmid
+	MOVD R0, R8
+	MOVD R1, R11
+	MOVD R2, R13
+	MOVD R6, R12
+dr2row:
+	VLD1R.P 4(R11), [V1.S4]
+	VLD1R.P 4(R13), [V4.S4]
+	MOVD R4, R9
+	MOVD R5, R14
+	MOVD R7, R10
+dr2col:
+	VLD1 (R8), [V2.S4]
+	VLD1.P 16(R9), [V3.S4]
+	VFMLA V1.S4, V3.S4, V2.S4
+	VST1.P [V2.S4], 16(R8)
+	VLD1 (R14), [V5.S4]
+	VFMLA V4.S4, V2.S4, V5.S4
+	VST1.P [V5.S4], 16(R14)
+	SUBS $1, R10, R10
+	BNE dr2col
+	SUBS $1, R12, R12
+	BNE dr2row
+drdone:
+	RET
