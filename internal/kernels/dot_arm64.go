@@ -9,8 +9,8 @@ import (
 )
 
 // On arm64 the kernels' amd64 entry points (the *AVX2 names the dispatch
-// uses) are NEON assembly where it has been written (dot_arm64.s: the f32
-// and bf16 dots, axpy, the attention value mix, the delta-rule step, the
+// uses) are NEON assembly where it has been written (dot_arm64.s: the f32,
+// bf16 and q8 dots, axpy, the attention value mix, the delta-rule step, the
 // q4 int8 products) and calls of the Go twins elsewhere. Either way each
 // computes its twin's arithmetic bit for bit, so logits are the same bits
 // as on amd64. SLUICE_NOSIMD selects the Go twins throughout, as on amd64.
@@ -37,6 +37,9 @@ func mixNEON(o, v *float32, stride, n, hd int, p *float32)
 func deltaRuleNEON(S, k, q, v, kv, o *float32, decay, beta float32, dk, dv int)
 
 //go:noescape
+func dotQ8NEON(q *byte, scales, biases, x, xsum *float32, ng int) float32
+
+//go:noescape
 func dotQ4I8NEON(q *byte, scales, biases *float32, x8 *int8, xs, xsum *float32, ng int, sdot bool) float32
 
 func f32s2(p *float32, n int) []float32 { return unsafe.Slice(p, n) }
@@ -50,8 +53,7 @@ func dotQ4AVX2(q *byte, scales, biases, x, xsum *float32, ng int) float32 {
 }
 
 func dotQ8AVX2(q *byte, scales, biases, x, xsum *float32, ng int) float32 {
-	const G = 64
-	return dotQ8(unsafe.Slice(q, ng*G), f32s2(scales, ng), f32s2(biases, ng), f32s2(x, ng*G), f32s2(xsum, ng))
+	return dotQ8NEON(q, scales, biases, x, xsum, ng)
 }
 
 func axpyAVX2(y *float32, a float32, x *float32, n int) { axpyNEON(y, a, x, n) }

@@ -3,9 +3,10 @@
 #include "textflag.h"
 
 // NEON kernels, each computing exactly its Go twin's arithmetic (canon.go
-// and dotQ4I8). Go's assembler lacks FADD, FMUL and FADDP on vectors,
-// SDOT, SMULL/SMLAL, SADDLV and SCVTF; they are WORD encodings, each with
-// the instruction in its comment. V8-V15 are left alone.
+// and dotQ4I8). Go's assembler lacks FADD, FSUB, FMUL, FADDP and UCVTF on
+// vectors, SDOT, SMULL/SMLAL, SADDLV and scalar SCVTF; they are WORD
+// encodings, each with the instruction in its comment. V8-V15 are left
+// alone.
 
 // Reduce the 16 lanes V0..V3 (lanes 0-3, 4-7, 8-11, 12-15) into F0 in
 // sum16's order: lane l+8 into lane l, then hsum8
@@ -297,4 +298,70 @@ dr2col:
 	SUBS $1, R12, R12
 	BNE dr2row
 drdone:
+	RET
+
+// 16 q8 weights (bytes, widened exactly to float32 in V4-V7) fused with
+// their 16 activations into lanes V0-V3 (element j into lane j%16).
+#define Q8STEP \
+	VLD1.P 16(R0), [V16.B16] \
+	VUXTL V16.B8, V17.H8 \
+	VUXTL2 V16.B16, V18.H8 \
+	VUXTL V17.H4, V4.S4 \
+	VUXTL2 V17.H8, V5.S4 \
+	VUXTL V18.H4, V6.S4 \
+	VUXTL2 V18.H8, V7.S4 \
+	WORD $0x6e21d884 /* UCVTF V4.4S, V4.4S */ \
+	WORD $0x6e21d8a5 /* UCVTF V5.4S, V5.4S */ \
+	WORD $0x6e21d8c6 /* UCVTF V6.4S, V6.4S */ \
+	WORD $0x6e21d8e7 /* UCVTF V7.4S, V7.4S */ \
+	VLD1.P 64(R3), [V20.S4, V21.S4, V22.S4, V23.S4] \
+	VFMLA V20.S4, V4.S4, V0.S4 \
+	VFMLA V21.S4, V5.S4, V1.S4 \
+	VFMLA V22.S4, V6.S4, V2.S4 \
+	VFMLA V23.S4, V7.S4, V3.S4
+
+// func dotQ8NEON(q *byte, scales, biases, x, xsum *float32, ng int) float32
+// dotQ8: per group the 64 products fused into lanes j%16, lane l+8 added
+// to lane l, each of the 8 lanes accumulating scale·lane fused across
+// groups (V24, V25); the rounded bias·xsum terms summed in F26 and added
+// after the lanes' hsum8.
+TEXT ·dotQ8NEON(SB), NOSPLIT, $0-52
+	MOVD q+0(FP), R0
+	MOVD scales+8(FP), R1
+	MOVD biases+16(FP), R2
+	MOVD x+24(FP), R3
+	MOVD xsum+32(FP), R4
+	MOVD ng+40(FP), R5
+	VEOR V24.B16, V24.B16, V24.B16
+	VEOR V25.B16, V25.B16, V25.B16
+	VEOR V26.B16, V26.B16, V26.B16
+	CBZ R5, q8done
+q8loop:
+	VEOR V0.B16, V0.B16, V0.B16
+	VEOR V1.B16, V1.B16, V1.B16
+	VEOR V2.B16, V2.B16, V2.B16
+	VEOR V3.B16, V3.B16, V3.B16
+	Q8STEP
+	Q8STEP
+	Q8STEP
+	Q8STEP
+	WORD $0x4e22d400 /* FADD V0.4S, V0.4S, V2.4S */
+	WORD $0x4e23d421 /* FADD V1.4S, V1.4S, V3.4S */
+	VLD1R.P 4(R1), [V19.S4]
+	VFMLA V0.S4, V19.S4, V24.S4
+	VFMLA V1.S4, V19.S4, V25.S4
+	FMOVS (R2), F27
+	FMOVS (R4), F28
+	FMULS F28, F27, F27
+	FADDS F27, F26, F26
+	ADD $4, R2, R2
+	ADD $4, R4, R4
+	SUBS $1, R5, R5
+	BNE q8loop
+q8done:
+	WORD $0x4e39d718 /* FADD V24.4S, V24.4S, V25.4S */
+	WORD $0x6e38d718 /* FADDP V24.4S, V24.4S, V24.4S */
+	WORD $0x7e30db18 /* FADDP S24, V24.2S */
+	FADDS F26, F24, F24
+	FMOVS F24, ret+48(FP)
 	RET
