@@ -22,10 +22,13 @@ func Attend(o, q, kc, vc []float32, stride, n int, scale float32, s []float32) {
 	}
 	mx := Max(s)
 	var sum float32
-	j0 := 0
-	if useAVX2 && n >= 8 {
-		j0 = n &^ 7
+	// The exponentials' sum: the first n&^7 in 8 lanes (j into lane j%8)
+	// reduced by hsum8, then the rest one by one, on every path.
+	j0 := n &^ 7
+	if useAVX2 && j0 > 0 {
 		sum = expSubAVX2(&s[0], j0, mx)
+	} else if j0 > 0 {
+		sum = expSubGo(s[:j0], mx)
 	}
 	for j := j0; j < n; j++ {
 		e := Exp(s[j] - mx)
@@ -42,6 +45,18 @@ func Attend(o, q, kc, vc []float32, stride, n int, scale float32, s []float32) {
 		}
 	}
 	Scale(o, 1/sum)
+}
+
+// expSubGo is expSubAVX2's twin: s[j] = Exp(s[j]-mx), returning the sum
+// of the values in 8 lanes (j into lane j%8) reduced by hsum8.
+func expSubGo(s []float32, mx float32) float32 {
+	var a [8]float32
+	for j, v := range s {
+		e := Exp(v - mx)
+		s[j] = e
+		a[j&7] += e
+	}
+	return hsum8(&a)
 }
 
 // Exp is e^x in float32 for the softmax: range reduction to 2^k·e^r with

@@ -21,7 +21,9 @@ func DeltaRule(S, k, q, v, kv, o []float32, decay, beta float32) {
 	deltaRuleGo(S, k, q, v, kv, o, decay, beta)
 }
 
-// deltaRuleGo is DeltaRule's pure-Go twin.
+// deltaRuleGo is DeltaRule's pure-Go twin and canonical definition: the
+// decay is a rounded product, and every update of kv, S and o a fused
+// multiply-add (fma32) in row order a = 0..dk-1.
 func deltaRuleGo(S, k, q, v, kv, o []float32, decay, beta float32) {
 	dk, dv := len(k), len(v)
 	kv = kv[:dv]
@@ -32,7 +34,7 @@ func deltaRuleGo(S, k, q, v, kv, o []float32, decay, beta float32) {
 		ka := k[a]
 		for j := range row {
 			row[j] *= decay
-			kv[j] += row[j] * ka
+			kv[j] = fma32(row[j], ka, kv[j])
 		}
 	}
 	for j := range kv {
@@ -43,8 +45,8 @@ func deltaRuleGo(S, k, q, v, kv, o []float32, decay, beta float32) {
 		row := S[a*dv : (a+1)*dv]
 		ka, qa := k[a], q[a]
 		for j := range row {
-			row[j] += ka * kv[j]
-			o[j] += row[j] * qa
+			row[j] = fma32(ka, kv[j], row[j])
+			o[j] = fma32(row[j], qa, o[j])
 		}
 	}
 }

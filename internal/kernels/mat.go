@@ -166,78 +166,112 @@ func (m *Mat) dotRowGo(r int, x, xsum []float32) float32 {
 	panic("kernels: unknown matrix kind " + string(m.Kind))
 }
 
+// dotF32 is the canonical f32 dot product (see canon.go): element i is
+// fused into lane i%16 in index order, the lanes reduced by sum16.
 func dotF32(w, x []float32) float32 {
 	x = x[:len(w)]
-	var s0, s1, s2, s3 float32
+	var a [16]float32
 	i := 0
-	for ; i+4 <= len(w); i += 4 {
-		s0 += w[i] * x[i]
-		s1 += w[i+1] * x[i+1]
-		s2 += w[i+2] * x[i+2]
-		s3 += w[i+3] * x[i+3]
+	for ; i+16 <= len(w); i += 16 {
+		ws, xs := (*[16]float32)(w[i:]), (*[16]float32)(x[i:])
+		for l := range a {
+			// fma32, written out so the loop stays call-free.
+			p := float64(ws[l]) * float64(xs[l])
+			z := float64(a[l])
+			s := p + z
+			if math.Float64bits(s)<<36 == 0 {
+				s = roundOdd(p, z, s)
+			}
+			a[l] = float32(s)
+		}
 	}
-	for ; i < len(w); i++ {
-		s0 += w[i] * x[i]
+	for l, v := range w[i:] {
+		a[l] = fma32(v, x[i+l], a[l])
 	}
-	return (s0 + s1) + (s2 + s3)
+	return sum16(&a)
 }
 
+// dotBF16 is dotF32 with bf16 weights (widened exactly to float32).
 func dotBF16(w []uint16, x []float32) float32 {
 	x = x[:len(w)]
-	var s0, s1, s2, s3 float32
+	var a [16]float32
 	i := 0
-	for ; i+4 <= len(w); i += 4 {
-		s0 += math.Float32frombits(uint32(w[i])<<16) * x[i]
-		s1 += math.Float32frombits(uint32(w[i+1])<<16) * x[i+1]
-		s2 += math.Float32frombits(uint32(w[i+2])<<16) * x[i+2]
-		s3 += math.Float32frombits(uint32(w[i+3])<<16) * x[i+3]
+	for ; i+16 <= len(w); i += 16 {
+		ws, xs := (*[16]uint16)(w[i:]), (*[16]float32)(x[i:])
+		for l := range a {
+			// fma32, written out so the loop stays call-free.
+			p := float64(math.Float32frombits(uint32(ws[l])<<16)) * float64(xs[l])
+			z := float64(a[l])
+			s := p + z
+			if math.Float64bits(s)<<36 == 0 {
+				s = roundOdd(p, z, s)
+			}
+			a[l] = float32(s)
+		}
 	}
-	for ; i < len(w); i++ {
-		s0 += math.Float32frombits(uint32(w[i])<<16) * x[i]
+	for l, h := range w[i:] {
+		a[l] = fma32(math.Float32frombits(uint32(h)<<16), x[i+l], a[l])
 	}
-	return (s0 + s1) + (s2 + s3)
+	return sum16(&a)
 }
 
+// dotQ8 is the canonical q8 dot product, dotQ8AVX2's order: per group the
+// 64 products q·x are fused into lanes j%16, lane l+8 is added to lane l,
+// and each of the 8 lanes accumulates scale·lane fused across groups; the
+// bias terms bias·xsum (rounded products) are one running sum, added
+// after hsum8 of the lanes.
 func dotQ8(q []byte, scales, biases, x, xsum []float32) float32 {
 	const G = format.GroupSize
-	var acc float32
+	var acc [8]float32
+	var bsum float32
 	biases = biases[:len(scales)]
 	xsum = xsum[:len(scales)]
 	for g := range scales {
 		qs := (*[G]byte)(q[g*G:])
 		xs := (*[G]float32)(x[g*G:])
-		var s0, s1, s2, s3 float32
-		for j := 0; j < G; j += 4 {
-			s0 += float32(qs[j]) * xs[j]
-			s1 += float32(qs[j+1]) * xs[j+1]
-			s2 += float32(qs[j+2]) * xs[j+2]
-			s3 += float32(qs[j+3]) * xs[j+3]
+		var a [16]float32
+		for j, v := range qs {
+			a[j&15] = fma32(float32(v), xs[j], a[j&15])
 		}
-		acc += scales[g]*((s0+s1)+(s2+s3)) + biases[g]*xsum[g]
+		for l := range acc {
+			acc[l] = fma32(scales[g], a[l]+a[l+8], acc[l])
+		}
+		bsum += float32(biases[g] * xsum[g])
 	}
-	return acc
+	return hsum8(&acc) + bsum
 }
 
+// dotQ4 is the canonical q4 dot product with float activations,
+// dotQ4AVX2's order. Element e of a group (its nibble in byte e%32, low for
+// e < 32) is fused into lane e%8 of one of four accumulators by its 8-element
+// block: blocks 0 and 2 into the first, 1 and 3 the second, 4 and 6 the
+// third, 5 and 7 the fourth; the group's 8 lanes are (first+second) +
+// (third+fourth); then scale and bias as in dotQ8.
 func dotQ4(q []byte, scales, biases, x, xsum []float32) float32 {
 	const G = format.GroupSize
-	var acc float32
+	var acc [8]float32
+	var bsum float32
 	biases = biases[:len(scales)]
 	xsum = xsum[:len(scales)]
 	for g := range scales {
 		// Fixed-size array views let the compiler drop every bounds check
 		// in the inner loop.
 		qs := (*[G / 2]byte)(q[g*G/2:])
-		lo := (*[G / 2]float32)(x[g*G:])
-		hi := (*[G / 2]float32)(x[g*G+G/2:])
-		var s0, s1, s2, s3 float32
-		for j := 0; j < G/2; j += 2 {
-			a, b := qs[j], qs[j+1]
-			s0 += float32(a&15) * lo[j]
-			s1 += float32(a>>4) * hi[j]
-			s2 += float32(b&15) * lo[j+1]
-			s3 += float32(b>>4) * hi[j+1]
+		xs := (*[G]float32)(x[g*G:])
+		var a [4][8]float32
+		for e := 0; e < G; e++ {
+			v := qs[e&31] & 15
+			if e >= G/2 {
+				v = qs[e&31] >> 4
+			}
+			k := (e>>3)&1 | (e>>5)<<1
+			a[k][e&7] = fma32(float32(v), xs[e], a[k][e&7])
 		}
-		acc += scales[g]*((s0+s2)+(s1+s3)) + biases[g]*xsum[g]
+		for l := range acc {
+			t := (a[0][l] + a[1][l]) + (a[2][l] + a[3][l])
+			acc[l] = fma32(scales[g], t, acc[l])
+		}
+		bsum += float32(biases[g] * xsum[g])
 	}
-	return acc
+	return hsum8(&acc) + bsum
 }

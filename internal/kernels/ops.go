@@ -201,8 +201,9 @@ func Rope(x, cos, sin []float32) {
 	sin = sin[:h]
 	for i := range a {
 		x1, x2 := a[i], b[i]
-		a[i] = x1*cos[i] - x2*sin[i]
-		b[i] = x2*cos[i] + x1*sin[i]
+		// Rounded products: no fusion on any CPU (see canon.go).
+		a[i] = float32(x1*cos[i]) - float32(x2*sin[i])
+		b[i] = float32(x2*cos[i]) + float32(x1*sin[i])
 	}
 }
 
@@ -236,11 +237,12 @@ func Axpy(y []float32, a float32, x []float32) {
 	axpyGo(y, a, x)
 }
 
-// axpyGo is the pure-Go twin of Axpy's assembly.
+// axpyGo is the pure-Go twin of Axpy's assembly: y[i] = a·x[i] + y[i]
+// fused (canon.go).
 func axpyGo(y []float32, a float32, x []float32) {
 	x = x[:len(y)]
 	for i := range y {
-		y[i] += a * x[i]
+		y[i] = fma32(a, x[i], y[i])
 	}
 }
 

@@ -39,7 +39,7 @@ func quantizeRow8Go(x8 []int8, xs []float32, x []float32) {
 		}
 		dst := (*[G]int8)(x8[g*G:])
 		for i, v := range grp {
-			r := v*inv + magic
+			r := float32(v*inv) + magic // rounded product, as VMULPS; never fused
 			dst[i] = int8(int32(r - magic))
 		}
 	}

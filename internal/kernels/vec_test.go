@@ -17,7 +17,7 @@ func TestMulAdd(t *testing.T) {
 		}
 		want := append([]float32(nil), s...)
 		for i := range want {
-			p := w[i] * x[i]
+			p := float32(w[i] * x[i]) // rounded: Go would fuse it on arm64
 			want[i] += p
 		}
 		MulAdd(s, w, x)

@@ -2,6 +2,8 @@
 
 package model
 
-// raceEnabled: the race detector is on (CI runs this package under it to
-// check the work split across the pool).
+// raceEnabled: the race detector is on. The race run checks the work split
+// across the pool; tests that check numerics over many cases
+// (TestQuantisedNLL, TestCrossCPULogits, ten times slower under it) run
+// without it.
 const raceEnabled = true

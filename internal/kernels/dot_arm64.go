@@ -1,0 +1,79 @@
+//go:build arm64
+
+package kernels
+
+import (
+	"unsafe"
+
+	"golang.org/x/sys/cpu"
+)
+
+// On arm64 the kernels' amd64 entry points (the *AVX2 names the dispatch
+// uses) are NEON assembly where it has been written (dot_arm64.s: the f32,
+// bf16 and q8 dots, axpy, the attention value mix, the delta-rule step, the
+// q4 int8 products) and calls of the Go twins elsewhere. Either way each
+// computes its twin's arithmetic bit for bit, so logits are the same bits
+// as on amd64. SLUICE_NOSIMD selects the Go twins throughout, as on amd64.
+var useAVX2 = true
+
+// useSDOT selects SDOT (the dot-product extension, ARMv8.4 and many v8.2
+// cores) for the q4 integer sums; without it they use SMULL/SMLAL. Both
+// are exact, so the results do not depend on it.
+var useSDOT = cpu.ARM64.HasASIMDDP
+
+//go:noescape
+func dotF32NEON(w, x *float32, n int) float32
+
+//go:noescape
+func dotBF16NEON(w *uint16, x *float32, n int) float32
+
+//go:noescape
+func axpyNEON(y *float32, a float32, x *float32, n int)
+
+//go:noescape
+func mixNEON(o, v *float32, stride, n, hd int, p *float32)
+
+//go:noescape
+func deltaRuleNEON(S, k, q, v, kv, o *float32, decay, beta float32, dk, dv int)
+
+//go:noescape
+func dotQ8NEON(q *byte, scales, biases, x, xsum *float32, ng int) float32
+
+//go:noescape
+func dotQ4I8NEON(q *byte, scales, biases *float32, x8 *int8, xs, xsum *float32, ng int, sdot bool) float32
+
+func f32s2(p *float32, n int) []float32 { return unsafe.Slice(p, n) }
+
+func dotF32AVX2(w, x *float32, n int) float32          { return dotF32NEON(w, x, n) }
+func dotBF16AVX2(w *uint16, x *float32, n int) float32 { return dotBF16NEON(w, x, n) }
+
+func dotQ4AVX2(q *byte, scales, biases, x, xsum *float32, ng int) float32 {
+	const G = 64
+	return dotQ4(unsafe.Slice(q, ng*G/2), f32s2(scales, ng), f32s2(biases, ng), f32s2(x, ng*G), f32s2(xsum, ng))
+}
+
+func dotQ8AVX2(q *byte, scales, biases, x, xsum *float32, ng int) float32 {
+	return dotQ8NEON(q, scales, biases, x, xsum, ng)
+}
+
+func axpyAVX2(y *float32, a float32, x *float32, n int) { axpyNEON(y, a, x, n) }
+
+func deltaRuleAVX2(S, k, q, v, kv, o *float32, decay, beta float32, dk, dv int) {
+	deltaRuleNEON(S, k, q, v, kv, o, decay, beta, dk, dv)
+}
+
+// scoresAVX2 is out[j] = dot(q, k_j)·scale for n keys stride bytes apart.
+func scoresAVX2(q, k *float32, stride, n, hd int, scale float32, out *float32) {
+	o := f32s2(out, n)
+	for j := range o {
+		o[j] = dotF32NEON(q, (*float32)(unsafe.Add(unsafe.Pointer(k), j*stride)), hd) * scale
+	}
+}
+
+func mixAVX2(o, v *float32, stride, n, hd int, p *float32) { mixNEON(o, v, stride, n, hd, p) }
+
+func expSubAVX2(s *float32, n int, mx float32) float32 { return expSubGo(f32s2(s, n), mx) }
+
+func quantizeRow8AVX2(x8 *int8, xs, x *float32, ng int) {
+	quantizeRow8Go(unsafe.Slice(x8, ng*64), f32s2(xs, ng), f32s2(x, ng*64))
+}
