@@ -63,7 +63,7 @@ func expandTensor(dst, src []byte, d, s *format.Tensor) error {
 			scale := math.Float32frombits(binary.LittleEndian.Uint32(ss[4*g:]))
 			bias := math.Float32frombits(binary.LittleEndian.Uint32(sb[4*g:]))
 			for j, v := range q {
-				binary.LittleEndian.PutUint16(dv[2*(g*G+j):], quant.BF16(scale*float32(v)+bias))
+				binary.LittleEndian.PutUint16(dv[2*(g*G+j):], quant.BF16(float32(scale*float32(v))+bias))
 			}
 		default:
 			return fmt.Errorf("low-bit records cannot widen into %s", d.Kind)

@@ -225,7 +225,7 @@ func buildDeepSeek(c *format.Config, t *block.Tensors) (*Arch, error) {
 	if y := ac.Yarn; y != nil {
 		a.Rope = yarnRope(y, ac.RopeDim)
 		if y.MscaleAllDim != 0 && y.Factor > 1 {
-			m := 0.1*y.MscaleAllDim*math.Log(y.Factor) + 1
+			m := float64(0.1*y.MscaleAllDim*math.Log(y.Factor)) + 1 // product rounded: the same on every CPU
 			scale *= m * m
 		}
 	} else {

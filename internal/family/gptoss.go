@@ -278,7 +278,7 @@ func yarnRope(y *yarn, dim int) block.Rope {
 		if scale <= 1 {
 			return 1
 		}
-		return 0.1*m*math.Log(scale) + 1
+		return float64(0.1*m*math.Log(scale)) + 1 // the product rounded, as Python does (Go would fuse it on arm64)
 	}
 	af := mscale(y.Factor, 1)
 	switch {
@@ -306,7 +306,7 @@ func yarnRope(y *yarn, dim int) block.Rope {
 		ramp := (float32(i) - float32(low)) / float32(high-low)
 		ramp = min(max(ramp, 0), 1)
 		ef := 1 - ramp
-		inv[i] = itp*(1-ef) + ext*ef
+		inv[i] = float32(itp*(1-ef)) + float32(ext*ef) // rounded products, as torch computes it, on every CPU
 	}
 	return block.Rope{Dim: dim, InvFreq: inv, Scale: float32(af)}
 }

@@ -52,11 +52,11 @@ func LayerNorm(dst, x, w, b []float32, eps float32) {
 	var vr float32
 	for _, v := range x {
 		d := v - mean
-		vr += d * d
+		vr += float32(d * d) // products rounded: Go would fuse them on arm64
 	}
 	vr /= n
 	inv := float32(1 / math.Sqrt(float64(vr+eps)))
 	for i, v := range x {
-		dst[i] = (v-mean)*inv*w[i] + b[i]
+		dst[i] = float32((v-mean)*inv*w[i]) + b[i]
 	}
 }

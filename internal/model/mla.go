@@ -175,7 +175,7 @@ func (r *Runner) selectRows(m *block.MLA, vc []float32, pos, nb, lo, hi int) {
 			var v float32
 			for h := 0; h < ix.Heads; h++ {
 				d := kernels.Dot(s.qi[(i*ix.Heads+h)*ix.Dim:(i*ix.Heads+h+1)*ix.Dim], k) * scale
-				v += wts[h] * wscale * max(d, 0) // weights_proj·heads^-½, relu(scale·q·k)
+				v += float32(wts[h] * wscale * max(d, 0)) // rounded before the sum on every CPU; weights_proj·heads^-½, relu(scale·q·k)
 			}
 			sc[t] = v
 		}

@@ -301,7 +301,7 @@ func (s *Sampler) penalize(z []float64, history []int) {
 				f *= rp
 			}
 		}
-		f -= s.p.PresencePenalty + float64(counts[id])*s.p.FrequencyPenalty
+		f -= s.p.PresencePenalty + float64(float64(counts[id])*s.p.FrequencyPenalty) // product rounded: the same on every CPU
 		if math.IsNaN(f) {
 			// Only reachable when an overflowing penalty meets an infinite
 			// logit (Inf-Inf); treat the token as masked rather than let
