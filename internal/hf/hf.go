@@ -175,6 +175,9 @@ func (c *Checkpoint) Float32(name string, shape []int) ([]float32, error) {
 	if !slices.Equal(t.Shape, shape) {
 		return nil, fmt.Errorf("checkpoint %s: tensor %s is %v, want %v", c.Dir, name, t.Shape, shape)
 	}
+	if isFP8(t) {
+		return c.fp8Float32(name, t) // fp8.go
+	}
 	return t.Float32()
 }
 
@@ -196,6 +199,9 @@ func (c *Checkpoint) Slice(name string, shape []int, i int) ([]float32, error) {
 	}
 	if i < 0 || i >= shape[0] {
 		return nil, fmt.Errorf("checkpoint %s: tensor %s has no slice %d", c.Dir, name, i)
+	}
+	if isFP8(t) {
+		return nil, fmt.Errorf("checkpoint %s: tensor %s: %s in a %d-dimensional tensor is not supported (block-scaled FP8 weights are matrices)", c.Dir, name, t.DType, len(shape))
 	}
 	n := t.Elems() / shape[0]
 	es := len(t.Data) / t.Elems()

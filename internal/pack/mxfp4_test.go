@@ -69,8 +69,9 @@ func bf16Bytes(v []float32) []byte {
 // MXFP4 as the release stores them ([E][out][in/32][16] blocks, [E][out][in/32]
 // scales, gate and up rows interleaved, quantization_config mxfp4), and the
 // same experts dequantised in the bf16 layout ([E][in][out]). dq holds the
-// dequantised experts by tensor name, in the bf16 layout.
-func mxfp4Checkpoints(t *testing.T) (mxDir, bfDir string, dq map[string][]float32) {
+// dequantised experts by tensor name, in the bf16 layout. edit, when set,
+// rewrites the MXFP4 checkpoint's tensors before they are written.
+func mxfp4Checkpoints(t *testing.T, edit func(ts map[string]rawTensor)) (mxDir, bfDir string, dq map[string][]float32) {
 	src := testutil.ModelDir(t, "tiny-gpt-oss")
 	ck, err := safetensors.OpenDir(src)
 	if err != nil {
@@ -114,6 +115,9 @@ func mxfp4Checkpoints(t *testing.T) (mxDir, bfDir string, dq map[string][]float3
 			mx[name], bf[name] = r, r
 		}
 	}
+	if edit != nil {
+		edit(mx)
+	}
 	dirs := map[string]map[string]rawTensor{"mxfp4": mx, "bf16": bf}
 	out := map[string]string{}
 	for kind, ts := range dirs {
@@ -138,7 +142,7 @@ func mxfp4Checkpoints(t *testing.T) (mxDir, bfDir string, dq map[string][]float3
 // bits: the experts are dequantised exactly, so the packs are
 // byte-identical.
 func TestPackMXFP4(t *testing.T) {
-	mx, bf, _ := mxfp4Checkpoints(t)
+	mx, bf, _ := mxfp4Checkpoints(t, nil)
 	assertSamePack(t, packTo(t, bf, 16), packTo(t, mx, 16))
 }
 
@@ -146,7 +150,7 @@ func TestPackMXFP4(t *testing.T) {
 // stay MXFP4 records that decode to exactly the checkpoint's dequantised
 // values, at 4.25 bits a weight, beside q4 dense tensors.
 func TestPackMXFP4Records(t *testing.T) {
-	mx, _, dq := mxfp4Checkpoints(t)
+	mx, _, dq := mxfp4Checkpoints(t, nil)
 	dir := packTo(t, mx, 4)
 	m := readManifest(t, dir)
 	st := m.Stores[0]
@@ -198,7 +202,7 @@ func TestPackMXFP4Records(t *testing.T) {
 // float32 ones. The logits must stay within that activation rounding and
 // greedy decoding must give the same tokens.
 func TestMXFP4Logits(t *testing.T) {
-	mx, bf, _ := mxfp4Checkpoints(t)
+	mx, bf, _ := mxfp4Checkpoints(t, nil)
 	mxPack := filepath.Join(t.TempDir(), "mx")
 	if err := pack.Pack(context.Background(), mx, mxPack, pack.Options{Bits: 16, Experts: format.MXFP4}); err != nil {
 		t.Fatal(err)
@@ -272,4 +276,32 @@ func argmaxF(x []float32) int {
 		}
 	}
 	return b
+}
+
+// TestPackMXFP4Refused: MXFP4 tensors of another shape or dtype than the
+// release's are refused, naming the tensor.
+func TestPackMXFP4Refused(t *testing.T) {
+	const b = "model.layers.1.mlp.experts.down_proj_blocks"
+	for _, c := range []struct {
+		name string
+		edit func(r *rawTensor)
+		want string
+	}{
+		{"odd shape", func(r *rawTensor) { r.Shape = []int{64, 256, 4, 8, 2} }, "down_proj_blocks"},
+		{"dtype", func(r *rawTensor) { r.DType = "I8" }, "down_proj_blocks/_scales are I8/U8"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			mx, _, _ := mxfp4Checkpoints(t, func(ts map[string]rawTensor) {
+				r := ts[b]
+				c.edit(&r)
+				ts[b] = r
+			})
+			for _, bits := range []int{16, 4} {
+				err := pack.Pack(context.Background(), mx, filepath.Join(t.TempDir(), "p"), pack.Options{Bits: bits})
+				if err == nil || !strings.Contains(err.Error(), c.want) {
+					t.Errorf("%d bits: error %v, want one naming %q", bits, err, c.want)
+				}
+			}
+		})
+	}
 }
