@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sluicelm/sluice/internal/experts"
 	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/model"
 	"github.com/sluicelm/sluice/internal/pack"
@@ -303,5 +304,65 @@ func TestPackMXFP4Refused(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestMXFP4Stream: MXFP4 records stream through the expert pool like any
+// other: a pack at 4 bits (MXFP4 experts) decodes the same tokens with
+// the same logits, bit for bit, from the smallest pool as from the store
+// mapped whole.
+func TestMXFP4Stream(t *testing.T) {
+	mx, _, _ := mxfp4Checkpoints(t, nil)
+	dir := packTo(t, mx, 4)
+	prompt := make([]int, 40)
+	for i := range prompt {
+		prompt[i] = (i*104729 + 7) % 1000
+	}
+	run := func(stream bool) ([]int, []float32) {
+		m, err := model.Load(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Close()
+		if stream {
+			s, err := experts.Open(dir, m.Manifest, experts.Options{Slots: experts.MinSlots(&m.Config), Buffered: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			m.Experts = s
+		} else if m.Experts, err = model.NewResidentProvider(m); err != nil {
+			t.Fatal(err)
+		}
+		r := model.NewRunner(m, 2, 16)
+		defer r.Close()
+		st, err := m.NewState(len(prompt) + 16)
+		if err != nil {
+			t.Fatal(err)
+		}
+		V := m.Config.Vocab
+		logits := make([]float32, V)
+		if err := r.Forward(st, prompt, logits, false); err != nil {
+			t.Fatal(err)
+		}
+		var toks []int
+		var all []float32
+		for len(toks) < 16 {
+			all = append(all, logits...)
+			toks = append(toks, argmaxF(logits))
+			if err := r.Forward(st, toks[len(toks)-1:], logits, false); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return toks, all
+	}
+	ta, la := run(false)
+	tb, lb := run(true)
+	if !slices.Equal(ta, tb) {
+		t.Fatalf("tokens: mapped %v, streamed %v", ta, tb)
+	}
+	for i := range la {
+		if math.Float32bits(la[i]) != math.Float32bits(lb[i]) {
+			t.Fatalf("logit %d: mapped %v, streamed %v", i, la[i], lb[i])
+		}
 	}
 }
