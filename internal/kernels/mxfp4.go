@@ -65,8 +65,14 @@ func (t *matmulTask) runMXFP4(lo, hi int) {
 	if useAVX2 && nblk > 0 {
 		_, _ = w.Q[hi*C/2-1], w.E8[hi*nblk-1]
 		_, _ = t.x8[t.nb*C-1], t.xs[t.nb*ng-1]
-		for r := 0; r < t.nb; r++ {
-			mxfp4Rows(&w.Q[lo*C/2], &w.E8[lo*nblk], nblk, hi-lo, &t.x8[r*C], &t.xs[r*ng], &out[r*w.Rows+lo], useVNNI)
+		// Spans of weight rows small enough to stay in cache while every
+		// activation row passes over them.
+		span := max(1, 32<<10/(C/2+nblk))
+		for o := lo; o < hi; o += span {
+			n := min(span, hi-o)
+			for r := 0; r < t.nb; r++ {
+				mxfp4Rows(&w.Q[o*C/2], &w.E8[o*nblk], nblk, n, &t.x8[r*C], &t.xs[r*ng], &out[r*w.Rows+o], useVNNI)
+			}
 		}
 		return
 	}
