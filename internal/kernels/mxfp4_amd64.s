@@ -191,3 +191,199 @@ rowdone:
 done:
 	VZEROUPPER
 	RET
+
+// mxfp4Tile(tile *byte, nblk, n int, x8 *int8, xs *float32, sx12 *int32, nb int, out *float32, ostride int)
+//
+// The batched AVX-512 kernel: a tile of 16 weight rows (one per lane,
+// rows ≥ n masked at the store) against nb activation rows. mxPrepTile laid
+// the tile out per block as 8 × 64 bytes, the codes as mxCode+12 (unsigned)
+// for values 4k..4k+3 of each row, then the 16 rows' mxScale factors, so
+// that VPDPBUSD of 64 tile bytes and four broadcast activation bytes adds
+// to every row's block sum at once. sx12 holds 12·Σx8 per activation row
+// and block, which takes the +12 back out exactly. The float part is
+// dotMXFP4I8's, one lane per row.
+#define TBLK 576
+
+// DOT4 adds the products of block codes at t and activations at x, k = 0..3
+// or 4..7 (off), into acc.
+#define DOT4(t, x, off, acc) \
+	VMOVDQU32 (t+(off)*64)(AX), Z3 \
+	VPBROADCASTD (x+(off)*4)(BX), Z2 \
+	VPDPBUSD Z2, Z3, acc \
+	VMOVDQU32 (t+(off+1)*64)(AX), Z3 \
+	VPBROADCASTD (x+(off+1)*4)(BX), Z2 \
+	VPDPBUSD Z2, Z3, acc \
+	VMOVDQU32 (t+(off+2)*64)(AX), Z3 \
+	VPBROADCASTD (x+(off+2)*4)(BX), Z2 \
+	VPDPBUSD Z2, Z3, acc \
+	VMOVDQU32 (t+(off+3)*64)(AX), Z3 \
+	VPBROADCASTD (x+(off+3)*4)(BX), Z2 \
+	VPDPBUSD Z2, Z3, acc
+
+// FLT finishes a block: integer sum (lo + hi − 12Σx8 at s), then
+// acc += float32(sum) · (scales at t · xs in Z5).
+#define FLT(lo, hi, t, s) \
+	VPADDD hi, lo, lo \
+	VPBROADCASTD s(R14), Z4 \
+	VPSUBD Z4, lo, lo \
+	VCVTDQ2PS lo, lo \
+	VMULPS (t+512)(AX), Z5, Z3 \
+	VMULPS Z3, lo, lo \
+	VADDPS lo, Z0, Z0
+
+TEXT ·mxfp4Tile(SB), NOSPLIT, $0-72
+	MOVQ tile+0(FP), SI
+	MOVQ nblk+8(FP), R8
+	MOVQ n+16(FP), CX
+	MOVQ x8+24(FP), BX
+	MOVQ xs+32(FP), R10
+	MOVQ sx12+40(FP), R14
+	MOVQ nb+48(FP), R12
+	MOVQ out+56(FP), DX
+	MOVQ ostride+64(FP), R13
+	MOVL $1, AX
+	SHLL CX, AX
+	DECL AX
+	KMOVW AX, K1
+	TESTQ R12, R12
+	JLE  tdone
+	TESTQ R8, R8
+	JLE  tdone
+
+trow:
+	MOVQ SI, AX
+	MOVQ R8, CX
+	VXORPS Z0, Z0, Z0
+
+tpair:
+	VBROADCASTSS (R10), Z5
+	VPXORD Z1, Z1, Z1
+	VPXORD Z6, Z6, Z6
+	VPXORD Z7, Z7, Z7
+	VPXORD Z8, Z8, Z8
+	DOT4(0, 0, 0, Z1)
+	DOT4(TBLK, 32, 0, Z7)
+	DOT4(0, 0, 4, Z6)
+	DOT4(TBLK, 32, 4, Z8)
+	FLT(Z1, Z6, 0, 0)
+	FLT(Z7, Z8, TBLK, 4)
+	ADDQ $(2*TBLK), AX
+	ADDQ $64, BX
+	ADDQ $8, R14
+	ADDQ $4, R10
+	SUBQ $2, CX
+	JGT  tpair
+
+	VMOVUPS Z0, K1, (DX)
+	ADDQ R13, DX
+	DECQ R12
+	JNZ  trow
+
+tdone:
+	VZEROUPPER
+	RET
+
+DATA mxpat<>+0(SB)/8, $0x0505040401010000
+DATA mxpat<>+8(SB)/8, $0x0d0d0c0c09090808
+DATA mxpat<>+16(SB)/8, $0x0707060603030202
+DATA mxpat<>+24(SB)/8, $0x0f0f0e0e0b0b0a0a
+DATA mxpat<>+32(SB)/4, $0
+DATA mxpat<>+36(SB)/4, $1
+DATA mxpat<>+40(SB)/4, $2
+DATA mxpat<>+44(SB)/4, $3
+DATA mxpat<>+48(SB)/4, $4
+DATA mxpat<>+52(SB)/4, $5
+DATA mxpat<>+56(SB)/4, $6
+DATA mxpat<>+60(SB)/4, $7
+DATA mxpat<>+64(SB)/4, $8
+DATA mxpat<>+68(SB)/4, $9
+DATA mxpat<>+72(SB)/4, $10
+DATA mxpat<>+76(SB)/4, $11
+DATA mxpat<>+80(SB)/4, $12
+DATA mxpat<>+84(SB)/4, $13
+DATA mxpat<>+88(SB)/4, $14
+DATA mxpat<>+92(SB)/4, $15
+GLOBL mxpat<>(SB), RODATA|NOPTR, $96
+
+// PREPK writes k's 64 tile bytes at off(DI): a masked gather of each row's
+// dword at byte src of the block (SI), whose bytes pat picks as b0 b0 b1 b1
+// per row, the odd ones shifted down a nibble, masked, mapped to mxCode+12.
+#define PREPK(src, pat, off) \
+	VPXORD Z1, Z1, Z1 \
+	KMOVW K1, K2 \
+	VPGATHERDD src(SI)(Z10*1), K2, Z1 \
+	VPSHUFB pat, Z1, Z1 \
+	VPSRLW $4, Z1, Z2 \
+	VPBLENDMB Z2, Z1, K3, Z1 \
+	VPANDD Z13, Z1, Z1 \
+	VPSHUFB Z1, Z14, Z1 \
+	VMOVDQU32 Z1, K1, off(DI)
+
+// mxPrepTileAVX512(tile, q, e8 *byte, nblk, n, qstride int) is mxPrepTile's
+// rearrangement of n rows (the caller clears a partial tile): per block,
+// eight masked gathers of 16 rows' code pairs (k = 0 from the block's first
+// dword, k ≥ 1 from the high half of the dword at 2k−2, so that no read
+// passes the block's last byte), then the rows' scale factors one by one.
+TEXT ·mxPrepTileAVX512(SB), NOSPLIT, $0-48
+	MOVQ tile+0(FP), DI
+	MOVQ q+8(FP), SI
+	MOVQ e8+16(FP), R8
+	MOVQ nblk+24(FP), R10
+	MOVQ n+32(FP), R11
+	MOVQ qstride+40(FP), CX
+	LEAQ ·mxScale(SB), R12
+	TESTQ R11, R11
+	JLE  pdone
+	TESTQ R10, R10
+	JLE  pdone
+	VMOVD CX, X2
+	VPBROADCASTD X2, Z2
+	VMOVDQU32 mxpat<>+32(SB), Z10
+	VPMULLD Z2, Z10, Z10
+	VBROADCASTI32X4 mxpat<>+0(SB), Z11
+	VBROADCASTI32X4 mxpat<>+16(SB), Z12
+	VBROADCASTI32X4 mxlut<>+16(SB), Z14
+	MOVL $0x0f0f0f0f, AX
+	VMOVD AX, X13
+	VPBROADCASTD X13, Z13
+	MOVQ $0xaaaaaaaaaaaaaaaa, AX
+	KMOVQ AX, K3
+	MOVL $1, AX
+	MOVQ R11, CX
+	SHLL CX, AX
+	DECL AX
+	KMOVW AX, K1
+	MOVQ R8, R9
+	MOVQ R10, R13
+
+pblk:
+	PREPK(0, Z11, 0)
+	PREPK(0, Z12, 64)
+	PREPK(2, Z12, 128)
+	PREPK(4, Z12, 192)
+	PREPK(6, Z12, 256)
+	PREPK(8, Z12, 320)
+	PREPK(10, Z12, 384)
+	PREPK(12, Z12, 448)
+	// Scale factors of rows 0..n-1 (bytes R10 apart from R9).
+	MOVQ R9, BX
+	XORQ CX, CX
+
+pscale:
+	MOVBLZX (BX), AX
+	MOVL (R12)(AX*4), AX
+	MOVL AX, 512(DI)(CX*4)
+	ADDQ R10, BX
+	INCQ CX
+	CMPQ CX, R11
+	JLT  pscale
+
+	ADDQ $16, SI
+	INCQ R9
+	ADDQ $576, DI
+	DECQ R13
+	JNZ  pblk
+
+pdone:
+	VZEROUPPER
+	RET

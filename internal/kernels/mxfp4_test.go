@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/sluicelm/sluice/internal/format"
@@ -135,12 +136,13 @@ func TestMXFP4Kernels(t *testing.T) {
 }
 
 // TestMXFP4Extremes saturates every block: codes ±6 against activations
-// ±127, the largest block sums (32·12·127).
+// ±127, the largest block sums (32·12·127; 32·24·127 in the tile kernel's
+// biased form).
 func TestMXFP4Extremes(t *testing.T) {
 	r := rand.New(rand.NewPCG(63, 64))
 	for _, p := range q4Paths() {
-		for _, code := range []byte{0x77, 0xff, 0x7f} {
-			c := newMXCase(r, 20, 576, 3)
+		for i, code := range []byte{0x77, 0xff, 0x7f, 0x77, 0xff, 0x7f} {
+			c := newMXCase(r, 20, 576, 1+4*(i/3)) // the row kernel, then the tile one
 			for i := range c.w.Q {
 				c.w.Q[i] = code
 			}
@@ -254,6 +256,28 @@ func BenchmarkMXFP4Paths(b *testing.B) {
 				})
 				b.ReportMetric(float64(sh.rows*sh.cols*sh.nb)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GMAC/s")
 			})
+		}
+	}
+}
+
+// TestMXFP4PrepTile: the AVX-512 tile rearrangement writes the Go one's
+// bytes, full and partial tiles.
+func TestMXFP4PrepTile(t *testing.T) {
+	if !useVNNI {
+		t.Skip("no AVX-512 VNNI")
+	}
+	r := rand.New(rand.NewPCG(69, 70))
+	c := newMXCase(r, 40, 320, 1)
+	nblk := 320 / format.MXBlock
+	for _, n := range []int{16, 7, 1} {
+		a, b := make([]byte, nblk*mxTileBytes), make([]byte, nblk*mxTileBytes)
+		for i := range b {
+			b[i] = 0xaa // a partial tile must be cleared
+		}
+		withQ4Path(true, false, func() { mxPrepTile(a, &c.w, 17, n) })
+		withQ4Path(true, true, func() { mxPrepTile(b, &c.w, 17, n) })
+		if !slices.Equal(a, b) {
+			t.Fatalf("n %d: AVX-512 tile differs from Go's", n)
 		}
 	}
 }
