@@ -65,6 +65,7 @@ type deepSeekConfig struct {
 	HiddenAct       string         `json:"hidden_act"`
 	NextNPredictors int            `json:"num_nextn_predict_layers"`
 	MoELayerFreq    *int           `json:"moe_layer_freq"`
+	Quantization    map[string]any `json:"quantization_config"`
 }
 
 // deepSeekKeys are the config.json keys deepseek_v32 understands.
@@ -75,7 +76,7 @@ var deepSeekKeys = []string{
 	"topk_method", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
 	"index_topk", "index_head_dim", "index_n_heads", "first_k_dense_replace", "mlp_layer_types", "layer_types",
 	"rms_norm_eps", "max_position_embeddings", "rope_theta", "rope_parameters", "rope_scaling", "attention_bias",
-	"mlp_bias", "hidden_act", "num_nextn_predict_layers", "moe_layer_freq", "ep_size",
+	"mlp_bias", "hidden_act", "num_nextn_predict_layers", "moe_layer_freq", "ep_size", "quantization_config",
 	"model_type", "architectures", "tie_word_embeddings", "eos_token_id", "bos_token_id", "pad_token_id",
 	"attention_dropout", "initializer_range", "aux_loss_alpha", "seq_aux", "use_cache", "transformers_version",
 	"dtype", "torch_dtype", "auto_map", "pretraining_tp",
@@ -105,6 +106,9 @@ func parseDeepSeek(raw []byte) (format.Config, error) {
 	}
 	var r deepSeekConfig
 	if err := json.Unmarshal(raw, &r); err != nil {
+		return c, err
+	}
+	if err := deepSeekFP8(r.Quantization); err != nil {
 		return c, err
 	}
 	switch {
@@ -343,4 +347,43 @@ func describeDeepSeek(c *format.Config) []string {
 		fmt.Sprintf("router         sigmoid + correction bias, top-%d of %d groups, top-%d, scale %g", ac.TopGroups, ac.Groups, c.TopK, ac.RoutedScale),
 		fmt.Sprintf("experts        SwiGLU, shared expert of %d", c.SharedInter),
 	}
+}
+
+// deepSeekFP8 checks quantization_config: the releases' block-scaled FP8
+// (float8_e4m3fn weights, a float32 weight_scale_inv per 128×128 block),
+// which the packer dequantises exactly (package hf); anything else is
+// refused. activation_scheme and scale_fmt describe how DeepSeek's own
+// kernels quantise activations and round the scales they compute, which
+// dequantising the stored weights does not involve.
+func deepSeekFP8(q map[string]any) error {
+	if q == nil {
+		return nil
+	}
+	if m, _ := q["quant_method"].(string); m != "fp8" {
+		return fmt.Errorf("quantization_config.quant_method %v is not supported (want fp8)", q["quant_method"])
+	}
+	bs, _ := q["weight_block_size"].([]any)
+	if len(bs) != 2 || bs[0] != float64(128) || bs[1] != float64(128) {
+		return fmt.Errorf("quantization_config.weight_block_size %v is not supported (want [128, 128])", q["weight_block_size"])
+	}
+	for k, v := range q {
+		switch k {
+		case "quant_method", "weight_block_size":
+		case "fmt":
+			if v != "e4m3" {
+				return fmt.Errorf("quantization_config.fmt %v is not supported (want e4m3)", v)
+			}
+		case "activation_scheme":
+			if v != "dynamic" {
+				return fmt.Errorf("quantization_config.activation_scheme %v is not supported (want dynamic)", v)
+			}
+		case "scale_fmt":
+			if v != nil && v != "ue8m0" {
+				return fmt.Errorf("quantization_config.scale_fmt %v is not supported (want ue8m0 or none)", v)
+			}
+		default:
+			return fmt.Errorf("quantization_config.%s is not supported", k)
+		}
+	}
+	return nil
 }

@@ -462,3 +462,10 @@ func gptOSSMXFP4Expert(src Checkpoint, c *format.Config, l, e int) (Expert, erro
 	}
 	return x, nil
 }
+
+// MXFP4Experts reports whether the checkpoint's routed experts are MXFP4
+// (gpt-oss's release layout, *_blocks and *_scales), which the packer can
+// keep as format.MXFP4 records without loss.
+func MXFP4Experts(src Checkpoint, c *format.Config) bool {
+	return c.Family == NameGPTOSS && src.Has(fmt.Sprintf("layers.%d.mlp.experts.gate_up_proj_blocks", c.FirstDense))
+}

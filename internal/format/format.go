@@ -180,7 +180,18 @@ const (
 	// are a little-endian bit stream: value i is bits [i*b, (i+1)*b).
 	Q3 Kind = "q3"
 	Q2 Kind = "q2"
+	// MXFP4 is the OCP microscaling format gpt-oss's checkpoints ship
+	// their experts in, kept as is: per row, blocks of MXBlock values,
+	// each an E2M1 code (4 bits) times the block's E8M0 scale 2^(s−127).
+	// The values part holds the codes, [rows][cols/2] bytes (byte k of a
+	// block holds value 2k in its low nibble and 2k+1 in its high one,
+	// the checkpoint's order), followed by the scales, [rows][cols/32]
+	// bytes: 4.25 bits per weight, no float scales or biases.
+	MXFP4 Kind = "mxfp4"
 )
+
+// MXBlock is the number of values sharing one MXFP4 scale.
+const MXBlock = 32
 
 // LowKind maps --low-bits / --miss-bits to the kind of a low-bit store.
 func LowKind(bits int) (Kind, error) {
@@ -228,7 +239,7 @@ func (k Kind) Bits() int {
 		return 16
 	case Q8:
 		return 8
-	case Q4:
+	case Q4, MXFP4:
 		return 4
 	case Q3:
 		return 3
@@ -246,6 +257,9 @@ func (k Kind) Quantised() bool { return k == Q8 || k == Q4 || k == Q3 || k == Q2
 func (k Kind) Sizes(rows, cols int) (values, scales int64) {
 	n := int64(rows) * int64(cols)
 	values = n * int64(k.Bits()) / 8
+	if k == MXFP4 {
+		values += n / MXBlock // the E8M0 scales follow the codes
+	}
 	if k.Quantised() {
 		scales = int64(rows) * int64(cols/GroupSize) * 4
 	}

@@ -195,7 +195,13 @@ func (c *Checkpoint) Float32(name string, shape []int) ([]float32, error) {
 	if !slices.Equal(t.Shape, shape) {
 		return nil, fmt.Errorf("checkpoint %s: tensor %s is %v, want %v", c.Dir, name, t.Shape, shape)
 	}
-	v, err := t.Float32()
+	var v []float32
+	var err error
+	if isFP8(t) {
+		v, err = c.fp8Float32(name, t) // fp8.go
+	} else {
+		v, err = t.Float32()
+	}
 	if err == nil && c.shift[name] {
 		for i := range v {
 			v[i]--
@@ -231,6 +237,9 @@ func (c *Checkpoint) Slice(name string, shape []int, i int) ([]float32, error) {
 	}
 	if i < 0 || i >= shape[0] {
 		return nil, fmt.Errorf("checkpoint %s: tensor %s has no slice %d", c.Dir, name, i)
+	}
+	if isFP8(t) {
+		return nil, fmt.Errorf("checkpoint %s: tensor %s: %s in a %d-dimensional tensor is not supported (block-scaled FP8 weights are matrices)", c.Dir, name, t.DType, len(shape))
 	}
 	n := t.Elems() / shape[0]
 	es := len(t.Data) / t.Elems()

@@ -27,7 +27,8 @@ type Mat struct {
 	Kind       format.Kind
 	F32        []float32 // Kind F32: [rows*cols]
 	BF16       []uint16  // Kind BF16: [rows*cols]
-	Q          []byte    // Q8: [rows*cols]; Q4: [rows*cols/2], see format.Q4
+	Q          []byte    // Q8: [rows*cols]; Q4, MXFP4: [rows*cols/2], see format.Q4, format.MXFP4
+	E8         []byte    // MXFP4: [rows][cols/32] block scales (E8M0)
 	Scales     []float32 // quantised: [rows][cols/64]
 	Biases     []float32
 }
@@ -56,6 +57,13 @@ func MatFrom(buf []byte, t *format.Tensor) (Mat, error) {
 		m.Q = buf[t.Offset : t.Offset+vb]
 		m.Scales = f32s(buf[t.ScaleOffset:], int(sb/4))
 		m.Biases = f32s(buf[t.BiasOffset:], int(sb/4))
+	case format.MXFP4:
+		if m.Cols%format.GroupSize != 0 {
+			// The int8 activations come in groups of GroupSize.
+			return m, fmt.Errorf("tensor %s: %d columns not a multiple of %d", t.Name, m.Cols, format.GroupSize)
+		}
+		m.Q = buf[t.Offset : t.Offset+int64(n/2)]
+		m.E8 = buf[t.Offset+int64(n/2) : t.Offset+vb]
 	default:
 		return m, fmt.Errorf("tensor %s: unknown kind %q", t.Name, t.Kind)
 	}
@@ -99,6 +107,12 @@ func (m *Mat) Row(dst []float32, r int) {
 				dst[g*G+j] = float32(s*float32(v&15)) + b
 				dst[g*G+j+G/2] = float32(s*float32(v>>4)) + b
 			}
+		}
+	case format.MXFP4:
+		B := format.MXBlock
+		q, e8 := m.Q[r*m.Cols/2:(r+1)*m.Cols/2], m.E8[r*m.Cols/B:(r+1)*m.Cols/B]
+		for i := range dst {
+			dst[i] = float32(mxCode[q[i/2]>>(4*(i%2))&15]) * mxScale[e8[i/B]]
 		}
 	}
 }

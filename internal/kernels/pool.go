@@ -231,6 +231,10 @@ func (t *matmulTask) Run(lo, hi int) {
 	w := t.w
 	C := w.Cols
 	ng := C / format.GroupSize
+	if w.Kind == format.MXFP4 {
+		t.runMXFP4(lo, hi) // mxfp4.go
+		return
+	}
 	if w.Kind == format.Q4 && useAVX2 && hi > lo && ng > 0 && t.nb > 0 {
 		// Tiles of weight rows against every activation row (q4tile.go).
 		t.runQ4(lo, hi)
@@ -331,14 +335,14 @@ func (s *Scratch) prepare(out []float32, w *Mat, x []float32, nb int) {
 // activations computes what a product with w needs of x: group sums for
 // quantised kinds, int8 activations and scales for q4.
 func (s *Scratch) activations(w *Mat, x []float32, nb int) (x8 []int8, xs []float32) {
-	if w.Kind.Quantised() {
+	if w.Kind.Quantised() || w.Kind == format.MXFP4 {
 		C := w.Cols
 		ng := C / format.GroupSize
 		s.xsum = grow(s.xsum, nb*ng)
 		for r := 0; r < nb; r++ {
 			GroupSums(s.xsum[r*ng:(r+1)*ng], x[r*C:(r+1)*C])
 		}
-		if w.Kind == format.Q4 {
+		if w.Kind == format.Q4 || w.Kind == format.MXFP4 {
 			if cap(s.x8) < nb*C {
 				s.x8 = make([]int8, nb*C)
 			}

@@ -220,14 +220,6 @@ func isShiftedNorm(name string) bool {
 	return name == "model.norm.weight"
 }
 
-func f32Bytes(v []float32) []byte {
-	b := make([]byte, 4*len(v))
-	for i, x := range v {
-		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
-	}
-	return b
-}
-
 func f32s(b []byte) []float32 {
 	v := make([]float32, len(b)/4)
 	for i := range v {

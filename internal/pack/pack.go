@@ -24,9 +24,12 @@ import (
 
 // Options control a pack.
 type Options struct {
-	Bits     int       // 16 (bf16, exact), 8 or 4
-	Force    bool      // replace an existing destination
-	LowBits  []int     // also write low-bit expert stores (3, 2) for lossy miss reads
+	Bits    int   // 16 (bf16, exact), 8 or 4
+	Force   bool  // replace an existing destination
+	LowBits []int // also write low-bit expert stores (3, 2) for lossy miss reads
+	// Experts overrides the kind of the main expert store (default: the
+	// kind of Bits, or MXFP4 for MXFP4 experts at 4 bits; see expertKind).
+	Experts  format.Kind
 	Progress io.Writer // nil: silent
 	Log      io.Writer // notices (how MLX-quantised tensors were carried over); nil: os.Stderr
 }
@@ -76,7 +79,11 @@ func Pack(ctx context.Context, src, dst string, o Options) (err error) {
 	if err := writeDense(ctx, ck, m, kind, filepath.Join(tmp, "dense.bin"), p, mx); err != nil {
 		return err
 	}
-	st := format.ExpertRecordLayout(&cfg, kind, "experts.bin")
+	ekind, err := expertKind(ck, o, kind)
+	if err != nil {
+		return err
+	}
+	st := format.ExpertRecordLayout(&cfg, ekind, "experts.bin")
 	if err := writeExperts(ctx, ck, &st, filepath.Join(tmp, st.File), p, mx); err != nil {
 		return err
 	}

@@ -91,6 +91,12 @@ func Encode(w []float32, rows, cols int, k format.Kind) (*Encoded, error) {
 				}
 			}
 		}
+	case format.MXFP4:
+		v, err := EncodeMXFP4(w, rows, cols)
+		if err != nil {
+			return nil, err
+		}
+		e.Values = v
 	default:
 		return nil, fmt.Errorf("quant: cannot encode kind %q", k)
 	}
@@ -118,6 +124,8 @@ func Decode(dst []float32, values []byte, scales, biases []float32, rows, cols i
 			g := i / format.GroupSize
 			dst[i] = float32(scales[g]*float32(values[i])) + biases[g]
 		}
+	case format.MXFP4:
+		DecodeMXFP4(dst, values, rows, cols)
 	case format.Q3, format.Q2:
 		G, b := format.GroupSize, k.Bits()
 		var q [format.GroupSize]uint8

@@ -197,6 +197,8 @@ func (c *Checkpoint) openFile(path string) error {
 			es = 2
 		case "F32", "U32": // U32: MLX's packed quantised weights
 			es = 4
+		case "F8_E4M3", "F8_E5M2", "U8", "I8":
+			es = 1
 		}
 		if e.Offsets[0] < 0 || e.Offsets[1] < e.Offsets[0] || e.Offsets[1] > int64(len(body)) {
 			return fmt.Errorf("safetensors: %s: tensor %s: data offsets %v outside the file's %d data bytes (truncated?)", path, name, e.Offsets, len(body))

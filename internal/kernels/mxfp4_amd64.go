@@ -1,0 +1,27 @@
+//go:build amd64
+
+package kernels
+
+// mxfp4Rows is the MXFP4 kernel: n consecutive weight rows (codes from q,
+// nblk·16 bytes a row; scale bytes from e8, nblk a row) against one int8
+// activation row (x8, scales xs), out[i] = dotMXFP4I8 of row i, bit for
+// bit. avx512 selects the 512-bit integer part (AVX512BW and VNNI); the
+// float chain is the same code on both.
+//
+//go:noescape
+func mxfp4Rows(q, e8 *byte, nblk, n int, x8 *int8, xs *float32, out *float32, avx512 bool)
+
+// mxfp4Tile is the batched AVX-512 kernel: a tile of n ≤ 16 weight rows,
+// laid out by mxPrepTile, against nb activation rows, out[r·ostride/4 + i]
+// = dotMXFP4I8 of row i and activation row r, bit for bit. sx12 holds
+// 12·Σx8 per activation row and block.
+//
+//go:noescape
+func mxfp4Tile(tile *byte, nblk, n int, x8 *int8, xs *float32, sx12 *int32, nb int, out *float32, ostride int)
+
+// mxPrepTileAVX512 is mxPrepTile's rearrangement of n rows (codes q,
+// qstride bytes a row, scale bytes e8) into tile, with AVX-512 gathers;
+// the caller clears a partial tile first.
+//
+//go:noescape
+func mxPrepTileAVX512(tile, q, e8 *byte, nblk, n, qstride int)

@@ -1,0 +1,13 @@
+//go:build !amd64
+
+package kernels
+
+func mxfp4Rows(q, e8 *byte, nblk, n int, x8 *int8, xs *float32, out *float32, avx512 bool) {
+	panic("no AVX2")
+}
+
+func mxfp4Tile(tile *byte, nblk, n int, x8 *int8, xs *float32, sx12 *int32, nb int, out *float32, ostride int) {
+	panic("no AVX-512")
+}
+
+func mxPrepTileAVX512(tile, q, e8 *byte, nblk, n, qstride int) { panic("no AVX-512") }

@@ -1,0 +1,283 @@
+package kernels
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/sluicelm/sluice/internal/format"
+	"github.com/sluicelm/sluice/internal/quant"
+)
+
+// mxMat builds an MXFP4 matrix through the packer's encoder and MatFrom,
+// and returns the values it decodes to (quant.DecodeMXFP4).
+func mxMat(t testing.TB, w []float32, rows, cols int) (Mat, []float32) {
+	t.Helper()
+	enc, err := quant.Encode(w, rows, cols, format.MXFP4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vb, _ := format.MXFP4.Sizes(rows, cols)
+	tn := format.Tensor{Name: "w", Kind: format.MXFP4, Shape: []int{rows, cols}, Size: vb}
+	m, err := MatFrom(enc.Values, &tn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deq := make([]float32, rows*cols)
+	quant.DecodeMXFP4(deq, enc.Values, rows, cols)
+	return m, deq
+}
+
+// mxCase is an MXFP4 product with raw operands reaching the extremes: codes
+// ±6 (mxCode ±12) and ±0, activations ±127, scale bytes 0, 1 and 254
+// (subnormal and the largest factors), zero blocks.
+type mxCase struct {
+	w          Mat
+	x8         []int8
+	xs         []float32
+	rows, cols int
+	nb         int
+}
+
+func newMXCase(r *rand.Rand, rows, cols, nb int) *mxCase {
+	nblk, ng := cols/format.MXBlock, cols/format.GroupSize
+	c := &mxCase{rows: rows, cols: cols, nb: nb}
+	c.w = Mat{Rows: rows, Cols: cols, Kind: format.MXFP4, Q: make([]byte, rows*cols/2), E8: make([]byte, rows*nblk)}
+	for i := range c.w.Q {
+		switch r.IntN(8) {
+		case 0:
+			c.w.Q[i] = 0x77
+		case 1:
+			c.w.Q[i] = 0xff
+		case 2:
+			c.w.Q[i] = 0x80
+		default:
+			c.w.Q[i] = byte(r.IntN(256))
+		}
+	}
+	for i := range c.w.E8 {
+		switch r.IntN(10) {
+		case 0:
+			c.w.E8[i] = 0
+		case 1:
+			c.w.E8[i] = 1
+		case 2:
+			c.w.E8[i] = 254
+		default:
+			c.w.E8[i] = byte(112 + r.IntN(20))
+		}
+	}
+	c.x8 = make([]int8, nb*cols)
+	for i := range c.x8 {
+		switch r.IntN(6) {
+		case 0:
+			c.x8[i] = 127
+		case 1:
+			c.x8[i] = -127
+		default:
+			c.x8[i] = int8(r.IntN(255) - 127)
+		}
+	}
+	c.xs = make([]float32, nb*ng)
+	for i := range c.xs {
+		c.xs[i] = float32(math.Abs(r.NormFloat64())) / 127
+	}
+	if nblk > 1 {
+		clear(c.w.Q[:format.MXBlock/2])
+		clear(c.x8[format.MXBlock : 2*format.MXBlock])
+	}
+	return c
+}
+
+func (c *mxCase) want(b, o int) float32 {
+	C, nblk, ng := c.cols, c.cols/format.MXBlock, c.cols/format.GroupSize
+	return dotMXFP4I8(c.w.Q[o*C/2:(o+1)*C/2], c.w.E8[o*nblk:(o+1)*nblk], c.x8[b*C:(b+1)*C], c.xs[b*ng:(b+1)*ng])
+}
+
+func (c *mxCase) run(splits ...int) []float32 {
+	out := make([]float32, c.nb*c.rows)
+	for i := range out {
+		out[i] = float32(math.NaN())
+	}
+	t := matmulTask{out: out, xs: c.xs, x8: c.x8, w: &c.w, nb: c.nb}
+	lo := 0
+	for _, s := range append(splits, c.rows) {
+		t.Run(lo, s)
+		lo = s
+	}
+	return out
+}
+
+// TestMXFP4Kernels: every path (Go twin, AVX2, AVX-512) gives the Go
+// twin's bits for row counts and thread splits of every size, column
+// counts with and without a tail of fewer than eight blocks, and
+// activation row counts from decode to a prefill batch.
+func TestMXFP4Kernels(t *testing.T) {
+	r := rand.New(rand.NewPCG(61, 62))
+	for _, p := range q4Paths() {
+		for _, sh := range [][2]int{{1, 64}, {16, 64}, {7, 256}, {37, 128}, {5, 320}, {64, 256}, {256, 64}, {24, 192}, {33, 576}, {9, 2880}} {
+			for _, nb := range []int{1, 2, 3, 8, 17} {
+				rows, cols := sh[0], sh[1]
+				c := newMXCase(r, rows, cols, nb)
+				var out []float32
+				withQ4Path(p.avx2, p.vnni, func() { out = c.run(rows/3, rows/3+1, rows-rows/4) })
+				for b := 0; b < nb; b++ {
+					for o := 0; o < rows; o++ {
+						if got, want := out[b*rows+o], c.want(b, o); math.Float32bits(got) != math.Float32bits(want) {
+							t.Fatalf("%s [%d %d] nb %d: row %d out %d: %v, Go twin %v", p.name, rows, cols, nb, b, o, got, want)
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestMXFP4Extremes saturates every block: codes ±6 against activations
+// ±127, the largest block sums (32·12·127; 32·24·127 in the tile kernel's
+// biased form).
+func TestMXFP4Extremes(t *testing.T) {
+	r := rand.New(rand.NewPCG(63, 64))
+	for _, p := range q4Paths() {
+		for i, code := range []byte{0x77, 0xff, 0x7f, 0x77, 0xff, 0x7f} {
+			c := newMXCase(r, 20, 576, 1+4*(i/3)) // the row kernel, then the tile one
+			for i := range c.w.Q {
+				c.w.Q[i] = code
+			}
+			for i := range c.x8 {
+				c.x8[i] = 127
+				if i/format.MXBlock%3 == 1 {
+					c.x8[i] = -127
+				}
+			}
+			var out []float32
+			withQ4Path(p.avx2, p.vnni, func() { out = c.run(9) })
+			for b := 0; b < c.nb; b++ {
+				for o := 0; o < c.rows; o++ {
+					if got, want := out[b*c.rows+o], c.want(b, o); math.Float32bits(got) != math.Float32bits(want) {
+						t.Fatalf("%s code %#x: row %d out %d: %v, Go twin %v", p.name, code, b, o, got, want)
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestMXFP4Product checks the kernels' reading of the format against the
+// packer's: through Scratch.MatMul on every path, W·x is within float
+// rounding of the float64 product of quant.DecodeMXFP4's weights and the
+// int8 activations QuantizeRow8 made, and Mat.Row decodes as quant does.
+func TestMXFP4Product(t *testing.T) {
+	r := rand.New(rand.NewPCG(65, 66))
+	rows, cols, nb := 70, 576, 5
+	w := randVec(r, rows*cols)
+	m, deq := mxMat(t, w, rows, cols)
+	row := make([]float32, cols)
+	for o := 0; o < rows; o++ {
+		m.Row(row, o)
+		for i, v := range row {
+			if v != deq[o*cols+i] {
+				t.Fatalf("Row(%d)[%d] = %v, quant decodes %v", o, i, v, deq[o*cols+i])
+			}
+		}
+	}
+	x := randVec(r, nb*cols)
+	ng := cols / format.GroupSize
+	x8, xs := make([]int8, nb*cols), make([]float32, nb*ng)
+	for b := 0; b < nb; b++ {
+		quantizeRow8Go(x8[b*cols:(b+1)*cols], xs[b*ng:(b+1)*ng], x[b*cols:(b+1)*cols])
+	}
+	for _, p := range q4Paths() {
+		out := make([]float32, nb*rows)
+		withQ4Path(p.avx2, p.vnni, func() {
+			var sc Scratch
+			sc.MatMul(out, &m, x, nb)
+		})
+		for b := 0; b < nb; b++ {
+			for o := 0; o < rows; o++ {
+				var want, mag float64
+				for i := 0; i < cols; i++ {
+					v := float64(deq[o*cols+i]) * float64(xs[b*ng+i/format.GroupSize]) * float64(x8[b*cols+i])
+					want += v
+					mag += math.Abs(v)
+				}
+				if got := float64(out[b*rows+o]); math.Abs(got-want) > 1e-5*mag {
+					t.Fatalf("%s: row %d out %d = %v, float64 product %v", p.name, b, o, got, want)
+				}
+			}
+		}
+	}
+}
+
+// TestMXFP4Encode: values that are MXFP4 values encode back exactly (signed
+// zeros too), and others round to a nearest one.
+func TestMXFP4Encode(t *testing.T) {
+	r := rand.New(rand.NewPCG(67, 68))
+	rows, cols := 6, 64
+	w := make([]float32, rows*cols)
+	for g := 0; g < rows*cols/format.MXBlock; g++ {
+		e := 100 + r.IntN(40)
+		if g == 1 {
+			e = 0
+		}
+		for i := 0; i < format.MXBlock; i++ {
+			w[g*format.MXBlock+i] = quant.MXFP4Value(byte(r.IntN(16)), byte(e))
+		}
+	}
+	w[5] = float32(math.Copysign(0, -1))
+	_, deq := mxMat(t, w, rows, cols)
+	for i := range w {
+		if math.Float32bits(deq[i]) != math.Float32bits(w[i]) {
+			t.Fatalf("value %d: %v encodes to %v", i, w[i], deq[i])
+		}
+	}
+	if _, err := quant.Encode([]float32{float32(math.Inf(1))}, 1, 1, format.MXFP4); err == nil {
+		t.Fatal("one column: no error")
+	}
+}
+
+// BenchmarkMXFP4Paths times the MXFP4 kernels on the tiny gpt-oss expert
+// shapes and a gpt-oss-20b one, at decode and at a small batch.
+func BenchmarkMXFP4Paths(b *testing.B) {
+	r := rand.New(rand.NewPCG(1, 1))
+	for _, sh := range []struct{ rows, cols, nb int }{{64, 256, 1}, {256, 64, 1}, {2880, 2880, 1}, {64, 256, 16}} {
+		m, _ := mxMat(b, randVec(r, sh.rows*sh.cols), sh.rows, sh.cols)
+		x := randVec(r, sh.nb*sh.cols)
+		out := make([]float32, sh.nb*sh.rows)
+		for _, p := range q4Paths() {
+			b.Run(fmt.Sprintf("%dx%d/nb%d/%s", sh.rows, sh.cols, sh.nb, p.name), func(b *testing.B) {
+				withQ4Path(p.avx2, p.vnni, func() {
+					var sc Scratch
+					for b.Loop() {
+						sc.MatMul(out, &m, x, sh.nb)
+					}
+				})
+				b.ReportMetric(float64(sh.rows*sh.cols*sh.nb)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GMAC/s")
+			})
+		}
+	}
+}
+
+// TestMXFP4PrepTile: the AVX-512 tile rearrangement writes the Go one's
+// bytes, full and partial tiles.
+func TestMXFP4PrepTile(t *testing.T) {
+	if !useVNNI {
+		t.Skip("no AVX-512 VNNI")
+	}
+	r := rand.New(rand.NewPCG(69, 70))
+	c := newMXCase(r, 40, 320, 1)
+	nblk := 320 / format.MXBlock
+	for _, n := range []int{16, 7, 1} {
+		a, b := make([]byte, nblk*mxTileBytes), make([]byte, nblk*mxTileBytes)
+		for i := range b {
+			b[i] = 0xaa // a partial tile must be cleared
+		}
+		withQ4Path(true, false, func() { mxPrepTile(a, &c.w, 17, n) })
+		withQ4Path(true, true, func() { mxPrepTile(b, &c.w, 17, n) })
+		if !slices.Equal(a, b) {
+			t.Fatalf("n %d: AVX-512 tile differs from Go's", n)
+		}
+	}
+}
