@@ -68,7 +68,7 @@ func (t *matmulTask) runMXFP4(lo, hi int) {
 		t.runMXFP4Tiles(lo, hi)
 		return
 	}
-	if useAVX2 && nblk > 0 {
+	if mxfp4Asm() && nblk > 0 {
 		_, _ = w.Q[hi*C/2-1], w.E8[hi*nblk-1]
 		_, _ = t.x8[t.nb*C-1], t.xs[t.nb*ng-1]
 		// Spans of weight rows small enough to stay in cache while every

@@ -25,3 +25,6 @@ func mxfp4Tile(tile *byte, nblk, n int, x8 *int8, xs *float32, sx12 *int32, nb i
 //
 //go:noescape
 func mxPrepTileAVX512(tile, q, e8 *byte, nblk, n, qstride int)
+
+// mxfp4Asm reports whether the AVX2 MXFP4 row kernels run.
+func mxfp4Asm() bool { return useAVX2 }

@@ -2,6 +2,10 @@
 
 package kernels
 
+// mxfp4Asm: the MXFP4 row kernels exist on amd64 only; elsewhere (arm64
+// included, whose useAVX2 means NEON) the Go twin runs.
+func mxfp4Asm() bool { return false }
+
 func mxfp4Rows(q, e8 *byte, nblk, n int, x8 *int8, xs *float32, out *float32, avx512 bool) {
 	panic("no AVX2")
 }
