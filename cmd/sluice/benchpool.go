@@ -84,6 +84,7 @@ type poolBench struct {
 	DiskMBs      float64      `json:"disk_mb_s"` // --disk: O_DIRECT limit at the same record size and depth
 	LookRecall   float64      `json:"lookahead_recall"`
 	LookWaste    float64      `json:"lookahead_waste_per_useful"`
+	LookSkipped  float64      `json:"lookahead_skipped"` // share of predicted records not prefetched (their layer paused)
 	Layers       []layerBench `json:"layers"`
 }
 
@@ -98,7 +99,7 @@ func summarisePool(e *engine.Engine, trials []benchTrial) *poolBench {
 	man := e.Model.Manifest
 	pb := &poolBench{Slots: s.Slots(), PoolMB: float64(int64(s.Slots())*s.Stride()) / 1e6,
 		PoolShare: float64(s.Slots()) / float64(man.ExpertLayers*man.Experts)}
-	var hit, mbt, pmbt, iow, mst, rbw, rec, waste []float64
+	var hit, mbt, pmbt, iow, mst, rbw, rec, waste, skip []float64
 	nl := 0
 	for _, t := range trials {
 		nl = len(t.decode.Layers)
@@ -116,9 +117,12 @@ func summarisePool(e *engine.Engine, trials []benchTrial) *poolBench {
 			rec = append(rec, float64(u)/float64(u+d.Misses))
 			waste = append(waste, float64(d.LookWasted)/float64(max(u, 1)))
 		}
+		if d.LookIssued+d.LookSkip > 0 {
+			skip = append(skip, float64(d.LookSkip)/float64(d.LookIssued+d.LookSkip))
+		}
 	}
 	pb.HitRate, pb.MBPerToken, pb.PrefillMBTok, pb.IOWaitMSTok, pb.MSPerToken = median(hit), median(mbt), median(pmbt), median(iow), median(mst)
-	pb.ReadMBs, pb.LookRecall, pb.LookWaste = median(rbw), median(rec), median(waste)
+	pb.ReadMBs, pb.LookRecall, pb.LookWaste, pb.LookSkipped = median(rbw), median(rec), median(waste), median(skip)
 	for l := 0; l < nl; l++ {
 		var h, m, w []float64
 		for _, t := range trials {
@@ -161,7 +165,8 @@ func (pb *poolBench) print(w io.Writer, e *engine.Engine) {
 			pb.MSPerToken, pred, fullResidencyMS, pb.MBPerToken, pb.DiskMBs, pb.MSPerToken/pred)
 	}
 	if e.Stream.Lookahead() {
-		fmt.Fprintf(w, "lookahead recall %.1f%%, waste %.2f per useful\n", 100*pb.LookRecall, pb.LookWaste)
+		fmt.Fprintf(w, "lookahead recall %.1f%%, waste %.2f per useful, %.1f%% of predictions not prefetched (their layer's predictions did not pay)\n",
+			100*pb.LookRecall, pb.LookWaste, 100*pb.LookSkipped)
 	}
 	fmt.Fprintf(w, "%6s %9s %10s %12s\n", "layer", "hit rate", "MB/token", "io ms/token")
 	for l, lb := range pb.Layers {

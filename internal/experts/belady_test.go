@@ -5,6 +5,10 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/sluicelm/sluice/internal/format"
+	"github.com/sluicelm/sluice/internal/model"
+	"github.com/sluicelm/sluice/internal/testutil"
 )
 
 // TestBeladyHand checks BeladyHits and SimulateHits on traces worked out
@@ -74,5 +78,72 @@ func TestBeladyRecorded(t *testing.T) {
 		if share == 100 && (bh != n-len(distinct) || lh != bh || fh != bh) {
 			t.Errorf("pool of every record: %d, %d, %d hits, want %d (all but first uses)", bh, lh, fh, n-len(distinct))
 		}
+	}
+}
+
+// TestAdaptiveLookahead: a layer whose predictions miss stops
+// prefetching, one whose predictions hit keeps on, and the first resumes
+// once its predictions improve (they are scored while paused too).
+func TestAdaptiveLookahead(t *testing.T) {
+	dir := testutil.Packed(t, "tiny-qwen3-moe", 4)
+	man, err := format.ReadManifest(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	L, E := man.ExpertLayers, man.Experts
+	if L < 3 {
+		t.Skip("needs 3 expert layers")
+	}
+	s, err := Open(dir, man, Options{Slots: L * E / 4, Readers: 2, Lookahead: true, Policy: LRU, Prefetch: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	const K = 4
+	route := func(tok, l int) []int { // a different set every token
+		ids := make([]int, K)
+		for k := range ids {
+			ids[k] = (tok*K*3 + l*7 + k) % E
+		}
+		return ids
+	}
+	wrong := func(ids []int) []int {
+		w := make([]int, len(ids))
+		for k, e := range ids {
+			w[k] = (e + E/2) % E
+		}
+		return w
+	}
+	run := func(from, to int, goodOdd bool) {
+		for tok := from; tok < to; tok++ {
+			for l := 0; l < L; l++ {
+				if err := s.Begin(l, route(tok, l), model.Hint{}); err != nil {
+					t.Fatal(err)
+				}
+				for range K {
+					if _, _, err := s.Next(); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if l+1 < L {
+					pred := route(tok, l+1)
+					if (l+1)%2 == 1 && !goodOdd {
+						pred = wrong(pred)
+					}
+					s.Prefetch(l+1, pred)
+				}
+			}
+		}
+	}
+	run(0, 30, false)
+	if s.LookaheadOn(1) || !s.LookaheadOn(2) {
+		t.Fatalf("after wrong predictions for layer 1: on(1) = %v, on(2) = %v; want false, true", s.LookaheadOn(1), s.LookaheadOn(2))
+	}
+	if s.Stats().LookSkip == 0 {
+		t.Fatal("no prediction skipped")
+	}
+	run(30, 60, true)
+	if !s.LookaheadOn(1) {
+		t.Fatal("layer 1 did not resume once its predictions hit")
 	}
 }
