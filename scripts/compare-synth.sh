@@ -17,12 +17,14 @@
 # embedding), against the bound of the memory's read bandwidth (sluice
 # bench --membw) over the bytes a layer reads.
 #
-# llama.cpp is built outside this repository from its public source; this
-# script only runs the binary it is given.
+# THREADS (default 2) sets both engines' thread count. llama.cpp is built
+# outside this repository from its public source; this script only runs the
+# binary it is given.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${LLAMA_BENCH:?set LLAMA_BENCH to the llama-bench binary}"
 rounds=${1:-3}
+threads=${THREADS:-2}
 like=${2:-qwen3-30b-a3b}
 shift $(($# > 2 ? 2 : $#))
 depths=("$@")
@@ -35,7 +37,7 @@ median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a
 llama() {
   local out=$1
   shift
-  "$LLAMA_BENCH" -m "$synth/$like-$L.gguf" -t 2 -r 1 -o json "$@" 2>/dev/null >"$work/l.json"
+  "$LLAMA_BENCH" -m "$synth/$like-$L.gguf" -t "$threads" -r 1 -o json "$@" 2>/dev/null >"$work/l.json"
   python3 - "$work/l.json" "$out" <<'PY'
 import json, sys
 for r in json.load(open(sys.argv[1])):
@@ -46,7 +48,7 @@ PY
 sluice() {
   local out=$1
   shift
-  "$work/sluice" bench -m "$synth/$like-$L" --prompt 512 --gen 128 --threads 2 --repeat 1 --json "$@" >"$work/s.json"
+  "$work/sluice" bench -m "$synth/$like-$L" --prompt 512 --gen 128 --threads "$threads" --repeat 1 --json "$@" >"$work/s.json"
   python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); open(sys.argv[2]+"pp","a").write("%s\n" % d["prefill_tok_s"]); open(sys.argv[2]+"tg","a").write("%s\n" % d["decode_tok_s"])' "$work/s.json" "$out"
 }
 printf '%-22s %11s %11s %11s %11s %11s %11s %8s %8s %8s\n' model llama_pp512 sluice_pp512 llama_tg128 sluice_tg128 llama_tg@512 sluice_tg@512 pp_ratio tg_ratio tg@512
@@ -70,7 +72,7 @@ for L in "${depths[@]}"; do
 done
 if [ ${#depths[@]} -gt 1 ]; then
   L=${depths[0]}
-  "$work/sluice" bench -m "$synth/$like-$L" --prompt 1 --gen 2 --repeat 1 --threads 2 --membw --json >"$work/m.json"
+  "$work/sluice" bench -m "$synth/$like-$L" --prompt 1 --gen 2 --repeat 1 --threads "$threads" --membw --json >"$work/m.json"
   python3 - "$work/tg" "$work/m.json" "$synth/$like-$L.gguf" <<'PY'
 import json, sys
 rows = [list(map(float, l.split())) for l in open(sys.argv[1])]
