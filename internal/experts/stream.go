@@ -135,6 +135,9 @@ type Stream struct {
 	predLayer int
 	lookPrec  []float32
 
+	tracing bool  // record each step's records (RecordTrace)
+	trace   Trace // what Begin was asked for while tracing
+
 	stats Stats
 }
 
@@ -151,6 +154,19 @@ const (
 	lookMinPrecision = 0.5
 	lookWindow       = 8
 )
+
+// RecordTrace starts (clearing what was recorded) or stops recording the
+// records each step asks for, for comparisons with the optimal eviction
+// (BeladyHits). Recording allocates; benchmarks use it, not serving.
+func (s *Stream) RecordTrace(on bool) {
+	if on {
+		s.trace = nil
+	}
+	s.tracing = on
+}
+
+// Trace returns what was recorded since RecordTrace(true).
+func (s *Stream) Trace() Trace { return s.trace }
 
 // LookaheadOn reports whether predictions for layer are currently
 // prefetched.
@@ -288,6 +304,13 @@ func (s *Stream) Begin(layer int, ids []int, hint model.Hint) error {
 		for i := range s.freq {
 			s.freq[i] *= 0.5
 		}
+	}
+	if s.tracing {
+		step := make([]int32, len(ids))
+		for i, e := range ids {
+			step[i] = int32(layer*s.E + e)
+		}
+		s.trace = append(s.trace, step)
 	}
 	s.layer, s.ids, s.hint = layer, ids, hint
 	s.left = len(ids)
