@@ -13,6 +13,8 @@ import (
 	"strings"
 
 	"github.com/sluicelm/sluice/internal/engine"
+	"github.com/sluicelm/sluice/internal/format"
+	"github.com/sluicelm/sluice/internal/kernels"
 )
 
 func cmdBench(ctx context.Context, args []string) error {
@@ -29,6 +31,7 @@ func cmdBench(ctx context.Context, args []string) error {
 	graphs := fs.Bool("gpu-graphs", true, "on the GPU, record the one-row decode step as a CUDA graph and replay it (false: launch every kernel from the host)")
 	phases := fs.Bool("gpu-phases", false, "on the GPU, time the phases of the last trial's decode steps with CUDA events and print where the time goes (stderr)")
 	disk := fs.Bool("disk", false, "also measure the O_DIRECT random-read bandwidth of the expert store at the record size and queue depth in use")
+	membw := fs.Bool("membw", false, "also measure the memory's read bandwidth and print the decode speed it allows: the weights a token reads ÷ bandwidth")
 	if _, err := parse(fs, args); err != nil {
 		return err
 	}
@@ -159,6 +162,11 @@ func cmdBench(ctx context.Context, args []string) error {
 		res["experts"] = xs
 	}
 	res["experts_plan"] = e.ExpertPlan
+	var lim *decodeLimit
+	if *membw {
+		lim = measureDecodeLimit(e)
+		res["decode_limit"] = lim
+	}
 	if *asJSON {
 		return json.NewEncoder(os.Stdout).Encode(res)
 	}
@@ -170,7 +178,74 @@ func cmdBench(ctx context.Context, args []string) error {
 	}
 	fmt.Printf("%-40s %-12s %5s %8s %14s %14s  %s\n", "model", "family", "bits", "threads", "pp"+fmt.Sprint(*promptN)+" tok/s", "tg"+fmt.Sprint(*genN)+" tok/s", "device")
 	fmt.Printf("%-40s %-12s %5d %8d %14.1f %14.1f  %s\n", trim(e.Dir, 40), e.Model.Config.Family, e.Model.Manifest.Bits, e.Runner.Pool.Threads(), median(pre), median(dec), e.Device)
+	if lim != nil {
+		fmt.Printf("memory read bandwidth %.1f GB/s (%d threads; 1 thread %.1f); a token reads %.1f MB (%.1f MB per layer): decode limit %.1f tok/s, measured %.0f%% of it\n",
+			lim.BandwidthGBs, e.Runner.Pool.Threads(), lim.Bandwidth1GBs, lim.TokenMB, lim.LayerMB, lim.LimitTokS, 100*median(dec)/lim.LimitTokS)
+	}
 	return nil
+}
+
+// decodeLimit is the physical bound of a decode step: every weight it
+// uses is read from memory once, so tokens/s cannot exceed the memory's
+// read bandwidth over the bytes a token reads.
+type decodeLimit struct {
+	BandwidthGBs  float64 `json:"bandwidth_gb_s"`   // with the engine's threads
+	Bandwidth1GBs float64 `json:"bandwidth_1_gb_s"` // with one thread
+	TokenMB       float64 `json:"token_mb"`         // weights read per token: dense (less the embedding) and top-k experts per layer
+	LayerMB       float64 `json:"layer_mb"`         // of which per layer
+	LayerMBQ4_0   float64 `json:"layer_mb_q4_0"`    // a layer in GGUF's Q4_0 (18 bytes per 32 quantised weights), for comparisons with llama.cpp
+	LimitTokS     float64 `json:"limit_tok_s"`
+}
+
+// measureDecodeLimit reads 1 GiB (far beyond the last-level cache) with the
+// engine's thread count and with one thread.
+func measureDecodeLimit(e *engine.Engine) *decodeLimit {
+	buf := make([]byte, 1<<30)
+	for i := range buf {
+		buf[i] = byte(i) // touch every page before timing
+	}
+	th := e.Runner.Pool.Threads()
+	d := &decodeLimit{BandwidthGBs: kernels.ReadBandwidth(buf, th, 3) / 1e9, Bandwidth1GBs: kernels.ReadBandwidth(buf, 1, 3) / 1e9}
+	m := e.Model.Manifest
+	size := func(t *format.Tensor) int64 {
+		_, sb := t.Kind.Sizes(t.Rows(), t.Cols())
+		if t.Kind.Quantised() {
+			return t.Size + 2*sb
+		}
+		return t.Size
+	}
+	q40 := func(t *format.Tensor) int64 {
+		if t.Kind.Quantised() {
+			return int64(t.Rows()) * int64(t.Cols()) / 32 * 18
+		}
+		return t.Size
+	}
+	var dense, layers, layers40 int64
+	for i := range m.Dense {
+		t := &m.Dense[i]
+		if t.Name == "embed_tokens.weight" || strings.HasPrefix(t.Name, "mtp.") {
+			continue // one row per token; the MTP head only when drafting
+		}
+		dense += size(t)
+		if strings.HasPrefix(t.Name, "layers.") {
+			layers += size(t)
+			layers40 += q40(t)
+		}
+	}
+	var expert, expert40 int64
+	if len(m.Stores) > 0 {
+		st := &m.Stores[0]
+		expert = size(&st.Gate) + size(&st.Up) + size(&st.Down)
+		expert40 = q40(&st.Gate) + q40(&st.Up) + q40(&st.Down)
+	}
+	c := &m.Config
+	tok := dense + int64(c.Layers*c.TopK)*expert
+	L := int64(max(c.Layers, 1))
+	d.TokenMB = float64(tok) / 1e6
+	d.LayerMB = float64(layers/L+int64(c.TopK)*expert) / 1e6
+	d.LayerMBQ4_0 = float64(layers40/L+int64(c.TopK)*expert40) / 1e6
+	d.LimitTokS = d.BandwidthGBs * 1e9 / float64(tok)
+	return d
 }
 
 func median(v []float64) float64 {

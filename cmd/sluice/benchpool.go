@@ -22,6 +22,8 @@ type benchTrial struct {
 	dispatches uint64
 	// launches is the GPU kernels the decode launched (0 on the CPU).
 	launches uint64
+	// trace is the records the decode's steps asked for.
+	trace experts.Trace
 }
 
 // runTrial times a prefill of prompt from an empty context, then a decode
@@ -54,6 +56,7 @@ func runTrial(ctx context.Context, e *engine.Engine, st *model.State, prompt, ct
 	var before experts.Snapshot
 	if e.Stream != nil {
 		before = e.Stream.Stats()
+		e.Stream.RecordTrace(true)
 	}
 	d0, l0 := e.Runner.Pool.Dispatches(), e.Launches()
 	if p, ok := e.Fwd.(engine.Profiler); ok {
@@ -68,6 +71,8 @@ func runTrial(ctx context.Context, e *engine.Engine, st *model.State, prompt, ct
 	bt.launches = e.Launches() - l0
 	if e.Stream != nil {
 		bt.decode = e.Stream.Stats().Sub(before)
+		bt.trace = e.Stream.Trace()
+		e.Stream.RecordTrace(false)
 	}
 	bt.stats = q.Stats()
 	if same {
@@ -78,19 +83,25 @@ func runTrial(ctx context.Context, e *engine.Engine, st *model.State, prompt, ct
 
 // poolBench is the medians over trials of the pool's decode figures.
 type poolBench struct {
-	Slots        int          `json:"pool_slots"`
-	PoolMB       float64      `json:"pool_mb"`
-	PoolShare    float64      `json:"pool_share"`
-	HitRate      float64      `json:"hit_rate"`
-	MBPerToken   float64      `json:"mb_per_token"`
-	PrefillMBTok float64      `json:"prefill_mb_per_token"`
-	IOWaitMSTok  float64      `json:"io_wait_ms_per_token"`
-	MSPerToken   float64      `json:"decode_ms_per_token"`
-	ReadMBs      float64      `json:"read_mb_s"` // achieved: bytes / wall time with reads in flight
-	DiskMBs      float64      `json:"disk_mb_s"` // --disk: O_DIRECT limit at the same record size and depth
-	LookRecall   float64      `json:"lookahead_recall"`
-	LookWaste    float64      `json:"lookahead_waste_per_useful"`
-	Layers       []layerBench `json:"layers"`
+	Slots        int     `json:"pool_slots"`
+	PoolMB       float64 `json:"pool_mb"`
+	PoolShare    float64 `json:"pool_share"`
+	HitRate      float64 `json:"hit_rate"`
+	MBPerToken   float64 `json:"mb_per_token"`
+	PrefillMBTok float64 `json:"prefill_mb_per_token"`
+	IOWaitMSTok  float64 `json:"io_wait_ms_per_token"`
+	MSPerToken   float64 `json:"decode_ms_per_token"`
+	ReadMBs      float64 `json:"read_mb_s"` // achieved: bytes / wall time with reads in flight
+	DiskMBs      float64 `json:"disk_mb_s"` // --disk: O_DIRECT limit at the same record size and depth
+	LookRecall   float64 `json:"lookahead_recall"`
+	LookWaste    float64 `json:"lookahead_waste_per_useful"`
+	LookSkipped  float64 `json:"lookahead_skipped"` // share of predicted records not prefetched (their layer paused)
+	// The decode's requests replayed offline from an empty pool of the same
+	// size: under the optimal eviction (Belady's; no policy hits more), and
+	// under the pool's own policy without lookahead.
+	OptimalHitRate float64      `json:"optimal_hit_rate"`
+	PolicyHitRate  float64      `json:"policy_hit_rate"`
+	Layers         []layerBench `json:"layers"`
 }
 
 type layerBench struct {
@@ -104,13 +115,18 @@ func summarisePool(e *engine.Engine, trials []benchTrial) *poolBench {
 	man := e.Model.Manifest
 	pb := &poolBench{Slots: s.Slots(), PoolMB: float64(int64(s.Slots())*s.Stride()) / 1e6,
 		PoolShare: float64(s.Slots()) / float64(man.ExpertLayers*man.Experts)}
-	var hit, mbt, pmbt, iow, mst, rbw, rec, waste []float64
+	var hit, mbt, pmbt, iow, mst, rbw, rec, waste, skip, opt, sim []float64
 	nl := 0
 	for _, t := range trials {
 		nl = len(t.decode.Layers)
 		d := t.decode
 		n := float64(max(t.stats.GeneratedTokens-1, 1))
 		hit = append(hit, d.HitRate())
+		if h, n := experts.BeladyHits(t.trace, s.Slots()); n > 0 {
+			opt = append(opt, float64(h)/float64(n))
+			h, _ = experts.SimulateHits(t.trace, s.Slots(), s.Options().Policy, man.ExpertLayers)
+			sim = append(sim, float64(h)/float64(n))
+		}
 		mbt = append(mbt, float64(d.BytesRead)/1e6/n)
 		pmbt = append(pmbt, float64(t.pre.Experts.PrefillBytesRead)/1e6/float64(max(t.pre.PromptTokens, 1)))
 		iow = append(iow, d.IOWaitMS/n)
@@ -122,9 +138,13 @@ func summarisePool(e *engine.Engine, trials []benchTrial) *poolBench {
 			rec = append(rec, float64(u)/float64(u+d.Misses))
 			waste = append(waste, float64(d.LookWasted)/float64(max(u, 1)))
 		}
+		if d.LookIssued+d.LookSkip > 0 {
+			skip = append(skip, float64(d.LookSkip)/float64(d.LookIssued+d.LookSkip))
+		}
 	}
 	pb.HitRate, pb.MBPerToken, pb.PrefillMBTok, pb.IOWaitMSTok, pb.MSPerToken = median(hit), median(mbt), median(pmbt), median(iow), median(mst)
-	pb.ReadMBs, pb.LookRecall, pb.LookWaste = median(rbw), median(rec), median(waste)
+	pb.ReadMBs, pb.LookRecall, pb.LookWaste, pb.LookSkipped = median(rbw), median(rec), median(waste), median(skip)
+	pb.OptimalHitRate, pb.PolicyHitRate = median(opt), median(sim)
 	for l := 0; l < nl; l++ {
 		var h, m, w []float64
 		for _, t := range trials {
@@ -154,6 +174,8 @@ func (pb *poolBench) print(w io.Writer, e *engine.Engine) {
 	fmt.Fprintf(w, "experts: %s\n", e.ExpertPlan)
 	fmt.Fprintf(w, "pool %d slots (%.0f MB, %.1f%%): decode hit rate %.1f%%, %.2f MB/token, io wait %.2f ms/token, %.2f ms/token; prefill %.2f MB/prompt token\n",
 		pb.Slots, pb.PoolMB, 100*pb.PoolShare, 100*pb.HitRate, pb.MBPerToken, pb.IOWaitMSTok, pb.MSPerToken, pb.PrefillMBTok)
+	fmt.Fprintf(w, "offline replay of the decode's requests from an empty pool of %d slots: optimal eviction %.1f%% hits, %s %.1f%%\n",
+		pb.Slots, 100*pb.OptimalHitRate, e.Stream.Options().Policy, 100*pb.PolicyHitRate)
 	fmt.Fprintf(w, "reads achieved %.0f MB/s", pb.ReadMBs)
 	if pb.DiskMBs > 0 {
 		fmt.Fprintf(w, " = %.0f%% of the disk's %.0f MB/s (O_DIRECT, %s records, depth %d)", 100*pb.ReadMBs/pb.DiskMBs, pb.DiskMBs, fmtMB(e.Stream.Stride()), e.Stream.Options().Readers)
@@ -167,7 +189,8 @@ func (pb *poolBench) print(w io.Writer, e *engine.Engine) {
 			pb.MSPerToken, pred, fullResidencyMS, pb.MBPerToken, pb.DiskMBs, pb.MSPerToken/pred)
 	}
 	if e.Stream.Lookahead() {
-		fmt.Fprintf(w, "lookahead recall %.1f%%, waste %.2f per useful\n", 100*pb.LookRecall, pb.LookWaste)
+		fmt.Fprintf(w, "lookahead recall %.1f%%, waste %.2f per useful, %.1f%% of predictions not prefetched (their layer's predictions did not pay)\n",
+			100*pb.LookRecall, pb.LookWaste, 100*pb.LookSkipped)
 	}
 	fmt.Fprintf(w, "%6s %9s %10s %12s\n", "layer", "hit rate", "MB/token", "io ms/token")
 	for l, lb := range pb.Layers {

@@ -3,10 +3,12 @@ package main
 import (
 	"bufio"
 	"context"
+	_ "embed"
 	"encoding/binary"
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -16,7 +18,8 @@ import (
 	"github.com/sluicelm/sluice/internal/experts"
 	"github.com/sluicelm/sluice/internal/family"
 	"github.com/sluicelm/sluice/internal/format"
-	"github.com/sluicelm/sluice/internal/pack"
+	"github.com/sluicelm/sluice/internal/gguf"
+	"github.com/sluicelm/sluice/internal/platform"
 )
 
 // synthShapes are the real dimensions of the models synth imitates.
@@ -32,17 +35,24 @@ var synthShapes = map[string]format.Config{
 }
 
 // cmdSynth writes a packed model with a real model's shapes and random
-// weights, for benchmarks of expert streaming at real record sizes. Random
-// routers would route uniformly, unlike trained ones, so the model carries
-// the routes the shared tiny model's router chose on a long prompt
-// (refs routes_long0: skewed and correlated in time), which bench replays.
+// weights, for benchmarks at real record sizes, and optionally the same
+// model as a GGUF file for llama.cpp. Random routers would route
+// uniformly, unlike trained ones, so by default the model carries recorded
+// routes (skewed and correlated in time), which bench replays: those of
+// the shared tiny Qwen3.5 model on a long prompt (refs routes_long0),
+// embedded in the binary so that synth runs anywhere. With --route router
+// the model routes by its own random router weights instead, as llama.cpp
+// does on the GGUF.
 func cmdSynth(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("synth", flag.ContinueOnError)
 	like := fs.String("like", "qwen3.5-35b-a3b", "shapes: qwen3.5-35b-a3b or qwen3-30b-a3b")
 	layers := fs.Int("layers", 0, "keep only this many layers (0 = all)")
 	bits := fs.Int("bits", 4, "8 or 4")
 	out := fs.String("out", "", "output directory (GBs; not inside the repository)")
-	refs := fs.String("routes", "", "refs JSON whose routes_long0 to replay (default ../shared/refs/tiny-qwen3-5-moe.json)")
+	refs := fs.String("routes", "", "refs JSON whose routes_long0 to replay (default: the embedded recording)")
+	route := fs.String("route", "replay", "replay: replay the recorded routes; router: route by the router weights")
+	ggufPath := fs.String("gguf", "", "also write the model as a GGUF file for llama.cpp (qwen3-30b-a3b shapes)")
+	ggufType := fs.String("gguf-type", "q4_0", "GGUF type of the quantised weights: q4_0 or q8_0")
 	if _, err := parse(fs, args); err != nil {
 		return err
 	}
@@ -57,6 +67,21 @@ func cmdSynth(ctx context.Context, args []string) error {
 	if err != nil || !kind.Quantised() {
 		return fmt.Errorf("--bits %d: want 8 or 4", *bits)
 	}
+	if *route != "replay" && *route != "router" {
+		return fmt.Errorf("--route %q: want replay or router", *route)
+	}
+	var gt gguf.Type
+	switch *ggufType {
+	case "q4_0":
+		gt = gguf.Q4_0
+	case "q8_0":
+		gt = gguf.Q8_0
+	default:
+		return fmt.Errorf("--gguf-type %q: want q4_0 or q8_0", *ggufType)
+	}
+	if *ggufPath != "" && cfg.Family != family.NameQwen3MoE {
+		return fmt.Errorf("--gguf: only qwen3-30b-a3b shapes can be written as GGUF so far")
+	}
 	if *layers > 0 && *layers < cfg.Layers {
 		cfg.Layers = *layers
 	}
@@ -70,19 +95,11 @@ func cmdSynth(ctx context.Context, args []string) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	rp := *refs
-	if rp == "" {
-		rp = filepath.Join("..", "shared", "refs", "tiny-qwen3-5-moe.json")
-	}
-	rb, err := os.ReadFile(rp)
-	if err != nil {
-		return fmt.Errorf("routes: %v (give --routes refs/<model>.json)", err)
-	}
-	var r struct {
-		Routes [][][]int `json:"routes_long0"`
-	}
-	if err := json.Unmarshal(rb, &r); err != nil || len(r.Routes) == 0 {
-		return fmt.Errorf("routes: %s has no routes_long0 (%v)", rp, err)
+	var routes [][][]int
+	if *route == "replay" {
+		if routes, err = synthRoutes(*refs); err != nil {
+			return err
+		}
 	}
 	if err := os.MkdirAll(*out, 0o755); err != nil {
 		return err
@@ -102,20 +119,101 @@ func cmdSynth(ctx context.Context, args []string) error {
 	if err := os.WriteFile(filepath.Join(*out, format.ManifestFile), mb, 0o644); err != nil {
 		return err
 	}
-	rt, _ := json.Marshal(map[string]any{"experts": 64, "routes": r.Routes})
-	if err := os.WriteFile(filepath.Join(*out, experts.RoutesFile), rt, 0o644); err != nil {
+	rp := filepath.Join(*out, experts.RoutesFile)
+	if routes != nil {
+		rt, _ := json.Marshal(map[string]any{"experts": 64, "routes": routes})
+		if err := os.WriteFile(rp, rt, 0o644); err != nil {
+			return err
+		}
+	} else if err := os.Remove(rp); err != nil && !os.IsNotExist(err) {
 		return err
 	}
 	// The tokenizer only has to load: bench feeds random ids.
-	tiny := filepath.Join(filepath.Dir(filepath.Dir(rp)), "models", "tiny-qwen3-5-moe")
-	for _, f := range pack.CopiedFiles {
-		if b, err := os.ReadFile(filepath.Join(tiny, f)); err == nil && f != "config.json" {
-			os.WriteFile(filepath.Join(*out, f), b, 0o644)
-		}
+	if err := os.WriteFile(filepath.Join(*out, "tokenizer.json"), synthTokenizer(), 0o644); err != nil {
+		return err
 	}
 	fmt.Fprintf(os.Stderr, "synth %s: %d layers, %d records of %s, %s dense, in %.1fs\n", *out, cfg.Layers, m.ExpertLayers*m.Experts,
 		bytesStr(st.Stride), bytesStr(m.DenseBytes), time.Since(t0).Seconds())
+	if *ggufPath != "" {
+		t0 = time.Now()
+		if err := synthGGUF(m, *out, *ggufPath, gt); err != nil {
+			return err
+		}
+		fi, err := os.Stat(*ggufPath)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "synth %s: %s GGUF (%s) in %.1fs\n", *ggufPath, bytesStr(fi.Size()), gt, time.Since(t0).Seconds())
+	}
 	return nil
+}
+
+//go:embed synth_routes.bin
+var synthRoutesBin []byte
+
+// synthRoutes returns the routes to replay: refs' routes_long0, or the
+// embedded recording (synth_routes.bin: layers, positions as two bytes
+// big-endian, top-k, then the expert ids of each layer and position, one
+// byte each), which holds routes_long0 of refs/tiny-qwen3-5-moe.json.
+func synthRoutes(refs string) ([][][]int, error) {
+	if refs != "" {
+		rb, err := os.ReadFile(refs)
+		if err != nil {
+			return nil, fmt.Errorf("routes: %v", err)
+		}
+		var r struct {
+			Routes [][][]int `json:"routes_long0"`
+		}
+		if err := json.Unmarshal(rb, &r); err != nil || len(r.Routes) == 0 {
+			return nil, fmt.Errorf("routes: %s has no routes_long0 (%v)", refs, err)
+		}
+		return r.Routes, nil
+	}
+	b := synthRoutesBin
+	L, P, K := int(b[0]), int(b[1])<<8|int(b[2]), int(b[3])
+	if len(b) != 4+L*P*K {
+		return nil, fmt.Errorf("embedded routes: %d bytes, want %d", len(b), 4+L*P*K)
+	}
+	ids := b[4:]
+	r := make([][][]int, L)
+	for l := range r {
+		r[l] = make([][]int, P)
+		for p := range r[l] {
+			r[l][p] = make([]int, K)
+			for k := range r[l][p] {
+				r[l][p][k] = int(ids[(l*P+p)*K+k])
+			}
+		}
+	}
+	return r, nil
+}
+
+// synthTokenizer is a byte-level BPE tokenizer with the 256 byte tokens
+// and no merges: enough to load, since bench feeds random ids.
+func synthTokenizer() []byte {
+	vocab := map[string]int{}
+	n := 0
+	for b := 0; b < 256; b++ {
+		r := rune(b)
+		if !((b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF)) {
+			r = rune(256 + n) // GPT-2's bytes_to_unicode
+			n++
+		}
+		vocab[string(r)] = b
+	}
+	split := `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+	t := map[string]any{
+		"added_tokens": []any{},
+		"normalizer":   map[string]any{"type": "NFC"},
+		"pre_tokenizer": map[string]any{"type": "Sequence", "pretokenizers": []any{
+			map[string]any{"type": "Split", "pattern": map[string]any{"Regex": split}, "behavior": "Isolated", "invert": false},
+			map[string]any{"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false},
+		}},
+		"decoder": map[string]any{"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+		"model":   map[string]any{"type": "BPE", "vocab": vocab, "merges": []any{}},
+	}
+	b, _ := json.Marshal(t)
+	return b
 }
 
 // synthDense writes random dense weights: quantised values uniform over
@@ -154,9 +252,9 @@ func synthDense(m *format.Manifest, kind format.Kind, path string) error {
 			vals := make([]byte, v)
 			fillRandom(rng, vals)
 			t.Offset, t.Size = put(vals), v
-			levels := float32(int(1)<<kind.Bits() - 1)
-			t.ScaleOffset = put(floats(int(sb/4), 2*amp/levels))
-			t.BiasOffset = put(floats(int(sb/4), -amp))
+			sc, bi := synthScale(kind, amp)
+			t.ScaleOffset = put(floats(int(sb/4), sc))
+			t.BiasOffset = put(floats(int(sb/4), bi))
 		} else {
 			n := rows * cols
 			var b []byte
@@ -206,9 +304,9 @@ func synthExperts(ctx context.Context, m *format.Manifest, st *format.ExpertStor
 		copy(rec, block[s:s+st.Stride])
 		for _, t := range []*format.Tensor{&st.Gate, &st.Up, &st.Down} {
 			_, sb := t.Kind.Sizes(t.Rows(), t.Cols())
-			levels := float32(int(1)<<t.Kind.Bits() - 1)
-			copy(rec[t.ScaleOffset:], floats(int(sb/4), 2*amp/levels))
-			copy(rec[t.BiasOffset:], floats(int(sb/4), -amp))
+			sc, bi := synthScale(t.Kind, amp)
+			copy(rec[t.ScaleOffset:], floats(int(sb/4), sc))
+			copy(rec[t.BiasOffset:], floats(int(sb/4), bi))
 		}
 		if _, err := w.Write(rec); err != nil {
 			return err
@@ -218,6 +316,16 @@ func synthExperts(ctx context.Context, m *format.Manifest, st *format.ExpertStor
 		return err
 	}
 	return f.Sync()
+}
+
+// synthScale is the scale and bias of quantised values spread over
+// ±amp: the scale rounded to a half-precision value and the bias -2^(b-1)
+// scales, so that every weight is exactly (q-2^(b-1))·scale, which GGUF's
+// Q4_0 (q-8)·d and Q8_0 q·d with an f16 d represent without loss.
+func synthScale(k format.Kind, amp float32) (scale, bias float32) {
+	zero := float32(int(1) << (k.Bits() - 1))
+	scale = gguf.FromHalf(gguf.Half(amp / zero))
+	return scale, -zero * scale
 }
 
 func fillRandom(rng *rand.Rand, b []byte) {
@@ -232,4 +340,225 @@ func floats(n int, v float32) []byte {
 		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(v))
 	}
 	return b
+}
+
+// synthGGUF writes the packed model in dir as a GGUF file for llama.cpp's
+// qwen3moe architecture, with the tensor names and metadata its converter
+// (convert_hf_to_gguf.py) writes. The quantised weights become Q4_0 or
+// Q8_0, exactly when synth wrote them (see synthScale); float tensors stay
+// F32, the routers included, so that both engines route alike.
+func synthGGUF(m *format.Manifest, dir, path string, gt gguf.Type) error {
+	c := &m.Config
+	dense, err := platform.MapFile(filepath.Join(dir, "dense.bin"))
+	if err != nil {
+		return err
+	}
+	defer platform.Unmap(dense)
+	st := &m.Stores[0]
+	recs, err := platform.MapFile(filepath.Join(dir, st.File))
+	if err != nil {
+		return err
+	}
+	defer platform.Unmap(recs)
+	fileType := uint32(2) // LLAMA_FTYPE_MOSTLY_Q4_0
+	if gt == gguf.Q8_0 {
+		fileType = 7 // LLAMA_FTYPE_MOSTLY_Q8_0
+	}
+	const arch = "qwen3moe"
+	kvs := []gguf.KV{
+		{Key: "general.architecture", Value: arch},
+		{Key: "general.name", Value: fmt.Sprintf("sluice synth qwen3-30b-a3b %d layers", c.Layers)},
+		{Key: "general.file_type", Value: fileType},
+		{Key: arch + ".block_count", Value: uint32(c.Layers)},
+		{Key: arch + ".context_length", Value: uint32(c.MaxPos)},
+		{Key: arch + ".embedding_length", Value: uint32(c.Hidden)},
+		{Key: arch + ".feed_forward_length", Value: uint32(c.MoEInter)},
+		{Key: arch + ".attention.head_count", Value: uint32(c.Heads)},
+		{Key: arch + ".attention.head_count_kv", Value: uint32(c.KVHeads)},
+		{Key: arch + ".attention.key_length", Value: uint32(c.HeadDim)},
+		{Key: arch + ".attention.value_length", Value: uint32(c.HeadDim)},
+		{Key: arch + ".rope.freq_base", Value: float32(c.RopeTheta)},
+		{Key: arch + ".attention.layer_norm_rms_epsilon", Value: float32(c.RMSEps)},
+		{Key: arch + ".expert_count", Value: uint32(c.Experts)},
+		{Key: arch + ".expert_used_count", Value: uint32(c.TopK)},
+		{Key: arch + ".expert_feed_forward_length", Value: uint32(c.MoEInter)},
+		{Key: arch + ".vocab_size", Value: uint32(c.Vocab)},
+		// No tokenizer: llama.cpp then makes vocab_size placeholder tokens,
+		// which is all llama-bench (random ids) needs.
+		{Key: "tokenizer.ggml.model", Value: "none"},
+	}
+	byName := map[string]*format.Tensor{}
+	for i := range m.Dense {
+		byName[m.Dense[i].Name] = &m.Dense[i]
+	}
+	type src struct {
+		dense  *format.Tensor
+		expert *format.Tensor // per-record tensor of layer's experts
+		layer  int
+	}
+	var tensors []gguf.Tensor
+	var srcs []src
+	add := func(name, hf string) error {
+		t := byName[hf]
+		if t == nil {
+			return fmt.Errorf("gguf: model has no tensor %s", hf)
+		}
+		g := gguf.Tensor{Name: name, Type: gguf.F32, Dims: []uint64{uint64(t.Cols()), uint64(t.Rows())}}
+		if t.Kind.Quantised() {
+			g.Type = gt
+		} else if t.Kind != format.F32 {
+			return fmt.Errorf("gguf: tensor %s is %s", hf, t.Kind)
+		}
+		if len(t.Shape) == 1 {
+			g.Dims = g.Dims[:1]
+		}
+		tensors, srcs = append(tensors, g), append(srcs, src{dense: t})
+		return nil
+	}
+	if err := add("token_embd.weight", "embed_tokens.weight"); err != nil {
+		return err
+	}
+	for l := 0; l < c.Layers; l++ {
+		p, b := fmt.Sprintf("layers.%d.", l), fmt.Sprintf("blk.%d.", l)
+		for _, nm := range [][2]string{
+			{"attn_norm", "input_layernorm"}, {"attn_q", "self_attn.q_proj"}, {"attn_k", "self_attn.k_proj"},
+			{"attn_v", "self_attn.v_proj"}, {"attn_output", "self_attn.o_proj"}, {"attn_q_norm", "self_attn.q_norm"},
+			{"attn_k_norm", "self_attn.k_norm"}, {"ffn_norm", "post_attention_layernorm"}, {"ffn_gate_inp", "mlp.gate"},
+		} {
+			if err := add(b+nm[0]+".weight", p+nm[1]+".weight"); err != nil {
+				return err
+			}
+		}
+		for _, e := range []struct {
+			name string
+			t    *format.Tensor
+		}{{"ffn_gate_exps", &st.Gate}, {"ffn_down_exps", &st.Down}, {"ffn_up_exps", &st.Up}} {
+			tensors = append(tensors, gguf.Tensor{Name: b + e.name + ".weight", Type: gt,
+				Dims: []uint64{uint64(e.t.Cols()), uint64(e.t.Rows()), uint64(c.Experts)}})
+			srcs = append(srcs, src{expert: e.t, layer: l})
+		}
+	}
+	if err := add("output_norm.weight", "norm.weight"); err != nil {
+		return err
+	}
+	if err := add("output.weight", "lm_head.weight"); err != nil {
+		return err
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	err = gguf.Write(f, kvs, tensors, func(i int, w io.Writer) error {
+		s := srcs[i]
+		if s.dense != nil {
+			return ggufTensor(w, dense, s.dense, gt)
+		}
+		for e := 0; e < c.Experts; e++ {
+			r := int64(s.layer*c.Experts+e) * st.Stride
+			if err := ggufTensor(w, recs[r:r+st.Stride], s.expert, gt); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return f.Close()
+}
+
+// ggufTensor writes tensor t of buf in GGUF type gt (F32 tensors as they
+// are). A group of 64 affine values s·q+b becomes two blocks of 32: exactly
+// (d = s, the same q) when b = -2^(bits-1)·s and s is a half-precision
+// value, as synth writes them; otherwise requantised from the values.
+func ggufTensor(w io.Writer, buf []byte, t *format.Tensor, gt gguf.Type) error {
+	rows, cols := t.Rows(), t.Cols()
+	if t.Kind == format.F32 {
+		_, err := w.Write(buf[t.Offset : t.Offset+int64(4*rows*cols)])
+		return err
+	}
+	if t.Kind != format.Q4 && t.Kind != format.Q8 {
+		return fmt.Errorf("tensor %s: %s cannot be written as GGUF", t.Name, t.Kind)
+	}
+	const G = format.GroupSize
+	ng := cols / G
+	rb, err := gt.RowBytes(cols)
+	if err != nil {
+		return err
+	}
+	out := make([]byte, rb)
+	vals := make([]float32, G)
+	per := G / gguf.BlockSize * int(rb/int64(cols/gguf.BlockSize))
+	zero := float32(int(1) << (t.Kind.Bits() - 1))
+	f32 := func(off int64) float32 { return math.Float32frombits(binary.LittleEndian.Uint32(buf[off:])) }
+	for r := 0; r < rows; r++ {
+		for g := 0; g < ng; g++ {
+			sc, bi := f32(t.ScaleOffset+int64(4*(r*ng+g))), f32(t.BiasOffset+int64(4*(r*ng+g)))
+			dst := out[g*per : (g+1)*per]
+			var q []byte
+			if t.Kind == format.Q4 {
+				q = buf[t.Offset+int64((r*cols+g*G)/2):][:G/2]
+			} else {
+				q = buf[t.Offset+int64(r*cols+g*G):][:G]
+			}
+			h := gguf.Half(sc)
+			if bi == -zero*sc && gguf.FromHalf(h) == sc && !(t.Kind == format.Q8 && gt == gguf.Q4_0) {
+				ggufGroupExact(dst, q, h, t.Kind, gt)
+				continue
+			}
+			for j := range vals {
+				var v byte
+				if t.Kind == format.Q8 {
+					v = q[j]
+				} else if j < G/2 {
+					v = q[j] & 15
+				} else {
+					v = q[j-G/2] >> 4
+				}
+				vals[j] = sc*float32(v) + bi
+			}
+			if gt == gguf.Q4_0 {
+				gguf.QuantizeQ4_0(dst, vals)
+			} else {
+				gguf.QuantizeQ8_0(dst, vals)
+			}
+		}
+		if _, err := w.Write(out); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ggufGroupExact writes one group of 64 values (q-zero)·d, q in sluice's
+// layout (q4: byte j holds element j low and j+32 high), as two GGUF
+// blocks of 32 with scale h.
+func ggufGroupExact(dst, q []byte, h uint16, k format.Kind, gt gguf.Type) {
+	const B = gguf.BlockSize
+	elem := func(j int) int { // element j as a signed integer
+		if k == format.Q8 {
+			return int(q[j]) - 128
+		}
+		if j < 32 {
+			return int(q[j]&15) - 8
+		}
+		return int(q[j-32]>>4) - 8
+	}
+	for blk := 0; blk < 2; blk++ {
+		if gt == gguf.Q4_0 {
+			d := dst[blk*(2+B/2):]
+			binary.LittleEndian.PutUint16(d, h)
+			for j := 0; j < B/2; j++ {
+				// Q4_0: byte j holds element j low and j+16 high, offset by 8.
+				d[2+j] = byte(elem(blk*B+j)+8) | byte(elem(blk*B+j+B/2)+8)<<4
+			}
+		} else {
+			d := dst[blk*(2+B):]
+			binary.LittleEndian.PutUint16(d, h)
+			for j := 0; j < B; j++ {
+				d[2+j] = byte(int8(elem(blk*B + j)))
+			}
+		}
+	}
 }

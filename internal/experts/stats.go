@@ -23,8 +23,11 @@ type Stats struct {
 	LookIssued atomic.Int64
 	LookUseful atomic.Int64
 	LookWasted atomic.Int64
-	Cuts       atomic.Int64
-	ReadErrors atomic.Int64
+	// LookSkipped counts predicted records not prefetched because their
+	// layer's predictions were not paying (Stream.LookaheadOn).
+	LookSkipped atomic.Int64
+	Cuts        atomic.Int64
+	ReadErrors  atomic.Int64
 	// Wall time with at least one read in flight: bytes over this is
 	// the bandwidth the reads achieved.
 	ReadBusyNs atomic.Int64
@@ -64,6 +67,7 @@ type Snapshot struct {
 	LookIssued int64           `json:"-"`
 	LookUseful int64           `json:"-"`
 	LookWasted int64           `json:"-"`
+	LookSkip   int64           `json:"-"`
 	Layers     []LayerSnapshot `json:"-"`
 }
 
@@ -80,7 +84,7 @@ type LayerSnapshot struct {
 func (s *Stream) Stats() Snapshot {
 	st := &s.stats
 	o := Snapshot{PoolSlots: st.Slots, BytesRead: st.BytesRead.Load(), Evictions: st.Evictions.Load(), Cuts: st.Cuts.Load(),
-		LookIssued: st.LookIssued.Load(), LookUseful: st.LookUseful.Load(), LookWasted: st.LookWasted.Load(), ReadBusyMS: float64(st.ReadBusyNs.Load()) / 1e6}
+		LookIssued: st.LookIssued.Load(), LookUseful: st.LookUseful.Load(), LookWasted: st.LookWasted.Load(), LookSkip: st.LookSkipped.Load(), ReadBusyMS: float64(st.ReadBusyNs.Load()) / 1e6}
 	o.Layers = make([]LayerSnapshot, len(st.layers))
 	for i := range st.layers {
 		l := &st.layers[i]
@@ -97,7 +101,7 @@ func (s *Stream) Stats() Snapshot {
 func (a Snapshot) Sub(b Snapshot) Snapshot {
 	o := Snapshot{PoolSlots: a.PoolSlots, Hits: a.Hits - b.Hits, Misses: a.Misses - b.Misses, BytesRead: a.BytesRead - b.BytesRead,
 		IOWaitMS: a.IOWaitMS - b.IOWaitMS, Evictions: a.Evictions - b.Evictions, Cuts: a.Cuts - b.Cuts,
-		LookIssued: a.LookIssued - b.LookIssued, LookUseful: a.LookUseful - b.LookUseful, LookWasted: a.LookWasted - b.LookWasted, ReadBusyMS: a.ReadBusyMS - b.ReadBusyMS}
+		LookIssued: a.LookIssued - b.LookIssued, LookUseful: a.LookUseful - b.LookUseful, LookWasted: a.LookWasted - b.LookWasted, LookSkip: a.LookSkip - b.LookSkip, ReadBusyMS: a.ReadBusyMS - b.ReadBusyMS}
 	if len(a.Layers) == len(b.Layers) {
 		o.Layers = make([]LayerSnapshot, len(a.Layers))
 		for i := range a.Layers {

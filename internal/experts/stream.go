@@ -128,7 +128,50 @@ type Stream struct {
 	isMiss  []bool  // [position] issued as a miss this step
 	thresh  int     // rows an expert needs this step to be in its layer's share; 0 = all are
 
+	// Adaptive lookahead: the last prediction's records that were not
+	// resident (what a prefetch would read), for layer predLayer, and per
+	// layer the recent fraction of such records its step then used.
+	pred      []int32
+	predLayer int
+	lookPrec  []float32
+
+	tracing bool  // record each step's records (RecordTrace)
+	trace   Trace // what Begin was asked for while tracing
+
 	stats Stats
+}
+
+// Lookahead adapts per layer: a layer's predictions are scored against
+// the experts its step then uses (the fraction of would-be prefetches that
+// the step needed, averaged over the last lookWindow or so predictions),
+// whether or not they were issued, and prefetches are issued only while
+// that precision is at least lookMinPrecision. A wasted prefetch costs a
+// read and evicts a record that might have hit; below one useful read in
+// two, prefetching costs more than it hides, so a layer whose predictions
+// do not pay stops prefetching (never worse than lookahead off) and
+// resumes once they would.
+const (
+	lookMinPrecision = 0.5
+	lookWindow       = 8
+)
+
+// RecordTrace starts (clearing what was recorded) or stops recording the
+// records each step asks for, for comparisons with the optimal eviction
+// (BeladyHits). Recording allocates; benchmarks use it, not serving.
+func (s *Stream) RecordTrace(on bool) {
+	if on {
+		s.trace = nil
+	}
+	s.tracing = on
+}
+
+// Trace returns what was recorded since RecordTrace(true).
+func (s *Stream) Trace() Trace { return s.trace }
+
+// LookaheadOn reports whether predictions for layer are currently
+// prefetched.
+func (s *Stream) LookaheadOn(layer int) bool {
+	return s.o.Lookahead && layer >= 0 && layer < s.L && s.lookPrec[layer] >= lookMinPrecision
 }
 
 // MinSlots is the smallest legal pool: one token's experts of one layer.
@@ -207,6 +250,11 @@ func Open(dir string, man *format.Manifest, o Options) (*Stream, error) {
 	}
 	s.freq = make([]float32, records)
 	s.slotOf = make([]int32, s.E)
+	s.pred, s.predLayer = make([]int32, 0, s.E), -1
+	s.lookPrec = make([]float32, s.L)
+	for i := range s.lookPrec {
+		s.lookPrec[i] = 1 // prefetch until the predictions prove poor
+	}
 	s.isMiss = make([]bool, s.E)
 	s.readyQ = make([]int32, 0, s.E)
 	s.missQ = make([]int32, 0, s.E)
@@ -257,6 +305,13 @@ func (s *Stream) Begin(layer int, ids []int, hint model.Hint) error {
 		for i := range s.freq {
 			s.freq[i] *= 0.5
 		}
+	}
+	if s.tracing {
+		step := make([]int32, len(ids))
+		for i, e := range ids {
+			step[i] = int32(layer*s.E + e)
+		}
+		s.trace = append(s.trace, step)
 	}
 	s.layer, s.ids, s.hint = layer, ids, hint
 	s.left = len(ids)
@@ -553,11 +608,20 @@ func (s *Stream) Prefetch(layer int, ids []int) {
 	if !s.o.Lookahead || layer < 0 || layer >= s.L {
 		return
 	}
+	s.pred, s.predLayer = s.pred[:0], layer
 	for _, e := range ids {
+		if rec := int32(layer*s.E + e); s.where[rec] < 0 && len(s.pred) < cap(s.pred) {
+			s.pred = append(s.pred, rec)
+		}
+	}
+	if !s.LookaheadOn(layer) {
+		s.stats.LookSkipped.Add(int64(len(s.pred)))
+		return
+	}
+	for _, rec := range s.pred {
 		if s.preInflight >= s.o.Prefetch {
 			return
 		}
-		rec := int32(layer*s.E + e)
 		if s.where[rec] >= 0 {
 			continue
 		}
@@ -581,6 +645,17 @@ func (s *Stream) Prefetch(layer int, ids []int) {
 // of that layer begins: those the step does not use are counted wasted,
 // and those still queued are cancelled.
 func (s *Stream) accountPrefetches(layer int) {
+	if s.predLayer == layer && len(s.pred) > 0 {
+		used := 0
+		for _, rec := range s.pred {
+			if s.isNeeded(rec, layer) {
+				used++
+			}
+		}
+		p := &s.lookPrec[layer]
+		*p += (float32(used)/float32(len(s.pred)) - *p) / lookWindow
+	}
+	s.pred, s.predLayer = s.pred[:0], -1
 	for _, si := range s.prefs {
 		sl := &s.slots[si]
 		if !sl.pre || s.isNeeded(sl.rec, layer) {

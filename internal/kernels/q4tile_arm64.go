@@ -39,7 +39,7 @@ func q4TileAVX2(q *byte, qstride int, scales, biases *float32, ng, nrows, nout i
 }
 
 // q4Rows is the decode kernel: n weight rows against one activation row.
-func q4Rows(q *byte, qstride int, scales, biases *float32, ng, n int, x8 *int8, xs, xsum *float32, out *float32, vnni bool) {
+func q4Rows(q *byte, qstride int, scales, biases *float32, ng, n int, x8 *int8, xs, xsum *float32, out *float32, mode uint8) {
 	o := unsafe.Slice(out, n)
 	for i := range o {
 		o[i] = dotQ4I8NEON(

@@ -691,19 +691,33 @@ b1part:
 	DOT((R8)(BX*1), Y6) \
 	DOT((R8)(BX*2), Y7)
 
+// PF4 prefetches 4 lines from R12 on, the bytes of the next tile that
+// correspond to one group of this one: that tile lies right after this
+// one, so it is read sequentially while this tile computes, and its lines
+// are in flight long before the 8 interleaved row streams reach them (the
+// hardware prefetchers follow 8 streams 1 KB apart poorly).
+#define PF4 \
+	PREFETCHT0 (R12) \
+	PREFETCHT0 64(R12) \
+	PREFETCHT0 128(R12) \
+	PREFETCHT0 192(R12) \
+	ADDQ $256, R12
+
 #define L_RACC 0               // the tile's accumulators while T2NET runs
 #define L_RG0 32
 #define L_RKG 40
 #define L_RB 48                // the tile's first bias
+#define L_RTILES 56            // tiles left
 #define L_RST 192              // [KC] × (8 scales, 8 biases), aligned
 // Frame size 768 = L_RST + 64 + KC*64; L_KMASK (T2LOADS) lies below L_RST.
 
-// func q4Rows(q *byte, qstride int, scales, biases *float32, ng, n int, x8 *int8, xs, xsum *float32, out *float32, vnni bool)
+// func q4Rows(q *byte, qstride int, scales, biases *float32, ng, n int, x8 *int8, xs, xsum *float32, out *float32, mode uint8)
 //
 // n (a multiple of 8) consecutive weight rows from q (qstride bytes
 // apart; ng groups) against one activation row; out[i] receives row i's
-// result, dotQ4I8's bit for bit. vnni selects VPDPBUSD for the integer
-// part, else VPMADDUBSW.
+// result, dotQ4I8's bit for bit. mode's bits (q4RowsVNNI and
+// q4RowsPrefetch in q4tile.go): 1 VPDPBUSD for the integer part, else
+// VPMADDUBSW; 4 software prefetch of the next tile.
 TEXT ·q4Rows(SB), 0, $768-81
 	MOVQ ng+32(FP), AX
 	TESTQ AX, AX
@@ -711,7 +725,7 @@ TEXT ·q4Rows(SB), 0, $768-81
 	MOVQ n+40(FP), AX
 	SHRQ $3, AX
 	JEQ rdone
-	MOVQ AX, R12                // tiles left
+	MOVQ AX, L_RTILES(SP)
 	MOVQ q+0(FP), R13           // the tile's first row
 	MOVQ scales+16(FP), R14
 	MOVQ biases+24(FP), AX
@@ -721,6 +735,28 @@ TEXT ·q4Rows(SB), 0, $768-81
 rtile:
 	VXORPS Y11, Y11, Y11
 	MOVQ $0, L_RG0(SP)
+	// R12: the next tile's weights, for PF4.
+	MOVQ qstride+8(FP), R12
+	SHLQ $3, R12
+	ADDQ R13, R12
+	TESTB $4, mode+80(FP)
+	JEQ rchunk
+	// The scales and biases of that tile (ng·32 bytes each, after this
+	// tile's), a line at a time.
+	MOVQ ng+32(FP), AX
+	SHLQ $5, AX
+	LEAQ (R14)(AX*1), SI
+	MOVQ L_RB(SP), DI
+	ADDQ AX, DI
+	ADDQ $63, AX
+	SHRQ $6, AX
+rpfs:
+	PREFETCHT0 (SI)
+	PREFETCHT0 (DI)
+	ADDQ $64, SI
+	ADDQ $64, DI
+	DECQ AX
+	JNE rpfs
 rchunk:
 	MOVQ ng+32(FP), AX
 	SUBQ L_RG0(SP), AX
@@ -823,7 +859,11 @@ rgroups:
 	ADDQ BX, R8
 	MOVQ L_RKG(SP), AX
 rgroup:
-	CMPB vnni+80(FP), $0
+	TESTB $4, mode+80(FP)
+	JEQ rnopf
+	PF4
+rnopf:
+	TESTB $1, mode+80(FP)
 	JNE rvnni
 	RDOT8(RDOT2)
 	JMP rsum
@@ -884,7 +924,7 @@ rsum:
 	SHLQ $5, AX
 	ADDQ AX, R14
 	ADDQ AX, L_RB(SP)
-	DECQ R12
+	DECQ L_RTILES(SP)
 	JNE rtile
 rdone:
 	VZEROUPPER

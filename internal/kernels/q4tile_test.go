@@ -251,3 +251,42 @@ func BenchmarkQ4Paths(b *testing.B) {
 		}
 	}
 }
+
+// q4RowsModes are the decode kernel variants this machine can run.
+func q4RowsModes() []uint8 {
+	modes := []uint8{0, q4RowsPrefetch}
+	if useVNNI {
+		modes = append(modes, q4RowsVNNI, q4RowsVNNI|q4RowsPrefetch)
+	}
+	return modes
+}
+
+// TestQ4RowsModes: every variant of the decode kernel gives the Go twin's
+// bits, for group counts odd and even, below, at and above one chunk, and
+// several tiles.
+func TestQ4RowsModes(t *testing.T) {
+	if !useAVX2 {
+		t.Skip("no AVX2/FMA")
+	}
+	r := rand.New(rand.NewPCG(47, 48))
+	for _, cols := range []int{64, 128, 192, 320, 512, 768, 1088, 2048} {
+		for _, rows := range []int{8, 24} {
+			c := newQ4Case(r, rows, cols, 2)
+			ng := cols / format.GroupSize
+			for _, mode := range q4RowsModes() {
+				for b := 0; b < c.nb; b++ {
+					out := make([]float32, rows)
+					for i := range out {
+						out[i] = float32(math.NaN())
+					}
+					q4Rows(&c.w.Q[0], cols/2, &c.w.Scales[0], &c.w.Biases[0], ng, rows, &c.x8[b*cols], &c.xs[b*ng], &c.xsum[b*ng], &out[0], mode)
+					for o := range out {
+						if want := c.want(b, o); math.Float32bits(out[o]) != math.Float32bits(want) {
+							t.Fatalf("mode %d cols %d rows %d: out[%d][%d] = %v, Go twin %v", mode, cols, rows, b, o, out[o], want)
+						}
+					}
+				}
+			}
+		}
+	}
+}

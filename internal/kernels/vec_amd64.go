@@ -38,3 +38,8 @@ func addAVX2(y, x *float32, n int)
 //
 //go:noescape
 func deltaRule32AVX2(S, k, q, v, kv, o *float32, decay, beta float32, dk, dv int)
+
+// readAVX2 sums n blocks of 256 bytes as uint64 lanes (ReadBandwidth).
+//
+//go:noescape
+func readAVX2(p *byte, n int) uint64

@@ -55,3 +55,6 @@ func addAVX2(y, x *float32, n int) {
 func deltaRule32AVX2(S, k, q, v, kv, o *float32, decay, beta float32, dk, dv int) {
 	deltaRuleAVX2(S, k, q, v, kv, o, decay, beta, dk, dv)
 }
+
+// readAVX2 is readBytes's entry point: the Go loop on arm64.
+func readAVX2(p *byte, n int) uint64 { return readGo(unsafe.Slice(p, n*256)) }

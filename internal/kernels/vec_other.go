@@ -15,3 +15,5 @@ func addAVX2(y, x *float32, n int)       { panic("unreachable") }
 func deltaRule32AVX2(S, k, q, v, kv, o *float32, decay, beta float32, dk, dv int) {
 	panic("unreachable")
 }
+
+func readAVX2(p *byte, n int) uint64 { panic("unreachable") }

@@ -1,0 +1,70 @@
+package kernels
+
+import (
+	"sync"
+	"time"
+)
+
+// ReadBandwidth measures how fast threads goroutines together read buf
+// (each its own contiguous share, every byte once per pass, passes times
+// after one untimed pass), in bytes per second. buf should be several times
+// the last-level cache, so that the figure is the memory's: it is the
+// physical limit of a decode step, which reads each active weight once.
+func ReadBandwidth(buf []byte, threads, passes int) float64 {
+	threads = max(threads, 1)
+	share := len(buf) / threads &^ 255
+	if share == 0 {
+		return 0
+	}
+	run := func() time.Duration {
+		var wg sync.WaitGroup
+		t0 := time.Now()
+		for i := range threads {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				readSink.Add(readBytes(buf[i*share : (i+1)*share]))
+			}()
+		}
+		wg.Wait()
+		return time.Since(t0)
+	}
+	run()
+	var total time.Duration
+	for range max(passes, 1) {
+		total += run()
+	}
+	return float64(share*threads*max(passes, 1)) / total.Seconds()
+}
+
+// readSink keeps the sums alive so that no read is optimised away.
+var readSink syncAdder
+
+type syncAdder struct {
+	mu sync.Mutex
+	v  uint64
+}
+
+func (s *syncAdder) Add(v uint64) {
+	s.mu.Lock()
+	s.v += v
+	s.mu.Unlock()
+}
+
+// readBytes sums b as uint64 words (len(b) a multiple of 256), with vector
+// loads where available: a read at the speed the memory allows.
+func readBytes(b []byte) uint64 {
+	if useAVX2 && len(b) >= 256 {
+		return readAVX2(&b[0], len(b)/256)
+	}
+	return readGo(b)
+}
+
+// readGo is readBytes without vector loads.
+func readGo(b []byte) uint64 {
+	var s uint64
+	for i := 0; i+8 <= len(b); i += 8 {
+		s += uint64(b[i]) | uint64(b[i+7])<<56
+	}
+	return s
+}

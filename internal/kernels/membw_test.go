@@ -1,0 +1,140 @@
+package kernels
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+
+	"github.com/sluicelm/sluice/internal/format"
+)
+
+// dramMats returns q4 matrices of rows×cols laid end to end over about
+// total bytes of weights, far more than the last-level cache, so that a
+// pass over them reads memory as a decode step at real shapes does.
+func dramMats(rows, cols int, total int) []Mat {
+	ng := cols / format.GroupSize
+	per := rows * cols / 2
+	n := max(total/per, 2)
+	q := make([]byte, n*per)
+	r := rand.New(rand.NewPCG(5, 6))
+	for i := 0; i+8 <= len(q); i += 8 {
+		v := r.Uint64()
+		for j := range 8 {
+			q[i+j] = byte(v >> (8 * j))
+		}
+	}
+	sc := make([]float32, n*rows*ng)
+	bi := make([]float32, n*rows*ng)
+	for i := range sc {
+		sc[i], bi[i] = 0.01, -0.08
+	}
+	ms := make([]Mat, n)
+	for i := range ms {
+		ms[i] = Mat{Rows: rows, Cols: cols, Kind: format.Q4, Q: q[i*per : (i+1)*per],
+			Scales: sc[i*rows*ng : (i+1)*rows*ng], Biases: bi[i*rows*ng : (i+1)*rows*ng]}
+	}
+	return ms
+}
+
+// BenchmarkMemBW is the memory's read bandwidth with 1 and 2 threads
+// (ReadBandwidth over 1 GiB), the bound of BenchmarkQ4DecodeDRAM.
+func BenchmarkMemBW(b *testing.B) {
+	buf := make([]byte, 1<<30)
+	for i := range buf {
+		buf[i] = byte(i)
+	}
+	for _, th := range []int{1, 2} {
+		b.Run(fmt.Sprint(th), func(b *testing.B) {
+			b.SetBytes(int64(len(buf)))
+			for b.Loop() {
+				readBytesPar(buf, th)
+			}
+		})
+	}
+}
+
+func readBytesPar(buf []byte, threads int) {
+	share := len(buf) / threads &^ 255
+	var wg sync.WaitGroup
+	for i := range threads {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			readSink.Add(readBytes(buf[i*share : (i+1)*share]))
+		}()
+	}
+	wg.Wait()
+}
+
+// BenchmarkQ4DecodeDRAM runs matrix-vector products at the shapes of a
+// 30B-A3B expert (768×2048) over 1 GiB of distinct matrices, so that every
+// weight comes from memory: "pool" splits each product's rows across 2
+// threads (the dense layers), "whole" gives each thread whole matrices (the
+// routed experts); bytes/s counts the q4 weights, scales and biases.
+func BenchmarkQ4DecodeDRAM(b *testing.B) {
+	if !useAVX2 {
+		b.Skip("no AVX2")
+	}
+	for _, sh := range [][2]int{{768, 2048}, {2048, 768}} {
+		ms := dramMats(sh[0], sh[1], 1<<30)
+		cols := sh[1]
+		x := randVec(rand.New(rand.NewPCG(1, 1)), cols)
+		per := int64(len(ms[0].Q) + 8*len(ms[0].Scales))
+		name := fmt.Sprintf("%dx%d", sh[0], sh[1])
+		for _, mode := range q4RowsModes() {
+			b.Run(fmt.Sprintf("whole2/%s/mode%d", name, mode), func(b *testing.B) {
+				defer func(m uint8) { q4RowsMode = m }(q4RowsMode)
+				q4RowsMode = mode
+				benchWhole2(b, ms, x, per)
+			})
+		}
+	}
+}
+
+// benchWhole2 runs the matrices of ms on 2 threads, each taking whole
+// matrices in turn, as the routed experts of a decode step run.
+func benchWhole2(b *testing.B, ms []Mat, x []float32, per int64) {
+	rows := ms[0].Rows
+	b.SetBytes(per * int64(len(ms)))
+	var sc [2]Scratch
+	outs := [2][]float32{make([]float32, rows), make([]float32, rows)}
+	for b.Loop() {
+		var wg sync.WaitGroup
+		for t := range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := t; i < len(ms); i += 2 {
+					sc[t].MatMul(outs[t], &ms[i], x, 1)
+				}
+			}()
+		}
+		wg.Wait()
+	}
+}
+
+// BenchmarkQ4RowsModes runs the decode kernel's variants on one thread on
+// matrices that stay in the L2 cache: the kernel's own speed, without the
+// memory's.
+func BenchmarkQ4RowsModes(b *testing.B) {
+	if !useAVX2 {
+		b.Skip("no AVX2")
+	}
+	for _, sh := range [][2]int{{768, 2048}, {2048, 768}} {
+		m := dramMats(sh[0], sh[1], 1)[0]
+		x := randVec(rand.New(rand.NewPCG(1, 1)), sh[1])
+		out := make([]float32, sh[0])
+		for _, mode := range q4RowsModes() {
+			b.Run(fmt.Sprintf("%dx%d/mode%d", sh[0], sh[1], mode), func(b *testing.B) {
+				defer func(m uint8) { q4RowsMode = m }(q4RowsMode)
+				q4RowsMode = mode
+				var sc Scratch
+				b.SetBytes(int64(len(m.Q) + 8*len(m.Scales)))
+				for b.Loop() {
+					sc.MatMul(out, &m, x, 1)
+				}
+			})
+		}
+	}
+}
