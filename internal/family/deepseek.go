@@ -14,7 +14,9 @@ import (
 // latent attention (run absorbed, one latent per position in the cache),
 // with V3.2's lightning indexer choosing the positions each row attends
 // to, leading dense MLP layers, and MoE layers with a sigmoid,
-// group-limited router and a shared expert.
+// group-limited router and a shared expert. A checkpoint with
+// num_nextn_predict_layers 1 carries an MTP module stored as the layer
+// num_hidden_layers, which drafts tokens for speculative decoding.
 const NameDeepSeek = "deepseek_v32"
 
 var deepSeek = Family{
@@ -137,6 +139,9 @@ func parseDeepSeek(raw []byte) (format.Config, error) {
 	case r.KVLora <= 0 || r.NopeDim <= 0 || r.VDim <= 0 || r.RopeDim <= 0 || r.RopeDim%2 != 0:
 		return c, fmt.Errorf("kv_lora_rank %d, qk_nope_head_dim %d, v_head_dim %d, qk_rope_head_dim %d invalid", r.KVLora, r.NopeDim, r.VDim, r.RopeDim)
 	}
+	if r.NextNPredictors < 0 || r.NextNPredictors > 1 {
+		return c, fmt.Errorf("num_nextn_predict_layers = %d, sluice supports 0 or 1 (the released checkpoints have 1)", r.NextNPredictors)
+	}
 	for i, t := range r.LayerTypes {
 		if t != "deepseek_sparse_attention" {
 			return c, fmt.Errorf("layer_types[%d] = %q is not supported by %s", i, t, NameDeepSeek)
@@ -168,6 +173,7 @@ func parseDeepSeek(raw []byte) (format.Config, error) {
 		}
 	}
 	c.FirstDense = min(first, c.Layers)
+	c.MTPLayers = r.NextNPredictors
 	for range c.Layers {
 		c.LayerTypes = append(c.LayerTypes, format.FullAttention)
 	}
@@ -235,7 +241,7 @@ func buildDeepSeek(c *format.Config, t *block.Tensors) (*Arch, error) {
 	} else {
 		a.Rope = defaultRope(c)
 	}
-	for l := 0; l < c.Layers; l++ {
+	layer := func(l int) (block.Layer, block.StateSpec) {
 		p := fmt.Sprintf("layers.%d.", l)
 		L := block.Layer{In: rmsNorm(c, t.Vec(p+"input_layernorm.weight", H), false),
 			Post: rmsNorm(c, t.Vec(p+"post_attention_layernorm.weight", H), false)}
@@ -277,17 +283,52 @@ func buildDeepSeek(c *format.Config, t *block.Tensors) (*Arch, error) {
 			}
 			L.FFN = moe
 		}
-		a.Layers = append(a.Layers, L)
 		iw := 0
 		if m.Index != nil {
 			iw = ac.IndexHeadDim
 		}
-		a.States = append(a.States, block.StateSpec{Kind: block.Latent, KVWidth: ac.KVLora + ac.RopeDim, IndexWidth: iw})
+		return L, block.StateSpec{Kind: block.Latent, KVWidth: ac.KVLora + ac.RopeDim, IndexWidth: iw}
+	}
+	for l := 0; l < c.Layers; l++ {
+		L, s := layer(l)
+		a.Layers = append(a.Layers, L)
+		a.States = append(a.States, s)
 	}
 	linkPre(a.Layers)
 	a.Norm = rmsNorm(c, t.Vec("norm.weight", H), false)
 	a.LMHead = t.Mat("lm_head.weight", c.Vocab, H)
+	if c.MTPLayers > 0 {
+		deepSeekMTP(c, t, a, layer)
+	}
 	return a, nil
+}
+
+// deepSeekMTP builds DeepSeek-V3's MTP module, stored as layer
+// num_hidden_layers:
+//
+//	z = eh_proj([enorm(embed(t_{j+1})) ‖ hnorm(h_j)])
+//	z = decoder_layer(z)   (MLA + MoE, its own latent cache)
+//	logits = shared_head.head(shared_head.norm(z))
+//
+// h_j is the trunk's final-normed hidden state, as in the inference engines
+// the module was released for (vLLM and SGLang feed it the main model's
+// normed output), the same contract as qwen3_5_moe's head, so block.MTP and
+// the engine's speculative path serve both. The module's embed_tokens and
+// shared_head.head are copies of the trunk's (the technical report shares
+// them), so the trunk's are used and the copies are not packed.
+func deepSeekMTP(c *format.Config, t *block.Tensors, a *Arch, layer func(int) (block.Layer, block.StateSpec)) {
+	H := c.Hidden
+	p := fmt.Sprintf("layers.%d.", c.Layers)
+	L, s := layer(c.Layers)
+	a.MTP = &block.MTP{FC: t.Mat(p+"eh_proj.weight", H, 2*H),
+		NormEmbed:  rmsNorm(c, t.Vec(p+"enorm.weight", H), false),
+		NormHidden: rmsNorm(c, t.Vec(p+"hnorm.weight", H), false),
+		Norm:       rmsNorm(c, t.Vec(p+"shared_head.norm.weight", H), false),
+		Layer:      L}
+	if moe := a.MTP.Layer.MoE(); moe != nil {
+		moe.Pre = &a.MTP.Layer.Post
+	}
+	a.MTPState = s
 }
 
 // deepSeekDense de-interleaves the rope part of the query and latent
@@ -338,7 +379,7 @@ func describeDeepSeek(c *format.Config) []string {
 		index = fmt.Sprintf("%d heads of %d, each row attends to its top %d positions", ac.IndexHeads, ac.IndexHeadDim, ac.IndexTopK)
 		iw = ac.IndexHeadDim
 	}
-	return []string{
+	d := []string{
 		fmt.Sprintf("attention      latent (MLA, absorbed): q_lora %d, kv_lora %d, nope %d + rope %d, v %d; cache %d floats a position",
 			ac.QLora, ac.KVLora, ac.Nope, ac.RopeDim, ac.V, ac.KVLora+ac.RopeDim+iw),
 		"indexer        " + index,
@@ -347,6 +388,10 @@ func describeDeepSeek(c *format.Config) []string {
 		fmt.Sprintf("router         sigmoid + correction bias, top-%d of %d groups, top-%d, scale %g", ac.TopGroups, ac.Groups, c.TopK, ac.RoutedScale),
 		fmt.Sprintf("experts        SwiGLU, shared expert of %d", c.SharedInter),
 	}
+	if c.MTPLayers > 0 {
+		d = append(d, "mtp            one layer (speculative drafts)")
+	}
+	return d
 }
 
 // deepSeekFP8 checks quantization_config: the releases' block-scaled FP8

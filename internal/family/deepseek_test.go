@@ -2,6 +2,7 @@ package family_test
 
 import (
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 
@@ -55,6 +56,7 @@ func TestDeepSeekRefusals(t *testing.T) {
 		{"unknown key", func(m map[string]any) { m["frobnicate"] = 1 }, "frobnicate"},
 		{"fp8", func(m map[string]any) { m["quantization_config"] = map[string]any{"quant_method": "fp8"} }, "quantization_config"},
 		{"scoring", func(m map[string]any) { m["scoring_func"] = "softmax" }, "scoring_func"},
+		{"two mtp modules", func(m map[string]any) { m["num_nextn_predict_layers"] = 2 }, "num_nextn_predict_layers = 2"},
 		{"no q lora", func(m map[string]any) { m["q_lora_rank"] = nil }, "q_lora_rank"},
 		{"mlp layers", func(m map[string]any) {
 			m["mlp_layer_types"] = []any{"sparse", "dense", "sparse", "sparse", "sparse", "sparse"}
@@ -126,5 +128,60 @@ func TestDeepSeekRopeRows(t *testing.T) {
 				t.Fatalf("%s row %d holds row %v, want %d", tc.name, r, got[r*tc.cols], want)
 			}
 		}
+	}
+}
+
+// TestDeepSeekMTPConfig: num_nextn_predict_layers 1 builds DeepSeek-V3's
+// MTP module from layer num_hidden_layers (eh_proj over enorm ‖ hnorm, a
+// latent-attention MoE layer with its own latent cache, shared_head.norm);
+// 0 builds none.
+func TestDeepSeekMTPConfig(t *testing.T) {
+	c0, raw := parseDir(t, "tiny-deepseek-v32")
+	f, _ := family.Named(family.NameDeepSeek)
+	a0, err := f.Build(&c0, block.Specs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c0.MTPLayers != 0 || a0.MTP != nil {
+		t.Fatalf("num_nextn_predict_layers 0: MTPLayers %d, MTP %v", c0.MTPLayers, a0.MTP)
+	}
+	var m map[string]any
+	json.Unmarshal(raw, &m)
+	m["num_nextn_predict_layers"] = 1
+	b, _ := json.Marshal(m)
+	c, err := f.Parse(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	specs := block.Specs()
+	a, err := f.Build(&c, specs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.MTPLayers != 1 || a.MTP == nil {
+		t.Fatalf("MTPLayers %d, MTP %v", c.MTPLayers, a.MTP)
+	}
+	mo := a.MTP.Layer.MoE()
+	if mo == nil || mo.Layer != 6 || mo.Pre != &a.MTP.Layer.Post || mo.Score != block.SigmoidGroups {
+		t.Errorf("MTP MoE %+v", mo)
+	}
+	if _, ok := a.MTP.Layer.Mixer.(*block.MLA); !ok {
+		t.Errorf("MTP mixer %T, want latent attention", a.MTP.Layer.Mixer)
+	}
+	if a.MTPState != a.States[1] {
+		t.Errorf("MTP state %+v, trunk %+v", a.MTPState, a.States[1])
+	}
+	names := map[string][]int{}
+	for _, s := range specs.List() {
+		names[s.Name] = s.Shape
+	}
+	for n, shape := range map[string][]int{"layers.6.eh_proj.weight": {256, 512}, "layers.6.enorm.weight": {256},
+		"layers.6.hnorm.weight": {256}, "layers.6.shared_head.norm.weight": {256}, "layers.6.self_attn.q_b_proj.weight": {192, 96}} {
+		if got, ok := names[n]; !ok || !slices.Equal(got, shape) {
+			t.Errorf("tensor %s: %v (present %v), want %v", n, got, ok, shape)
+		}
+	}
+	if d := strings.Join(f.Describe(&c), "\n"); !strings.Contains(d, "mtp") {
+		t.Errorf("description does not mention the MTP module:\n%s", d)
 	}
 }

@@ -151,8 +151,8 @@ func Open(dir string) (*Checkpoint, error) {
 			i, _ := strconv.Atoi(m[1])
 			n = fmt.Sprintf("layers.%d.", cfg.Layers+i) + n[len(m[0]):]
 		}
-		if strings.HasPrefix(n, "mtp.") {
-			hasMTP = true
+		if strings.HasPrefix(n, "mtp.") || strings.HasPrefix(n, fmt.Sprintf("layers.%d.", cfg.Layers)) {
+			hasMTP = true // Qwen3.5's mtp.*, or DeepSeek-V3's layer num_hidden_layers
 		}
 		c.byName[n] = t
 	}

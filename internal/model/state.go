@@ -77,9 +77,13 @@ func (m *Model) NewState(ctx int) (*State, error) {
 		s.window = append(s.window, win)
 	}
 	if m.MTP != nil {
-		kvw := m.Arch.MTPState.KVWidth
-		s.mk = make([]float32, ctx*kvw)
-		s.mv = make([]float32, ctx*kvw)
+		sp := m.Arch.MTPState
+		vw := sp.KVWidth
+		if sp.Kind == block.Latent {
+			vw = sp.IndexWidth // a latent layer's second cache holds the indexer's keys
+		}
+		s.mk = make([]float32, ctx*sp.KVWidth)
+		s.mv = make([]float32, ctx*vw)
 		s.mh = make([]float32, c.Hidden)
 	}
 	return s, nil
@@ -161,10 +165,10 @@ func (s *State) CopyFrom(src *State) error {
 		}
 	}
 	if s.mk != nil && src.mk != nil {
-		w := len(src.mk) / src.Ctx
+		w, vw := len(src.mk)/src.Ctx, len(src.mv)/src.Ctx
 		n := min(src.MTPPos, s.Ctx)
 		copy(s.mk[:n*w], src.mk[:n*w])
-		copy(s.mv[:n*w], src.mv[:n*w])
+		copy(s.mv[:n*vw], src.mv[:n*vw])
 		copy(s.mh, src.mh)
 	}
 	s.Pos, s.MTPPos, s.mtpTok = src.Pos, min(src.MTPPos, s.Ctx), src.mtpTok

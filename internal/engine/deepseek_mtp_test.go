@@ -1,0 +1,194 @@
+package engine_test
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/sluicelm/sluice/internal/engine"
+	"github.com/sluicelm/sluice/internal/experts"
+	"github.com/sluicelm/sluice/internal/pack"
+	"github.com/sluicelm/sluice/internal/safetensors"
+	"github.com/sluicelm/sluice/internal/testutil"
+)
+
+const dsModel = "tiny-deepseek-v32"
+
+// deepSeekMTPCheckpoint writes a copy of the tiny DeepSeek-V3.2 with
+// num_nextn_predict_layers 1 and a seeded random MTP module stored as
+// DeepSeek's checkpoints store it: layer num_hidden_layers with enorm,
+// hnorm, eh_proj, shared_head and a full decoder layer (MLA + MoE). Each
+// tensor of its decoder layer is drawn with the mean and spread of the
+// same tensor of trunk layer 1, so activations keep their scale.
+func deepSeekMTPCheckpoint(t *testing.T) string {
+	t.Helper()
+	src := testutil.ModelDir(t, dsModel)
+	dir := t.TempDir()
+	cfg := testutil.ReadJSON(t, filepath.Join(src, "config.json"))
+	cfg["num_nextn_predict_layers"] = 1
+	testutil.WriteJSON(t, filepath.Join(dir, "config.json"), cfg)
+	ents, err := os.ReadDir(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if n := e.Name(); n != "config.json" && n != "model.safetensors.index.json" {
+			if err := os.Symlink(filepath.Join(src, n), filepath.Join(dir, n)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	ck, err := safetensors.OpenDir(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	L := int(cfg["num_hidden_layers"].(float64))
+	H := int(cfg["hidden_size"].(float64))
+	rng := rand.New(rand.NewPCG(12, 34))
+	type tensor struct {
+		shape []int
+		v     []float32
+	}
+	out := map[string]tensor{}
+	normal := func(n int, mean, sd float64) []float32 {
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = float32(mean + sd*rng.NormFloat64())
+		}
+		return v
+	}
+	from := "model.layers.1."
+	for _, name := range ck.Names() {
+		if !strings.HasPrefix(name, from) {
+			continue
+		}
+		tt := ck.Tensors[name]
+		x, err := tt.Float32()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var s, s2 float64
+		for _, f := range x {
+			s += float64(f)
+			s2 += float64(f) * float64(f)
+		}
+		mean := s / float64(len(x))
+		sd := math.Sqrt(max(s2/float64(len(x))-mean*mean, 0))
+		out[fmt.Sprintf("model.layers.%d.", L)+name[len(from):]] = tensor{tt.Shape, normal(len(x), mean, sd)}
+	}
+	p := fmt.Sprintf("model.layers.%d.", L)
+	out[p+"enorm.weight"] = tensor{[]int{H}, normal(H, 1, 0.1)}
+	out[p+"hnorm.weight"] = tensor{[]int{H}, normal(H, 1, 0.1)}
+	out[p+"shared_head.norm.weight"] = tensor{[]int{H}, normal(H, 1, 0.1)}
+	out[p+"eh_proj.weight"] = tensor{[]int{H, 2 * H}, normal(2*H*H, 0, 1/math.Sqrt(float64(2*H)))}
+	for to, fromName := range map[string]string{p + "embed_tokens.weight": "model.embed_tokens.weight", p + "shared_head.head.weight": "lm_head.weight"} {
+		x, err := ck.Tensors[fromName].Float32() // copies of the trunk's, as released
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[to] = tensor{ck.Tensors[fromName].Shape, x}
+	}
+	// Write them as one F32 safetensors file and extend the index.
+	names := make([]string, 0, len(out))
+	for n := range out {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	hdr := map[string]any{}
+	off := 0
+	for _, n := range names {
+		hdr[n] = map[string]any{"dtype": "F32", "shape": out[n].shape, "data_offsets": []int{off, off + 4*len(out[n].v)}}
+		off += 4 * len(out[n].v)
+	}
+	hb, _ := json.Marshal(hdr)
+	for len(hb)%8 != 0 {
+		hb = append(hb, ' ')
+	}
+	buf := binary.LittleEndian.AppendUint64(nil, uint64(len(hb)))
+	buf = append(buf, hb...)
+	for _, n := range names {
+		for _, f := range out[n].v {
+			buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(f))
+		}
+	}
+	const file = "model-mtp.safetensors"
+	if err := os.WriteFile(filepath.Join(dir, file), buf, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ix := testutil.ReadJSON(t, filepath.Join(src, "model.safetensors.index.json"))
+	wm := ix["weight_map"].(map[string]any)
+	for _, n := range names {
+		wm[n] = file
+	}
+	testutil.WriteJSON(t, filepath.Join(dir, "model.safetensors.index.json"), ix)
+	return dir
+}
+
+// TestDeepSeekMTPDrafts: a DeepSeek checkpoint with an MTP module packs it
+// (its expert records after the trunk's), loads it, and drafts with it;
+// greedy tokens with D = 1, 2, 3 drafts are plain greedy's exactly, with
+// the store resident and through the smallest expert pool.
+func TestDeepSeekMTPDrafts(t *testing.T) {
+	ckpt := deepSeekMTPCheckpoint(t)
+	dir := filepath.Join(t.TempDir(), "packed")
+	if err := pack.Pack(context.Background(), ckpt, dir, pack.Options{Bits: 16}); err != nil {
+		t.Fatal(err)
+	}
+	openDir := func(o engine.Options) *engine.Engine {
+		o.Threads = 2
+		e, err := engine.Open(context.Background(), dir, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(e.Close)
+		return e
+	}
+	resident := openDir(engine.Options{})
+	m := resident.Model
+	if m.MTP == nil || m.Manifest.ExpertLayers != m.Config.Layers+1 || m.Config.MTPLayers != 1 {
+		t.Fatalf("MTP module not loaded: MTP %v, expert layers %d of %d trunk layers", m.MTP != nil, m.Manifest.ExpertLayers, m.Config.Layers)
+	}
+	st := &m.Manifest.Stores[0]
+	minPool := openDir(engine.Options{Experts: engine.ExpertOptions{PoolBytes: int64(experts.MinSlots(&m.Config)) * st.Stride}})
+	if minPool.Stream == nil {
+		t.Fatalf("the smallest pool did not stream: %s", minPool.ExpertPlan)
+	}
+	refs := testutil.LoadRefs(t, dsModel)
+	o := greedy48
+	o.MaxTokens = 24
+	for _, s := range []struct {
+		name string
+		e    *engine.Engine
+	}{{"resident", resident}, {"min-pool", minPool}} {
+		for ci, c := range refs.Cases[:3] {
+			want, _ := generateOpts(t, s.e, c.Prompt, o)
+			if ci == 0 && firstDiff(want, c.Greedy[:min(len(c.Greedy), len(want))]) >= 0 {
+				t.Errorf("%s case %d: plain greedy %v, reference %v", s.name, ci, want, c.Greedy)
+			}
+			for _, d := range []int{1, 2, 3} {
+				od := o
+				od.Drafts = d
+				got, gs := generateOpts(t, s.e, c.Prompt, od)
+				if i := firstDiff(got, want); i >= 0 || len(got) != len(want) {
+					t.Errorf("%s D=%d case %d: tokens differ from plain greedy at %d\n got %v\nwant %v", s.name, d, ci, i, got, want)
+				}
+				mt := gs.MTP
+				if mt == nil || mt.Disabled != "" || mt.Drafts != d || mt.Drafted == 0 || mt.Steps+mt.Accepted != len(got)-1 {
+					t.Fatalf("%s D=%d case %d: MTP stats %+v: the module did not draft", s.name, d, ci, mt)
+				}
+				if ci == 0 {
+					t.Logf("%s D=%d: %d of %d drafts accepted (random MTP weights)", s.name, d, mt.Accepted, mt.Drafted)
+				}
+			}
+		}
+	}
+}
