@@ -34,6 +34,34 @@ var synthShapes = map[string]format.Config{
 		Arch: format.ArchJSON(`{"rope":{"rope_theta":150000,"factor":32,"original_max_position_embeddings":4096,"beta_fast":32,"beta_slow":1,"truncate":false}}`)},
 }
 
+// deepSeekV3Config is DeepSeek-V3's config.json (deepseek-ai/DeepSeek-V3),
+// less its FP8 quantization_config (synth writes its own weights) and the
+// keys that only name files. Parsing it through the family gives the
+// config pack would write for the release.
+const deepSeekV3Config = `{"model_type": "deepseek_v3", "hidden_size": 7168, "intermediate_size": 18432,
+ "moe_intermediate_size": 2048, "num_hidden_layers": 61, "num_nextn_predict_layers": 1, "num_attention_heads": 128,
+ "num_key_value_heads": 128, "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8,
+ "n_group": 8, "topk_group": 4, "norm_topk_prob": true, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid",
+ "topk_method": "noaux_tc", "first_k_dense_replace": 3, "moe_layer_freq": 1, "q_lora_rank": 1536, "kv_lora_rank": 512,
+ "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "vocab_size": 129280, "rms_norm_eps": 1e-6,
+ "max_position_embeddings": 163840, "rope_theta": 10000, "hidden_act": "silu", "attention_bias": false,
+ "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "beta_fast": 32,
+  "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}}`
+
+// synthLike returns the config of the model --like names.
+func synthLike(like string) (format.Config, bool, error) {
+	if like == "deepseek-v3" {
+		f, _ := family.Named(family.NameDeepSeek)
+		c, err := f.Parse([]byte(deepSeekV3Config))
+		return c, true, err
+	}
+	c, ok := synthShapes[like]
+	return c, ok, nil
+}
+
+// synthLikes lists the names --like takes.
+const synthLikes = "qwen3.5-35b-a3b, qwen3-30b-a3b, gpt-oss-120b or deepseek-v3"
+
 // cmdSynth writes a packed model with a real model's shapes and random
 // weights, for benchmarks at real record sizes, and optionally the same
 // model as a GGUF file for llama.cpp. Random routers would route
@@ -45,8 +73,9 @@ var synthShapes = map[string]format.Config{
 // does on the GGUF.
 func cmdSynth(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("synth", flag.ContinueOnError)
-	like := fs.String("like", "qwen3.5-35b-a3b", "shapes: qwen3.5-35b-a3b or qwen3-30b-a3b")
-	layers := fs.Int("layers", 0, "keep only this many layers (0 = all)")
+	like := fs.String("like", "qwen3.5-35b-a3b", "shapes: "+synthLikes)
+	layers := fs.Int("layers", 0, "keep only this many layers (0 = all; at least one of them an MoE layer)")
+	nExperts := fs.Int("experts", 0, "keep only this many routed experts a layer (0 = all; records keep their real size)")
 	bits := fs.Int("bits", 4, "8 or 4")
 	out := fs.String("out", "", "output directory (GBs; not inside the repository)")
 	refs := fs.String("routes", "", "refs JSON whose routes_long0 to replay (default: the embedded recording)")
@@ -56,9 +85,12 @@ func cmdSynth(ctx context.Context, args []string) error {
 	if _, err := parse(fs, args); err != nil {
 		return err
 	}
-	cfg, ok := synthShapes[*like]
+	cfg, ok, err := synthLike(*like)
+	if err != nil {
+		return err
+	}
 	if !ok {
-		return fmt.Errorf("--like %q: want qwen3.5-35b-a3b or qwen3-30b-a3b", *like)
+		return fmt.Errorf("--like %q: want %s", *like, synthLikes)
 	}
 	if *out == "" {
 		return fmt.Errorf("--out DIR is required")
@@ -84,6 +116,16 @@ func cmdSynth(ctx context.Context, args []string) error {
 	}
 	if *layers > 0 && *layers < cfg.Layers {
 		cfg.Layers = *layers
+		// Keep the leading dense layers, but at least one MoE layer.
+		cfg.FirstDense = min(cfg.FirstDense, cfg.Layers-1)
+	}
+	if *nExperts < 0 {
+		return fmt.Errorf("--experts %d: want 0 (all) or more", *nExperts)
+	}
+	if *nExperts > 0 && *nExperts < cfg.Experts {
+		if err := synthFewerExperts(&cfg, *nExperts); err != nil {
+			return err
+		}
 	}
 	cfg.LayerTypes = make([]string, cfg.Layers)
 	for i := range cfg.LayerTypes {
@@ -145,6 +187,28 @@ func cmdSynth(ctx context.Context, args []string) error {
 		}
 		fmt.Fprintf(os.Stderr, "synth %s: %s GGUF (%s) in %.1fs\n", *ggufPath, bytesStr(fi.Size()), gt, time.Since(t0).Seconds())
 	}
+	return nil
+}
+
+// synthFewerExperts keeps n routed experts a layer, checking that the
+// router still has top-k of them to choose (DeepSeek: within its groups).
+func synthFewerExperts(c *format.Config, n int) error {
+	if n < c.TopK {
+		return fmt.Errorf("--experts %d: below the %d experts each token uses", n, c.TopK)
+	}
+	if c.Family == family.NameDeepSeek {
+		var g struct {
+			Groups    int `json:"n_group"`
+			TopGroups int `json:"topk_group"`
+		}
+		if err := json.Unmarshal(c.Arch, &g); err != nil {
+			return err
+		}
+		if n%g.Groups != 0 || n/g.Groups < 2 || n/g.Groups*g.TopGroups < c.TopK {
+			return fmt.Errorf("--experts %d: want a multiple of the %d router groups, at least 2 a group and %d in the top %d groups", n, g.Groups, c.TopK, g.TopGroups)
+		}
+	}
+	c.Experts = n
 	return nil
 }
 
@@ -299,6 +363,16 @@ func synthExperts(ctx context.Context, m *format.Manifest, st *format.ExpertStor
 	for i := 0; i < n; i++ {
 		if err := ctx.Err(); err != nil {
 			return err
+		}
+		if i/m.Experts < m.Config.FirstDense {
+			// A dense layer has no experts: leave a hole, as pack does.
+			if err := w.Flush(); err != nil {
+				return err
+			}
+			if _, err := f.Seek(st.Stride, io.SeekCurrent); err != nil {
+				return err
+			}
+			continue
 		}
 		s := (int64(i) * 4099) % st.Stride
 		copy(rec, block[s:s+st.Stride])

@@ -3,8 +3,13 @@ package main
 import (
 	"bytes"
 	"encoding/binary"
+	"encoding/json"
 	"math"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/sluicelm/sluice/internal/format"
@@ -84,5 +89,109 @@ func TestGGUFTensor(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestSynthDeepSeekV3: --like deepseek-v3 writes DeepSeek-V3's real shapes
+// (those of its public config.json: hidden 7168, vocab 129280, 128 heads,
+// MLA q_lora 1536, kv_lora 512, nope 128, rope 64, v 128, experts of 2048
+// routed top-8 within the top 4 of 8 groups, a shared expert, dense layers
+// of 18432 first, an MTP layer), cut to 2 layers and 16 experts; inspect
+// reports them, and the model decodes a few steps, with drafts from its
+// MTP layer giving the same tokens.
+func TestSynthDeepSeekV3(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "ds")
+	ok(t, "synth", "--like", "deepseek-v3", "--layers", "2", "--experts", "16", "--route", "router", "--out", dir)
+	out, _ := ok(t, "inspect", "--json", dir)
+	var raw map[string]any
+	decode(t, out, &raw)
+	cfg, _ := raw["config"].(map[string]any)
+	arch, _ := cfg["arch"].(map[string]any)
+	want := map[string]float64{
+		"hidden_size": 7168, "num_hidden_layers": 2, "vocab_size": 129280, "num_attention_heads": 128,
+		"num_experts": 16, "num_experts_per_tok": 8, "moe_intermediate_size": 2048, "shared_expert_intermediate_size": 2048,
+		"first_k_dense_replace": 1, "mtp_num_hidden_layers": 1,
+		"arch.q_lora_rank": 1536, "arch.kv_lora_rank": 512, "arch.qk_nope_head_dim": 128, "arch.qk_rope_head_dim": 64,
+		"arch.v_head_dim": 128, "arch.intermediate_size": 18432, "arch.n_group": 8, "arch.topk_group": 4,
+		"arch.routed_scaling_factor": 2.5,
+	}
+	for k, v := range want {
+		m, key := cfg, k
+		if a, ok := strings.CutPrefix(k, "arch."); ok {
+			m, key = arch, a
+		}
+		if got, _ := m[key].(float64); got != v {
+			t.Errorf("inspect: %s = %v, want %v", k, m[key], v)
+		}
+	}
+	// Tensor shapes in the manifest: MLA projections, the MTP layer, the
+	// expert record.
+	var mf struct {
+		Dense []struct {
+			Name  string `json:"name"`
+			Shape []int  `json:"shape"`
+		} `json:"dense"`
+		Stores []struct {
+			Gate, Down struct {
+				Shape []int `json:"shape"`
+			}
+		} `json:"stores"`
+	}
+	readJSONFile(t, filepath.Join(dir, "manifest.json"), &mf)
+	shapes := map[string][]int{}
+	for _, d := range mf.Dense {
+		shapes[d.Name] = d.Shape
+	}
+	for n, s := range map[string][]int{
+		"embed_tokens.weight": {129280, 7168}, "layers.0.self_attn.q_a_proj.weight": {1536, 7168},
+		"layers.0.self_attn.q_b_proj.weight": {128 * 192, 1536}, "layers.1.self_attn.kv_a_proj_with_mqa.weight": {576, 7168},
+		"layers.1.self_attn.kv_b_proj.weight": {128 * 256, 512}, "layers.1.self_attn.o_proj.weight": {7168, 128 * 128},
+		"layers.0.mlp.gate_proj.weight": {18432, 7168}, "layers.1.mlp.gate.weight": {16, 7168},
+		"layers.1.mlp.shared_experts.down_proj.weight": {7168, 2048}, "layers.2.eh_proj.weight": {7168, 2 * 7168},
+		"layers.2.shared_head.norm.weight": {7168}, "lm_head.weight": {129280, 7168},
+	} {
+		if !slices.Equal(shapes[n], s) {
+			t.Errorf("%s: shape %v, want %v", n, shapes[n], s)
+		}
+	}
+	if len(mf.Stores) != 1 || !slices.Equal(mf.Stores[0].Gate.Shape, []int{2048, 7168}) || !slices.Equal(mf.Stores[0].Down.Shape, []int{7168, 2048}) {
+		t.Errorf("expert record %+v, want gate 2048×7168, down 7168×2048", mf.Stores)
+	}
+	type runOut struct {
+		Tokens []int `json:"tokens"`
+		Stats  struct {
+			MTP *struct {
+				Drafted int `json:"drafted"`
+			} `json:"mtp"`
+		} `json:"stats"`
+	}
+	var plain, drafts runOut
+	args := []string{"run", "-m", dir, "--temp", "0", "-n", "4", "--ignore-eos", "--json", "--threads", "2", "--tokens", "1,2,3"}
+	o, _ := ok(t, args...)
+	decode(t, o, &plain)
+	o, _ = ok(t, append(args, "--drafts", "2")...)
+	decode(t, o, &drafts)
+	if len(plain.Tokens) != 4 || !slices.Equal(plain.Tokens, drafts.Tokens) {
+		t.Errorf("tokens %v, with drafts %v: want 4 equal", plain.Tokens, drafts.Tokens)
+	}
+	if m := drafts.Stats.MTP; m == nil || m.Drafted == 0 {
+		t.Errorf("--drafts 2: the MTP layer drafted nothing (%+v)", m)
+	}
+	for _, bad := range [][]string{{"--experts", "12"}, {"--experts", "4"}, {"--like", "deepseek-v4"}} {
+		_, e, code := sluice(t, append([]string{"synth", "--out", filepath.Join(t.TempDir(), "x"), "--like", "deepseek-v3"}, bad...)...)
+		if code == 0 || !strings.Contains(e, bad[0]) {
+			t.Errorf("synth %v: exit %d, %q", bad, code, e)
+		}
+	}
+}
+
+func readJSONFile(t *testing.T, path string, v any) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		t.Fatalf("%s: %v", path, err)
 	}
 }
