@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -27,8 +28,11 @@ const dsModel = "tiny-deepseek-v32"
 // DeepSeek's checkpoints store it: layer num_hidden_layers with enorm,
 // hnorm, eh_proj, shared_head and a full decoder layer (MLA + MoE). Each
 // tensor of its decoder layer is drawn with the mean and spread of the
-// same tensor of trunk layer 1, so activations keep their scale.
-func deepSeekMTPCheckpoint(t *testing.T) string {
+// same tensor of trunk layer 1, so activations keep their scale. zero
+// names a half of eh_proj's columns to zero: "embed" (the first H, which
+// multiply enorm(embed)), "hidden" (the last H, which multiply hnorm(h)) or
+// "" (none).
+func deepSeekMTPCheckpoint(t *testing.T, zero string) string {
 	t.Helper()
 	src := testutil.ModelDir(t, dsModel)
 	dir := t.TempDir()
@@ -89,7 +93,15 @@ func deepSeekMTPCheckpoint(t *testing.T) string {
 	out[p+"enorm.weight"] = tensor{[]int{H}, normal(H, 1, 0.1)}
 	out[p+"hnorm.weight"] = tensor{[]int{H}, normal(H, 1, 0.1)}
 	out[p+"shared_head.norm.weight"] = tensor{[]int{H}, normal(H, 1, 0.1)}
-	out[p+"eh_proj.weight"] = tensor{[]int{H, 2 * H}, normal(2*H*H, 0, 1/math.Sqrt(float64(2*H)))}
+	eh := normal(2*H*H, 0, 1/math.Sqrt(float64(2*H)))
+	for r := 0; r < H && zero != ""; r++ {
+		c0 := 0
+		if zero == "hidden" {
+			c0 = H
+		}
+		clear(eh[r*2*H+c0 : r*2*H+c0+H])
+	}
+	out[p+"eh_proj.weight"] = tensor{[]int{H, 2 * H}, eh}
 	for to, fromName := range map[string]string{p + "embed_tokens.weight": "model.embed_tokens.weight", p + "shared_head.head.weight": "lm_head.weight"} {
 		x, err := ck.Tensors[fromName].Float32() // copies of the trunk's, as released
 		if err != nil {
@@ -138,11 +150,7 @@ func deepSeekMTPCheckpoint(t *testing.T) string {
 // greedy tokens with D = 1, 2, 3 drafts are plain greedy's exactly, with
 // the store resident and through the smallest expert pool.
 func TestDeepSeekMTPDrafts(t *testing.T) {
-	ckpt := deepSeekMTPCheckpoint(t)
-	dir := filepath.Join(t.TempDir(), "packed")
-	if err := pack.Pack(context.Background(), ckpt, dir, pack.Options{Bits: 16}); err != nil {
-		t.Fatal(err)
-	}
+	dir := packDeepSeekMTP(t, "")
 	openDir := func(o engine.Options) *engine.Engine {
 		o.Threads = 2
 		e, err := engine.Open(context.Background(), dir, o)
@@ -190,5 +198,66 @@ func TestDeepSeekMTPDrafts(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// packDeepSeekMTP packs deepSeekMTPCheckpoint(zero) exactly (16 bits).
+func packDeepSeekMTP(t *testing.T, zero string) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "packed")
+	if err := pack.Pack(context.Background(), deepSeekMTPCheckpoint(t, zero), dir, pack.Options{Bits: 16}); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// TestDeepSeekMTPInputs checks which input feeds which half of eh_proj, as
+// DeepSeek-V3 defines it (eh_proj over [enorm(embed(t_{j+1})) ‖
+// hnorm(h_j)]): with the hidden half of eh_proj zero the head's logits do
+// not depend on the hidden states it is given, and with the embedding half
+// zero they do not depend on the tokens; each time the other input still
+// changes them.
+func TestDeepSeekMTPInputs(t *testing.T) {
+	for _, zero := range []string{"hidden", "embed"} {
+		e, err := engine.Open(context.Background(), packDeepSeekMTP(t, zero), engine.Options{Threads: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, r := e.Model, e.Runner
+		H, V := m.Config.Hidden, m.Config.Vocab
+		const n = 5
+		rng := rand.New(rand.NewPCG(5, 6))
+		hidden := func() []float32 {
+			h := make([]float32, n*H)
+			for i := range h {
+				h[i] = float32(rng.NormFloat64())
+			}
+			return h
+		}
+		logits := func(h []float32, toks []int) []float32 {
+			st, err := m.NewState(16)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out := make([]float32, n*V)
+			if err := r.MTPForward(st, 0, h, toks, out, true); err != nil {
+				t.Fatal(err)
+			}
+			return out
+		}
+		h1, h2 := hidden(), hidden()
+		t1, t2 := []int{5, 17, 300, 41, 9}, []int{77, 3, 1000, 2, 64}
+		base := logits(h1, t1)
+		unchanged, changed := logits(h1, t2), logits(h2, t1) // other tokens; other hidden states
+		if zero == "hidden" {
+			unchanged, changed = changed, unchanged
+		}
+		if !slices.Equal(base, unchanged) {
+			t.Errorf("eh_proj's %s half zero: the logits depend on the %s input", zero, zero)
+		}
+		if slices.Equal(base, changed) {
+			t.Errorf("eh_proj's %s half zero: the logits do not depend on the other input", zero)
+		}
+		e.Close()
 	}
 }
