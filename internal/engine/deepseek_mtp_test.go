@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluicelm/sluice/internal/engine"
 	"github.com/sluicelm/sluice/internal/experts"
+	"github.com/sluicelm/sluice/internal/model"
 	"github.com/sluicelm/sluice/internal/pack"
 	"github.com/sluicelm/sluice/internal/safetensors"
 	"github.com/sluicelm/sluice/internal/testutil"
@@ -259,5 +260,64 @@ func TestDeepSeekMTPInputs(t *testing.T) {
 			t.Errorf("eh_proj's %s half zero: the logits do not depend on the other input", zero)
 		}
 		e.Close()
+	}
+}
+
+// TestDeepSeekMTPFollowChunked: DeepSeek's MTP module fed chunk by chunk
+// (MTPFollow after each trunk step, the last row's token arriving later)
+// fills the same latent cache and gives bit-identical logits to one batch
+// over the whole prompt.
+func TestDeepSeekMTPFollowChunked(t *testing.T) {
+	e, err := engine.Open(context.Background(), packDeepSeekMTP(t, ""), engine.Options{Threads: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	m := e.Model
+	p := testutil.LoadRefs(t, dsModel).Cases[5].Prompt
+	T := len(p)
+	H, V := m.Config.Hidden, m.Config.Vocab
+	one := model.NewRunner(m, 2, 64)
+	defer one.Close()
+	if T > one.MaxRows {
+		t.Fatalf("prompt of %d tokens", T)
+	}
+	a, _ := m.NewState(T)
+	if err := one.Forward(a, p, make([]float32, V), false); err != nil {
+		t.Fatal(err)
+	}
+	hid := make([]float32, 0, (T-1)*H)
+	for i := 0; i < T-1; i++ {
+		hid = append(hid, one.Hidden(i)...)
+	}
+	want := make([]float32, (T-1)*V)
+	if err := one.MTPForward(a, 0, hid, p[1:], want, true); err != nil {
+		t.Fatal(err)
+	}
+	for _, rows := range []int{1, 7, 64} {
+		r := model.NewRunner(m, 2, rows)
+		b, _ := m.NewState(T)
+		for i := 0; i < T-1; i += rows {
+			j := min(i+rows, T-1)
+			if err := r.Forward(b, p[i:j], make([]float32, V), false); err != nil {
+				t.Fatal(err)
+			}
+			if err := r.MTPFollow(b, p[i:j], -1, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		got := make([]float32, V)
+		if err := r.MTPFollow(b, nil, p[T-1], got); err != nil {
+			t.Fatal(err)
+		}
+		r.Close()
+		if b.MTPPos != T-1 {
+			t.Fatalf("rows %d: MTPPos %d, want %d", rows, b.MTPPos, T-1)
+		}
+		for i, v := range got {
+			if math.Float32bits(v) != math.Float32bits(want[(T-2)*V+i]) {
+				t.Fatalf("rows %d: last MTP logit %d = %v, one batch %v", rows, i, v, want[(T-2)*V+i])
+			}
+		}
 	}
 }
