@@ -32,7 +32,7 @@ type span struct{ lo, hi int }
 type Pool struct {
 	n       int
 	gen     atomic.Uint64  // bumped once per dispatched operation
-	pending atomic.Int32   // workers still running the current operation
+	pending atomic.Int32   // parts still running the current operation, | mainParkedBit
 	spans   []span         // per worker: its part of the current operation
 	claims  []atomic.Int32 // per worker: 1 once someone has taken its part
 	parked  []atomic.Bool
@@ -40,11 +40,16 @@ type Pool struct {
 	closed  atomic.Bool
 	task    Task
 	// The dispatching thread parks the same way while it waits for the
-	// workers: spinning only pays while every thread has a core.
-	mainParked atomic.Bool
-	mainWake   chan struct{}
+	// workers (spinning only pays while every thread has a core): it sets
+	// mainParkedBit in pending, and the worker whose decrement leaves just
+	// that bit wakes it.
+	mainWake chan struct{}
 
 	sc Scratch
+	// hookDone, set by tests only (before the first operation), runs in a
+	// worker right after it reports its part done: it widens the window in
+	// which the dispatcher may already be on its next operation.
+	hookDone func(worker, left int)
 	// dispatches counts operations handed to the workers (Parallel calls
 	// that split), for the per-token figures of sluice bench.
 	dispatches uint64
@@ -53,6 +58,9 @@ type Pool struct {
 // Dispatches is the number of operations split across threads so far.
 // Read it between steps, on the dispatching goroutine.
 func (p *Pool) Dispatches() uint64 { return p.dispatches }
+
+// mainParkedBit in Pool.pending says the dispatcher is parked on mainWake.
+const mainParkedBit = 1 << 30
 
 // spinFor is how long an idle worker polls before parking: longer than the
 // gap between two operations of a step, shorter than anything a user would
@@ -118,7 +126,15 @@ func (p *Pool) worker(i int) {
 		if s := p.spans[i]; s.hi > s.lo {
 			p.task.Run(s.lo, s.hi)
 		}
-		if p.pending.Add(-1) == 0 && p.mainParked.CompareAndSwap(true, false) {
+		// Whether the dispatcher is parked is read in the same atomic
+		// operation that reports the part done: once the count reaches
+		// zero the dispatcher may be on its next operation, and a wake
+		// decided after that would wake it out of the wrong one.
+		left := p.pending.Add(-1)
+		if p.hookDone != nil {
+			p.hookDone(i, int(left&^mainParkedBit))
+		}
+		if left == mainParkedBit {
 			p.mainWake <- struct{}{}
 		}
 	}
@@ -206,15 +222,10 @@ func (p *Pool) Parallel(n, grain int, t Task) {
 	start := time.Now()
 	for spins := 0; p.pending.Load() != 0; spins++ {
 		if spins&255 == 255 && time.Since(start) > spinFor {
-			p.mainParked.Store(true)
-			if p.pending.Load() == 0 {
-				if !p.mainParked.CompareAndSwap(true, false) {
-					<-p.mainWake // the last worker saw us parked and sent a wake
-				}
-			} else {
-				<-p.mainWake
+			if left := p.pending.Load(); left != 0 && p.pending.CompareAndSwap(left, left|mainParkedBit) {
+				<-p.mainWake // sent by the worker whose decrement leaves just the bit
+				break
 			}
-			break
 		}
 	}
 	p.task = nil

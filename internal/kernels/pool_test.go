@@ -68,3 +68,75 @@ func BenchmarkPoolDispatch(b *testing.B) {
 		p.Parallel(p.Threads(), 1, t)
 	}
 }
+
+// slowPartTask counts like countTask and sleeps in the part starting at
+// index slow (none when 0), so the dispatcher waits long enough to park;
+// the other parts spin briefly.
+type slowPartTask struct {
+	countTask
+	slow atomic.Int32
+}
+
+func (t *slowPartTask) Run(lo, hi int) {
+	if s := int(t.slow.Load()); s > 0 && lo == s {
+		time.Sleep(500 * time.Microsecond)
+	} else if lo > 0 {
+		// The workers' parts take a while, so the dispatcher (part 0)
+		// ends up waiting for one of them.
+		for start := time.Now(); time.Since(start) < 20*time.Microsecond; {
+		}
+	}
+	t.countTask.Run(lo, hi)
+}
+
+// A worker that reports the last part of one operation done and then loses
+// its core must not wake the dispatcher out of a later operation: the
+// dispatcher would return before every part ran, and the next operation's
+// count would go wrong and hang it. In even operations every part is quick,
+// the dispatcher sees them done while it spins, and the hook stalls the
+// worker that reported last right after it reported; in the odd operation
+// that follows, the other worker's part is slow, so the dispatcher parks
+// while the stalled worker is still on its way out of the previous one.
+func TestPoolLateWorkerWake(t *testing.T) {
+	var stalled atomic.Int32
+	done := make(chan string, 1)
+	go func() {
+		p := NewPool(3)
+		defer p.Close()
+		p.hookDone = func(worker, left int) {
+			if left == 0 && stalled.CompareAndSwap(0, int32(worker)) {
+				time.Sleep(150 * time.Microsecond)
+			}
+		}
+		task := &slowPartTask{countTask: countTask{hits: make([]atomic.Int32, 3)}}
+		for op := 0; op < 4000; op++ {
+			task.slow.Store(0)
+			if op%2 == 1 {
+				if w := stalled.Load(); w > 0 {
+					task.slow.Store(3 - w) // worker w's part is [w, w+1)
+				}
+			} else {
+				stalled.Store(0)
+			}
+			p.Parallel(3, 1, task)
+			if op%2 == 1 {
+				stalled.Store(-1) // no stall until the next even operation
+			}
+			for i := range task.hits {
+				if h := task.hits[i].Swap(0); h != 1 {
+					done <- fmt.Sprintf("op %d: index %d ran %d times by the time Parallel returned", op, i, h)
+					return
+				}
+			}
+		}
+		done <- ""
+	}()
+	select {
+	case msg := <-done:
+		if msg != "" {
+			t.Fatal(msg)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the pool hung")
+	}
+}
