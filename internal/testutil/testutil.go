@@ -3,11 +3,19 @@
 package testutil
 
 import (
+	"archive/tar"
+	"compress/gzip"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
+	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -17,19 +25,151 @@ import (
 // Models are the shared test checkpoints, one per family.
 var Models = []string{"tiny-qwen3-5-moe", "tiny-qwen3-moe", "tiny-gpt-oss", "tiny-deepseek-v32"}
 
+// Extra are the test checkpoints the repository keeps itself, trained by
+// scripts/tiny/train_tiny.py, with their references from transformers:
+// testdata/models/NAME.tar.gz as scripts/tiny/testdata.py writes it.
+var Extra = []string{"tiny-glm4-moe", "tiny-qwen3-next"}
+
+// repoRoot is the repository's root directory.
+func repoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..")
+}
+
+var extractMu sync.Mutex
+
+// extra unpacks testdata/models/name.tar.gz once per archive content into
+// the system's temporary directory (shared by every test binary, keyed by
+// the archive's hash, so a changed archive is unpacked afresh) and returns
+// the directory that holds name/ and name.json.
+func extra(t testing.TB, name string) string {
+	extractMu.Lock()
+	defer extractMu.Unlock()
+	archive := filepath.Join(repoRoot(), "testdata", "models", name+".tar.gz")
+	f, err := os.Open(archive)
+	if err != nil {
+		t.Fatalf("test model %s: %v", name, err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		t.Fatalf("test model %s: %v", name, err)
+	}
+	dir := filepath.Join(os.TempDir(), "sluice-testdata", name+"-"+hex.EncodeToString(h.Sum(nil))[:16])
+	if _, err := os.Stat(filepath.Join(dir, name+".json")); err == nil {
+		return dir
+	}
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// Unpack beside the final place and rename, so that a test binary of
+	// another package running at the same time never sees half a model.
+	tmp, err := os.MkdirTemp(filepath.Dir(dir), name+"-partial-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(tmp)
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		t.Fatal(err)
+	}
+	if err := unpack(f, tmp); err != nil {
+		t.Fatalf("test model %s: %v", name, err)
+	}
+	if err := os.Rename(tmp, dir); err != nil {
+		if _, serr := os.Stat(filepath.Join(dir, name+".json")); serr != nil {
+			t.Fatalf("test model %s: %v", name, err)
+		}
+	}
+	return dir
+}
+
+// unpack extracts a testdata.py archive into dir, joining each
+// NAME.even/NAME.odd pair back into NAME.
+func unpack(r io.Reader, dir string) error {
+	zr, err := gzip.NewReader(r)
+	if err != nil {
+		return err
+	}
+	tr := tar.NewReader(zr)
+	halves := map[string][2][]byte{}
+	for {
+		hd, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		if strings.Contains(hd.Name, "..") || filepath.IsAbs(hd.Name) {
+			return fmt.Errorf("bad archive entry %q", hd.Name)
+		}
+		b, err := io.ReadAll(tr)
+		if err != nil {
+			return err
+		}
+		name, half := hd.Name, -1
+		if n, ok := strings.CutSuffix(name, ".even"); ok {
+			name, half = n, 0
+		} else if n, ok := strings.CutSuffix(name, ".odd"); ok {
+			name, half = n, 1
+		}
+		if half >= 0 {
+			p := halves[name]
+			p[half] = b
+			halves[name] = p
+			continue
+		}
+		if err := writeFile(filepath.Join(dir, name), b); err != nil {
+			return err
+		}
+	}
+	names := make([]string, 0, len(halves))
+	for n := range halves {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	for _, n := range names {
+		p := halves[n]
+		even, odd := p[0], p[1]
+		if len(even) != len(odd) && len(even) != len(odd)+1 {
+			return fmt.Errorf("%s: even and odd halves of %d and %d bytes", n, len(even), len(odd))
+		}
+		b := make([]byte, len(even)+len(odd))
+		for i := range even {
+			b[2*i] = even[i]
+		}
+		for i := range odd {
+			b[2*i+1] = odd[i]
+		}
+		if err := writeFile(filepath.Join(dir, n), b); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func writeFile(path string, b []byte) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(path, b, 0o644)
+}
+
 // Shared returns the path of ../shared beside the repository root.
 func Shared(t testing.TB) string {
-	_, file, _, _ := runtime.Caller(0)
-	root := filepath.Join(filepath.Dir(file), "..", "..")
-	p := filepath.Join(root, "..", "shared")
+	p := filepath.Join(repoRoot(), "..", "shared")
 	if _, err := os.Stat(p); err != nil {
 		t.Fatalf("shared test data not found at %s: %v", p, err)
 	}
 	return p
 }
 
-// ModelDir is the Hugging Face directory of a shared model.
+// ModelDir is the Hugging Face directory of a shared model, or of one of
+// the repository's own (Extra).
 func ModelDir(t testing.TB, name string) string {
+	if slices.Contains(Extra, name) {
+		return filepath.Join(extra(t, name), name)
+	}
 	return filepath.Join(Shared(t), "models", name)
 }
 
@@ -68,7 +208,11 @@ func LoadRefs(t testing.TB, name string) *Refs {
 	if r, ok := refs[name]; ok {
 		return r
 	}
-	b, err := os.ReadFile(filepath.Join(Shared(t), "refs", name+".json"))
+	path := filepath.Join(Shared(t), "refs", name+".json")
+	if slices.Contains(Extra, name) {
+		path = filepath.Join(extra(t, name), name+".json")
+	}
+	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
