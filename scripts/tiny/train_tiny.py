@@ -10,6 +10,18 @@
 # the first four were trained with; --bundle writes one tar.xz of the model
 # and its public references (split into 15 MB parts when larger), for a
 # machine that returns few files.
+#
+# testdata/models/tiny-glm4-moe and tiny-qwen3-next came from
+#   --arch A --minutes 0.6 --warm 30 --experts 32 --corpus-chars 40000000
+#   --tokenizer (the shared models' tokenizer.json) --bundle
+# on one H200 with transformers 5.17, both at once (about 3 minutes). What
+# that run showed: transformers 5.17 already writes per-expert keys for both;
+# its GLM MoE block has no route_tokens_to_experts to wrap, so the GLM model
+# trained without the bias balancing (its e_score_correction_bias is zero)
+# and its references have no routes; Qwen3-Next's checkpoint read back gave
+# logits 0.53 from the bf16 model in memory (over the 0.5 bound), so its
+# references come from that model in float32, which holds the exported
+# values exactly.
 import argparse, glob, json, math, os, random, sys, time, tarfile, subprocess
 
 import torch
