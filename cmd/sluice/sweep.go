@@ -399,7 +399,7 @@ func (r *sweepResult) print(w io.Writer) {
 // writeSweepSVG plots decode speed and its limit, hit rate and MB read per
 // token against the pool's share of the expert store.
 func writeSweepSVG(path string, r *sweepResult) error {
-	var dec, lim, hit, mbt []plot.Point
+	var dec, lim, ser, hit, mbt []plot.Point
 	var xs []float64
 	lo, hi := math.Inf(1), 0.0
 	for _, p := range r.Pools {
@@ -408,11 +408,12 @@ func writeSweepSVG(path string, r *sweepResult) error {
 		lo, hi = math.Min(lo, x), math.Max(hi, x)
 		dec = append(dec, plot.Point{X: x, Y: p.DecodeTokS})
 		lim = append(lim, plot.Point{X: x, Y: p.LimitTokS})
+		ser = append(ser, plot.Point{X: x, Y: p.SerialTokS})
 		hit = append(hit, plot.Point{X: x, Y: 100 * p.HitRate})
 		mbt = append(mbt, plot.Point{X: x, Y: p.MBPerToken})
 	}
 	// Ascending x, so that the lines run left to right.
-	for _, s := range [][]plot.Point{dec, lim, hit, mbt} {
+	for _, s := range [][]plot.Point{dec, lim, ser, hit, mbt} {
 		slices.Reverse(s)
 	}
 	slices.Reverse(xs)
@@ -421,11 +422,13 @@ func writeSweepSVG(path string, r *sweepResult) error {
 		Title: "sluice sweep: " + filepath.Base(r.Model),
 		Notes: []string{
 			fmt.Sprintf("%s, %d-bit, %d experts of %.2f MB; %d threads, %s; prompt %d, gen %d, median of %d trials", r.Family, r.Bits, r.Records, r.RecordMB, r.Threads, r.Device, r.PromptTokens, r.GenTokens, r.Repeat),
-			fmt.Sprintf("limit = 1000 / max(compute %.2f ms/token (%s), MB read per token ÷ disk %.0f MB/s (%s))", r.ComputeMSTok, r.ComputeSource, r.DiskMBs, r.DiskSource),
+			"physical limit = 1000 / max(C, reads); no overlap = 1000 / (C + reads), in tok/s",
+			fmt.Sprintf("C = %.2f ms/token of compute (%s); reads = MB read per token ÷ %.0f MB/s of disk (%s), in ms", r.ComputeMSTok, r.ComputeSource, r.DiskMBs, r.DiskSource),
 		},
 		XLabel: "expert pool (% of the expert store; logarithmic)", XTicks: xs, XFormat: pct, LogX: hi/lo >= 4,
 		Panels: []plot.Panel{
-			{YLabel: "decode tok/s", Series: []plot.Series{{Name: "decode tok/s (measured)", Points: dec}, {Name: "physical limit", Points: lim, Dashed: true}}},
+			{YLabel: "decode tok/s", Series: []plot.Series{{Name: "decode tok/s (measured)", Points: dec}, {Name: "physical limit", Points: lim, Dashed: true},
+				{Name: "no overlap: 1000 / (C + reads)", Points: ser, Dashed: true}}},
 			{YLabel: "hit rate %", Series: []plot.Series{{Name: "pool hit rate", Points: hit}}, YFormat: pct},
 			{YLabel: "MB read / token", Series: []plot.Series{{Name: "MB read from disk per token", Points: mbt}}},
 		},

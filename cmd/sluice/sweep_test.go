@@ -173,10 +173,11 @@ func TestSweep(t *testing.T) {
 	// the JSON's values.
 	got := svgSeries(t, svg)
 	for name, y := range map[string]func(i int) float64{
-		"decode tok/s (measured)":     func(i int) float64 { return r.Pools[i].DecodeTokS },
-		"physical limit":              func(i int) float64 { return r.Pools[i].LimitTokS },
-		"pool hit rate":               func(i int) float64 { return 100 * r.Pools[i].HitRate },
-		"MB read from disk per token": func(i int) float64 { return r.Pools[i].MBPerToken },
+		"decode tok/s (measured)":        func(i int) float64 { return r.Pools[i].DecodeTokS },
+		"physical limit":                 func(i int) float64 { return r.Pools[i].LimitTokS },
+		"no overlap: 1000 / (C + reads)": func(i int) float64 { return r.Pools[i].SerialTokS },
+		"pool hit rate":                  func(i int) float64 { return 100 * r.Pools[i].HitRate },
+		"MB read from disk per token":    func(i int) float64 { return r.Pools[i].MBPerToken },
 	} {
 		pts, ok := got[name]
 		if !ok || len(pts) != len(r.Pools) {

@@ -129,9 +129,9 @@ func (f *Figure) WriteSVG(w io.Writer) error {
 		x0, x1 = x0-1, x1+1
 	}
 	// A little room at both ends so that the end points are not on the frame.
-	pad := (x1 - x0) * 0.04
+	pad := float64((x1 - x0) * 0.04) // float64(): no fused multiply-add, same pixels on every architecture
 	x0, x1 = x0-pad, x1+pad
-	sx := func(v float64) float64 { return marginLeft + (tx(v)-x0)/(x1-x0)*plotW }
+	sx := func(v float64) float64 { return marginLeft + float64((tx(v)-x0)/(x1-x0)*plotW) }
 
 	top := titleHeight + noteHeight*len(f.Notes) + 6
 	height := top + len(f.Panels)*(legendHeight+ph) + (len(f.Panels)-1)*panelGap + xAxisHeight
@@ -149,7 +149,7 @@ func (f *Figure) WriteSVG(w io.Writer) error {
 		f.panel(&b, &p, y, ph, plotW, sx, ticks, xf, bottom)
 		y += legendHeight + ph + panelGap
 	}
-	fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", marginLeft+plotW/2, height-12, esc(f.XLabel))
+	fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", marginLeft+float64(plotW/2), height-12, esc(f.XLabel))
 	b.WriteString("</svg>\n")
 	_, err := w.Write(b.Bytes())
 	return err
@@ -168,7 +168,7 @@ func (f *Figure) panel(b *bytes.Buffer, p *Panel, y, ph int, plotW float64, sx f
 		c := colours[i%len(colours)]
 		fmt.Fprintf(b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="%s" stroke-width="2.5"%s/>`, lx, y+12, lx+22, y+12, c, dash(s.Dashed))
 		fmt.Fprintf(b, `<text x="%.1f" y="%d">%s</text>`+"\n", lx+28, y+16, esc(s.Name))
-		lx += 28 + 7*float64(len([]rune(s.Name))) + 24
+		lx += 28 + float64(7*len([]rune(s.Name))) + 24
 	}
 	py := float64(y + legendHeight)
 	// The y range: from 0 (or below, for negative data) to a round number
@@ -183,7 +183,7 @@ func (f *Figure) panel(b *bytes.Buffer, p *Panel, y, ph int, plotW float64, sx f
 	}
 	yt := niceTicks(ylo, yhi)
 	ylo, yhi = yt[0], yt[len(yt)-1]
-	sy := func(v float64) float64 { return py + float64(ph) - (v-ylo)/(yhi-ylo)*float64(ph) }
+	sy := func(v float64) float64 { return py + float64(ph) - float64((v-ylo)/(yhi-ylo)*float64(ph)) }
 	// Grid, ticks and frame.
 	for _, v := range yt {
 		fmt.Fprintf(b, `<line x1="%d" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#e3e3e3"/>`, marginLeft, sy(v), marginLeft+plotW, sy(v))
@@ -197,7 +197,7 @@ func (f *Figure) panel(b *bytes.Buffer, p *Panel, y, ph int, plotW float64, sx f
 		b.WriteString("\n")
 	}
 	fmt.Fprintf(b, `<rect x="%d" y="%.1f" width="%.1f" height="%d" fill="none" stroke="#333"/>`+"\n", marginLeft, py, plotW, ph)
-	fmt.Fprintf(b, `<text transform="translate(%d %.1f) rotate(-90)" text-anchor="middle">%s</text>`+"\n", 16, py+float64(ph)/2, esc(p.YLabel))
+	fmt.Fprintf(b, `<text transform="translate(%d %.1f) rotate(-90)" text-anchor="middle">%s</text>`+"\n", 16, py+float64(float64(ph)/2), esc(p.YLabel))
 	for i, s := range p.Series {
 		c := colours[i%len(colours)]
 		fmt.Fprintf(b, `<g class="series" data-name="%s">`+"\n", esc(s.Name))
@@ -237,13 +237,13 @@ func niceTicks(lo, hi float64) []float64 {
 			break
 		}
 	}
-	start := math.Floor(lo/step+1e-9) * step
+	start := float64(math.Floor(lo/step+1e-9) * step)
 	var t []float64
 	for v := start; ; v += step {
 		// Round away the accumulated error so that labels are exact.
-		v = math.Round(v/step) * step
+		v = float64(math.Round(v/step) * step)
 		t = append(t, v)
-		if v >= hi-1e-9*step {
+		if v >= hi-float64(1e-9*step) {
 			break
 		}
 	}
