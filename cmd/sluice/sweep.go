@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -129,7 +130,8 @@ type sweepRow struct {
 	// DiskMSTok), reads not overlapped at all: bench's prediction.
 	LimitTokS  float64    `json:"limit_tok_s"`
 	SerialTokS float64    `json:"serial_tok_s"`
-	Bound      string     `json:"bound"` // "compute" or "disk": the larger term of the limit
+	Bound      string     `json:"bound"`  // "compute" or "disk": the larger term of the limit
+	Rounds     int        `json:"rounds"` // rounds run (fewer than --rounds after an interrupt)
 	Experts    *poolBench `json:"experts"`
 }
 
@@ -144,6 +146,7 @@ type sweepResult struct {
 	GenTokens     int     `json:"gen_tokens"`
 	Depth         int     `json:"depth"`
 	Repeat        int     `json:"repeat"`
+	Rounds        int     `json:"rounds"`
 	Records       int     `json:"records"`
 	RecordMB      float64 `json:"record_mb"`
 	ExpertMB      float64 `json:"expert_mb"`
@@ -168,12 +171,13 @@ func cmdSweep(ctx context.Context, args []string) error {
 	depth := fs.Int("depth", 0, "context tokens before the timed decode (0: decode from an empty context, as bench)")
 	asJSON := fs.Bool("json", false, "print one JSON object instead of the table")
 	svgPath := fs.String("svg", "sweep.svg", "write the plot to this file (\"\": no plot)")
+	rounds := fs.Int("rounds", 1, "sweep the pools this many times in turn and keep each pool's round of median decode speed (for a noisy machine)")
 	diskMBs := fs.Float64("disk-mbs", 0, "the disk's read bandwidth in MB/s for the limit (0: measure it, O_DIRECT at the record size and reader depth, before and after the sweep)")
 	if _, err := parse(fs, args); err != nil {
 		return err
 	}
-	if *promptN < 1 || *genN < 2 || *repeat < 1 || *depth < 0 {
-		return fmt.Errorf("want --prompt >= 1, --gen >= 2, --repeat >= 1, --depth >= 0")
+	if *promptN < 1 || *genN < 2 || *repeat < 1 || *depth < 0 || *rounds < 1 {
+		return fmt.Errorf("want --prompt >= 1, --gen >= 2, --repeat >= 1, --depth >= 0, --rounds >= 1")
 	}
 	if *diskMBs < 0 || math.IsNaN(*diskMBs) || math.IsInf(*diskMBs, 0) {
 		return fmt.Errorf("--disk-mbs %g: want a positive bandwidth, or 0 to measure it", *diskMBs)
@@ -231,7 +235,7 @@ func cmdSweep(ctx context.Context, args []string) error {
 		return false
 	})
 	res := &sweepResult{Model: e0.Dir, Family: e0.Model.Config.Family, Bits: man.Bits, Threads: e0.Runner.Pool.Threads(), Device: e0.Device,
-		PromptTokens: *promptN, GenTokens: *genN, Depth: max(*depth, 1), Repeat: *repeat, Records: records,
+		PromptTokens: *promptN, GenTokens: *genN, Depth: max(*depth, 1), Repeat: *repeat, Rounds: *rounds, Records: records,
 		RecordMB: float64(stride) / 1e6, ExpertMB: float64(int64(records)*stride) / 1e6, DiskMBs: *diskMBs, DiskSource: "--disk-mbs"}
 	var diskBefore float64
 	if *diskMBs == 0 {
@@ -250,27 +254,52 @@ func cmdSweep(ctx context.Context, args []string) error {
 	}
 	e0.Close()
 
+	// Each round runs every pool once; with several, the pools alternate,
+	// so that a burst of load elsewhere on the machine spreads over all of
+	// them instead of slowing the ones it happened to meet.
 	var runErr error
 	var lastDisk float64
-	for i, p := range specs {
-		if err := ctx.Err(); err != nil {
-			runErr = err
-			break
+	byPool := make([][]sweepRow, len(specs))
+	n, total := 0, len(specs)**rounds
+rounds:
+	for r := range *rounds {
+		for i, p := range specs {
+			if err := ctx.Err(); err != nil {
+				runErr = err
+				break rounds
+			}
+			n++
+			row, after, err := sweepPool(ctx, open, p, *promptN, *depth, *genN, *repeat, *diskMBs == 0 && n == total)
+			if err != nil {
+				runErr = err
+				break rounds
+			}
+			if after > 0 {
+				lastDisk = after
+			}
+			byPool[i] = append(byPool[i], row)
+			round := ""
+			if *rounds > 1 {
+				round = fmt.Sprintf(" round %d/%d,", r+1, *rounds)
+			}
+			fmt.Fprintf(os.Stderr, "pool %6.2f%% (%d experts, %.1f MB):%s decode %.2f tok/s, hit rate %.1f%%, %.3f MB/token [%d/%d]\n",
+				row.Percent, row.Slots, row.PoolMB, round, row.DecodeTokS, 100*row.HitRate, row.MBPerToken, n, total)
 		}
-		row, after, err := sweepPool(ctx, open, p, *promptN, *depth, *genN, *repeat, *diskMBs == 0 && i == len(specs)-1)
-		if err != nil {
-			runErr = err
-			break
+	}
+	for _, rows := range byPool {
+		if len(rows) == 0 {
+			continue
 		}
-		if after > 0 {
-			lastDisk = after
-		}
+		// The round with the median decode speed (the lower of the middle
+		// two for an even count) stands for the pool, whole, so that its
+		// figures stay one measurement's.
+		slices.SortStableFunc(rows, func(a, b sweepRow) int { return cmp.Compare(a.DecodeTokS, b.DecodeTokS) })
+		row := rows[(len(rows)-1)/2]
+		row.Rounds = len(rows)
 		if row.Slots >= records {
 			res.ComputeMSTok, res.ComputeSource = row.Experts.MSPerToken, "full-residency decode"
 		}
 		res.Pools = append(res.Pools, row)
-		fmt.Fprintf(os.Stderr, "pool %6.2f%% (%d experts, %.1f MB): decode %.2f tok/s, hit rate %.1f%%, %.3f MB/token [%d/%d]\n",
-			row.Percent, row.Slots, row.PoolMB, row.DecodeTokS, 100*row.HitRate, row.MBPerToken, i+1, len(specs))
 	}
 	if runErr != nil && !errors.Is(runErr, context.Canceled) {
 		return runErr
@@ -305,7 +334,11 @@ func cmdSweep(ctx context.Context, args []string) error {
 		fmt.Fprintf(os.Stderr, "wrote %s\n", res.SVG)
 	}
 	if res.Interrupted {
-		fmt.Fprintf(os.Stderr, "interrupted after %d of %d pools; the results are of those\n", len(res.Pools), len(specs))
+		done := 0
+		for _, rows := range byPool {
+			done += len(rows)
+		}
+		fmt.Fprintf(os.Stderr, "interrupted after %d of %d pool runs; the results are of those\n", done, total)
 	}
 	return runErr
 }
@@ -385,8 +418,8 @@ func (r *sweepResult) limits() {
 }
 
 func (r *sweepResult) print(w io.Writer) {
-	fmt.Fprintf(w, "%s: %s, %d-bit, %d experts of %.2f MB (%.0f MB), %d threads, %s; prompt %d, gen %d, median of %d\n",
-		r.Model, r.Family, r.Bits, r.Records, r.RecordMB, r.ExpertMB, r.Threads, r.Device, r.PromptTokens, r.GenTokens, r.Repeat)
+	fmt.Fprintf(w, "%s: %s, %d-bit, %d experts of %.2f MB (%.0f MB), %d threads, %s; prompt %d, gen %d, %s\n",
+		r.Model, r.Family, r.Bits, r.Records, r.RecordMB, r.ExpertMB, r.Threads, r.Device, r.PromptTokens, r.GenTokens, r.trials())
 	fmt.Fprintf(w, "%8s %9s %8s %12s %11s %9s %8s %9s %9s\n", "pool %", "pool MB", "experts", "decode tok/s", "limit tok/s", "of limit", "bound", "hit rate", "MB/token")
 	for _, p := range r.Pools {
 		fmt.Fprintf(w, "%8.2f %9.1f %8d %12.2f %11.2f %8.0f%% %8s %8.1f%% %9.3f\n",
@@ -394,6 +427,14 @@ func (r *sweepResult) print(w io.Writer) {
 	}
 	fmt.Fprintf(w, "limit tok/s = 1000 / max(C, MB/token ÷ D × 1000): C = %.3f ms/token of compute (%s), D = %.0f MB/s of disk reads (%s)\n",
 		r.ComputeMSTok, r.ComputeSource, r.DiskMBs, r.DiskSource)
+}
+
+// trials says what each pool's figures are medians of.
+func (r *sweepResult) trials() string {
+	if r.Rounds > 1 {
+		return fmt.Sprintf("median of %d trials, round of median speed of %d", r.Repeat, r.Rounds)
+	}
+	return fmt.Sprintf("median of %d trials", r.Repeat)
 }
 
 // writeSweepSVG plots decode speed and its limit, hit rate and MB read per
@@ -421,7 +462,7 @@ func writeSweepSVG(path string, r *sweepResult) error {
 	f := &plot.Figure{
 		Title: "sluice sweep: " + filepath.Base(r.Model),
 		Notes: []string{
-			fmt.Sprintf("%s, %d-bit, %d experts of %.2f MB; %d threads, %s; prompt %d, gen %d, median of %d trials", r.Family, r.Bits, r.Records, r.RecordMB, r.Threads, r.Device, r.PromptTokens, r.GenTokens, r.Repeat),
+			fmt.Sprintf("%s, %d-bit, %d experts of %.2f MB; %d threads, %s; prompt %d, gen %d, %s", r.Family, r.Bits, r.Records, r.RecordMB, r.Threads, r.Device, r.PromptTokens, r.GenTokens, r.trials()),
 			"physical limit = 1000 / max(C, reads); no overlap = 1000 / (C + reads), in tok/s",
 			fmt.Sprintf("C = %.2f ms/token of compute (%s); reads = MB read per token ÷ %.0f MB/s of disk (%s), in ms", r.ComputeMSTok, r.ComputeSource, r.DiskMBs, r.DiskSource),
 		},

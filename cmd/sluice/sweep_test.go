@@ -122,12 +122,12 @@ func TestSweep(t *testing.T) {
 	// smaller one holds, so its hit rate cannot be lower on the same
 	// (greedy, deterministic) requests.
 	common := []string{"sweep", "-m", dir, "--prompt", "16", "--gen", "8", "--repeat", "1", "--threads", "2", "--evict", "lru", "--lookahead=false"}
-	pools := []float64{25, 100, 60}
+	pools := []float64{10, 100, 60}
 	var list []string
 	for _, p := range pools {
 		list = append(list, fmt.Sprint(p))
 	}
-	const disk = 250.0
+	const disk = 1.0 // MB/s: slow enough that a pool that misses is disk-bound
 	out, _ := ok(t, append(slices.Clone(common), "--pools", strings.Join(list, ","), "--json", "--svg", svg, "--disk-mbs", fmt.Sprint(disk))...)
 	var r sweepJSON
 	decode(t, out, &r)
@@ -193,8 +193,9 @@ func TestSweep(t *testing.T) {
 	}
 
 	// The table, with the disk measured and no full pool (the compute term
-	// then comes from the memory's bandwidth): one row per pool.
-	out, e := ok(t, append(slices.Clone(common), "--pools", "50,20%", "--svg", filepath.Join(tmp, "t.svg"))...)
+	// then comes from the memory's bandwidth), over two alternating rounds:
+	// one row per pool, one progress line per pool and round.
+	out, e := ok(t, append(slices.Clone(common), "--pools", "50,20%", "--rounds", "2", "--svg", filepath.Join(tmp, "t.svg"))...)
 	var rows []string
 	for _, l := range strings.Split(out, "\n") {
 		if f := strings.Fields(l); len(f) == 9 && strings.HasSuffix(f[5], "%") {
@@ -204,8 +205,11 @@ func TestSweep(t *testing.T) {
 	if len(rows) != 2 || !strings.Contains(out, "memory bandwidth") || !strings.Contains(out, "(measured)") {
 		t.Errorf("table: pool rows %v, want 2; output:\n%s", rows, out)
 	}
-	if strings.Count(e, "[1/2]")+strings.Count(e, "[2/2]") != 2 {
-		t.Errorf("progress: want one line per pool on stderr:\n%s", e)
+	for i := 1; i <= 4; i++ {
+		if strings.Count(e, fmt.Sprintf("[%d/4]", i)) != 1 || strings.Count(e, "round ") != 4 {
+			t.Errorf("progress: want one line per pool and round on stderr:\n%s", e)
+			break
+		}
 	}
 	if pts := svgSeries(t, filepath.Join(tmp, "t.svg"))["physical limit"]; len(pts) != 2 {
 		t.Errorf("second SVG: %d limit points, want 2", len(pts))
@@ -229,6 +233,8 @@ func TestSweepErrors(t *testing.T) {
 		{"size below the minimum", []string{"--pools", "0.01MiB"}, fmt.Sprintf("at least %d", k)},
 		{"pool-mb", []string{"--pool-mb", "10%"}, "--pools"},
 		{"gen 1", []string{"--gen", "1"}, "--gen"},
+		{"rounds 0", []string{"--rounds", "0"}, "--rounds"},
+		{"disk-mbs negative", []string{"--disk-mbs", "-5"}, "--disk-mbs"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			args := append([]string{"sweep", "-m", dir, "--svg", ""}, c.args...)
