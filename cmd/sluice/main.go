@@ -24,6 +24,7 @@ func init() {
 		{"chat", "chat [-m DIR] [-n 512] [sampling flags]", "interactive chat with the model's template", cmdChat},
 		{"score", "score [-m DIR] (--tokens IDS | --text-file F) [--json]", "per-position argmax and log-probabilities", cmdScore},
 		{"bench", "bench [-m DIR] [--prompt 512] [--gen 128] [--depth D] [--threads N] [--repeat R] [--json]", "median prefill and decode speed", cmdBench},
+		{"sweep", "sweep [-m DIR] [--pools 5,10,25,50,100] [--prompt 512] [--gen 128] [--repeat R] [--rounds N] [--json] [--svg FILE]", "bench each expert pool size; table and SVG plot against the physical limit", cmdSweep},
 		{"pull", "pull OWNER/NAME[@REVISION] [--include GLOB] [--dir DIR] [--no-pack]", "download a Hugging Face repository and pack it", cmdPull},
 		{"pack", "pack [--bits 16|8|4] [--force] SRC DST", "convert a Hugging Face checkpoint to a packed model", cmdPack},
 		{"inspect", "inspect DIR", "describe a packed model or checkpoint", cmdInspect},
@@ -38,7 +39,7 @@ func usage() {
 	for _, c := range commands {
 		fmt.Fprintf(os.Stderr, "  sluice %-70s %s\n", c.usage, c.help)
 	}
-	fmt.Fprintln(os.Stderr, "\nWithout -m, run, chat, score, bench and tokenize use the bundled tiny model; -m OWNER/NAME\npulls a Hugging Face repository on first use.\n`sluice COMMAND -h` lists a command's flags.")
+	fmt.Fprintln(os.Stderr, "\nWithout -m, run, chat, score, bench, sweep and tokenize use the bundled tiny model; -m OWNER/NAME\npulls a Hugging Face repository on first use.\n`sluice COMMAND -h` lists a command's flags.")
 }
 
 func main() {
