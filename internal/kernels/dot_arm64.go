@@ -72,7 +72,7 @@ func scoresAVX2(q, k *float32, stride, n, hd int, scale float32, out *float32) {
 
 func mixAVX2(o, v *float32, stride, n, hd int, p *float32) { mixNEON(o, v, stride, n, hd, p) }
 
-func expSubAVX2(s *float32, n int, mx float32) float32 { return expSubGo(f32s2(s, n), mx) }
+func expSubAVX2(s *float32, n int, mx float32) float32 { return expSubNEON(s, n, mx) }
 
 func quantizeRow8AVX2(x8 *int8, xs, x *float32, ng int) {
 	quantizeRow8Go(unsafe.Slice(x8, ng*64), f32s2(xs, ng), f32s2(x, ng*64))

@@ -23,3 +23,5 @@
 #define FADDP4(d, n, m) WORD $(0x6e20d400|((m)<<16)|((n)<<5)|(d)) /* FADDP Vd.4S, Vn.4S, Vm.4S */
 #define FADDP2S(d, n) WORD $(0x7e30d800|((n)<<5)|(d)) /* FADDP Sd, Vn.2S */
 #define FMAXV4(d, n) WORD $(0x6e30f800|((n)<<5)|(d)) /* FMAXV Sd, Vn.4S */
+#define SHL4(d, n, sh) WORD $(0x4f005400|((32+(sh))<<16)|((n)<<5)|(d)) /* SHL Vd.4S, Vn.4S, #sh */
+#define ADDI4(d, n, m) WORD $(0x4ea08400|((m)<<16)|((n)<<5)|(d)) /* ADD Vd.4S, Vn.4S, Vm.4S */
