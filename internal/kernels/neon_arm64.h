@@ -25,3 +25,4 @@
 #define FMAXV4(d, n) WORD $(0x6e30f800|((n)<<5)|(d)) /* FMAXV Sd, Vn.4S */
 #define SHL4(d, n, sh) WORD $(0x4f005400|((32+(sh))<<16)|((n)<<5)|(d)) /* SHL Vd.4S, Vn.4S, #sh */
 #define ADDI4(d, n, m) WORD $(0x4ea08400|((m)<<16)|((n)<<5)|(d)) /* ADD Vd.4S, Vn.4S, Vm.4S */
+#define FABS4(d, n) WORD $(0x4ea0f800|((n)<<5)|(d)) /* FABS Vd.4S, Vn.4S */
