@@ -2,12 +2,10 @@
 
 package kernels
 
-import "unsafe"
-
-// vec_amd64.go's entry points on arm64: mulAdd, mulSet, add, scale and max
-// in NEON (vec_arm64.s; n a multiple of 8, as on amd64), the 4-row f32 dot
-// on the NEON dot, the rest Go loops with the assembly's arithmetic (see
-// vec.go).
+// vec_amd64.go's entry points on arm64, all NEON (vec_arm64.s): mulAdd,
+// mulSet, add, scale and max (n a multiple of 8, as on amd64), the 4-row
+// f32 dot, the 32-column delta-rule step (the general one) and the
+// bandwidth reader.
 
 //go:noescape
 func mulAddNEON(s, w, x *float32, n int)
@@ -30,16 +28,19 @@ func addAVX2(y, x *float32, n int)           { addNEON(y, x, n) }
 func scaleAVX2(x *float32, a float32, n int) { scaleNEON(x, a, n) }
 func maxAVX2(s *float32, n int) float32      { return maxNEON(s, n) }
 
+//go:noescape
+func dotF32x4NEON(w, x *float32, xstride, n int, out *float32, ostride int)
+
+//go:noescape
+func readNEON(p *byte, n int) uint64
+
 func dotF32x4AVX2(w, x *float32, xstride, n int, out *float32, ostride int) {
-	for k := 0; k < 4; k++ {
-		*(*float32)(unsafe.Add(unsafe.Pointer(out), k*ostride)) =
-			dotF32NEON(w, (*float32)(unsafe.Add(unsafe.Pointer(x), k*xstride)), n)
-	}
+	dotF32x4NEON(w, x, xstride, n, out, ostride)
 }
 
 func deltaRule32AVX2(S, k, q, v, kv, o *float32, decay, beta float32, dk, dv int) {
 	deltaRuleAVX2(S, k, q, v, kv, o, decay, beta, dk, dv)
 }
 
-// readAVX2 is readBytes's entry point: the Go loop on arm64.
-func readAVX2(p *byte, n int) uint64 { return readGo(unsafe.Slice(p, n*256)) }
+// readAVX2 is readBytes's entry point.
+func readAVX2(p *byte, n int) uint64 { return readNEON(p, n) }
