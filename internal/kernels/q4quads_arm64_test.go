@@ -139,10 +139,10 @@ func TestQ4EntryPointsNEON(t *testing.T) {
 // in a prefill tile (8 weight rows, 16 activation rows). Under qemu the
 // times are those of the emulator, not of an arm64 CPU: they show that
 // both run, not which is faster. The instructions of the loops per group,
-// read from go tool objdump (SDOT path; SMULL/SMLAL in brackets): the
-// one-row dotQ4I8NEON 27 (30) per output, plus a call per row; the
-// four-row kernel 93 (125) for 8 outputs with two activation rows, 11.6
-// (15.6) per output, and 61 (77) for 4 with one, 15.3 (19.3) per output;
+// counted in go tool objdump (SDOT path; SMULL/SMLAL in brackets): the
+// one-row dotQ4I8NEON 28 (31) per output, plus a call per row; the
+// four-row kernel 94 (126) for 8 outputs with two activation rows, 11.75
+// (15.75) per output, and 62 (78) for 4 with one, 15.5 (19.5) per output;
 // and 32 bytes loaded per output and group instead of 96 (pairs).
 func BenchmarkQ4QuadsNEON(b *testing.B) {
 	r := rand.New(rand.NewPCG(95, 96))
