@@ -11,7 +11,8 @@ import (
 // On arm64 the kernels' amd64 entry points (the *AVX2 names the dispatch
 // uses) are NEON assembly where it has been written (dot_arm64.s: the f32,
 // bf16 and q8 dots, axpy, the attention value mix, the delta-rule step, the
-// q4 int8 products) and calls of the Go twins elsewhere. Either way each
+// q4 int8 products and the int8 quantiser; q4tile_arm64.s, ops_arm64.s and
+// vec_arm64.s) and calls of the Go twins elsewhere. Either way each
 // computes its twin's arithmetic bit for bit, so logits are the same bits
 // as on amd64. SLUICE_NOSIMD selects the Go twins throughout, as on amd64.
 var useAVX2 = true
@@ -38,6 +39,9 @@ func deltaRuleNEON(S, k, q, v, kv, o *float32, decay, beta float32, dk, dv int)
 
 //go:noescape
 func dotQ8NEON(q *byte, scales, biases, x, xsum *float32, ng int) float32
+
+//go:noescape
+func quantizeRow8NEON(x8 *int8, xs, x *float32, ng int)
 
 //go:noescape
 func dotQ4I8NEON(q *byte, scales, biases *float32, x8 *int8, xs, xsum *float32, ng int, sdot bool) float32
@@ -72,8 +76,6 @@ func scoresAVX2(q, k *float32, stride, n, hd int, scale float32, out *float32) {
 
 func mixAVX2(o, v *float32, stride, n, hd int, p *float32) { mixNEON(o, v, stride, n, hd, p) }
 
-func expSubAVX2(s *float32, n int, mx float32) float32 { return expSubGo(f32s2(s, n), mx) }
+func expSubAVX2(s *float32, n int, mx float32) float32 { return expSubNEON(s, n, mx) }
 
-func quantizeRow8AVX2(x8 *int8, xs, x *float32, ng int) {
-	quantizeRow8Go(unsafe.Slice(x8, ng*64), f32s2(xs, ng), f32s2(x, ng*64))
-}
+func quantizeRow8AVX2(x8 *int8, xs, x *float32, ng int) { quantizeRow8NEON(x8, xs, x, ng) }

@@ -1,6 +1,7 @@
 //go:build arm64
 
 #include "textflag.h"
+#include "neon_arm64.h"
 
 // NEON kernels, each computing exactly its Go twin's arithmetic (canon.go
 // and dotQ4I8). Go's assembler lacks FADD, FSUB, FMUL, FADDP and UCVTF on
@@ -364,4 +365,82 @@ q8done:
 	WORD $0x7e30db18 /* FADDP S24, V24.2S */
 	FADDS F26, F24, F24
 	FMOVS F24, ret+48(FP)
+	RET
+
+// func quantizeRow8NEON(x8 *int8, xs, x *float32, ng int)
+// quantizeRow8Go: per group of 64, m = max |x| (exact in any order, FMAX
+// being Go's max), s = m/127 stored in xs, inv = 1/s where s > 0 (false
+// for NaN) else 0, and x8 = int8(int32((x·inv + 1.5·2^23) − 1.5·2^23)):
+// the product rounded before the sum, FCVTZS (saturating, 0 for NaN, as
+// Go's conversion on arm64), then the low byte (UZP1 twice).
+TEXT ·quantizeRow8NEON(SB), NOSPLIT, $0-32
+	MOVD x8+0(FP), R0
+	MOVD xs+8(FP), R1
+	MOVD x+16(FP), R2
+	MOVD ng+24(FP), R3
+	CBZ R3, qrdone
+	MOVW $0x4b400000, R4 // 1.5·2^23
+	VDUP R4, V30.S4
+	MOVW $0x42fe0000, R4 // 127
+	FMOVS R4, F29
+	FMOVS $1.0, F28
+qrgroup:
+	MOVD R2, R5
+	VEOR V0.B16, V0.B16, V0.B16
+	VEOR V1.B16, V1.B16, V1.B16
+	VEOR V2.B16, V2.B16, V2.B16
+	VEOR V3.B16, V3.B16, V3.B16
+	MOVD $4, R6
+qrmax:
+	VLD1.P 64(R5), [V16.S4, V17.S4, V18.S4, V19.S4]
+	FABS4(16, 16)
+	FABS4(17, 17)
+	FABS4(18, 18)
+	FABS4(19, 19)
+	FMAX4(0, 0, 16)
+	FMAX4(1, 1, 17)
+	FMAX4(2, 2, 18)
+	FMAX4(3, 3, 19)
+	SUBS $1, R6, R6
+	BNE qrmax
+	FMAX4(0, 0, 1)
+	FMAX4(2, 2, 3)
+	FMAX4(0, 0, 2)
+	FMAXV4(0, 0)
+	FDIVS F29, F0, F0 // s = m/127
+	FMOVS.P F0, 4(R1)
+	VEOR V1.B16, V1.B16, V1.B16
+	FCMPS $(0.0), F0
+	BLE qrzero // s ≤ 0 or NaN: inv = 0
+	FDIVS F0, F28, F1
+qrzero:
+	VDUP V1.S[0], V1.S4
+	MOVD $4, R6
+qrquant:
+	VLD1.P 64(R2), [V16.S4, V17.S4, V18.S4, V19.S4]
+	FMUL4(16, 16, 1)
+	FMUL4(17, 17, 1)
+	FMUL4(18, 18, 1)
+	FMUL4(19, 19, 1)
+	FADD4(16, 16, 30)
+	FADD4(17, 17, 30)
+	FADD4(18, 18, 30)
+	FADD4(19, 19, 30)
+	FSUB4(16, 16, 30)
+	FSUB4(17, 17, 30)
+	FSUB4(18, 18, 30)
+	FSUB4(19, 19, 30)
+	FCVTZS4(16, 16)
+	FCVTZS4(17, 17)
+	FCVTZS4(18, 18)
+	FCVTZS4(19, 19)
+	VUZP1 V17.H8, V16.H8, V20.H8
+	VUZP1 V19.H8, V18.H8, V21.H8
+	VUZP1 V21.B16, V20.B16, V22.B16
+	VST1.P [V22.B16], 16(R0)
+	SUBS $1, R6, R6
+	BNE qrquant
+	SUBS $1, R3, R3
+	BNE qrgroup
+qrdone:
 	RET

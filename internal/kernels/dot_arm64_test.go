@@ -47,3 +47,41 @@ func TestQ4NEONIntegerPaths(t *testing.T) {
 		}
 	}
 }
+
+// TestQuantizeRow8NEON: the NEON quantiser gives quantizeRow8Go's int8
+// values and scales for 1 to 9 groups of normal values at scales from
+// 1e-30 to 1e30 and of edge values (zeros of both signs, infinities,
+// subnormals, NaN: the saturating and NaN conversions), all-zero groups
+// included, writing nothing past the row.
+func TestQuantizeRow8NEON(t *testing.T) {
+	r := rand.New(rand.NewPCG(83, 84))
+	for ng := 1; ng <= 9; ng++ {
+		for _, sc := range []float64{1, 1e-30, 1e30} {
+			for _, edges := range []bool{false, true} {
+				x := opsInput(r, ng*64, sc, edges)
+				if ng > 2 {
+					clear(x[64:128])
+				}
+				want8, wants := make([]int8, ng*64), make([]float32, ng)
+				quantizeRow8Go(want8, wants, x)
+				got8, gots := make([]int8, ng*64+16), guarded(make([]float32, ng))
+				for i := range got8 {
+					got8[i] = 99
+				}
+				quantizeRow8NEON(&got8[0], &gots[0], &x[0], ng)
+				for i, v := range want8 {
+					if got8[i] != v {
+						t.Fatalf("ng %d scale %g edges %v: x8[%d] = %d, Go %d (x %v, xs %v)", ng, sc, edges, i, got8[i], v, x[i], wants[i/64])
+					}
+				}
+				for _, v := range got8[ng*64:] {
+					if v != 99 {
+						t.Fatalf("ng %d: wrote past x8", ng)
+					}
+				}
+				compareBits(t, "quantizeRow8 xs", ng, gots, wants)
+				checkGuard(t, "quantizeRow8 xs", gots)
+			}
+		}
+	}
+}

@@ -4,8 +4,9 @@ package kernels
 
 import "unsafe"
 
-// The q4 entry points of runQ4 on arm64, all on dotQ4I8NEON (one weight
-// row against one activation row per call; dotQ4I8's bits).
+// The q4 entry points of runQ4 on arm64: q4QuadsNEON (q4tile_arm64.s) for
+// whole quads of weight rows, dotQ4I8NEON for the one to three rows left
+// over; both give dotQ4I8's bits.
 
 // useVNNI is amd64's AVX-512 tile kernel: never on arm64.
 var useVNNI = false
@@ -13,6 +14,15 @@ var useVNNI = false
 func q4TileVNNI(q *byte, qstride int, scales, biases *float32, ng, nrows, nout int, x8 *int8, xs, xsum *float32, nb int, out *float32, ostride int) {
 	panic("no AVX-512 on arm64")
 }
+
+// q4QuadsNEON computes 4·nq weight rows (qstride bytes apart, their scales
+// and biases ng apart) against nb activation rows, four weight rows and up
+// to two activation rows per pass; row i of activation row b goes to
+// out + b·ostride bytes + 4i. sdot selects SDOT for the integer sums,
+// else SMULL/SMLAL; the results are the same.
+//
+//go:noescape
+func q4QuadsNEON(q *byte, qstride int, scales, biases *float32, ng, nq int, x8 *int8, xs, xsum *float32, nb int, out *float32, ostride int, sdot bool)
 
 // dotQ4I8AVX2 is dotQ4I8 for one row pair.
 func dotQ4I8AVX2(q *byte, scales, biases *float32, x8 *int8, xs, xsum *float32, ng int) float32 {
@@ -23,29 +33,41 @@ func dotQ4I8AVX2(q *byte, scales, biases *float32, x8 *int8, xs, xsum *float32, 
 // apart) against nb activation rows, writing row i of activation row b at
 // out + b·ostride bytes + 4i.
 func q4TileAVX2(q *byte, qstride int, scales, biases *float32, ng, nrows, nout int, x8 *int8, xs, xsum *float32, nb int, out *float32, ostride int) {
+	nq := nout / 4
+	if nq > 0 {
+		q4QuadsNEON(q, qstride, scales, biases, ng, nq, x8, xs, xsum, nb, out, ostride, useSDOT)
+	}
+	if 4*nq < nout {
+		q4RowsOne(q, qstride, scales, biases, ng, 4*nq, nout, x8, xs, xsum, nb, out, ostride)
+	}
+}
+
+// q4Rows is the decode kernel: n weight rows against one activation row.
+// mode (amd64's kernel variants) has no meaning here.
+func q4Rows(q *byte, qstride int, scales, biases *float32, ng, n int, x8 *int8, xs, xsum *float32, out *float32, mode uint8) {
+	nq := n / 4
+	if nq > 0 {
+		q4QuadsNEON(q, qstride, scales, biases, ng, nq, x8, xs, xsum, 1, out, 0, useSDOT)
+	}
+	if 4*nq < n {
+		q4RowsOne(q, qstride, scales, biases, ng, 4*nq, n, x8, xs, xsum, 1, out, 0)
+	}
+}
+
+// q4RowsOne computes weight rows [lo,hi) against nb activation rows one
+// row pair at a time with dotQ4I8NEON, with q4TileAVX2's arguments.
+func q4RowsOne(q *byte, qstride int, scales, biases *float32, ng, lo, hi int, x8 *int8, xs, xsum *float32, nb int, out *float32, ostride int) {
 	for b := 0; b < nb; b++ {
 		xb := (*int8)(unsafe.Add(unsafe.Pointer(x8), b*ng*64))
 		xsb := (*float32)(unsafe.Add(unsafe.Pointer(xs), b*ng*4))
 		xsumb := (*float32)(unsafe.Add(unsafe.Pointer(xsum), b*ng*4))
 		ob := unsafe.Add(unsafe.Pointer(out), b*ostride)
-		for i := 0; i < nout; i++ {
+		for i := lo; i < hi; i++ {
 			*(*float32)(unsafe.Add(ob, 4*i)) = dotQ4I8NEON(
 				(*byte)(unsafe.Add(unsafe.Pointer(q), i*qstride)),
 				(*float32)(unsafe.Add(unsafe.Pointer(scales), i*ng*4)),
 				(*float32)(unsafe.Add(unsafe.Pointer(biases), i*ng*4)),
 				xb, xsb, xsumb, ng, useSDOT)
 		}
-	}
-}
-
-// q4Rows is the decode kernel: n weight rows against one activation row.
-func q4Rows(q *byte, qstride int, scales, biases *float32, ng, n int, x8 *int8, xs, xsum *float32, out *float32, mode uint8) {
-	o := unsafe.Slice(out, n)
-	for i := range o {
-		o[i] = dotQ4I8NEON(
-			(*byte)(unsafe.Add(unsafe.Pointer(q), i*qstride)),
-			(*float32)(unsafe.Add(unsafe.Pointer(scales), i*ng*4)),
-			(*float32)(unsafe.Add(unsafe.Pointer(biases), i*ng*4)),
-			x8, xs, xsum, ng, useSDOT)
 	}
 }
