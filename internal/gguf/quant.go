@@ -84,8 +84,10 @@ func QuantizeQ4_0(dst []byte, src []float32) {
 		out := dst[b*bs : (b+1)*bs]
 		binary.LittleEndian.PutUint16(out, Half(d))
 		for j := 0; j < BlockSize/2; j++ {
-			q0 := min(15, int(x[j]*id+8.5))
-			q1 := min(15, int(x[j+BlockSize/2]*id+8.5))
+			// The products are rounded before the add (no fused
+			// multiply-add on arm64), so every CPU writes the same file.
+			q0 := min(15, int(float32(x[j]*id)+8.5))
+			q1 := min(15, int(float32(x[j+BlockSize/2]*id)+8.5))
 			out[2+j] = byte(q0) | byte(q1)<<4
 		}
 	}
