@@ -133,6 +133,28 @@ TEXT ·lowRows(SB), NOSPLIT, $8-96
 	LEAQ (BX)(BX*2), DX
 tile:
 	VXORPS Y11, Y11, Y11
+	// R15 walks the next tile's weights, 8 groups' worth of bytes per
+	// group of this tile, for PREFETCHT0: a decode step's records come
+	// from memory, and the hardware prefetchers follow 8 interleaved row
+	// streams poorly (as q4Rows). Its scales and biases (ng·32 bytes each
+	// after this tile's) are prefetched here. Prefetching past the
+	// matrix's end is harmless: prefetches never fault.
+	MOVQ BX, R15
+	SHLQ $3, R15
+	ADDQ R13, R15
+	MOVQ ng+32(FP), AX
+	SHLQ $5, AX
+	LEAQ (R14)(AX*1), SI
+	LEAQ (R9)(AX*1), DI
+	ADDQ $63, AX
+	SHRQ $6, AX
+pfs:
+	PREFETCHT0 (SI)
+	PREFETCHT0 (DI)
+	ADDQ $64, SI
+	ADDQ $64, DI
+	DECQ AX
+	JNE pfs
 	MOVQ R13, SI
 	LEAQ (SI)(BX*4), R8
 	ADDQ BX, R8
@@ -143,6 +165,10 @@ tile:
 	CMPQ b+80(FP), $3
 	JNE group2
 group3:
+	PREFETCHT0 (R15)
+	PREFETCHT0 64(R15)
+	PREFETCHT0 128(R15)
+	ADDQ $192, R15
 	ROWS8(DOT3)
 	GROUPEND
 	ADDQ $24, SI
@@ -151,6 +177,9 @@ group3:
 	JNE group3
 	JMP tiledone
 group2:
+	PREFETCHT0 (R15)
+	PREFETCHT0 64(R15)
+	ADDQ $128, R15
 	ROWS8(DOT2)
 	GROUPEND
 	ADDQ $16, SI

@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -158,6 +159,43 @@ func TestMatMulLow(t *testing.T) {
 				if math.Float32bits(g[i]) != math.Float32bits(want[i]) || math.Float32bits(u[i]) != math.Float32bits(want[i]) {
 					t.Fatalf("b=%d %v MatMul2: out[%d] %v %v, want %v", b, sh, i, g[i], u[i], want[i])
 				}
+			}
+		}
+	}
+}
+
+// BenchmarkLowDecode compares one-row products of q4, q3 and q2 matrices
+// of the 30B-A3B expert shapes, on one thread, from cache (one matrix)
+// and from memory (256 MiB of matrices at q4, cycled).
+func BenchmarkLowDecode(b *testing.B) {
+	r := rand.New(rand.NewPCG(97, 98))
+	for _, sh := range [][2]int{{768, 2048}, {2048, 768}} {
+		rows, cols := sh[0], sh[1]
+		for _, where := range []string{"cache", "dram"} {
+			n := 1
+			if where == "dram" {
+				n = (256 << 20) / (rows * cols * 5 / 8)
+			}
+			var q3s, q2s, q4s []Mat
+			for range n {
+				l3, w4 := lowMats(r, rows, cols, 3)
+				l2, _ := lowMats(r, rows, cols, 2)
+				q3s, q2s, q4s = append(q3s, l3), append(q2s, l2), append(q4s, w4)
+			}
+			x := lowActs(r, 1, cols)
+			out := make([]float32, rows)
+			for _, k := range []struct {
+				name string
+				ms   []Mat
+			}{{"q4", q4s}, {"q3", q3s}, {"q2", q2s}} {
+				b.Run(fmt.Sprintf("%dx%d/%s/%s", rows, cols, where, k.name), func(b *testing.B) {
+					var sc Scratch
+					i := 0
+					for b.Loop() {
+						sc.MatMul(out, &k.ms[i%len(k.ms)], x, 1)
+						i++
+					}
+				})
 			}
 		}
 	}
