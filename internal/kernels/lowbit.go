@@ -148,32 +148,102 @@ func permuteLow(dst, x8 []int8, b int) {
 	}
 }
 
+// lowWideRows is the batch from which a low-bit product widens its rows
+// to q4, a tile at a time, and runs the q4 tile kernels: a prefill chunk
+// uses each weight many times, and the decode kernel unpacks it again for
+// every activation row. Widening costs about as much as 15–25 activation
+// rows of the decode kernel (BenchmarkLowBatch, 768×2048 q3, on the
+// loaded 2-core machine: the crossover lay between 16 and 32 rows). A
+// variable so that the benchmark can force either path.
+var lowWideRows = 24
+
+// lowWideBytes bounds a widened tile (16 rows of up to 8192 columns), on
+// the stack of the thread that computes it.
+const lowWideBytes = 16 * 8192 / 2
+
 // runLow computes rows [lo,hi) of a q3 or q2 product: 8 rows per kernel
-// call, the Go twin for the rest (and everywhere without the kernels).
+// call, the Go twin for the rest (and everywhere without the kernels);
+// batches of lowWideRows or more through the q4 tiles.
 func (t *matmulTask) runLow(lo, hi int) {
 	w := t.w
 	C := w.Cols
 	ng := C / format.GroupSize
 	b := w.Kind.Bits()
 	rb := C * b / 8 // bytes of a row
+	T := 8
+	if useVNNI {
+		T = 16
+	}
+	if t.nb >= lowWideRows && useAVX2 && ng > 0 && hi > lo && T*C/2 <= lowWideBytes {
+		var buf [lowWideBytes]byte
+		_, _, _ = w.Q[hi*rb-1], w.Scales[hi*ng-1], w.Biases[hi*ng-1]
+		_, _, _, _ = t.x8[t.nb*C-1], t.xs[t.nb*ng-1], t.xsum[t.nb*ng-1], t.out[:t.nb*w.Rows]
+		for w0 := lo; w0 < hi; w0 += T {
+			n := min(T, hi-w0)
+			widenLow(buf[:n*C/2], w.Q[w0*rb:(w0+n)*rb], b)
+			if useVNNI {
+				q4TileVNNI(&buf[0], C/2, &w.Scales[w0*ng], &w.Biases[w0*ng], ng, n, n,
+					&t.x8[0], &t.xs[0], &t.xsum[0], t.nb, &t.out[w0], 4*w.Rows)
+			} else {
+				q4TileAVX2(&buf[0], C/2, &w.Scales[w0*ng], &w.Biases[w0*ng], ng, n, n,
+					&t.x8[0], &t.xs[0], &t.xsum[0], t.nb, &t.out[w0], 4*w.Rows)
+			}
+		}
+		return
+	}
+	o := lo
+	if lowAsm() && ng > 0 {
+		n8 := (hi - lo) &^ 7
+		if n8 > 0 {
+			// The kernel reads whole rows: check the slices once.
+			_, _, _ = w.Q[(lo+n8)*rb-1], w.Scales[(lo+n8)*ng-1], w.Biases[(lo+n8)*ng-1]
+			_, _, _, _ = t.x8p[t.nb*C-1], t.xs[t.nb*ng-1], t.xsum[t.nb*ng-1], t.out[:t.nb*w.Rows]
+			// A few rows' tiles at a time for every activation row, so
+			// that a batch reads the weights from memory once.
+			const step = 64
+			for o0 := lo; o0 < lo+n8; o0 += step {
+				n := min(step, lo+n8-o0)
+				for r := 0; r < t.nb; r++ {
+					lowRows(&w.Q[o0*rb], rb, &w.Scales[o0*ng], &w.Biases[o0*ng], ng, n,
+						&t.x8p[r*C], &t.xs[r*ng], &t.xsum[r*ng], &t.out[r*w.Rows+o0], b, lowK)
+				}
+			}
+			o += n8
+		}
+	}
 	for r := 0; r < t.nb; r++ {
 		out := t.out[r*w.Rows : (r+1)*w.Rows]
 		x8 := t.x8[r*C : (r+1)*C]
 		xs, xsum := t.xs[r*ng:(r+1)*ng], t.xsum[r*ng:(r+1)*ng]
-		o := lo
-		if lowAsm() && ng > 0 {
-			n8 := (hi - lo) &^ 7
-			if n8 > 0 {
-				// The kernel reads whole rows: check the slices once.
-				_, _, _ = w.Q[(lo+n8)*rb-1], w.Scales[(lo+n8)*ng-1], w.Biases[(lo+n8)*ng-1]
-				_ = t.x8p[(r+1)*C-1]
-				lowRows(&w.Q[lo*rb], rb, &w.Scales[lo*ng], &w.Biases[lo*ng], ng, n8,
-					&t.x8p[r*C], &xs[0], &xsum[0], &out[lo], b, lowK)
-				o += n8
+		for i := o; i < hi; i++ {
+			out[i] = dotLowI8(w.Q[i*rb:(i+1)*rb], b, w.Scales[i*ng:(i+1)*ng], w.Biases[i*ng:(i+1)*ng], x8, xs, xsum)
+		}
+	}
+}
+
+// widenLow writes the b-bit groups of src as q4 groups (format.Q4's
+// nibble order) into dst.
+func widenLow(dst, src []byte, b int) {
+	const G = format.GroupSize
+	gb := G * b / 8
+	var q [G]uint8
+	for g := 0; g < len(src)/gb; g++ {
+		s := src[g*gb : (g+1)*gb]
+		if b == 2 {
+			for j, w := range (*[16]byte)(s) {
+				q[4*j], q[4*j+1], q[4*j+2], q[4*j+3] = w&3, w>>2&3, w>>4&3, w>>6
+			}
+		} else {
+			for j := 0; j < 8; j++ {
+				w := uint32(s[3*j]) | uint32(s[3*j+1])<<8 | uint32(s[3*j+2])<<16
+				d := (*[8]uint8)(q[8*j:])
+				d[0], d[1], d[2], d[3] = uint8(w&7), uint8(w>>3&7), uint8(w>>6&7), uint8(w>>9&7)
+				d[4], d[5], d[6], d[7] = uint8(w>>12&7), uint8(w>>15&7), uint8(w>>18&7), uint8(w>>21&7)
 			}
 		}
-		for ; o < hi; o++ {
-			out[o] = dotLowI8(w.Q[o*rb:(o+1)*rb], b, w.Scales[o*ng:(o+1)*ng], w.Biases[o*ng:(o+1)*ng], x8, xs, xsum)
+		o := (*[G / 2]byte)(dst[g*G/2:])
+		for j := range o {
+			o[j] = q[j] | q[j+G/2]<<4
 		}
 	}
 }

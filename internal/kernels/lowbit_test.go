@@ -137,7 +137,7 @@ func TestMatMulLow(t *testing.T) {
 	defer p1.Close()
 	defer p2.Close()
 	for _, b := range []int{3, 2} {
-		for _, sh := range [][3]int{{13, 128, 1}, {37, 768, 1}, {8, 64, 3}, {203, 2048, 1}, {768, 2048, 1}, {29, 192, 5}} {
+		for _, sh := range [][3]int{{13, 128, 1}, {37, 768, 1}, {8, 64, 3}, {203, 2048, 1}, {768, 2048, 1}, {29, 192, 5}, {45, 128, 4}, {70, 768, 17}, {2048, 768, 9}} {
 			rows, cols, nb := sh[0], sh[1], sh[2]
 			low, q4 := lowMats(r, rows, cols, b)
 			x := lowActs(r, nb, cols)
@@ -197,6 +197,31 @@ func BenchmarkLowDecode(b *testing.B) {
 					}
 				})
 			}
+		}
+	}
+}
+
+// BenchmarkLowBatch compares the two paths of a batched low-bit product
+// (a prefill chunk's expert): the decode kernel once per activation row,
+// and widening to q4 tiles (lowWideRows).
+func BenchmarkLowBatch(b *testing.B) {
+	r := rand.New(rand.NewPCG(99, 100))
+	low, _ := lowMats(r, 768, 2048, 3)
+	defer func(v int) { lowWideRows = v }(lowWideRows)
+	for _, nb := range []int{4, 8, 16, 32} {
+		x := lowActs(r, nb, 2048)
+		out := make([]float32, nb*768)
+		for _, path := range []string{"rows", "widen"} {
+			b.Run(fmt.Sprintf("nb%d/%s", nb, path), func(b *testing.B) {
+				lowWideRows = 1 << 30
+				if path == "widen" {
+					lowWideRows = 1
+				}
+				var sc Scratch
+				for b.Loop() {
+					sc.MatMul(out, &low, x, nb)
+				}
+			})
 		}
 	}
 }
