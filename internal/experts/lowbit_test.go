@@ -156,3 +156,81 @@ func decodeLogits(t *testing.T, m *model.Model, prompt []int, n, rows, threads i
 	}
 	return all
 }
+
+// TestMissBitsNLL measures what --miss-bits costs in quality: the held-out
+// NLL of the reference's long prompts through a 10% pool (lookahead off,
+// so that every miss of a step is read at low bits), lossless and with
+// misses read at 3 and 2 bits, on the two tiny models whose experts have
+// no biases. The README's figures come from its log. The bounds are loose
+// (twice what was measured) and catch a broken low-bit path, whose NLL
+// is far off.
+func TestMissBitsNLL(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long prompts")
+	}
+	for _, name := range []string{"tiny-qwen3-5-moe", "tiny-qwen3-moe"} {
+		t.Run(name, func(t *testing.T) {
+			src := testutil.Packed(t, name, 4)
+			dir := filepath.Join(t.TempDir(), "m")
+			if err := os.CopyFS(dir, os.DirFS(src)); err != nil {
+				t.Fatal(err)
+			}
+			refs := testutil.LoadRefs(t, name)
+			nll := map[int]float64{}
+			for _, b := range []int{0, 3, 2} {
+				if b != 0 {
+					if err := pack.AddLowBits(context.Background(), dir, b, nil); err != nil {
+						t.Fatal(err)
+					}
+				}
+				man, err := format.ReadManifest(dir)
+				if err != nil {
+					t.Fatal(err)
+				}
+				slots := max(MinSlots(&man.Config), man.ExpertLayers*man.Experts/10)
+				m, s := loadStreamDir(t, dir, Options{Slots: slots, MissBits: b})
+				r := model.NewRunner(m, 2, 64)
+				V := m.Config.Vocab
+				var sum float64
+				var n int
+				for _, c := range refs.Long {
+					st, err := m.NewState(len(c.Prompt))
+					if err != nil {
+						t.Fatal(err)
+					}
+					out := make([]float32, len(c.Prompt)*V)
+					if err := r.Forward(st, c.Prompt, out, true); err != nil {
+						t.Fatal(err)
+					}
+					for p := 0; p+1 < len(c.Prompt); p++ {
+						sum -= logProb(out[p*V:(p+1)*V], c.Prompt[p+1])
+						n++
+					}
+				}
+				r.Close()
+				if s.Stats().Misses == 0 {
+					t.Fatalf("%d bits: no misses", b)
+				}
+				nll[b] = sum / float64(n)
+			}
+			d3, d2 := 100*(nll[3]/nll[0]-1), 100*(nll[2]/nll[0]-1)
+			t.Logf("held-out NLL, 10%% pool: lossless %.4f, --miss-bits 3 %.4f (%+.2f%%), --miss-bits 2 %.4f (%+.2f%%)", nll[0], nll[3], d3, nll[2], d2)
+			if d3 > 8 || d2 > 20 {
+				t.Errorf("low-bit misses cost %+.2f%% (3 bits) and %+.2f%% (2 bits) of NLL, want at most 8%% and 20%%", d3, d2)
+			}
+		})
+	}
+}
+
+// logProb is log softmax(x)[k], in float64.
+func logProb(x []float32, k int) float64 {
+	mx := math.Inf(-1)
+	for _, v := range x {
+		mx = math.Max(mx, float64(v))
+	}
+	var s float64
+	for _, v := range x {
+		s += math.Exp(float64(v) - mx)
+	}
+	return float64(x[k]) - mx - math.Log(s)
+}
