@@ -2,11 +2,14 @@ package experts
 
 import (
 	"context"
+	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/sluicelm/sluice/internal/format"
+	"github.com/sluicelm/sluice/internal/model"
 	"github.com/sluicelm/sluice/internal/pack"
 	"github.com/sluicelm/sluice/internal/quant"
 	"github.com/sluicelm/sluice/internal/testutil"
@@ -83,4 +86,151 @@ func f32at(b []byte, off int64) float32 {
 	var v [1]float32
 	copy(unsafeBytes(v[:]), b[off:off+4])
 	return v[0]
+}
+
+// TestLowBitsDirect checks that misses multiplied as low-bit records give
+// the logits of the original path, which widened them to the main kind
+// first (q4 here: the same values, scales and biases, and the kernels'
+// q3 and q2 products are q4's arithmetic), bit for bit, at several pool
+// sizes, and the same on one thread as on two. Lookahead is off: with it,
+// whether a cancelled prefetch lands before its record is needed again
+// decides its precision, which is timing.
+func TestLowBitsDirect(t *testing.T) {
+	src := testutil.Packed(t, "tiny-qwen3-moe", 4)
+	dir := filepath.Join(t.TempDir(), "m")
+	if err := os.CopyFS(dir, os.DirFS(src)); err != nil {
+		t.Fatal(err)
+	}
+	c := testutil.LoadRefs(t, "tiny-qwen3-moe").Cases[0]
+	for _, b := range []int{3, 2} {
+		if err := pack.AddLowBits(context.Background(), dir, b, nil); err != nil {
+			t.Fatal(err)
+		}
+		for _, slots := range []int{8, 24, 64} {
+			run := func(widen bool, threads int) ([]float32, Snapshot) {
+				m, s := loadStreamDir(t, dir, Options{Slots: slots, MissBits: b, widen: widen})
+				lg := decodeLogits(t, m, c.Prompt, 6, 16, threads)
+				return lg, s.Stats()
+			}
+			want, ws := run(true, 2)
+			if ws.Misses == 0 {
+				t.Fatalf("%d bits, %d slots: no misses", b, slots)
+			}
+			m, _ := loadStreamDir(t, dir, Options{Slots: slots})
+			if lossless := decodeLogits(t, m, c.Prompt, 6, 16, 2); slices.Equal(lossless, want) {
+				t.Fatalf("%d bits, %d slots: the low-bit run gave the lossless logits", b, slots)
+			}
+			for _, v := range []struct {
+				threads int
+			}{{2}, {1}} {
+				got, _ := run(false, v.threads)
+				for i := range want {
+					if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+						t.Fatalf("%d bits, %d slots, %d threads: logit %d is %v, widened %v", b, slots, v.threads, i, got[i], want[i])
+					}
+				}
+			}
+		}
+	}
+}
+
+// decodeLogits prefills prompt in chunks of rows and decodes n tokens
+// greedily on threads threads, returning every step's logits.
+func decodeLogits(t *testing.T, m *model.Model, prompt []int, n, rows, threads int) []float32 {
+	t.Helper()
+	r := model.NewRunner(m, threads, rows)
+	defer r.Close()
+	st, err := m.NewState(len(prompt) + n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logits := make([]float32, m.Config.Vocab)
+	var all []float32
+	toks := prompt
+	for range n {
+		if err := r.Forward(st, toks, logits, false); err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, logits...)
+		toks = []int{argmax(logits)}
+	}
+	return all
+}
+
+// TestMissBitsNLL measures what --miss-bits costs in quality: the held-out
+// NLL of the reference's long prompts through a 10% pool (lookahead off,
+// so that every miss of a step is read at low bits), lossless and with
+// misses read at 3 and 2 bits, on the two tiny models whose experts have
+// no biases. The README's figures come from its log. The bounds are loose
+// (twice what was measured) and catch a broken low-bit path, whose NLL
+// is far off.
+func TestMissBitsNLL(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long prompts")
+	}
+	for _, name := range []string{"tiny-qwen3-5-moe", "tiny-qwen3-moe"} {
+		t.Run(name, func(t *testing.T) {
+			src := testutil.Packed(t, name, 4)
+			dir := filepath.Join(t.TempDir(), "m")
+			if err := os.CopyFS(dir, os.DirFS(src)); err != nil {
+				t.Fatal(err)
+			}
+			refs := testutil.LoadRefs(t, name)
+			nll := map[int]float64{}
+			for _, b := range []int{0, 3, 2} {
+				if b != 0 {
+					if err := pack.AddLowBits(context.Background(), dir, b, nil); err != nil {
+						t.Fatal(err)
+					}
+				}
+				man, err := format.ReadManifest(dir)
+				if err != nil {
+					t.Fatal(err)
+				}
+				slots := max(MinSlots(&man.Config), man.ExpertLayers*man.Experts/10)
+				m, s := loadStreamDir(t, dir, Options{Slots: slots, MissBits: b})
+				r := model.NewRunner(m, 2, 64)
+				V := m.Config.Vocab
+				var sum float64
+				var n int
+				for _, c := range refs.Long {
+					st, err := m.NewState(len(c.Prompt))
+					if err != nil {
+						t.Fatal(err)
+					}
+					out := make([]float32, len(c.Prompt)*V)
+					if err := r.Forward(st, c.Prompt, out, true); err != nil {
+						t.Fatal(err)
+					}
+					for p := 0; p+1 < len(c.Prompt); p++ {
+						sum -= logProb(out[p*V:(p+1)*V], c.Prompt[p+1])
+						n++
+					}
+				}
+				r.Close()
+				if s.Stats().Misses == 0 {
+					t.Fatalf("%d bits: no misses", b)
+				}
+				nll[b] = sum / float64(n)
+			}
+			d3, d2 := 100*(nll[3]/nll[0]-1), 100*(nll[2]/nll[0]-1)
+			t.Logf("held-out NLL, 10%% pool: lossless %.4f, --miss-bits 3 %.4f (%+.2f%%), --miss-bits 2 %.4f (%+.2f%%)", nll[0], nll[3], d3, nll[2], d2)
+			if d3 > 8 || d2 > 20 {
+				t.Errorf("low-bit misses cost %+.2f%% (3 bits) and %+.2f%% (2 bits) of NLL, want at most 8%% and 20%%", d3, d2)
+			}
+		})
+	}
+}
+
+// logProb is log softmax(x)[k], in float64.
+func logProb(x []float32, k int) float64 {
+	mx := math.Inf(-1)
+	for _, v := range x {
+		mx = math.Max(mx, float64(v))
+	}
+	var s float64
+	for _, v := range x {
+		s += math.Exp(float64(v) - mx)
+	}
+	return float64(x[k]) - mx - math.Log(s)
 }

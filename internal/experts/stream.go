@@ -41,6 +41,10 @@ type Options struct {
 	CutWeak   float32 // 0 = off; else cut late misses whose weight is below this in every row (lossy)
 	Buffered  bool    // never use O_DIRECT (tests; filesystems without it are detected anyway)
 	Log       io.Writer
+
+	// widen makes a low-bit miss widen into the main kind before use,
+	// sluice's original path, which tests compare the direct one with.
+	widen bool
 }
 
 // DefaultReaders is the default queue depth, chosen by BenchmarkQueueDepth
@@ -62,14 +66,15 @@ const (
 type slot struct {
 	rec      int32 // record id held or being read; -1 when free
 	state    uint8
-	held     bool  // the current step needs it: never evicted
-	low      bool  // holds a low-bit (lossy) copy
-	demand   int32 // position in the current step's ids waiting for it, or -1
-	pre      bool  // read by a prefetch not yet used
-	cut      bool  // its demand was cut; the read lands as a plain pool entry
-	last     int64 // clock of last use (eviction)
-	ex       model.Expert
-	cancel   atomic.Bool // a queued prefetch that is no longer wanted
+	held     bool         // the current step needs it: never evicted
+	low      bool         // holds a low-bit (lossy) copy
+	demand   int32        // position in the current step's ids waiting for it, or -1
+	pre      bool         // read by a prefetch not yet used
+	cut      bool         // its demand was cut; the read lands as a plain pool entry
+	last     int64        // clock of last use (eviction)
+	ex       model.Expert // the slot viewed as a main-store record
+	exLow    model.Expert // viewed as a low-bit record (MissBits)
+	cancel   atomic.Bool  // a queued prefetch that is no longer wanted
 	buf      []byte
 	readLow  bool // the read in flight targets the low-bit store
 	prefetch int  // layer a prefetch was issued for
@@ -227,6 +232,10 @@ func Open(dir string, man *format.Manifest, o Options) (*Stream, error) {
 			return nil, fmt.Errorf("--miss-bits %d: %v (make it with `sluice pack --low-bits %d`)", o.MissBits, err, o.MissBits)
 		}
 	}
+	if s.low != nil && s.low.Stride > st.Stride {
+		s.closeFiles()
+		return nil, fmt.Errorf("--miss-bits %d: low-bit records of %s do not fit the slots of %s", o.MissBits, mib(s.low.Stride), mib(st.Stride))
+	}
 	size := int64(o.Slots) * st.Stride
 	// Anonymous memory is page-aligned, so every slot (stride a multiple
 	// of 4096) is a valid O_DIRECT destination.
@@ -242,6 +251,17 @@ func Open(dir string, man *format.Manifest, o Options) (*Stream, error) {
 		if sl.ex, err = model.ExpertFromRecord(sl.buf, &s.st); err != nil {
 			s.Close()
 			return nil, err
+		}
+		if s.low != nil {
+			// A low-bit miss lands at the start of its slot and is
+			// multiplied as it is (kernels' q3 and q2 products): no
+			// widening, no staging buffer. The slot keeps its full
+			// size, so the pool's size and the budget do not change
+			// with --miss-bits; a low-bit record uses part of a slot.
+			if sl.exLow, err = model.ExpertFromRecord(sl.buf[:s.low.Stride], s.low); err != nil {
+				s.Close()
+				return nil, err
+			}
 		}
 	}
 	s.where = make([]int32, records)
@@ -485,6 +505,9 @@ func (s *Stream) deliver(i int32) (int, *model.Expert, error) {
 		s.isMiss[i] = false
 		s.missOut--
 	}
+	if sl := &s.slots[si]; sl.low && !s.o.widen {
+		return int(i), &sl.exLow, nil
+	}
 	return int(i), &s.slots[si].ex, nil
 }
 
@@ -687,7 +710,7 @@ func (s *Stream) isNeeded(rec int32, layer int) bool {
 func (s *Stream) reader(ctx context.Context) {
 	defer s.wg.Done()
 	var stage []byte
-	if s.low != nil {
+	if s.low != nil && s.o.widen {
 		stage = alignedBuf(s.low.Stride)
 		defer platform.Free(stage)
 	}
@@ -710,11 +733,14 @@ func (s *Stream) reader(ctx context.Context) {
 		}
 		var err error
 		s.stats.readStart()
-		if r.low {
+		switch {
+		case r.low && s.o.widen:
 			if err = preadFull(s.lowFile, stage, r.off); err == nil {
 				err = expandLow(sl.buf, stage, &s.st, s.low)
 			}
-		} else {
+		case r.low:
+			err = preadFull(s.lowFile, sl.buf[:s.low.Stride], r.off)
+		default:
 			err = preadFull(s.file, sl.buf, r.off)
 		}
 		s.stats.readEnd()

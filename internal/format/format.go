@@ -176,8 +176,9 @@ const (
 	Q4   Kind = "q4"
 	// Q3 and Q2 exist only as low-bit copies of the expert store
 	// (experts3.bin, experts2.bin) that lossy miss reads use; the runtime
-	// widens them to the main store's kind on arrival. A group's 64 values
-	// are a little-endian bit stream: value i is bits [i*b, (i+1)*b).
+	// multiplies them as they are, with q4's arithmetic. A group's 64
+	// values are a little-endian bit stream: value i is bits
+	// [i*b, (i+1)*b).
 	Q3 Kind = "q3"
 	Q2 Kind = "q2"
 	// MXFP4 is the OCP microscaling format gpt-oss's checkpoints ship

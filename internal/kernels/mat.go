@@ -27,7 +27,7 @@ type Mat struct {
 	Kind       format.Kind
 	F32        []float32 // Kind F32: [rows*cols]
 	BF16       []uint16  // Kind BF16: [rows*cols]
-	Q          []byte    // Q8: [rows*cols]; Q4, MXFP4: [rows*cols/2], see format.Q4, format.MXFP4
+	Q          []byte    // Q8: [rows*cols]; Q4, MXFP4: [rows*cols/2], see format.Q4, format.MXFP4; Q3, Q2: [rows*cols*bits/8]
 	E8         []byte    // MXFP4: [rows][cols/32] block scales (E8M0)
 	Scales     []float32 // quantised: [rows][cols/64]
 	Biases     []float32
@@ -50,7 +50,9 @@ func MatFrom(buf []byte, t *format.Tensor) (Mat, error) {
 		m.F32 = f32s(buf[t.Offset:], n)
 	case format.BF16:
 		m.BF16 = unsafe.Slice((*uint16)(unsafe.Pointer(&buf[t.Offset])), n)
-	case format.Q8, format.Q4:
+	case format.Q8, format.Q4, format.Q3, format.Q2:
+		// Q3 and Q2 are the low-bit expert records of --miss-bits, which
+		// MatMul multiplies as they are (lowbit.go).
 		if m.Cols%format.GroupSize != 0 {
 			return m, fmt.Errorf("tensor %s: %d columns not a multiple of %d", t.Name, m.Cols, format.GroupSize)
 		}

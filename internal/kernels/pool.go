@@ -234,6 +234,7 @@ func (p *Pool) Parallel(n, grain int, t Task) {
 type matmulTask struct {
 	out, x, xsum, xs []float32
 	x8               []int8
+	x8p              []int8 // q3, q2 with the kernel: x8 permuted by lowPerm
 	w                *Mat
 	nb               int
 }
@@ -244,6 +245,10 @@ func (t *matmulTask) Run(lo, hi int) {
 	ng := C / format.GroupSize
 	if w.Kind == format.MXFP4 {
 		t.runMXFP4(lo, hi) // mxfp4.go
+		return
+	}
+	if w.Kind == format.Q3 || w.Kind == format.Q2 {
+		t.runLow(lo, hi) // lowbit.go
 		return
 	}
 	if w.Kind == format.Q4 && useAVX2 && hi > lo && ng > 0 && t.nb > 0 {
@@ -334,17 +339,26 @@ type Scratch struct {
 	mm   matmulTask
 	xsum []float32
 	x8   []int8    // [rows][cols] int8 activations for q4 products
+	x8p  []int8    // x8 permuted for the low-bit kernel
 	xs   []float32 // [rows][cols/64] their scales
 }
 
 // prepare computes the activation side of out = W·x and sets up s.mm.
 func (s *Scratch) prepare(out []float32, w *Mat, x []float32, nb int) {
 	x8, xs := s.activations(w, x, nb)
-	s.mm = matmulTask{out: out[:nb*w.Rows], x: x[:nb*w.Cols], xsum: s.xsum, xs: xs, x8: x8, w: w, nb: nb}
+	var x8p []int8
+	if (w.Kind == format.Q3 || w.Kind == format.Q2) && lowAsm() {
+		if cap(s.x8p) < len(x8) {
+			s.x8p = make([]int8, len(x8))
+		}
+		x8p = s.x8p[:len(x8)]
+		permuteLow(x8p, x8, w.Kind.Bits())
+	}
+	s.mm = matmulTask{out: out[:nb*w.Rows], x: x[:nb*w.Cols], xsum: s.xsum, xs: xs, x8: x8, x8p: x8p, w: w, nb: nb}
 }
 
 // activations computes what a product with w needs of x: group sums for
-// quantised kinds, int8 activations and scales for q4.
+// quantised kinds, int8 activations and scales for q4, q3 and q2.
 func (s *Scratch) activations(w *Mat, x []float32, nb int) (x8 []int8, xs []float32) {
 	if w.Kind.Quantised() || w.Kind == format.MXFP4 {
 		C := w.Cols
@@ -353,7 +367,7 @@ func (s *Scratch) activations(w *Mat, x []float32, nb int) (x8 []int8, xs []floa
 		for r := 0; r < nb; r++ {
 			GroupSums(s.xsum[r*ng:(r+1)*ng], x[r*C:(r+1)*C])
 		}
-		if w.Kind == format.Q4 || w.Kind == format.MXFP4 {
+		if w.Kind == format.Q4 || w.Kind == format.Q3 || w.Kind == format.Q2 || w.Kind == format.MXFP4 {
 			if cap(s.x8) < nb*C {
 				s.x8 = make([]int8, nb*C)
 			}
