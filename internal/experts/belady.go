@@ -156,7 +156,7 @@ func SimulateHits(tr Trace, slots int, p Policy, layers, experts int) (hits, tot
 				if sl.held {
 					continue
 				}
-				if sc := ev.score(sl.rec, sl.last, layer, false); si < 0 || sc < best {
+				if sc := ev.score(sl.rec, sl.last, false); si < 0 || sc < best {
 					si, best = j, sc
 				}
 			}

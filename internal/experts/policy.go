@@ -65,20 +65,21 @@ type evictor struct {
 	freq   []float32 // [record] use count, halved every 64 tokens (FLRU)
 	key    []float64 // [record] sum of the weights of its uses (LRFU)
 	w      float64   // weight of a use now (LRFU)
-	phase  []float64 // [d] LRFU's scale of a record whose layer comes d steps after the current one
+	// LRFU's scale of a record of each layer during the current step:
+	// the records' layers are kept rather than divided out on every
+	// score, as victim scores every slot on every miss.
+	scale   []float64 // [layer]
+	layerOf []uint16  // [record]
 }
 
 func newEvictor(p Policy, L, E int) evictor {
 	v := evictor{p: p, L: L, E: E, credit: float64(L), freq: make([]float32, L*E), w: 1}
 	if p == LRFU {
 		v.key = make([]float64, L*E)
-		// Linear from 1 (the next layer) down to 1/2 (the current one,
-		// whose next use is a whole token away): a use's weight doubles
-		// in 32 tokens, so the scale moves a record by at most 32 tokens
-		// of age, and only between records of like counts.
-		v.phase = make([]float64, L+1)
-		for d := 1; d <= L; d++ {
-			v.phase[d] = 1 - float64(d)/float64(2*L)
+		v.scale = make([]float64, L)
+		v.layerOf = make([]uint16, L*E)
+		for r := range v.layerOf {
+			v.layerOf[r] = uint16(r / E)
 		}
 	}
 	return v
@@ -87,6 +88,19 @@ func newEvictor(p Policy, L, E int) evictor {
 // tick moves the policy to layer step clock, a step of layer: a pass
 // through the layers (a token, or a prefill chunk) starts at layer 0.
 func (v *evictor) tick(clock int64, layer int) {
+	if v.scale != nil {
+		// Linear from 1 (the next layer) down to 1/2 (this one, whose
+		// next use is a whole token away): a use's weight doubles in 32
+		// tokens, so the scale moves a record by at most 32 tokens of
+		// age, and only between records of like counts.
+		for l := range v.scale {
+			d := (l - layer + v.L) % v.L
+			if d == 0 {
+				d = v.L
+			}
+			v.scale[l] = 1 - float64(d)/float64(2*v.L)
+		}
+	}
 	if clock%int64(64*v.L) == 0 {
 		// Halve use counts every 64 tokens so that frequency follows
 		// the recent past (FLRU).
@@ -115,11 +129,11 @@ func (v *evictor) use(rec int32, rows int, recent bool) {
 	}
 }
 
-// score ranks a resident record for eviction during a step of layer: the
+// score ranks a resident record for eviction during the current step: the
 // lowest goes first. last is the step that last used it; pre says a
 // prefetch read it for a step still to come, which LRFU counts as a use
 // now so that the next miss does not evict it before that step.
-func (v *evictor) score(rec int32, last int64, layer int, pre bool) float64 {
+func (v *evictor) score(rec int32, last int64, pre bool) float64 {
 	switch v.p {
 	case LRU:
 		return float64(last)
@@ -132,11 +146,7 @@ func (v *evictor) score(rec int32, last int64, layer int, pre bool) float64 {
 	if pre {
 		k += v.w
 	}
-	d := (int(rec)/v.E - layer + v.L) % v.L
-	if d == 0 {
-		d = v.L
-	}
-	return k * v.phase[d]
+	return k * v.scale[v.layerOf[rec]]
 }
 
 // victim returns a free slot, else the slot the policy evicts among those
@@ -155,7 +165,7 @@ func (s *Stream) victim() int32 {
 		if sl.held || sl.state != ready {
 			continue
 		}
-		score := s.ev.score(sl.rec, sl.last, s.layer, sl.pre)
+		score := s.ev.score(sl.rec, sl.last, sl.pre)
 		if best < 0 || score < bestScore {
 			best, bestScore = int32(i), score
 		}
