@@ -174,6 +174,7 @@ func (s *Stream) victim() int32 {
 }
 
 // DefaultPolicy is the eviction policy when none is asked for: LRFU hit
-// more often than FLRU and LRU on every recorded decode and pool size
-// below all of the records (TestPolicyTable; the README has the table).
+// more often than FLRU and LRU on every recorded decode at every pool size
+// too small for all the records it uses (TestPolicyTable; the README has
+// the table).
 const DefaultPolicy = LRFU
