@@ -97,11 +97,12 @@ type poolBench struct {
 	LookWaste    float64 `json:"lookahead_waste_per_useful"`
 	LookSkipped  float64 `json:"lookahead_skipped"` // share of predicted records not prefetched (their layer paused)
 	// The decode's requests replayed offline from an empty pool of the same
-	// size: under the optimal eviction (Belady's; no policy hits more), and
-	// under the pool's own policy without lookahead.
-	OptimalHitRate float64      `json:"optimal_hit_rate"`
-	PolicyHitRate  float64      `json:"policy_hit_rate"`
-	Layers         []layerBench `json:"layers"`
+	// size: under the optimal eviction (Belady's; no policy hits more),
+	// under the pool's own policy without lookahead, and under each policy.
+	OptimalHitRate float64            `json:"optimal_hit_rate"`
+	PolicyHitRate  float64            `json:"policy_hit_rate"`
+	PolicyHitRates map[string]float64 `json:"policy_hit_rates"`
+	Layers         []layerBench       `json:"layers"`
 }
 
 type layerBench struct {
@@ -115,7 +116,8 @@ func summarisePool(e *engine.Engine, trials []benchTrial) *poolBench {
 	man := e.Model.Manifest
 	pb := &poolBench{Slots: s.Slots(), PoolMB: float64(int64(s.Slots())*s.Stride()) / 1e6,
 		PoolShare: float64(s.Slots()) / float64(man.ExpertLayers*man.Experts)}
-	var hit, mbt, pmbt, iow, mst, rbw, rec, waste, skip, opt, sim []float64
+	var hit, mbt, pmbt, iow, mst, rbw, rec, waste, skip, opt []float64
+	sim := map[experts.Policy][]float64{}
 	nl := 0
 	for _, t := range trials {
 		nl = len(t.decode.Layers)
@@ -124,8 +126,11 @@ func summarisePool(e *engine.Engine, trials []benchTrial) *poolBench {
 		hit = append(hit, d.HitRate())
 		if h, n := experts.BeladyHits(t.trace, s.Slots()); n > 0 {
 			opt = append(opt, float64(h)/float64(n))
-			h, _ = experts.SimulateHits(t.trace, s.Slots(), s.Options().Policy, man.ExpertLayers)
-			sim = append(sim, float64(h)/float64(n))
+			for _, p := range experts.Policies {
+				if h, _, err := experts.SimulateHits(t.trace, s.Slots(), p, man.ExpertLayers, man.Experts); err == nil {
+					sim[p] = append(sim[p], float64(h)/float64(n))
+				}
+			}
 		}
 		mbt = append(mbt, float64(d.BytesRead)/1e6/n)
 		pmbt = append(pmbt, float64(t.pre.Experts.PrefillBytesRead)/1e6/float64(max(t.pre.PromptTokens, 1)))
@@ -144,7 +149,11 @@ func summarisePool(e *engine.Engine, trials []benchTrial) *poolBench {
 	}
 	pb.HitRate, pb.MBPerToken, pb.PrefillMBTok, pb.IOWaitMSTok, pb.MSPerToken = median(hit), median(mbt), median(pmbt), median(iow), median(mst)
 	pb.ReadMBs, pb.LookRecall, pb.LookWaste, pb.LookSkipped = median(rbw), median(rec), median(waste), median(skip)
-	pb.OptimalHitRate, pb.PolicyHitRate = median(opt), median(sim)
+	pb.OptimalHitRate, pb.PolicyHitRate = median(opt), median(sim[s.Options().Policy])
+	pb.PolicyHitRates = map[string]float64{}
+	for p, r := range sim {
+		pb.PolicyHitRates[string(p)] = median(r)
+	}
 	for l := 0; l < nl; l++ {
 		var h, m, w []float64
 		for _, t := range trials {
@@ -174,8 +183,14 @@ func (pb *poolBench) print(w io.Writer, e *engine.Engine) {
 	fmt.Fprintf(w, "experts: %s\n", e.ExpertPlan)
 	fmt.Fprintf(w, "pool %d slots (%.0f MB, %.1f%%): decode hit rate %.1f%%, %.2f MB/token, io wait %.2f ms/token, %.2f ms/token; prefill %.2f MB/prompt token\n",
 		pb.Slots, pb.PoolMB, 100*pb.PoolShare, 100*pb.HitRate, pb.MBPerToken, pb.IOWaitMSTok, pb.MSPerToken, pb.PrefillMBTok)
-	fmt.Fprintf(w, "offline replay of the decode's requests from an empty pool of %d slots: optimal eviction %.1f%% hits, %s %.1f%%\n",
-		pb.Slots, 100*pb.OptimalHitRate, e.Stream.Options().Policy, 100*pb.PolicyHitRate)
+	fmt.Fprintf(w, "offline replay of the decode's requests from an empty pool of %d slots: optimal eviction %.1f%% hits; %s (the pool's) %s",
+		pb.Slots, 100*pb.OptimalHitRate, e.Stream.Options().Policy, pb.ofOptimal(pb.PolicyHitRate))
+	for _, p := range experts.Policies {
+		if r, ok := pb.PolicyHitRates[string(p)]; ok && p != e.Stream.Options().Policy {
+			fmt.Fprintf(w, ", %s %s", p, pb.ofOptimal(r))
+		}
+	}
+	fmt.Fprintln(w)
 	fmt.Fprintf(w, "reads achieved %.0f MB/s", pb.ReadMBs)
 	if pb.DiskMBs > 0 {
 		fmt.Fprintf(w, " = %.0f%% of the disk's %.0f MB/s (O_DIRECT, %s records, depth %d)", 100*pb.ReadMBs/pb.DiskMBs, pb.DiskMBs, fmtMB(e.Stream.Stride()), e.Stream.Options().Readers)
@@ -196,6 +211,15 @@ func (pb *poolBench) print(w io.Writer, e *engine.Engine) {
 	for l, lb := range pb.Layers {
 		fmt.Fprintf(w, "%6d %8.1f%% %10.3f %12.3f\n", l, 100*lb.HitRate, lb.MBPerToken, lb.IOWaitMSTok)
 	}
+}
+
+// ofOptimal formats a replayed hit rate with its fraction of the optimal
+// eviction's.
+func (pb *poolBench) ofOptimal(r float64) string {
+	if pb.OptimalHitRate <= 0 {
+		return fmt.Sprintf("%.1f%%", 100*r)
+	}
+	return fmt.Sprintf("%.1f%% (%.2fx optimal)", 100*r, r/pb.OptimalHitRate)
 }
 
 func fmtMB(n int64) string { return fmt.Sprintf("%.2f MB", float64(n)/1e6) }

@@ -1,5 +1,7 @@
 package experts
 
+import "fmt"
+
 // A Trace is the expert records a decode asked for, step by step: one step
 // is one layer of one token, its records those the layer's router chose
 // (record = layer·experts + expert).
@@ -8,115 +10,170 @@ type Trace [][]int32
 // BeladyHits replays tr through an empty pool of slots records under
 // Belady's optimal offline policy (MIN): on a miss with the pool full it
 // evicts the resident record whose next request lies furthest ahead
-// (never requested again first), never one the current step asks for, as
-// the Stream holds a step's records while the step runs. No policy that
-// cannot see the future hits more often, so hits/total bounds the hit rate
-// of any eviction policy at this pool size (prefetching aside: it changes
-// when a miss is paid, not whether). slots must be at least the largest
-// step.
+// (never requested again first; ties to the lower record), never one the
+// current step asks for, as the Stream holds a step's records while the
+// step runs. No policy that cannot see the future hits more often, so
+// hits/total bounds the hit rate of any eviction policy at this pool size
+// (prefetching aside: it changes when a miss is paid, not whether). slots
+// must be at least the largest step.
 func BeladyHits(tr Trace, slots int) (hits, total int) {
+	lo, hi := int32(0), int32(-1)
+	for i, step := range tr {
+		for _, r := range step {
+			if i == 0 && hi < lo || r < lo {
+				lo = r
+			}
+			hi = max(hi, r)
+		}
+	}
+	n := int(hi-lo) + 1
+	if n <= 0 {
+		return 0, 0
+	}
 	// next[i][k]: the step that next requests tr[i][k] after step i.
 	const never = int(^uint(0) >> 1)
 	next := make([][]int, len(tr))
-	upcoming := map[int32]int{}
+	upcoming := make([]int, n)
+	for i := range upcoming {
+		upcoming[i] = never
+	}
 	for i := len(tr) - 1; i >= 0; i-- {
 		next[i] = make([]int, len(tr[i]))
 		for k, r := range tr[i] {
-			n, ok := upcoming[r]
-			if !ok {
-				n = never
-			}
-			next[i][k] = n
+			next[i][k] = upcoming[r-lo]
 		}
 		for _, r := range tr[i] {
-			upcoming[r] = i
+			upcoming[r-lo] = i
 		}
 	}
-	nextUse := map[int32]int{} // resident record → its next request
-	held := map[int32]bool{}
+	nextUse := upcoming // reused: [record] its next request while resident
+	resident := make([]bool, n)
+	held := make([]bool, n)
+	var pool []int32 // resident records
 	for i, step := range tr {
-		clear(held)
 		for _, r := range step {
-			held[r] = true
+			held[r-lo] = true
 		}
 		for k, r := range step {
 			total++
-			if _, ok := nextUse[r]; ok {
+			if resident[r-lo] {
 				hits++
-			} else if len(nextUse) >= slots {
-				victim, far := int32(-1), -1
-				for q, n := range nextUse {
-					if !held[q] && (n > far || n == far && q < victim) {
-						victim, far = q, n
+				nextUse[r-lo] = next[i][k]
+				continue
+			}
+			if len(pool) >= slots {
+				at, far := -1, -1
+				for j, q := range pool {
+					if n := nextUse[q-lo]; !held[q-lo] && (n > far || n == far && q < pool[at]) {
+						at, far = j, n
 					}
 				}
-				if victim < 0 {
+				if at < 0 {
 					continue // every slot is held by this step: the record streams through
 				}
-				delete(nextUse, victim)
+				resident[pool[at]-lo] = false
+				pool[at] = pool[len(pool)-1]
+				pool = pool[:len(pool)-1]
 			}
-			nextUse[r] = next[i][k]
+			pool = append(pool, r)
+			resident[r-lo] = true
+			nextUse[r-lo] = next[i][k]
+		}
+		for _, r := range step {
+			held[r-lo] = false
 		}
 	}
 	return hits, total
 }
 
 // SimulateHits replays tr through an empty pool of slots records under
-// policy p as the Stream applies it to a decode (one row per step: LRU by
-// step, FLRU crediting each use with a token's worth of steps, use counts
-// halved every 64 tokens), for layers layers; no lookahead.
-func SimulateHits(tr Trace, slots int, p Policy, layers int) (hits, total int) {
-	type entry struct {
+// policy p exactly as the Stream applies it to a decode without lookahead
+// (one row per step; the same scores, ties to the lowest slot, a free
+// slot before any eviction), for a model of layers expert layers of
+// experts experts (record = layer·experts + expert). It agrees with the
+// Stream hit for hit when a step's misses fit in its readers (top-k at
+// most Options.Readers), as they all are then issued when the step
+// begins; with fewer readers, later misses may recycle slots the step has
+// finished with, in an order that depends on when reads land.
+func SimulateHits(tr Trace, slots int, p Policy, layers, experts int) (hits, total int, err error) {
+	if err := p.valid(); err != nil {
+		return 0, 0, err
+	}
+	if slots < 1 || layers < 1 || experts < 1 {
+		return 0, 0, fmt.Errorf("simulate: %d slots, %d layers, %d experts", slots, layers, experts)
+	}
+	type simSlot struct {
+		rec  int32 // -1 when free
 		last int64
 		held bool
 	}
-	pool := map[int32]*entry{}
-	freq := map[int32]float64{}
-	credit := float64(layers)
+	pool := make([]simSlot, slots)
+	for i := range pool {
+		pool[i].rec = -1
+	}
+	where := make([]int32, layers*experts)
+	for i := range where {
+		where[i] = -1
+	}
+	ev := newEvictor(p, layers, experts)
 	var clock int64
-	for _, step := range tr {
-		clock++
-		if clock%int64(64*layers) == 0 {
-			for r := range freq {
-				freq[r] *= 0.5
+	var miss []int32
+	for i, step := range tr {
+		if len(step) == 0 {
+			continue
+		}
+		layer := int(step[0]) / experts
+		for _, r := range step {
+			if r < 0 || int(r) >= len(where) || int(r)/experts != layer {
+				return 0, 0, fmt.Errorf("simulate: step %d asks for record %d, not one of layer %d of %d×%d", i, r, layer, layers, experts)
 			}
 		}
-		for _, e := range pool {
-			e.held = false
-		}
-		var miss []int32
+		clock++
+		ev.tick(clock, layer)
+		miss = miss[:0]
 		for _, r := range step {
 			total++
-			freq[r]++
-			if e, ok := pool[r]; ok {
+			ev.use(r, 1, true)
+			if si := where[r]; si >= 0 {
 				hits++
-				e.last, e.held = clock, true
+				pool[si].last, pool[si].held = clock, true
 				continue
 			}
 			miss = append(miss, r)
 		}
 		for _, r := range miss {
-			if len(pool) >= slots {
-				victim, best := int32(-1), 0.0
-				for q, e := range pool {
-					if e.held {
-						continue
-					}
-					score := float64(e.last)
-					if p == FLRU {
-						score += credit * freq[q]
-					}
-					if victim < 0 || score < best || score == best && q < victim {
-						victim, best = q, score
-					}
+			if where[r] >= 0 {
+				continue // asked for twice in one step
+			}
+			si := -1
+			var best float64
+			for j := range pool {
+				sl := &pool[j]
+				if sl.rec < 0 {
+					si = j
+					break
 				}
-				if victim < 0 {
+				if sl.held {
 					continue
 				}
-				delete(pool, victim)
+				if sc := ev.score(sl.rec, sl.last, false); si < 0 || sc < best {
+					si, best = j, sc
+				}
 			}
-			pool[r] = &entry{last: clock, held: true}
+			if si < 0 {
+				continue // every slot is held by this step: the record streams through
+			}
+			if old := pool[si].rec; old >= 0 {
+				where[old] = -1
+			}
+			pool[si] = simSlot{rec: r, last: clock, held: true}
+			where[r] = int32(si)
+		}
+		for _, r := range step {
+			if si := where[r]; si >= 0 {
+				pool[si].held = false
+			}
 		}
 	}
-	return hits, total
+	return hits, total, nil
 }

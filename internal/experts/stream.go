@@ -104,8 +104,8 @@ type Stream struct {
 	direct        bool
 	mem           []byte
 	slots         []slot
-	where         []int32   // [record] slot, or -1
-	freq          []float32 // [record] use count, halved periodically (FLRU)
+	where         []int32 // [record] slot, or -1
+	ev            evictor // the eviction policy's state
 
 	demand, pre chan request
 	done        chan completion
@@ -268,7 +268,7 @@ func Open(dir string, man *format.Manifest, o Options) (*Stream, error) {
 	for i := range s.where {
 		s.where[i] = -1
 	}
-	s.freq = make([]float32, records)
+	s.ev = newEvictor(o.Policy, s.L, s.E)
 	s.slotOf = make([]int32, s.E)
 	s.pred, s.predLayer = make([]int32, 0, s.E), -1
 	s.lookPrec = make([]float32, s.L)
@@ -319,13 +319,7 @@ func (s *Stream) Begin(layer int, ids []int, hint model.Hint) error {
 	s.endStep()
 	s.drain()
 	s.clock++
-	if s.clock%int64(64*s.L) == 0 {
-		// Halve use counts every 64 tokens so that frequency follows
-		// the recent past (FLRU).
-		for i := range s.freq {
-			s.freq[i] *= 0.5
-		}
-	}
+	s.ev.tick(s.clock, layer)
 	if s.tracing {
 		step := make([]int32, len(ids))
 		for i, e := range ids {
@@ -351,8 +345,8 @@ func (s *Stream) Begin(layer int, ids []int, hint model.Hint) error {
 		if hint.Rows != nil {
 			rows = hint.Rows[i]
 		}
-		s.freq[rec] += float32(rows)
 		stamp := s.stamp(int32(i))
+		s.ev.use(rec, rows, stamp == s.clock)
 		si := s.where[rec]
 		if si < 0 {
 			s.missQ = append(s.missQ, int32(i))

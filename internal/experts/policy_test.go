@@ -1,0 +1,248 @@
+package experts
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/sluicelm/sluice/internal/format"
+	"github.com/sluicelm/sluice/internal/model"
+	"github.com/sluicelm/sluice/internal/testutil"
+)
+
+// benchPrompt is where a recorded trace's decode starts: the positions
+// before it are the prompt (`sluice bench --prompt`'s default), and the
+// decode is replayed from an empty pool, as bench replays its own.
+const benchPrompt = 512
+
+// routeTrace is the decode of one recorded or synthetic route table.
+type routeTrace struct {
+	name    string
+	L, E, K int
+	tr      Trace // one step per layer per position from benchPrompt on
+}
+
+// stepsFrom is the trace of routes (by layer, then position) from
+// position from on, for experts experts a layer.
+func stepsFrom(routes [][][]int, experts, from int) Trace {
+	var tr Trace
+	for p := from; p < len(routes[0]); p++ {
+		for l := range routes {
+			step := make([]int32, len(routes[l][p]))
+			for k, e := range routes[l][p] {
+				step[k] = int32(l*experts + e)
+			}
+			tr = append(tr, step)
+		}
+	}
+	return tr
+}
+
+// routeTraces loads the decodes to measure policies on: each shared tiny
+// model's routes on the first long prompt (refs routes_long0), and what
+// `sluice synth` replays from the tiny Qwen3.5 model's (the recording
+// embedded in the binary) at the shapes of Qwen3.5-35B-A3B and
+// Qwen3-30B-A3B, through LoadRoutes.
+func routeTraces(t testing.TB) []routeTrace {
+	t.Helper()
+	var out []routeTrace
+	for _, name := range testutil.Models {
+		b, err := os.ReadFile(filepath.Join("..", "..", "..", "shared", "refs", name+".json"))
+		if err != nil {
+			t.Skip("no shared refs:", err)
+		}
+		var r struct {
+			Routes [][][]int `json:"routes_long0"`
+		}
+		if err := json.Unmarshal(b, &r); err != nil || len(r.Routes) == 0 || len(r.Routes[0]) <= benchPrompt {
+			t.Fatalf("%s: routes_long0: %v", name, err)
+		}
+		const E = 64 // every shared tiny model's
+		out = append(out, routeTrace{name: name, L: len(r.Routes), E: E, K: len(r.Routes[0][0]), tr: stepsFrom(r.Routes, E, benchPrompt)})
+		if name != "tiny-qwen3-5-moe" {
+			continue
+		}
+		dir := t.TempDir()
+		j, err := json.Marshal(map[string]any{"experts": E, "routes": r.Routes})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, RoutesFile), j, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		for _, like := range []struct {
+			name    string
+			L, E, K int
+		}{{"synth-qwen3.5-35b-a3b", 40, 256, 8}, {"synth-qwen3-30b-a3b", 48, 128, 8}} {
+			route, err := LoadRoutes(dir, &format.Config{Experts: like.E, TopK: like.K})
+			if err != nil {
+				t.Fatal(err)
+			}
+			syn := make([][][]int, like.L)
+			for l := range syn {
+				syn[l] = make([][]int, len(r.Routes[0]))
+			}
+			for p := range syn[0] { // position-major, as the forward asks
+				for l := range syn {
+					syn[l][p] = make([]int, like.K)
+					route(l, p, syn[l][p])
+				}
+			}
+			out = append(out, routeTrace{name: like.name, L: like.L, E: like.E, K: like.K, tr: stepsFrom(syn, like.E, benchPrompt)})
+		}
+	}
+	return out
+}
+
+// TestPolicyTable replays each trace's decode from an empty pool of 5,
+// 10, 25, 50 and 100% of the records under the optimal eviction and every
+// policy, and logs (-v) each policy's hit rate and its fraction of the
+// optimum's (the README's table). No policy may beat the optimum, and
+// with room for every record only first requests miss.
+func TestPolicyTable(t *testing.T) {
+	var tab strings.Builder
+	fmt.Fprintf(&tab, "%-22s %5s %8s", "trace", "pool", "optimum")
+	for _, p := range Policies {
+		fmt.Fprintf(&tab, " %15s", p)
+	}
+	tab.WriteString("\n")
+	sum := map[Policy]map[int]float64{}
+	traces := routeTraces(t)
+	for _, x := range traces {
+		distinct := map[int32]bool{}
+		for _, step := range x.tr {
+			for _, r := range step {
+				distinct[r] = true
+			}
+		}
+		for _, share := range []int{5, 10, 25, 50, 100} {
+			slots := x.L * x.E * share / 100
+			bh, n := BeladyHits(x.tr, slots)
+			fmt.Fprintf(&tab, "%-22s %4d%% %7.1f%%", x.name, share, 100*float64(bh)/float64(n))
+			for _, p := range Policies {
+				h, m, err := SimulateHits(x.tr, slots, p, x.L, x.E)
+				if err != nil || m != n {
+					t.Fatalf("%s, %s: %d requests (%v), want %d", x.name, p, m, err, n)
+				}
+				if h > bh {
+					t.Errorf("%s, pool %d%%: %s hits %d, above the optimum's %d", x.name, share, p, h, bh)
+				}
+				if share == 100 && h != n-len(distinct) {
+					t.Errorf("%s, pool of every record: %s hits %d, want %d (all but first uses)", x.name, p, h, n-len(distinct))
+				}
+				f := float64(h) / float64(bh)
+				fmt.Fprintf(&tab, " %5.1f%% (%.2fx)", 100*float64(h)/float64(n), f)
+				if sum[p] == nil {
+					sum[p] = map[int]float64{}
+				}
+				sum[p][share] += f / float64(len(traces))
+			}
+			tab.WriteString("\n")
+			if share == 100 && bh != n-len(distinct) {
+				t.Errorf("%s, pool of every record: optimum hits %d, want %d", x.name, bh, n-len(distinct))
+			}
+		}
+	}
+	for _, share := range []int{5, 10, 25, 50} {
+		fmt.Fprintf(&tab, "%-22s %4d%% %8s", "mean fraction", share, "")
+		for _, p := range Policies {
+			fmt.Fprintf(&tab, " %15s", fmt.Sprintf("%.2fx", sum[p][share]))
+		}
+		tab.WriteString("\n")
+	}
+	t.Logf("decode hit rate from an empty pool (positions %d on), and the fraction of the optimum's:\n%s", benchPrompt, tab.String())
+}
+
+// TestSimulateMatchesStream drives a real Stream (no lookahead, top-k
+// within its readers) with a recorded decode and requires SimulateHits to
+// count the same hits under every policy and pool size: the offline
+// replay that `sluice bench` prints is the pool's own behaviour.
+func TestSimulateMatchesStream(t *testing.T) {
+	const name = "tiny-qwen3-5-moe"
+	b, err := os.ReadFile(filepath.Join("..", "..", "..", "shared", "refs", name+".json"))
+	if err != nil {
+		t.Skip("no shared refs:", err)
+	}
+	var r struct {
+		Routes [][][]int `json:"routes_long0"`
+	}
+	if err := json.Unmarshal(b, &r); err != nil || len(r.Routes) == 0 {
+		t.Fatalf("routes_long0: %v", err)
+	}
+	dir := testutil.Packed(t, name, 4)
+	man, err := format.ReadManifest(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	L, E := man.ExpertLayers, man.Experts
+	if L < len(r.Routes) { // the model may have more (an MTP layer's)
+		t.Fatalf("%d expert layers, routes for %d", L, len(r.Routes))
+	}
+	tokens := 160
+	if testing.Short() {
+		tokens = 40
+	}
+	for l := range r.Routes {
+		r.Routes[l] = r.Routes[l][:benchPrompt+tokens]
+	}
+	tr := stepsFrom(r.Routes, E, benchPrompt)
+	for _, p := range Policies {
+		for _, share := range []int{5, 10, 25} {
+			slots := max(L*E*share/100, man.Config.TopK)
+			s, err := Open(dir, man, Options{Slots: slots, Readers: man.Config.TopK, Policy: p})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids := make([]int, 0, man.Config.TopK)
+			for _, step := range tr {
+				ids = ids[:0]
+				for _, rec := range step {
+					ids = append(ids, int(rec)%E)
+				}
+				if err := s.Begin(int(step[0])/E, ids, model.Hint{}); err != nil {
+					t.Fatal(err)
+				}
+				for range ids {
+					if _, _, err := s.Next(); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			got := s.Stats()
+			s.Close()
+			want, n, err := SimulateHits(tr, slots, p, L, E)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Hits != int64(want) || got.Hits+got.Misses != int64(n) {
+				t.Errorf("%s, %d slots: the stream hit %d of %d, the replay %d of %d", p, slots, got.Hits, got.Hits+got.Misses, want, n)
+			}
+		}
+	}
+}
+
+// BenchmarkPolicies replays the tiny Qwen3.5 model's recorded decode
+// through a 10% pool under each policy: ns/op is one replay, ns/request
+// the cost of a request including the victim scans of its misses, and
+// of_optimal the policy's hits as a fraction of Belady's.
+func BenchmarkPolicies(b *testing.B) {
+	x := routeTraces(b)[0]
+	slots := x.L * x.E / 10
+	opt, _ := BeladyHits(x.tr, slots)
+	for _, p := range Policies {
+		b.Run(string(p), func(b *testing.B) {
+			var h, n int
+			for b.Loop() {
+				var err error
+				if h, n, err = SimulateHits(x.tr, slots, p, x.L, x.E); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/request")
+			b.ReportMetric(float64(h)/float64(opt), "of_optimal")
+		})
+	}
+}
