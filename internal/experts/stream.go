@@ -670,7 +670,9 @@ func (s *Stream) accountPrefetches(layer int) {
 			}
 		}
 		p := &s.lookPrec[layer]
-		*p += (float32(used)/float32(len(s.pred)) - *p) / lookWindow
+		// Rounded before the add: arm64 would fuse it, and which layers
+		// prefetch must not depend on the CPU.
+		*p += float32((float32(used)/float32(len(s.pred)) - *p) / lookWindow)
 	}
 	s.pred, s.predLayer = s.pred[:0], -1
 	for _, si := range s.prefs {
