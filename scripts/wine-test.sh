@@ -29,7 +29,7 @@ cleanup() {
 }
 trap cleanup EXIT
 export WINEPREFIX="$work/prefix" WINEDEBUG=-all WINEDLLOVERRIDES="mscoree=;mshtml="
-step() { echo "wine-test: $*"; }
+step() { echo "wine-test: [${SECONDS}s] $*"; }
 
 step "$(wine --version), prefix $WINEPREFIX"
 wineboot -i >/dev/null 2>&1
@@ -38,6 +38,7 @@ test -d "$sys32" || { echo "wine-test: wineboot made no $sys32" >&2; exit 1; }
 # The runtime loads bcryptprimitives.dll from system32 only.
 x86_64-w64-mingw32-gcc -O2 -shared -nostartfiles -Wl,--entry,DllMain \
   -o "$sys32/bcryptprimitives.dll" scripts/wine/processprng.c -ladvapi32
+step "prefix ready, ProcessPrng stand-in built"
 
 # Wine 8 answers FileDispositionInformationEx with STATUS_NOT_IMPLEMENTED,
 # which Go's os.RemoveAll does not take as a cue for its older way of
