@@ -30,7 +30,7 @@ func cmdBench(ctx context.Context, args []string) error {
 	depth := fs.Int("depth", 0, "context tokens before the timed decode (0: decode from an empty context, as llama-bench's tg test does)")
 	graphs := fs.Bool("gpu-graphs", true, "on the GPU, record the one-row decode step as a CUDA graph and replay it (false: launch every kernel from the host)")
 	phases := fs.Bool("gpu-phases", false, "on the GPU, time the phases of the last trial's decode steps with CUDA events and print where the time goes (stderr)")
-	disk := fs.Bool("disk", false, "also measure the O_DIRECT random-read bandwidth of the expert store at the record size and queue depth in use")
+	disk := fs.Bool("disk", false, "also measure the uncached (O_DIRECT, F_NOCACHE, FILE_FLAG_NO_BUFFERING) random-read bandwidth of the expert store at the record size and queue depth in use")
 	membw := fs.Bool("membw", false, "also measure the memory's read bandwidth and print the decode speed it allows: the weights a token reads ÷ bandwidth")
 	if _, err := parse(fs, args); err != nil {
 		return err

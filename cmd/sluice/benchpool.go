@@ -9,6 +9,7 @@ import (
 	"github.com/sluicelm/sluice/internal/engine"
 	"github.com/sluicelm/sluice/internal/experts"
 	"github.com/sluicelm/sluice/internal/model"
+	"github.com/sluicelm/sluice/internal/platform"
 	"github.com/sluicelm/sluice/internal/sample"
 )
 
@@ -193,7 +194,7 @@ func (pb *poolBench) print(w io.Writer, e *engine.Engine) {
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "reads achieved %.0f MB/s", pb.ReadMBs)
 	if pb.DiskMBs > 0 {
-		fmt.Fprintf(w, " = %.0f%% of the disk's %.0f MB/s (O_DIRECT, %s records, depth %d)", 100*pb.ReadMBs/pb.DiskMBs, pb.DiskMBs, fmtMB(e.Stream.Stride()), e.Stream.Options().Readers)
+		fmt.Fprintf(w, " = %.0f%% of the disk's %.0f MB/s (%s, %s records, depth %d)", 100*pb.ReadMBs/pb.DiskMBs, pb.DiskMBs, platform.UncachedName, fmtMB(e.Stream.Stride()), e.Stream.Options().Readers)
 	}
 	fmt.Fprintln(w)
 	if pb.PoolShare >= 1 {

@@ -9,6 +9,7 @@ import (
 	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/model"
 	"github.com/sluicelm/sluice/internal/pack"
+	"github.com/sluicelm/sluice/internal/platform"
 )
 
 // ExpertOptions choose how routed experts are served. With no pool or
@@ -98,7 +99,7 @@ func openExperts(m *model.Model, o Options) (*experts.Stream, string, error) {
 	}
 	m.Experts = s
 	why := plan.Why
-	how := "O_DIRECT"
+	how := platform.UncachedName
 	if !s.Direct() {
 		how = "buffered reads"
 	}

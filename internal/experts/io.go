@@ -2,7 +2,6 @@ package experts
 
 import (
 	"fmt"
-	"os"
 
 	"github.com/sluicelm/sluice/internal/platform"
 )
@@ -12,9 +11,9 @@ import (
 // uncached reads keep streamed records out of the page cache, which would
 // otherwise grow past the memory budget and evict the dense weights. why
 // says what refused the bypass.
-func openRecords(path string, buffered bool) (f *os.File, direct bool, why string, err error) {
+func openRecords(path string, buffered bool) (f *platform.File, direct bool, why string, err error) {
 	if buffered {
-		f, err = os.Open(path)
+		f, err = platform.Open(path)
 	} else {
 		f, direct, why, err = platform.OpenUncached(path)
 	}
@@ -35,7 +34,7 @@ func alignedBuf(n int64) []byte {
 }
 
 // preadFull reads len(buf) bytes at off.
-func preadFull(f *os.File, buf []byte, off int64) error {
-	_, err := platform.Pread(f, buf, off)
+func preadFull(f *platform.File, buf []byte, off int64) error {
+	_, err := f.Pread(buf, off)
 	return err
 }

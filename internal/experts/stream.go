@@ -19,7 +19,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -100,7 +99,7 @@ type Stream struct {
 	E, L    int                 // experts per layer, expert layers
 	records int
 
-	file, lowFile *os.File
+	file, lowFile *platform.File
 	direct        bool
 	mem           []byte
 	slots         []slot

@@ -33,9 +33,7 @@ func TestDeepSeekV3Path(t *testing.T) {
 	}
 	for _, e := range ents {
 		if e.Name() != "config.json" {
-			if err := os.Symlink(filepath.Join(src, e.Name()), filepath.Join(dir, e.Name())); err != nil {
-				t.Fatal(err)
-			}
+			testutil.Link(t, filepath.Join(src, e.Name()), filepath.Join(dir, e.Name()))
 		}
 	}
 	v3dir := filepath.Join(t.TempDir(), "packed")

@@ -99,9 +99,7 @@ func makeVariant(t testing.TB, model string, v variant) string {
 	src := testutil.ModelDir(t, model)
 	dst := t.TempDir()
 	for _, f := range []string{"tokenizer.json", "tokenizer_config.json", "generation_config.json"} {
-		if err := os.Symlink(mustAbs(t, filepath.Join(src, f)), filepath.Join(dst, f)); err != nil {
-			t.Fatal(err)
-		}
+		testutil.Link(t, mustAbs(t, filepath.Join(src, f)), filepath.Join(dst, f))
 	}
 	cfg := testutil.ReadJSON(t, filepath.Join(src, "config.json"))
 	if v.config != nil {
@@ -134,9 +132,7 @@ func makeVariant(t testing.TB, model string, v variant) string {
 		}
 		for _, e := range ents {
 			if strings.HasSuffix(e.Name(), ".safetensors") || e.Name() == "model.safetensors.index.json" {
-				if err := os.Symlink(mustAbs(t, filepath.Join(src, e.Name())), filepath.Join(dst, e.Name())); err != nil {
-					t.Fatal(err)
-				}
+				testutil.Link(t, mustAbs(t, filepath.Join(src, e.Name())), filepath.Join(dst, e.Name()))
 			}
 		}
 		return dst

@@ -21,11 +21,11 @@ func alloc(n int) ([]byte, error) {
 
 func free(b []byte) error { return syscall.Munmap(b) }
 
-// Pread reads len(buf) bytes at off. It uses the raw descriptor so that a
-// read costs no allocation and does not go through the runtime poller
-// (regular files are never non-blocking anyway).
-func Pread(f *os.File, buf []byte, off int64) (int, error) {
-	fd := int(f.Fd())
+// pread uses the raw descriptor so that a read costs no allocation and
+// does not go through the runtime poller (regular files are never
+// non-blocking anyway).
+func pread(h uintptr, name string, buf []byte, off int64) (int, error) {
+	fd := int(h)
 	done := 0
 	for done < len(buf) {
 		n, err := syscall.Pread(fd, buf[done:], off+int64(done))

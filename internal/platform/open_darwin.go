@@ -6,6 +6,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// uncachedName is what macOS calls its page-cache bypass.
+const uncachedName = "F_NOCACHE"
+
 // openUncached sets F_NOCACHE, macOS's page-cache bypass: unlike O_DIRECT
 // it is a hint with no alignment rule, but aligned reads keep it cheap.
 func openUncached(path string) (*os.File, error) {

@@ -74,15 +74,16 @@ func Free(b []byte) error {
 // offsets and lengths that are multiples of 4096. It probes one aligned
 // read, since some filesystems accept the flag at open and refuse at read;
 // when the bypass is refused it returns a buffered file and why.
-func OpenUncached(path string) (f *os.File, direct bool, why string, err error) {
-	f, err = openUncached(path)
+func OpenUncached(path string) (f *File, direct bool, why string, err error) {
+	of, err := openUncached(path)
 	if err == nil {
+		f = newFile(of)
 		buf, aerr := Alloc(4096)
 		if aerr != nil {
 			f.Close()
 			return nil, false, "", aerr
 		}
-		_, rerr := Pread(f, buf, 0)
+		_, rerr := f.Pread(buf, 0)
 		Free(buf)
 		if rerr == nil {
 			return f, true, "", nil
@@ -92,12 +93,41 @@ func OpenUncached(path string) (f *os.File, direct bool, why string, err error) 
 	} else {
 		why = err.Error()
 	}
-	f, err = os.Open(path)
+	f, err = Open(path)
 	if err != nil {
 		return nil, false, "", err
 	}
 	return f, false, why, nil
 }
+
+// File is a file opened for positional reads, by Open or OpenUncached. Its
+// Pread, unlike os.File's ReadAt, lets concurrent reads of one file run
+// together on every platform (os.File serialises them on Windows) and
+// allocates nothing.
+type File struct {
+	*os.File
+	fd uintptr // the descriptor or handle, taken once: Fd has side effects on Windows
+}
+
+func newFile(f *os.File) *File { return &File{File: f, fd: f.Fd()} }
+
+// Open opens path for reading through the page cache.
+func Open(path string) (*File, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	return newFile(f), nil
+}
+
+// Pread reads len(buf) bytes at off; it fails with io.ErrUnexpectedEOF when
+// the file ends first. The File must stay open until it returns.
+func (f *File) Pread(buf []byte, off int64) (int, error) { return pread(f.fd, f.Name(), buf, off) }
+
+// UncachedName is the platform's name for the page-cache bypass that
+// OpenUncached uses, for messages: a Windows user looking for "O_DIRECT"
+// would find nothing.
+const UncachedName = uncachedName
 
 // Available returns the memory this process may still use and where the
 // figure came from, or -1 and why when the platform gives no figure.

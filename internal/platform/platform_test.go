@@ -2,6 +2,7 @@ package platform
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -88,13 +89,13 @@ func TestOpenUncached(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer Free(buf)
-	if _, err := Pread(f, buf, 4096); err != nil {
+	if _, err := f.Pread(buf, 4096); err != nil {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(buf, want[4096:3*4096]) {
 		t.Fatal("read bytes differ from the file")
 	}
-	if _, err := Pread(f, buf, 3*4096); err == nil {
+	if _, err := f.Pread(buf, 3*4096); err == nil {
 		t.Fatal("reading past the end: no error")
 	}
 	if _, _, _, err := OpenUncached(filepath.Join(t.TempDir(), "missing")); err == nil {
@@ -114,4 +115,83 @@ func TestAvailable(t *testing.T) {
 		}
 	}
 	t.Logf("%d bytes: %s", n, src)
+}
+
+// TestPreadConcurrent reads every block of a file from many goroutines at
+// once, as the expert readers do, through the uncached file and a buffered
+// one, and checks each block's bytes.
+func TestPreadConcurrent(t *testing.T) {
+	const blocks = 64
+	path, want := testFile(t, blocks*4096)
+	direct, _, _, err := OpenUncached(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer direct.Close()
+	buffered, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer buffered.Close()
+	for _, f := range []*File{direct, buffered} {
+		errs := make(chan error, blocks)
+		for b := range blocks {
+			go func() {
+				buf, err := Alloc(4096)
+				if err != nil {
+					errs <- err
+					return
+				}
+				defer Free(buf)
+				for range 8 {
+					off := int64((b*7)%blocks) * 4096
+					if n, err := f.Pread(buf, off); err != nil || n != len(buf) {
+						errs <- fmt.Errorf("block at %d: %d bytes, %v", off, n, err)
+						return
+					}
+					if !bytes.Equal(buf, want[off:off+4096]) {
+						errs <- fmt.Errorf("block at %d: bytes differ from the file", off)
+						return
+					}
+				}
+				errs <- nil
+			}()
+		}
+		for range blocks {
+			if err := <-errs; err != nil {
+				t.Error(err)
+			}
+		}
+	}
+}
+
+// TestPreadAllocs: a read allocates nothing, so that decoding through a
+// streamed expert pool stays allocation-free.
+func TestPreadAllocs(t *testing.T) {
+	path, _ := testFile(t, 4*4096)
+	f, _, _, err := OpenUncached(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf, err := Alloc(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer Free(buf)
+	f.Pread(buf, 0)
+	if n := testing.AllocsPerRun(100, func() {
+		if _, err := f.Pread(buf, 4096); err != nil {
+			t.Fatal(err)
+		}
+	}); n != 0 {
+		t.Fatalf("Pread allocates %.1f times", n)
+	}
+}
+
+func TestUncachedName(t *testing.T) {
+	want := map[string]string{"linux": "O_DIRECT", "darwin": "F_NOCACHE", "windows": "FILE_FLAG_NO_BUFFERING"}[runtime.GOOS]
+	if want != "" && UncachedName != want {
+		t.Fatalf("UncachedName = %q on %s, want %q", UncachedName, runtime.GOOS, want)
+	}
 }

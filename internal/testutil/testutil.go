@@ -298,3 +298,38 @@ func WriteJSON(t testing.TB, path string, v any) {
 		t.Fatal(err)
 	}
 }
+
+// Link makes dst name the file src, as a symbolic link where the system
+// allows one that can be read through, else as a copy: Windows grants
+// symbolic links only to administrators or in developer mode, and Wine 8
+// creates links it cannot open.
+func Link(t testing.TB, src, dst string) {
+	t.Helper()
+	if err := os.Symlink(src, dst); err == nil {
+		if f, err := os.Open(dst); err == nil {
+			f.Close()
+			return
+		}
+		// Wine reports its dangling link as missing, to Remove too; Create
+		// below still replaces it.
+		if err := os.Remove(dst); err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+	}
+	in, err := os.Open(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	out, err := os.Create(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		t.Fatal(err)
+	}
+	if err := out.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
