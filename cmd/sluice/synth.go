@@ -27,6 +27,9 @@ var synthShapes = map[string]format.Config{
 	"qwen3.5-35b-a3b": {Family: family.NameQwen35MoE, Hidden: 2048, Layers: 40, Vocab: 248320, Heads: 16, KVHeads: 2, HeadDim: 256,
 		RotaryDim: 64, RopeTheta: 1e7, RMSEps: 1e-6, MaxPos: 262144, Experts: 256, TopK: 8, MoEInter: 512, SharedInter: 512, NormTopK: true,
 		LinearKeyHeads: 16, LinearValueHeads: 32, LinearKeyDim: 128, LinearValueDim: 128, ConvKernel: 4, MTPLayers: 1},
+	"qwen3-next-80b-a3b": {Family: family.NameQwen3Next, Hidden: 2048, Layers: 48, Vocab: 151936, Heads: 16, KVHeads: 2, HeadDim: 256,
+		RotaryDim: 64, RopeTheta: 1e7, RMSEps: 1e-6, MaxPos: 262144, Experts: 512, TopK: 10, MoEInter: 512, SharedInter: 512, NormTopK: true,
+		LinearKeyHeads: 16, LinearValueHeads: 32, LinearKeyDim: 128, LinearValueDim: 128, ConvKernel: 4, MTPLayers: 1},
 	"qwen3-30b-a3b": {Family: family.NameQwen3MoE, Hidden: 2048, Layers: 48, Vocab: 151936, Heads: 32, KVHeads: 4, HeadDim: 128,
 		RotaryDim: 128, RopeTheta: 1e6, RMSEps: 1e-6, MaxPos: 40960, Experts: 128, TopK: 8, MoEInter: 768, NormTopK: true},
 	"gpt-oss-120b": {Family: family.NameGPTOSS, Hidden: 2880, Layers: 36, Vocab: 201088, Heads: 64, KVHeads: 8, HeadDim: 64,
@@ -60,7 +63,7 @@ func synthLike(like string) (format.Config, bool, error) {
 }
 
 // synthLikes lists the names --like takes.
-const synthLikes = "qwen3.5-35b-a3b, qwen3-30b-a3b, gpt-oss-120b or deepseek-v3"
+const synthLikes = "qwen3.5-35b-a3b, qwen3-next-80b-a3b, qwen3-30b-a3b, gpt-oss-120b or deepseek-v3"
 
 // cmdSynth writes a packed model with a real model's shapes and random
 // weights, for benchmarks at real record sizes, and optionally the same
@@ -130,7 +133,7 @@ func cmdSynth(ctx context.Context, args []string) error {
 	cfg.LayerTypes = make([]string, cfg.Layers)
 	for i := range cfg.LayerTypes {
 		cfg.LayerTypes[i] = format.FullAttention
-		if cfg.Family == family.NameQwen35MoE && i%4 != 3 {
+		if (cfg.Family == family.NameQwen35MoE || cfg.Family == family.NameQwen3Next) && i%4 != 3 {
 			cfg.LayerTypes[i] = format.LinearAttention
 		}
 	}
@@ -301,7 +304,7 @@ func synthDense(m *format.Manifest, kind format.Kind, path string) error {
 		off += int64(len(b))
 		return at
 	}
-	zc := m.Config.Family == family.NameQwen35MoE // zero-centred norms
+	zc := m.Config.Family == family.NameQwen35MoE || m.Config.Family == family.NameQwen3Next // zero-centred norms
 	specs, err := family.Specs(&m.Config)
 	if err != nil {
 		return err

@@ -151,12 +151,12 @@ func TestScoreMatchesReference(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			checkScore(t, sc, c)
+			checkScore(t, sc, c, testutil.LogitTol(name))
 		})
 	}
 }
 
-func checkScore(t *testing.T, sc *engine.Score, c testutil.Case) {
+func checkScore(t *testing.T, sc *engine.Score, c testutil.Case, tol float64) {
 	t.Helper()
 	n := len(c.Prompt)
 	if sc.N != n || len(sc.Argmax) != n {
@@ -193,7 +193,7 @@ func checkScore(t *testing.T, sc *engine.Score, c testutil.Case) {
 			worst, at = d, i
 		}
 	}
-	if !(worst <= 1e-3) {
+	if !(worst <= tol) {
 		t.Errorf("last logits differ from transformers by %g at %d (got %v, want %v)", worst, at, sc.LastLogits[at], c.LastLogits[at])
 	}
 }

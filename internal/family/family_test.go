@@ -84,6 +84,16 @@ func TestSpecsCoverCheckpoints(t *testing.T) {
 				if strings.HasPrefix(n, "mtp.layers.0.") {
 					n = fmt.Sprintf("layers.%d.", c.Layers) + strings.TrimPrefix(n, "mtp.layers.0.")
 				}
+				if c.Family == family.NameQwen3Next { // the packer splits the fused DeltaNet projections
+					if p, ok := strings.CutSuffix(n, "in_proj_qkvz.weight"); ok {
+						canon[p+"in_proj_qkv.weight"], canon[p+"in_proj_z.weight"] = true, true
+						continue
+					}
+					if p, ok := strings.CutSuffix(n, "in_proj_ba.weight"); ok {
+						canon[p+"in_proj_b.weight"], canon[p+"in_proj_a.weight"] = true, true
+						continue
+					}
+				}
 				canon[n] = true
 			}
 			seen := map[string]bool{}

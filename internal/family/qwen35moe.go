@@ -51,7 +51,15 @@ func parseQwen35MoE(raw []byte) (format.Config, error) {
 	if err := json.Unmarshal(raw, &r); err != nil {
 		return format.Config{}, err
 	}
-	c, err := r.qwenCommon.config(NameQwen35MoE)
+	c, err := r.config(NameQwen35MoE)
+	c.NormTopK = true // the qwen3_5_moe router always renormalises its top-k
+	return c, err
+}
+
+// config fills the hybrid (DeltaNet + gated attention) dimensions that
+// qwen3_5_moe and qwen3_next share, refusing what their blocks do not run.
+func (r *qwen35MoEConfig) config(family string) (format.Config, error) {
+	c, err := r.qwenCommon.config(family)
 	if err != nil {
 		return c, err
 	}
@@ -59,7 +67,6 @@ func parseQwen35MoE(raw []byte) (format.Config, error) {
 	if c.Experts == 0 {
 		c.Experts = r.NumLocalExperts
 	}
-	c.NormTopK = true // the qwen3_5_moe router always renormalises its top-k
 	c.SharedInter = r.SharedInter
 	c.LinearKeyHeads, c.LinearValueHeads = r.LinearKeyHeads, r.LinearValueHeads
 	c.LinearKeyDim, c.LinearValueDim, c.ConvKernel = r.LinearKeyDim, r.LinearValueDim, r.ConvKernel
@@ -75,7 +82,7 @@ func parseQwen35MoE(raw []byte) (format.Config, error) {
 	}
 	for i, t := range c.LayerTypes {
 		if t != format.FullAttention && t != format.LinearAttention {
-			return c, fmt.Errorf("layer_types[%d] = %q is not supported by %s", i, t, NameQwen35MoE)
+			return c, fmt.Errorf("layer_types[%d] = %q is not supported by %s", i, t, family)
 		}
 	}
 	for _, f := range []struct {
@@ -129,7 +136,7 @@ func buildQwen35MoE(c *format.Config, t *block.Tensors) (*Arch, error) {
 			d.Out = t.Mat(p+"linear_attn.out_proj.weight", H, vd)
 			L.Mixer = d
 		}
-		moe := &block.MoE{Layer: l, Router: t.F32(p+"mlp.gate.weight", c.Experts, H), NormTopK: true}
+		moe := &block.MoE{Layer: l, Router: t.F32(p+"mlp.gate.weight", c.Experts, H), NormTopK: c.NormTopK || c.Family == NameQwen35MoE}
 		L.FFN = moe
 		if c.SharedInter > 0 {
 			moe.Shared = &block.MLP{Inter: c.SharedInter,

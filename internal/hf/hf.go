@@ -160,6 +160,11 @@ func Open(dir string) (*Checkpoint, error) {
 		ck.Close()
 		return nil, err
 	}
+	if cfg.Family == family.NameQwen3Next && cfg.MTPLayers == 0 && hasMTP {
+		// transformers drops Qwen3-Next's mtp.* on load and the hub's
+		// config.json does not count the head: the weights say it is there.
+		c.Config.MTPLayers = 1
+	}
 	if cfg.MTPLayers > 0 && !hasMTP {
 		// Config promises an MTP head the weights lack (some conversions drop
 		// it): run without it rather than fail.

@@ -63,7 +63,7 @@ func logSoftmax(x []float32) []float64 {
 
 // TestConformance checks the exact (bf16) mode against transformers: argmax
 // per position (a mismatch only where the reference's top two are within
-// 1e-3), last-position logits within 1e-3.
+// 1e-3), last-position logits within testutil.LogitTol (1e-3).
 func TestConformance(t *testing.T) {
 	for _, name := range testutil.Models {
 		t.Run(name, func(t *testing.T) {
@@ -98,7 +98,7 @@ func TestConformance(t *testing.T) {
 				if ci == 0 {
 					t.Logf("case 0: last logits max abs diff %.2e", worst)
 				}
-				if worst > 1e-3 {
+				if worst > testutil.LogitTol(name) {
 					t.Errorf("case %d: last logits differ by up to %g", ci, worst)
 				}
 			}
@@ -107,7 +107,7 @@ func TestConformance(t *testing.T) {
 }
 
 // TestGreedy decodes 48 tokens greedily in exact mode and requires the
-// reference's tokens.
+// reference's tokens, up to a step whose top two logits are within 1e-3.
 func TestGreedy(t *testing.T) {
 	for _, name := range testutil.Models {
 		t.Run(name, func(t *testing.T) {
@@ -123,16 +123,22 @@ func TestGreedy(t *testing.T) {
 					t.Fatal(err)
 				}
 				var got []int
+				var gaps []float64
 				for len(got) < len(c.Greedy) {
 					next := argmax(logits)
-					got = append(got, next)
+					got, gaps = append(got, next), append(gaps, top2Gap(logits))
 					if err := r.Forward(st, []int{next}, logits, false); err != nil {
 						t.Fatal(err)
 					}
 				}
 				for i := range got {
 					if got[i] != c.Greedy[i] {
-						t.Errorf("case %d: greedy token %d is %d, want %d\n got %v\nwant %v", ci, i, got[i], c.Greedy[i], got, c.Greedy)
+						// The near-tie rule of TestConformance: past a step
+						// whose top two are within 1e-3 the continuations
+						// are unrelated.
+						if gaps[i] > 1e-3 {
+							t.Errorf("case %d: greedy token %d is %d, want %d (top two %.2e apart)\n got %v\nwant %v", ci, i, got[i], c.Greedy[i], gaps[i], got, c.Greedy)
+						}
 						break
 					}
 				}
