@@ -48,7 +48,7 @@ func Describe(c *format.Config) []string {
 }
 
 // All lists the families sluice runs.
-var All = []*Family{&qwen3MoE, &qwen35MoE, &gptOSS, &deepSeek}
+var All = []*Family{&qwen3MoE, &qwen35MoE, &gptOSS, &deepSeek, &glm4MoE}
 
 // Lookup returns the family serving a config.json model_type.
 func Lookup(modelType string) (*Family, error) {

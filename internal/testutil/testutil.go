@@ -23,7 +23,7 @@ import (
 )
 
 // Models are the shared test checkpoints, one per family.
-var Models = []string{"tiny-qwen3-5-moe", "tiny-qwen3-moe", "tiny-gpt-oss", "tiny-deepseek-v32"}
+var Models = []string{"tiny-qwen3-5-moe", "tiny-qwen3-moe", "tiny-gpt-oss", "tiny-deepseek-v32", "tiny-glm4-moe"}
 
 // Extra are the test checkpoints the repository keeps itself, trained by
 // scripts/tiny/train_tiny.py, with their references from transformers:
