@@ -3,7 +3,9 @@ package family
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
+	"slices"
 
 	"github.com/sluicelm/sluice/internal/block"
 	"github.com/sluicelm/sluice/internal/format"
@@ -184,12 +186,15 @@ func glm4MoERope(r *glm4MoEConfig) (theta, partial float64, err error) {
 		name string
 		m    map[string]any
 	}{{"rope_scaling", r.RopeScaling}, {"rope_parameters", r.RopeParameters}} {
-		for k, v := range p.m {
+		for _, k := range []string{"rope_type", "type"} {
+			if v, ok := p.m[k]; ok && v != "default" {
+				return 0, 0, fmt.Errorf("%s.%s %v is not supported by %s (want default)", p.name, k, v, NameGLM4MoE)
+			}
+		}
+		for _, k := range slices.Sorted(maps.Keys(p.m)) {
+			v := p.m[k]
 			switch k {
 			case "rope_type", "type":
-				if s, _ := v.(string); s != "default" {
-					return 0, 0, fmt.Errorf("%s.%s %v is not supported by %s (want default)", p.name, k, v, NameGLM4MoE)
-				}
 			case "rope_theta":
 				f, ok := v.(float64)
 				if !ok {
