@@ -11,7 +11,7 @@ import (
 	"github.com/sluicelm/sluice/internal/format"
 )
 
-// NameGLM4MoE is glm4_moe (GLM-4.5, GLM-4.5-Air, GLM-4.6): grouped-query
+// NameGLM4MoE is glm4_moe (GLM-4.5, GLM-4.5-Air): grouped-query
 // attention with q/k/v biases, optional per-head q/k RMSNorm and a rope
 // over the first half of each head (rotate-half, as Llama), leading dense
 // MLP layers, then DeepSeek-V3's MoE: a sigmoid router with a correction
