@@ -51,19 +51,33 @@ const deepSeekV3Config = `{"model_type": "deepseek_v3", "hidden_size": 7168, "in
  "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "beta_fast": 32,
   "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}}`
 
+// glm45AirConfig is GLM-4.5-Air's config.json (zai-org/GLM-4.5-Air), less
+// the keys that only name tokens. Parsing it through the family gives the
+// config pack would write for the release.
+const glm45AirConfig = `{"model_type": "glm4_moe", "hidden_size": 4096, "intermediate_size": 10944,
+ "moe_intermediate_size": 1408, "num_hidden_layers": 46, "num_nextn_predict_layers": 1, "num_attention_heads": 96,
+ "num_key_value_heads": 8, "head_dim": 128, "partial_rotary_factor": 0.5, "n_routed_experts": 128,
+ "n_shared_experts": 1, "num_experts_per_tok": 8, "n_group": 1, "topk_group": 1, "norm_topk_prob": true,
+ "routed_scaling_factor": 1.0, "first_k_dense_replace": 1, "vocab_size": 151552, "rms_norm_eps": 1e-5,
+ "max_position_embeddings": 131072, "rope_theta": 1000000, "rope_scaling": null, "hidden_act": "silu",
+ "attention_bias": true, "use_qk_norm": false, "tie_word_embeddings": false}`
+
 // synthLike returns the config of the model --like names.
 func synthLike(like string) (format.Config, bool, error) {
-	if like == "deepseek-v3" {
-		f, _ := family.Named(family.NameDeepSeek)
-		c, err := f.Parse([]byte(deepSeekV3Config))
-		return c, true, err
+	for _, l := range []struct{ like, family, config string }{
+		{"deepseek-v3", family.NameDeepSeek, deepSeekV3Config}, {"glm-4.5-air", family.NameGLM4MoE, glm45AirConfig}} {
+		if like == l.like {
+			f, _ := family.Named(l.family)
+			c, err := f.Parse([]byte(l.config))
+			return c, true, err
+		}
 	}
 	c, ok := synthShapes[like]
 	return c, ok, nil
 }
 
 // synthLikes lists the names --like takes.
-const synthLikes = "qwen3.5-35b-a3b, qwen3-next-80b-a3b, qwen3-30b-a3b, gpt-oss-120b or deepseek-v3"
+const synthLikes = "qwen3.5-35b-a3b, qwen3-next-80b-a3b, qwen3-30b-a3b, gpt-oss-120b, deepseek-v3 or glm-4.5-air"
 
 // cmdSynth writes a packed model with a real model's shapes and random
 // weights, for benchmarks at real record sizes, and optionally the same
@@ -194,12 +208,13 @@ func cmdSynth(ctx context.Context, args []string) error {
 }
 
 // synthFewerExperts keeps n routed experts a layer, checking that the
-// router still has top-k of them to choose (DeepSeek: within its groups).
+// router still has top-k of them to choose (DeepSeek, GLM-4.5: within its
+// groups).
 func synthFewerExperts(c *format.Config, n int) error {
 	if n < c.TopK {
 		return fmt.Errorf("--experts %d: below the %d experts each token uses", n, c.TopK)
 	}
-	if c.Family == family.NameDeepSeek {
+	if c.Family == family.NameDeepSeek || c.Family == family.NameGLM4MoE {
 		var g struct {
 			Groups    int `json:"n_group"`
 			TopGroups int `json:"topk_group"`

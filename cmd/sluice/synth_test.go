@@ -195,3 +195,64 @@ func readJSONFile(t *testing.T, path string, v any) {
 		t.Fatalf("%s: %v", path, err)
 	}
 }
+
+// TestSynthGLM45Air: --like glm-4.5-air writes GLM-4.5-Air's real shapes
+// (hidden 4096, vocab 151552, 96 heads / 8 kv heads of 128 with q/k/v
+// biases, a rope over 64 of them, experts of 1408 routed top-8, a shared
+// expert, an MTP layer), cut to one layer and 8 experts; inspect reports
+// them, and the model decodes with drafts from its MTP layer giving the
+// same tokens.
+func TestSynthGLM45Air(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "air")
+	ok(t, "synth", "--like", "glm-4.5-air", "--layers", "1", "--experts", "8", "--route", "router", "--out", dir)
+	out, _ := ok(t, "inspect", "--json", dir)
+	var raw map[string]any
+	decode(t, out, &raw)
+	cfg, _ := raw["config"].(map[string]any)
+	for k, v := range map[string]float64{"hidden_size": 4096, "num_hidden_layers": 1, "vocab_size": 151552, "num_attention_heads": 96,
+		"num_key_value_heads": 8, "head_dim": 128, "rotary_dim": 64, "rope_theta": 1e6, "num_experts": 8, "num_experts_per_tok": 8,
+		"moe_intermediate_size": 1408, "shared_expert_intermediate_size": 1408, "mtp_num_hidden_layers": 1} {
+		if got, _ := cfg[k].(float64); got != v {
+			t.Errorf("inspect: %s = %v, want %v", k, cfg[k], v)
+		}
+	}
+	var mf struct {
+		Dense []struct {
+			Name  string `json:"name"`
+			Shape []int  `json:"shape"`
+		} `json:"dense"`
+	}
+	readJSONFile(t, filepath.Join(dir, "manifest.json"), &mf)
+	shapes := map[string][]int{}
+	for _, d := range mf.Dense {
+		shapes[d.Name] = d.Shape
+	}
+	for n, s := range map[string][]int{
+		"layers.0.self_attn.q_proj.weight": {96 * 128, 4096}, "layers.0.self_attn.q_proj.bias": {96 * 128},
+		"layers.0.self_attn.k_proj.bias": {8 * 128}, "layers.0.mlp.gate.e_score_correction_bias": {8},
+		"layers.1.eh_proj.weight": {4096, 2 * 4096}, "layers.1.self_attn.v_proj.weight": {8 * 128, 4096},
+	} {
+		if !slices.Equal(shapes[n], s) {
+			t.Errorf("%s: shape %v, want %v", n, shapes[n], s)
+		}
+	}
+	var plain, drafts struct {
+		Tokens []int `json:"tokens"`
+		Stats  struct {
+			MTP *struct {
+				Drafted int `json:"drafted"`
+			} `json:"mtp"`
+		} `json:"stats"`
+	}
+	args := []string{"run", "-m", dir, "--temp", "0", "-n", "3", "--ignore-eos", "--json", "--threads", "2", "--tokens", "1,2,3"}
+	o, _ := ok(t, args...)
+	decode(t, o, &plain)
+	o, _ = ok(t, append(args, "--drafts", "1")...)
+	decode(t, o, &drafts)
+	if len(plain.Tokens) != 3 || !slices.Equal(plain.Tokens, drafts.Tokens) {
+		t.Errorf("tokens %v, with drafts %v: want 3 equal", plain.Tokens, drafts.Tokens)
+	}
+	if m := drafts.Stats.MTP; m == nil || m.Drafted == 0 {
+		t.Errorf("--drafts 1: the MTP layer drafted nothing (%+v)", m)
+	}
+}

@@ -34,8 +34,15 @@ const dsModel = "tiny-deepseek-v32"
 // multiply enorm(embed)), "hidden" (the last H, which multiply hnorm(h)) or
 // "" (none).
 func deepSeekMTPCheckpoint(t *testing.T, zero string) string {
+	return mtpCheckpoint(t, dsModel, zero)
+}
+
+// mtpCheckpoint is deepSeekMTPCheckpoint for any model whose MTP module
+// has DeepSeek-V3's layout (deepseek_v32, glm4_moe) and whose layer 1 is
+// a MoE layer.
+func mtpCheckpoint(t *testing.T, name, zero string) string {
 	t.Helper()
-	src := testutil.ModelDir(t, dsModel)
+	src := testutil.ModelDir(t, name)
 	dir := t.TempDir()
 	cfg := testutil.ReadJSON(t, filepath.Join(src, "config.json"))
 	cfg["num_nextn_predict_layers"] = 1
@@ -148,8 +155,11 @@ func deepSeekMTPCheckpoint(t *testing.T, zero string) string {
 // (its expert records after the trunk's), loads it, and drafts with it;
 // greedy tokens with D = 1, 2, 3 drafts are plain greedy's exactly, with
 // the store resident and through the smallest expert pool.
-func TestDeepSeekMTPDrafts(t *testing.T) {
-	dir := packDeepSeekMTP(t, "")
+func TestDeepSeekMTPDrafts(t *testing.T) { testMTPDrafts(t, dsModel) }
+
+// testMTPDrafts is TestDeepSeekMTPDrafts on mtpCheckpoint(name).
+func testMTPDrafts(t *testing.T, name string) {
+	dir := packMTP(t, name, "")
 	openDir := func(o engine.Options) *engine.Engine {
 		o.Threads = 2
 		e, err := engine.Open(context.Background(), dir, o)
@@ -169,7 +179,7 @@ func TestDeepSeekMTPDrafts(t *testing.T) {
 	if minPool.Stream == nil {
 		t.Fatalf("the smallest pool did not stream: %s", minPool.ExpertPlan)
 	}
-	refs := testutil.LoadRefs(t, dsModel)
+	refs := testutil.LoadRefs(t, name)
 	o := greedy48
 	o.MaxTokens = 24
 	for _, s := range []struct {
@@ -201,10 +211,13 @@ func TestDeepSeekMTPDrafts(t *testing.T) {
 }
 
 // packDeepSeekMTP packs deepSeekMTPCheckpoint(zero) exactly (16 bits).
-func packDeepSeekMTP(t *testing.T, zero string) string {
+func packDeepSeekMTP(t *testing.T, zero string) string { return packMTP(t, dsModel, zero) }
+
+// packMTP packs mtpCheckpoint(name, zero) exactly (16 bits).
+func packMTP(t *testing.T, name, zero string) string {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "packed")
-	if err := pack.Pack(context.Background(), deepSeekMTPCheckpoint(t, zero), dir, pack.Options{Bits: 16}); err != nil {
+	if err := pack.Pack(context.Background(), mtpCheckpoint(t, name, zero), dir, pack.Options{Bits: 16}); err != nil {
 		t.Fatal(err)
 	}
 	return dir
@@ -265,14 +278,18 @@ func TestDeepSeekMTPInputs(t *testing.T) {
 // (MTPFollow after each trunk step, the last row's token arriving later)
 // fills the same latent cache and gives bit-identical logits to one batch
 // over the whole prompt.
-func TestDeepSeekMTPFollowChunked(t *testing.T) {
-	e, err := engine.Open(context.Background(), packDeepSeekMTP(t, ""), engine.Options{Threads: 2})
+func TestDeepSeekMTPFollowChunked(t *testing.T) { testMTPFollowChunked(t, dsModel) }
+
+// testMTPFollowChunked is TestDeepSeekMTPFollowChunked on
+// mtpCheckpoint(name).
+func testMTPFollowChunked(t *testing.T, name string) {
+	e, err := engine.Open(context.Background(), packMTP(t, name, ""), engine.Options{Threads: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer e.Close()
 	m := e.Model
-	p := testutil.LoadRefs(t, dsModel).Cases[5].Prompt
+	p := testutil.LoadRefs(t, name).Cases[5].Prompt
 	T := len(p)
 	H, V := m.Config.Hidden, m.Config.Vocab
 	one := model.NewRunner(m, 2, 64)

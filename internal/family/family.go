@@ -48,7 +48,7 @@ func Describe(c *format.Config) []string {
 }
 
 // All lists the families sluice runs.
-var All = []*Family{&qwen3MoE, &qwen35MoE, &gptOSS, &deepSeek, &qwen3Next}
+var All = []*Family{&qwen3MoE, &qwen35MoE, &gptOSS, &deepSeek, &qwen3Next, &glm4MoE}
 
 // Lookup returns the family serving a config.json model_type.
 func Lookup(modelType string) (*Family, error) {

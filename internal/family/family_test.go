@@ -3,6 +3,7 @@ package family_test
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -64,10 +65,6 @@ func TestSpecsCoverCheckpoints(t *testing.T) {
 	for _, name := range testutil.Models {
 		t.Run(name, func(t *testing.T) {
 			c, _ := parseDir(t, name)
-			specs, err := family.Specs(&c)
-			if err != nil {
-				t.Fatal(err)
-			}
 			b, err := os.ReadFile(filepath.Join(testutil.ModelDir(t, name), "model.safetensors.index.json"))
 			if err != nil {
 				t.Fatal(err)
@@ -95,6 +92,15 @@ func TestSpecsCoverCheckpoints(t *testing.T) {
 					}
 				}
 				canon[n] = true
+			}
+			if !slices.ContainsFunc(slices.Collect(maps.Keys(canon)), func(n string) bool {
+				return strings.HasPrefix(n, fmt.Sprintf("layers.%d.", c.Layers))
+			}) {
+				c.MTPLayers = 0 // declared but not shipped: hf.Open reads the checkpoint without it
+			}
+			specs, err := family.Specs(&c)
+			if err != nil {
+				t.Fatal(err)
 			}
 			seen := map[string]bool{}
 			for _, s := range specs {

@@ -28,6 +28,9 @@ type Checkpoint struct {
 	byName map[string]*safetensors.Tensor // canonical name → tensor
 	mlx    map[string]*mlxQuant           // canonical name → MLX-quantised weight
 	shift  map[string]bool                // norm weights mlx-lm stored plus one
+	// NoMTP is set when config.json declares an MTP layer the weights do
+	// not carry: the checkpoint is read without it (Config.MTPLayers 0).
+	NoMTP bool
 }
 
 // IsCheckpoint reports whether dir looks like a Hugging Face model directory.
@@ -168,7 +171,7 @@ func Open(dir string) (*Checkpoint, error) {
 	if cfg.MTPLayers > 0 && !hasMTP {
 		// Config promises an MTP head the weights lack (some conversions drop
 		// it): run without it rather than fail.
-		c.Config.MTPLayers = 0
+		c.Config.MTPLayers, c.NoMTP = 0, true
 	}
 	if emb, ok := c.byName["embed_tokens.weight"]; ok && tie {
 		if _, ok := c.byName["lm_head.weight"]; !ok {

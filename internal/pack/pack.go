@@ -52,6 +52,13 @@ func Pack(ctx context.Context, src, dst string, o Options) (err error) {
 	}
 	defer ck.Close()
 	cfg := ck.Config
+	if ck.NoMTP {
+		w := o.Log
+		if w == nil {
+			w = os.Stderr
+		}
+		fmt.Fprintf(w, "pack: config.json declares an MTP layer but the checkpoint carries none of its tensors: packing without it (no speculative drafts)\n")
+	}
 	if cfg.Hidden%format.GroupSize != 0 || cfg.MoEInter%format.GroupSize != 0 {
 		if kind.Quantised() {
 			return fmt.Errorf("pack: hidden_size %d and moe_intermediate_size %d must be multiples of %d to quantise", cfg.Hidden, cfg.MoEInter, format.GroupSize)

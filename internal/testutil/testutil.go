@@ -23,7 +23,7 @@ import (
 )
 
 // Models are the shared test checkpoints, one per family.
-var Models = []string{"tiny-qwen3-5-moe", "tiny-qwen3-moe", "tiny-gpt-oss", "tiny-deepseek-v32", "tiny-qwen3-next"}
+var Models = []string{"tiny-qwen3-5-moe", "tiny-qwen3-moe", "tiny-gpt-oss", "tiny-deepseek-v32", "tiny-qwen3-next", "tiny-glm4-moe"}
 
 // LogitTol is how far a model's exact-mode logits may sit from its
 // references: 1e-3, except tiny-qwen3-next, whose last-position logits
