@@ -20,8 +20,12 @@
 # trained without the bias balancing (its e_score_correction_bias is zero)
 # and its references have no routes; Qwen3-Next's checkpoint read back gave
 # logits 0.53 from the bf16 model in memory (over the 0.5 bound), so its
-# references come from that model in float32, which holds the exported
-# values exactly.
+# references come from that model in float32. It holds the exported
+# weights exactly, but its rotary inverse frequencies (a buffer, not a
+# weight) had been cast to bf16 with it: the tiny-qwen3-next references
+# carry that rounding (sluice's TestQwen3NextReferenceRope reproduces it).
+# The fallback below now rebuilds the rotary buffers in float32 first; that
+# change has not been run.
 import argparse, glob, json, math, os, random, sys, time, tarfile, subprocess
 
 import torch
@@ -570,6 +574,9 @@ if args.arch in ("glm4_moe", "qwen3_next"):
     if ref is None:
         log("references come from the trained model in float32")
         ref = model.float().eval()
+        # Buffers were cast with the weights: rebuild the rotary tables in
+        # float32, as a load from disk computes them.
+        ref.model.rotary_emb = type(ref.model.rotary_emb)(ref.config).to(dev)
         for name in ("eager", "batched_mm"):
             try:
                 ref.set_experts_implementation(name)
