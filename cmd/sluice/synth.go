@@ -327,6 +327,7 @@ func synthDense(m *format.Manifest, kind format.Kind, path string) error {
 			v, sb := kind.Sizes(rows, cols)
 			vals := make([]byte, v)
 			fillRandom(rng, vals)
+			centre(vals, kind)
 			t.Offset, t.Size = put(vals), v
 			sc, bi := synthScale(kind, amp)
 			t.ScaleOffset = put(floats(int(sb/4), sc))
@@ -372,6 +373,7 @@ func synthExperts(ctx context.Context, m *format.Manifest, st *format.ExpertStor
 	rec := make([]byte, st.Stride)
 	block := make([]byte, 2*st.Stride)
 	fillRandom(rand.New(rand.NewPCG(3, 4)), block)
+	centre(block, st.Gate.Kind)
 	amp := float32(1 / math.Sqrt(float64(m.Config.Hidden)))
 	n := m.ExpertLayers * m.Experts
 	for i := 0; i < n; i++ {
@@ -414,6 +416,28 @@ func synthScale(k format.Kind, amp float32) (scale, bias float32) {
 	zero := float32(int(1) << (k.Bits() - 1))
 	scale = gguf.FromHalf(gguf.Half(amp / zero))
 	return scale, -zero * scale
+}
+
+// centre makes random quantised values symmetric about zero: the lowest
+// code (-8 or -128 scales, with synthScale's bias) has no positive twin,
+// so it becomes the zero code. Uniform codes would give every weight
+// matrix a mean of -scale/2, which layer after layer adds up to a
+// direction every hidden state shares: the router then picks nearly the
+// same experts for every token, and the logits hardly depend on the input.
+func centre(b []byte, k format.Kind) {
+	for i, v := range b {
+		if k == format.Q4 {
+			if v&15 == 0 {
+				v |= 8
+			}
+			if v>>4 == 0 {
+				v |= 8 << 4
+			}
+		} else if v == 0 {
+			v = 128
+		}
+		b[i] = v
+	}
 }
 
 func fillRandom(rng *rand.Rand, b []byte) {
