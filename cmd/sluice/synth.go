@@ -291,8 +291,9 @@ func synthTokenizer() []byte {
 	return b
 }
 
-// synthDense writes random dense weights: quantised values uniform over
-// ±1/sqrt(cols), so activations keep their scale layer after layer;
+// synthDense writes random dense weights: quantised values spread
+// symmetrically over ±1/sqrt(cols) (see centre), so activations keep
+// their scale layer after layer;
 // norms neutral (zero-centred ones 0, others 1); DeltaNet decay
 // parameters zero.
 func synthDense(m *format.Manifest, kind format.Kind, path string) error {
