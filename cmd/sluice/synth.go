@@ -13,13 +13,13 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/sluicelm/sluice/internal/experts"
 	"github.com/sluicelm/sluice/internal/family"
 	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/gguf"
-	"github.com/sluicelm/sluice/internal/platform"
 )
 
 // synthShapes are the real dimensions of the models synth imitates.
@@ -97,7 +97,7 @@ func cmdSynth(ctx context.Context, args []string) error {
 	out := fs.String("out", "", "output directory (GBs; not inside the repository)")
 	refs := fs.String("routes", "", "refs JSON whose routes_long0 to replay (default: the embedded recording)")
 	route := fs.String("route", "replay", "replay: replay the recorded routes; router: route by the router weights")
-	ggufPath := fs.String("gguf", "", "also write the model as a GGUF file for llama.cpp (qwen3-30b-a3b shapes)")
+	ggufPath := fs.String("gguf", "", "also write the model as a GGUF file for llama.cpp (qwen3-30b-a3b or qwen3.5-35b-a3b shapes)")
 	ggufType := fs.String("gguf-type", "q4_0", "GGUF type of the quantised weights: q4_0 or q8_0")
 	if _, err := parse(fs, args); err != nil {
 		return err
@@ -128,8 +128,8 @@ func cmdSynth(ctx context.Context, args []string) error {
 	default:
 		return fmt.Errorf("--gguf-type %q: want q4_0 or q8_0", *ggufType)
 	}
-	if *ggufPath != "" && cfg.Family != family.NameQwen3MoE {
-		return fmt.Errorf("--gguf: only qwen3-30b-a3b shapes can be written as GGUF so far")
+	if *ggufPath != "" && cfg.Family != family.NameQwen3MoE && cfg.Family != family.NameQwen35MoE {
+		return fmt.Errorf("--gguf: only qwen3-30b-a3b and qwen3.5-35b-a3b shapes can be written as GGUF so far")
 	}
 	if *layers > 0 && *layers < cfg.Layers {
 		cfg.Layers = *layers
@@ -164,20 +164,11 @@ func cmdSynth(ctx context.Context, args []string) error {
 		return err
 	}
 	t0 := time.Now()
-	m := &format.Manifest{Format: format.Version, Family: cfg.Family, Config: cfg, Bits: *bits, GroupSize: format.GroupSize,
-		ExpertLayers: cfg.ExpertLayers(), Experts: cfg.Experts}
-	if err := synthDense(m, kind, filepath.Join(*out, "dense.bin")); err != nil {
+	m, err := synthPack(ctx, cfg, kind, *out)
+	if err != nil {
 		return err
 	}
-	st := format.ExpertRecordLayout(&cfg, kind, "experts.bin")
-	if err := synthExperts(ctx, m, &st, filepath.Join(*out, st.File)); err != nil {
-		return err
-	}
-	m.Stores = []format.ExpertStore{st}
-	mb, _ := json.MarshalIndent(m, "", " ")
-	if err := os.WriteFile(filepath.Join(*out, format.ManifestFile), mb, 0o644); err != nil {
-		return err
-	}
+	st := &m.Stores[0]
 	rp := filepath.Join(*out, experts.RoutesFile)
 	if routes != nil {
 		rt, _ := json.Marshal(map[string]any{"experts": 64, "routes": routes})
@@ -205,6 +196,26 @@ func cmdSynth(ctx context.Context, args []string) error {
 		fmt.Fprintf(os.Stderr, "synth %s: %s GGUF (%s) in %.1fs\n", *ggufPath, bytesStr(fi.Size()), gt, time.Since(t0).Seconds())
 	}
 	return nil
+}
+
+// synthPack writes a model of config cfg with random weights of kind in
+// dir: dense.bin, the expert records and the manifest.
+func synthPack(ctx context.Context, cfg format.Config, kind format.Kind, dir string) (*format.Manifest, error) {
+	m := &format.Manifest{Format: format.Version, Family: cfg.Family, Config: cfg, Bits: kind.Bits(), GroupSize: format.GroupSize,
+		ExpertLayers: cfg.ExpertLayers(), Experts: cfg.Experts}
+	if err := synthDense(m, kind, filepath.Join(dir, "dense.bin")); err != nil {
+		return nil, err
+	}
+	st := format.ExpertRecordLayout(&cfg, kind, "experts.bin")
+	if err := synthExperts(ctx, m, &st, filepath.Join(dir, st.File)); err != nil {
+		return nil, err
+	}
+	m.Stores = []format.ExpertStore{st}
+	mb, _ := json.MarshalIndent(m, "", " ")
+	if err := os.WriteFile(filepath.Join(dir, format.ManifestFile), mb, 0o644); err != nil {
+		return nil, err
+	}
+	return m, nil
 }
 
 // synthFewerExperts keeps n routed experts a layer, checking that the
@@ -298,9 +309,11 @@ func synthTokenizer() []byte {
 	return b
 }
 
-// synthDense writes random dense weights: quantised values uniform over
-// ±1/sqrt(cols), so activations keep their scale layer after layer;
-// norms neutral; DeltaNet decay parameters zero.
+// synthDense writes random dense weights: quantised values spread
+// symmetrically over ±1/sqrt(cols) (see centre), so activations keep
+// their scale layer after layer;
+// norms neutral (zero-centred ones 0, others 1); DeltaNet decay
+// parameters zero.
 func synthDense(m *format.Manifest, kind format.Kind, path string) error {
 	f, err := os.Create(path)
 	if err != nil {
@@ -333,6 +346,7 @@ func synthDense(m *format.Manifest, kind format.Kind, path string) error {
 			v, sb := kind.Sizes(rows, cols)
 			vals := make([]byte, v)
 			fillRandom(rng, vals)
+			centre(vals, kind)
 			t.Offset, t.Size = put(vals), v
 			sc, bi := synthScale(kind, amp)
 			t.ScaleOffset = put(floats(int(sb/4), sc))
@@ -341,6 +355,8 @@ func synthDense(m *format.Manifest, kind format.Kind, path string) error {
 			n := rows * cols
 			var b []byte
 			switch {
+			case zc && strings.HasSuffix(s.Name, "linear_attn.norm.weight"):
+				b = floats(n, 1) // the DeltaNet's gated norm is a plain one
 			case len(s.Shape) == 1 && zc:
 				b = floats(n, 0)
 			case len(s.Shape) == 1:
@@ -376,6 +392,7 @@ func synthExperts(ctx context.Context, m *format.Manifest, st *format.ExpertStor
 	rec := make([]byte, st.Stride)
 	block := make([]byte, 2*st.Stride)
 	fillRandom(rand.New(rand.NewPCG(3, 4)), block)
+	centre(block, st.Gate.Kind)
 	amp := float32(1 / math.Sqrt(float64(m.Config.Hidden)))
 	n := m.ExpertLayers * m.Experts
 	for i := 0; i < n; i++ {
@@ -420,6 +437,28 @@ func synthScale(k format.Kind, amp float32) (scale, bias float32) {
 	return scale, -zero * scale
 }
 
+// centre makes random quantised values symmetric about zero: the lowest
+// code (-8 or -128 scales, with synthScale's bias) has no positive twin,
+// so it becomes the zero code. Uniform codes would give every weight
+// matrix a mean of -scale/2, which layer after layer adds up to a
+// direction every hidden state shares: the router then picks nearly the
+// same experts for every token, and the logits hardly depend on the input.
+func centre(b []byte, k format.Kind) {
+	for i, v := range b {
+		if k == format.Q4 {
+			if v&15 == 0 {
+				v |= 8
+			}
+			if v>>4 == 0 {
+				v |= 8 << 4
+			}
+		} else if v == 0 {
+			v = 128
+		}
+		b[i] = v
+	}
+}
+
 func fillRandom(rng *rand.Rand, b []byte) {
 	for i := 0; i+8 <= len(b); i += 8 {
 		binary.LittleEndian.PutUint64(b[i:], rng.Uint64())
@@ -432,225 +471,4 @@ func floats(n int, v float32) []byte {
 		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(v))
 	}
 	return b
-}
-
-// synthGGUF writes the packed model in dir as a GGUF file for llama.cpp's
-// qwen3moe architecture, with the tensor names and metadata its converter
-// (convert_hf_to_gguf.py) writes. The quantised weights become Q4_0 or
-// Q8_0, exactly when synth wrote them (see synthScale); float tensors stay
-// F32, the routers included, so that both engines route alike.
-func synthGGUF(m *format.Manifest, dir, path string, gt gguf.Type) error {
-	c := &m.Config
-	dense, err := platform.MapFile(filepath.Join(dir, "dense.bin"))
-	if err != nil {
-		return err
-	}
-	defer platform.Unmap(dense)
-	st := &m.Stores[0]
-	recs, err := platform.MapFile(filepath.Join(dir, st.File))
-	if err != nil {
-		return err
-	}
-	defer platform.Unmap(recs)
-	fileType := uint32(2) // LLAMA_FTYPE_MOSTLY_Q4_0
-	if gt == gguf.Q8_0 {
-		fileType = 7 // LLAMA_FTYPE_MOSTLY_Q8_0
-	}
-	const arch = "qwen3moe"
-	kvs := []gguf.KV{
-		{Key: "general.architecture", Value: arch},
-		{Key: "general.name", Value: fmt.Sprintf("sluice synth qwen3-30b-a3b %d layers", c.Layers)},
-		{Key: "general.file_type", Value: fileType},
-		{Key: arch + ".block_count", Value: uint32(c.Layers)},
-		{Key: arch + ".context_length", Value: uint32(c.MaxPos)},
-		{Key: arch + ".embedding_length", Value: uint32(c.Hidden)},
-		{Key: arch + ".feed_forward_length", Value: uint32(c.MoEInter)},
-		{Key: arch + ".attention.head_count", Value: uint32(c.Heads)},
-		{Key: arch + ".attention.head_count_kv", Value: uint32(c.KVHeads)},
-		{Key: arch + ".attention.key_length", Value: uint32(c.HeadDim)},
-		{Key: arch + ".attention.value_length", Value: uint32(c.HeadDim)},
-		{Key: arch + ".rope.freq_base", Value: float32(c.RopeTheta)},
-		{Key: arch + ".attention.layer_norm_rms_epsilon", Value: float32(c.RMSEps)},
-		{Key: arch + ".expert_count", Value: uint32(c.Experts)},
-		{Key: arch + ".expert_used_count", Value: uint32(c.TopK)},
-		{Key: arch + ".expert_feed_forward_length", Value: uint32(c.MoEInter)},
-		{Key: arch + ".vocab_size", Value: uint32(c.Vocab)},
-		// No tokenizer: llama.cpp then makes vocab_size placeholder tokens,
-		// which is all llama-bench (random ids) needs.
-		{Key: "tokenizer.ggml.model", Value: "none"},
-	}
-	byName := map[string]*format.Tensor{}
-	for i := range m.Dense {
-		byName[m.Dense[i].Name] = &m.Dense[i]
-	}
-	type src struct {
-		dense  *format.Tensor
-		expert *format.Tensor // per-record tensor of layer's experts
-		layer  int
-	}
-	var tensors []gguf.Tensor
-	var srcs []src
-	add := func(name, hf string) error {
-		t := byName[hf]
-		if t == nil {
-			return fmt.Errorf("gguf: model has no tensor %s", hf)
-		}
-		g := gguf.Tensor{Name: name, Type: gguf.F32, Dims: []uint64{uint64(t.Cols()), uint64(t.Rows())}}
-		if t.Kind.Quantised() {
-			g.Type = gt
-		} else if t.Kind != format.F32 {
-			return fmt.Errorf("gguf: tensor %s is %s", hf, t.Kind)
-		}
-		if len(t.Shape) == 1 {
-			g.Dims = g.Dims[:1]
-		}
-		tensors, srcs = append(tensors, g), append(srcs, src{dense: t})
-		return nil
-	}
-	if err := add("token_embd.weight", "embed_tokens.weight"); err != nil {
-		return err
-	}
-	for l := 0; l < c.Layers; l++ {
-		p, b := fmt.Sprintf("layers.%d.", l), fmt.Sprintf("blk.%d.", l)
-		for _, nm := range [][2]string{
-			{"attn_norm", "input_layernorm"}, {"attn_q", "self_attn.q_proj"}, {"attn_k", "self_attn.k_proj"},
-			{"attn_v", "self_attn.v_proj"}, {"attn_output", "self_attn.o_proj"}, {"attn_q_norm", "self_attn.q_norm"},
-			{"attn_k_norm", "self_attn.k_norm"}, {"ffn_norm", "post_attention_layernorm"}, {"ffn_gate_inp", "mlp.gate"},
-		} {
-			if err := add(b+nm[0]+".weight", p+nm[1]+".weight"); err != nil {
-				return err
-			}
-		}
-		for _, e := range []struct {
-			name string
-			t    *format.Tensor
-		}{{"ffn_gate_exps", &st.Gate}, {"ffn_down_exps", &st.Down}, {"ffn_up_exps", &st.Up}} {
-			tensors = append(tensors, gguf.Tensor{Name: b + e.name + ".weight", Type: gt,
-				Dims: []uint64{uint64(e.t.Cols()), uint64(e.t.Rows()), uint64(c.Experts)}})
-			srcs = append(srcs, src{expert: e.t, layer: l})
-		}
-	}
-	if err := add("output_norm.weight", "norm.weight"); err != nil {
-		return err
-	}
-	if err := add("output.weight", "lm_head.weight"); err != nil {
-		return err
-	}
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	err = gguf.Write(f, kvs, tensors, func(i int, w io.Writer) error {
-		s := srcs[i]
-		if s.dense != nil {
-			return ggufTensor(w, dense, s.dense, gt)
-		}
-		for e := 0; e < c.Experts; e++ {
-			r := int64(s.layer*c.Experts+e) * st.Stride
-			if err := ggufTensor(w, recs[r:r+st.Stride], s.expert, gt); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	return f.Close()
-}
-
-// ggufTensor writes tensor t of buf in GGUF type gt (F32 tensors as they
-// are). A group of 64 affine values s·q+b becomes two blocks of 32: exactly
-// (d = s, the same q) when b = -2^(bits-1)·s and s is a half-precision
-// value, as synth writes them; otherwise requantised from the values.
-func ggufTensor(w io.Writer, buf []byte, t *format.Tensor, gt gguf.Type) error {
-	rows, cols := t.Rows(), t.Cols()
-	if t.Kind == format.F32 {
-		_, err := w.Write(buf[t.Offset : t.Offset+int64(4*rows*cols)])
-		return err
-	}
-	if t.Kind != format.Q4 && t.Kind != format.Q8 {
-		return fmt.Errorf("tensor %s: %s cannot be written as GGUF", t.Name, t.Kind)
-	}
-	const G = format.GroupSize
-	ng := cols / G
-	rb, err := gt.RowBytes(cols)
-	if err != nil {
-		return err
-	}
-	out := make([]byte, rb)
-	vals := make([]float32, G)
-	per := G / gguf.BlockSize * int(rb/int64(cols/gguf.BlockSize))
-	zero := float32(int(1) << (t.Kind.Bits() - 1))
-	f32 := func(off int64) float32 { return math.Float32frombits(binary.LittleEndian.Uint32(buf[off:])) }
-	for r := 0; r < rows; r++ {
-		for g := 0; g < ng; g++ {
-			sc, bi := f32(t.ScaleOffset+int64(4*(r*ng+g))), f32(t.BiasOffset+int64(4*(r*ng+g)))
-			dst := out[g*per : (g+1)*per]
-			var q []byte
-			if t.Kind == format.Q4 {
-				q = buf[t.Offset+int64((r*cols+g*G)/2):][:G/2]
-			} else {
-				q = buf[t.Offset+int64(r*cols+g*G):][:G]
-			}
-			h := gguf.Half(sc)
-			if bi == -zero*sc && gguf.FromHalf(h) == sc && !(t.Kind == format.Q8 && gt == gguf.Q4_0) {
-				ggufGroupExact(dst, q, h, t.Kind, gt)
-				continue
-			}
-			for j := range vals {
-				var v byte
-				if t.Kind == format.Q8 {
-					v = q[j]
-				} else if j < G/2 {
-					v = q[j] & 15
-				} else {
-					v = q[j-G/2] >> 4
-				}
-				vals[j] = sc*float32(v) + bi
-			}
-			if gt == gguf.Q4_0 {
-				gguf.QuantizeQ4_0(dst, vals)
-			} else {
-				gguf.QuantizeQ8_0(dst, vals)
-			}
-		}
-		if _, err := w.Write(out); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// ggufGroupExact writes one group of 64 values (q-zero)·d, q in sluice's
-// layout (q4: byte j holds element j low and j+32 high), as two GGUF
-// blocks of 32 with scale h.
-func ggufGroupExact(dst, q []byte, h uint16, k format.Kind, gt gguf.Type) {
-	const B = gguf.BlockSize
-	elem := func(j int) int { // element j as a signed integer
-		if k == format.Q8 {
-			return int(q[j]) - 128
-		}
-		if j < 32 {
-			return int(q[j]&15) - 8
-		}
-		return int(q[j-32]>>4) - 8
-	}
-	for blk := 0; blk < 2; blk++ {
-		if gt == gguf.Q4_0 {
-			d := dst[blk*(2+B/2):]
-			binary.LittleEndian.PutUint16(d, h)
-			for j := 0; j < B/2; j++ {
-				// Q4_0: byte j holds element j low and j+16 high, offset by 8.
-				d[2+j] = byte(elem(blk*B+j)+8) | byte(elem(blk*B+j+B/2)+8)<<4
-			}
-		} else {
-			d := dst[blk*(2+B):]
-			binary.LittleEndian.PutUint16(d, h)
-			for j := 0; j < B; j++ {
-				d[2+j] = byte(int8(elem(blk*B + j)))
-			}
-		}
-	}
 }

@@ -58,7 +58,7 @@ func TestGGUFTensor(t *testing.T) {
 			}
 			for _, gt := range []gguf.Type{gguf.Q4_0, gguf.Q8_0} {
 				var w bytes.Buffer
-				if err := ggufTensor(&w, buf, &tt, gt); err != nil {
+				if err := ggufTensor(&w, buf, &tt, gt, ggufXform{}); err != nil {
 					t.Fatal(err)
 				}
 				got := make([]float32, rows*cols)

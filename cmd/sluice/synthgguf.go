@@ -1,0 +1,515 @@
+package main
+
+import (
+	"encoding/binary"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+
+	"github.com/sluicelm/sluice/internal/family"
+	"github.com/sluicelm/sluice/internal/format"
+	"github.com/sluicelm/sluice/internal/gguf"
+	"github.com/sluicelm/sluice/internal/platform"
+)
+
+// synthGGUF writes the packed model in dir as a GGUF file for llama.cpp,
+// with the tensor names, layouts and metadata that llama.cpp's converter
+// (convert_hf_to_gguf.py) writes for the family: qwen3moe for
+// qwen3-30b-a3b shapes, qwen35moe for qwen3.5-35b-a3b. The quantised
+// weights become Q4_0 or Q8_0, exactly when synth wrote them (see
+// synthScale); float tensors stay F32, the routers included, so that both
+// engines route alike.
+func synthGGUF(m *format.Manifest, dir, path string, gt gguf.Type) error {
+	p := &ggufPlan{m: m, gt: gt, byName: map[string]*format.Tensor{}}
+	for i := range m.Dense {
+		p.byName[m.Dense[i].Name] = &m.Dense[i]
+	}
+	var err error
+	switch m.Config.Family {
+	case family.NameQwen3MoE:
+		err = p.qwen3MoE()
+	case family.NameQwen35MoE:
+		err = p.qwen35MoE()
+	default:
+		err = fmt.Errorf("--gguf: %s cannot be written as GGUF (qwen3-30b-a3b and qwen3.5-35b-a3b shapes can)", m.Config.Family)
+	}
+	if err != nil {
+		return err
+	}
+	dense, err := platform.MapFile(filepath.Join(dir, "dense.bin"))
+	if err != nil {
+		return err
+	}
+	defer platform.Unmap(dense)
+	st := &m.Stores[0]
+	recs, err := platform.MapFile(filepath.Join(dir, st.File))
+	if err != nil {
+		return err
+	}
+	defer platform.Unmap(recs)
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	E := m.Config.Experts
+	err = gguf.Write(f, p.kvs, p.tensors, func(i int, w io.Writer) error {
+		s := p.srcs[i]
+		if s.dense != nil {
+			return ggufTensor(w, dense, s.dense, gt, s.x)
+		}
+		for e := 0; e < E; e++ {
+			r := int64(s.layer*E+e) * st.Stride
+			if err := ggufTensor(w, recs[r:r+st.Stride], s.expert, gt, ggufXform{}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return f.Close()
+}
+
+// ggufPlan collects a GGUF file's metadata and tensors, and where each
+// tensor's data comes from.
+type ggufPlan struct {
+	m       *format.Manifest
+	gt      gguf.Type
+	byName  map[string]*format.Tensor
+	kvs     []gguf.KV
+	tensors []gguf.Tensor
+	srcs    []ggufSrc
+}
+
+// ggufSrc is the source of one GGUF tensor: a dense tensor, or one
+// tensor of every expert record of a layer, stacked.
+type ggufSrc struct {
+	dense  *format.Tensor
+	expert *format.Tensor
+	layer  int
+	x      ggufXform
+}
+
+// ggufXform is how a dense tensor changes on its way into the GGUF file,
+// where llama.cpp's converter changes the checkpoint's tensor.
+type ggufXform struct {
+	// rows[r] is the source row of row r (nil: the same order).
+	rows []int
+	// cols[j] is the source block of column block j, blocks of colBlock
+	// columns (nil: the same order).
+	cols     []int
+	colBlock int
+	// f maps every value (F32 tensors only).
+	f func(float32) float32
+	// dims replaces the GGUF dimensions (the same number of elements).
+	dims []uint64
+}
+
+// add declares GGUF tensor name from the dense tensor src.
+func (p *ggufPlan) add(name, src string, x ggufXform) error {
+	t := p.byName[src]
+	if t == nil {
+		return fmt.Errorf("gguf: model has no tensor %s", src)
+	}
+	g := gguf.Tensor{Name: name, Type: gguf.F32, Dims: []uint64{uint64(t.Cols()), uint64(t.Rows())}}
+	if t.Kind.Quantised() {
+		g.Type = p.gt
+		if x.f != nil {
+			return fmt.Errorf("gguf: tensor %s is %s, cannot map its values", src, t.Kind)
+		}
+	} else if t.Kind != format.F32 {
+		return fmt.Errorf("gguf: tensor %s is %s", src, t.Kind)
+	}
+	if len(t.Shape) == 1 {
+		g.Dims = g.Dims[:1]
+	}
+	if x.dims != nil {
+		n := uint64(1)
+		for _, d := range x.dims {
+			n *= d
+		}
+		if n != uint64(t.Rows()*t.Cols()) {
+			return fmt.Errorf("gguf: tensor %s of shape %v cannot be %v", src, t.Shape, x.dims)
+		}
+		g.Dims = x.dims
+	}
+	if x.rows != nil && len(x.rows) != t.Rows() {
+		return fmt.Errorf("gguf: tensor %s: %d rows, reordered as %d", src, t.Rows(), len(x.rows))
+	}
+	if x.cols != nil && (x.colBlock <= 0 || len(x.cols)*x.colBlock != t.Cols() ||
+		(t.Kind.Quantised() && x.colBlock%gguf.BlockSize != 0)) {
+		return fmt.Errorf("gguf: tensor %s: %d columns cannot move in blocks of %d", src, t.Cols(), x.colBlock)
+	}
+	p.tensors, p.srcs = append(p.tensors, g), append(p.srcs, ggufSrc{dense: t, x: x})
+	return nil
+}
+
+// addExperts declares the layer's stacked expert tensors, [E][out][in]
+// as ggml's {in, out, E}.
+func (p *ggufPlan) addExperts(prefix string, layer int) {
+	st := &p.m.Stores[0]
+	for _, e := range []struct {
+		name string
+		t    *format.Tensor
+	}{{"ffn_gate_exps", &st.Gate}, {"ffn_down_exps", &st.Down}, {"ffn_up_exps", &st.Up}} {
+		p.tensors = append(p.tensors, gguf.Tensor{Name: prefix + e.name + ".weight", Type: p.gt,
+			Dims: []uint64{uint64(e.t.Cols()), uint64(e.t.Rows()), uint64(p.m.Config.Experts)}})
+		p.srcs = append(p.srcs, ggufSrc{expert: e.t, layer: layer})
+	}
+}
+
+// addAll declares GGUF tensors from dense ones, name pairs (GGUF, source)
+// under the given prefixes, unchanged.
+func (p *ggufPlan) addAll(gp, sp string, names [][2]string) error {
+	for _, nm := range names {
+		if err := p.add(gp+nm[0]+".weight", sp+nm[1]+".weight", ggufXform{}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// header starts the metadata: the keys every architecture has, under
+// arch's prefix.
+func (p *ggufPlan) header(arch string) {
+	c := &p.m.Config
+	fileType := uint32(2) // LLAMA_FTYPE_MOSTLY_Q4_0
+	if p.gt == gguf.Q8_0 {
+		fileType = 7 // LLAMA_FTYPE_MOSTLY_Q8_0
+	}
+	p.kvs = []gguf.KV{
+		{Key: "general.architecture", Value: arch},
+		{Key: "general.name", Value: fmt.Sprintf("sluice synth %s %d layers", c.Family, c.Layers)},
+		{Key: "general.file_type", Value: fileType},
+		{Key: arch + ".block_count", Value: uint32(c.Layers)},
+		{Key: arch + ".context_length", Value: uint32(c.MaxPos)},
+		{Key: arch + ".embedding_length", Value: uint32(c.Hidden)},
+		{Key: arch + ".feed_forward_length", Value: uint32(c.MoEInter)},
+		{Key: arch + ".attention.head_count", Value: uint32(c.Heads)},
+		{Key: arch + ".attention.head_count_kv", Value: uint32(c.KVHeads)},
+		{Key: arch + ".attention.key_length", Value: uint32(c.HeadDim)},
+		{Key: arch + ".attention.value_length", Value: uint32(c.HeadDim)},
+		{Key: arch + ".rope.freq_base", Value: float32(c.RopeTheta)},
+		{Key: arch + ".attention.layer_norm_rms_epsilon", Value: float32(c.RMSEps)},
+		{Key: arch + ".expert_count", Value: uint32(c.Experts)},
+		{Key: arch + ".expert_used_count", Value: uint32(c.TopK)},
+		{Key: arch + ".expert_feed_forward_length", Value: uint32(c.MoEInter)},
+		{Key: arch + ".vocab_size", Value: uint32(c.Vocab)},
+		// No tokenizer: llama.cpp then makes vocab_size placeholder tokens,
+		// which is all llama-bench (random ids) needs.
+		{Key: "tokenizer.ggml.model", Value: "none"},
+	}
+}
+
+// qwen3MoE plans llama.cpp's qwen3moe: the checkpoint's tensors renamed.
+func (p *ggufPlan) qwen3MoE() error {
+	c := &p.m.Config
+	p.header("qwen3moe")
+	if err := p.add("token_embd.weight", "embed_tokens.weight", ggufXform{}); err != nil {
+		return err
+	}
+	for l := 0; l < c.Layers; l++ {
+		b := fmt.Sprintf("blk.%d.", l)
+		if err := p.addAll(b, fmt.Sprintf("layers.%d.", l), [][2]string{
+			{"attn_norm", "input_layernorm"}, {"attn_q", "self_attn.q_proj"}, {"attn_k", "self_attn.k_proj"},
+			{"attn_v", "self_attn.v_proj"}, {"attn_output", "self_attn.o_proj"}, {"attn_q_norm", "self_attn.q_norm"},
+			{"attn_k_norm", "self_attn.k_norm"}, {"ffn_norm", "post_attention_layernorm"}, {"ffn_gate_inp", "mlp.gate"},
+		}); err != nil {
+			return err
+		}
+		p.addExperts(b, l)
+	}
+	return p.addAll("", "", [][2]string{{"output_norm", "norm"}, {"output", "lm_head"}})
+}
+
+// qwen35MRopeSections is Qwen3.5's interleaved M-RoPE split of the
+// rotary pairs between time, height and width, which llama.cpp's qwen35moe
+// requires (convert_hf_to_gguf.py writes this default when the checkpoint
+// has none). With text only, the three positions are equal and the split
+// changes nothing: the rope is the plain one over the rotary dims.
+var qwen35MRopeSections = []int32{11, 11, 10, 0}
+
+// qwen35MoE plans llama.cpp's qwen35moe as convert_hf_to_gguf.py writes
+// it (Qwen3_5MoeTextModel): zero-centred norm weights w stored as 1+w
+// (but not the DeltaNet's gated norm, a plain one); A_log stored as
+// A = -exp(A_log); the conv kernel [channels][1][K] as {K, channels}; the
+// DeltaNet's value heads reordered from grouped by key head to tiled
+// (value head j of every key head, then j+1, ...), in every tensor that
+// has them, for ggml's broadcast of the key heads; the attention's q
+// projection kept whole (query ‖ gate per head, as llama.cpp splits it);
+// no MTP layer.
+func (p *ggufPlan) qwen35MoE() error {
+	c := &p.m.Config
+	const arch = "qwen35moe"
+	nk, nv, kd, vd := c.LinearKeyHeads, c.LinearValueHeads, c.LinearKeyDim, c.LinearValueDim
+	if kd != vd {
+		return fmt.Errorf("gguf: DeltaNet key and value heads of %d and %d: llama.cpp's %s takes one head size", kd, vd, arch)
+	}
+	if nk <= 0 || nv%nk != 0 {
+		return fmt.Errorf("gguf: %d value heads over %d key heads", nv, nk)
+	}
+	interval, err := fullAttentionInterval(c.LayerTypes)
+	if err != nil {
+		return err
+	}
+	p.header(arch)
+	p.kvs = append(p.kvs,
+		gguf.KV{Key: arch + ".expert_shared_feed_forward_length", Value: uint32(c.SharedInter)},
+		gguf.KV{Key: arch + ".rope.dimension_count", Value: uint32(c.RotaryDim)},
+		gguf.KV{Key: arch + ".rope.dimension_sections", Value: qwen35MRopeSections},
+		gguf.KV{Key: arch + ".ssm.conv_kernel", Value: uint32(c.ConvKernel)},
+		gguf.KV{Key: arch + ".ssm.state_size", Value: uint32(kd)},
+		gguf.KV{Key: arch + ".ssm.group_count", Value: uint32(nk)},
+		gguf.KV{Key: arch + ".ssm.time_step_rank", Value: uint32(nv)},
+		gguf.KV{Key: arch + ".ssm.inner_size", Value: uint32(vd * nv)},
+		gguf.KV{Key: arch + ".full_attention_interval", Value: uint32(interval)},
+	)
+	H := uint64(c.Hidden)
+	plusOne := ggufXform{f: func(v float32) float32 { return v + 1 }}
+	// Row orders: value heads of vd rows, of one row, and the conv/qkv
+	// channels (q and k, then the value heads).
+	vRows, vOne := vHeadOrder(nk, nv/nk, vd), vHeadOrder(nk, nv/nk, 1)
+	qkv := make([]int, 2*nk*kd, 2*nk*kd+nv*vd)
+	for i := range qkv {
+		qkv[i] = i
+	}
+	for _, r := range vRows {
+		qkv = append(qkv, 2*nk*kd+r)
+	}
+	if err := p.add("token_embd.weight", "embed_tokens.weight", ggufXform{}); err != nil {
+		return err
+	}
+	for l := 0; l < c.Layers; l++ {
+		b, s := fmt.Sprintf("blk.%d.", l), fmt.Sprintf("layers.%d.", l)
+		if err := p.add(b+"attn_norm.weight", s+"input_layernorm.weight", plusOne); err != nil {
+			return err
+		}
+		if err := p.add(b+"post_attention_norm.weight", s+"post_attention_layernorm.weight", plusOne); err != nil {
+			return err
+		}
+		var err error
+		if c.LayerTypes[l] == format.FullAttention {
+			err = p.addAll(b, s, [][2]string{{"attn_q", "self_attn.q_proj"}, {"attn_k", "self_attn.k_proj"},
+				{"attn_v", "self_attn.v_proj"}, {"attn_output", "self_attn.o_proj"}})
+			for _, n := range [][2]string{{"attn_q_norm", "self_attn.q_norm"}, {"attn_k_norm", "self_attn.k_norm"}} {
+				if err == nil {
+					err = p.add(b+n[0]+".weight", s+n[1]+".weight", plusOne)
+				}
+			}
+		} else {
+			la := s + "linear_attn."
+			for _, t := range []struct {
+				name, src string
+				x         ggufXform
+			}{
+				{"attn_qkv.weight", "in_proj_qkv.weight", ggufXform{rows: qkv}},
+				{"attn_gate.weight", "in_proj_z.weight", ggufXform{rows: vRows}},
+				{"ssm_conv1d.weight", "conv1d.weight", ggufXform{rows: qkv, dims: []uint64{uint64(c.ConvKernel), uint64(len(qkv))}}},
+				{"ssm_dt.bias", "dt_bias", ggufXform{cols: vOne, colBlock: 1}},
+				{"ssm_a", "A_log", ggufXform{cols: vOne, colBlock: 1, f: func(v float32) float32 { return float32(-math.Exp(float64(v))) }}},
+				{"ssm_beta.weight", "in_proj_b.weight", ggufXform{rows: vOne}},
+				{"ssm_alpha.weight", "in_proj_a.weight", ggufXform{rows: vOne}},
+				{"ssm_norm.weight", "norm.weight", ggufXform{}},
+				{"ssm_out.weight", "out_proj.weight", ggufXform{cols: vOne, colBlock: vd}},
+			} {
+				if err = p.add(b+t.name, la+t.src, t.x); err != nil {
+					break
+				}
+			}
+		}
+		if err != nil {
+			return err
+		}
+		if err := p.add(b+"ffn_gate_inp.weight", s+"mlp.gate.weight", ggufXform{}); err != nil {
+			return err
+		}
+		p.addExperts(b, l)
+		if c.SharedInter > 0 {
+			if err := p.add(b+"ffn_gate_inp_shexp.weight", s+"mlp.shared_expert_gate.weight", ggufXform{dims: []uint64{H}}); err != nil {
+				return err
+			}
+			if err := p.addAll(b, s+"mlp.shared_expert.", [][2]string{{"ffn_gate_shexp", "gate_proj"},
+				{"ffn_up_shexp", "up_proj"}, {"ffn_down_shexp", "down_proj"}}); err != nil {
+				return err
+			}
+		}
+	}
+	if err := p.add("output_norm.weight", "norm.weight", plusOne); err != nil {
+		return err
+	}
+	return p.add("output.weight", "lm_head.weight", ggufXform{})
+}
+
+// fullAttentionInterval is n such that layer i has full attention exactly
+// when (i+1)%n == 0, the pattern llama.cpp's qwen35moe reads; one more
+// than the layers when none has.
+func fullAttentionInterval(types []string) (int, error) {
+	n := len(types) + 1
+	for i, t := range types {
+		if t == format.FullAttention {
+			n = i + 1
+			break
+		}
+	}
+	for i, t := range types {
+		if (t == format.FullAttention) != ((i+1)%n == 0) {
+			return 0, fmt.Errorf("gguf: layer types %v are not one full-attention layer in every n", types)
+		}
+	}
+	return n, nil
+}
+
+// vHeadOrder reorders value heads of d entries each, stored grouped by
+// key head (the vPerK value heads of key head 0, then of key head 1, ...),
+// into llama.cpp's tiled order (value head 0 of every key head, then value
+// head 1, ...): entry i of the result is the source index of entry i.
+func vHeadOrder(kHeads, vPerK, d int) []int {
+	p := make([]int, kHeads*vPerK*d)
+	for j := 0; j < vPerK; j++ {
+		for k := 0; k < kHeads; k++ {
+			for e := 0; e < d; e++ {
+				p[(j*kHeads+k)*d+e] = (k*vPerK+j)*d + e
+			}
+		}
+	}
+	return p
+}
+
+// ggufTensor writes tensor t of buf in GGUF type gt (F32 tensors as F32),
+// changed by x. A group of 64 affine values s·q+b becomes two blocks of
+// 32: exactly (d = s, the same q) when b = -2^(bits-1)·s and s is a
+// half-precision value, as synth writes them; otherwise requantised from
+// the values.
+func ggufTensor(w io.Writer, buf []byte, t *format.Tensor, gt gguf.Type, x ggufXform) error {
+	rows, cols := t.Rows(), t.Cols()
+	src := func(r int) int {
+		if x.rows != nil {
+			return x.rows[r]
+		}
+		return r
+	}
+	// permute reorders the column blocks of a row, bb bytes a block.
+	permute := func(dst, row []byte, bb int) {
+		if x.cols == nil {
+			copy(dst, row)
+			return
+		}
+		for j, s := range x.cols {
+			copy(dst[j*bb:(j+1)*bb], row[s*bb:(s+1)*bb])
+		}
+	}
+	if t.Kind == format.F32 {
+		out := make([]byte, 4*cols)
+		for r := 0; r < rows; r++ {
+			permute(out, buf[t.Offset+int64(4*src(r)*cols):][:4*cols], 4*x.colBlock)
+			if x.f != nil {
+				for i := 0; i < cols; i++ {
+					v := math.Float32frombits(binary.LittleEndian.Uint32(out[4*i:]))
+					binary.LittleEndian.PutUint32(out[4*i:], math.Float32bits(x.f(v)))
+				}
+			}
+			if _, err := w.Write(out); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if t.Kind != format.Q4 && t.Kind != format.Q8 {
+		return fmt.Errorf("tensor %s: %s cannot be written as GGUF", t.Name, t.Kind)
+	}
+	if x.f != nil {
+		return fmt.Errorf("tensor %s: %s values cannot be mapped", t.Name, t.Kind)
+	}
+	const G = format.GroupSize
+	ng := cols / G
+	rb, err := gt.RowBytes(cols)
+	if err != nil {
+		return err
+	}
+	blockBytes := int(rb / int64(cols/gguf.BlockSize))
+	if x.cols != nil && x.colBlock%gguf.BlockSize != 0 {
+		return fmt.Errorf("tensor %s: column blocks of %d split GGUF blocks of %d", t.Name, x.colBlock, gguf.BlockSize)
+	}
+	row, out := make([]byte, rb), make([]byte, rb)
+	vals := make([]float32, G)
+	per := G / gguf.BlockSize * blockBytes
+	zero := float32(int(1) << (t.Kind.Bits() - 1))
+	f32 := func(off int64) float32 { return math.Float32frombits(binary.LittleEndian.Uint32(buf[off:])) }
+	for r := 0; r < rows; r++ {
+		sr := src(r)
+		for g := 0; g < ng; g++ {
+			sc, bi := f32(t.ScaleOffset+int64(4*(sr*ng+g))), f32(t.BiasOffset+int64(4*(sr*ng+g)))
+			dst := row[g*per : (g+1)*per]
+			var q []byte
+			if t.Kind == format.Q4 {
+				q = buf[t.Offset+int64((sr*cols+g*G)/2):][:G/2]
+			} else {
+				q = buf[t.Offset+int64(sr*cols+g*G):][:G]
+			}
+			h := gguf.Half(sc)
+			if bi == -zero*sc && gguf.FromHalf(h) == sc && !(t.Kind == format.Q8 && gt == gguf.Q4_0) {
+				ggufGroupExact(dst, q, h, t.Kind, gt)
+				continue
+			}
+			for j := range vals {
+				var v byte
+				if t.Kind == format.Q8 {
+					v = q[j]
+				} else if j < G/2 {
+					v = q[j] & 15
+				} else {
+					v = q[j-G/2] >> 4
+				}
+				vals[j] = sc*float32(v) + bi
+			}
+			if gt == gguf.Q4_0 {
+				gguf.QuantizeQ4_0(dst, vals)
+			} else {
+				gguf.QuantizeQ8_0(dst, vals)
+			}
+		}
+		// Each GGUF block holds 32 consecutive columns, so column blocks
+		// that are whole GGUF blocks move as bytes.
+		permute(out, row, x.colBlock/gguf.BlockSize*blockBytes)
+		if _, err := w.Write(out); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ggufGroupExact writes one group of 64 values (q-zero)·d, q in sluice's
+// layout (q4: byte j holds element j low and j+32 high), as two GGUF
+// blocks of 32 with scale h.
+func ggufGroupExact(dst, q []byte, h uint16, k format.Kind, gt gguf.Type) {
+	const B = gguf.BlockSize
+	elem := func(j int) int { // element j as a signed integer
+		if k == format.Q8 {
+			return int(q[j]) - 128
+		}
+		if j < 32 {
+			return int(q[j]&15) - 8
+		}
+		return int(q[j-32]>>4) - 8
+	}
+	for blk := 0; blk < 2; blk++ {
+		if gt == gguf.Q4_0 {
+			d := dst[blk*(2+B/2):]
+			binary.LittleEndian.PutUint16(d, h)
+			for j := 0; j < B/2; j++ {
+				// Q4_0: byte j holds element j low and j+16 high, offset by 8.
+				d[2+j] = byte(elem(blk*B+j)+8) | byte(elem(blk*B+j+B/2)+8)<<4
+			}
+		} else {
+			d := dst[blk*(2+B):]
+			binary.LittleEndian.PutUint16(d, h)
+			for j := 0; j < B; j++ {
+				d[2+j] = byte(int8(elem(blk*B + j)))
+			}
+		}
+	}
+}

@@ -1,0 +1,227 @@
+#!/usr/bin/env bash
+# Compare sluice with llama.cpp under a memory cap: each engine gets RAM
+# for its dense weights plus a fraction CAP of its expert bytes, and the
+# rest of the machine's memory is held away from it by scripts/memhold
+# (allocated and mlocked before the run, released after it; no cgroups).
+#
+#   LLAMA_BENCH=/path/to/llama-bench SYNTH_DIR=/big/disk scripts/compare-cap.sh [CAP...]
+#
+# CAP defaults to 0.25 and 0.10. The model is `sluice synth --like LIKE
+# --route router --gguf` (default qwen3-30b-a3b, all its layers: about
+# 17 GB as a sluice pack, 15 GB as the Q4_0 GGUF), written under SYNTH_DIR
+# once and kept (the name compare-synth.sh uses for the same depth). Both
+# engines route by the same random router weights; trained routers route
+# more skewed, so hit rates here are on the pessimistic side.
+#
+# For every cap and round, the engines run in turns (the order rotating
+# each round), each after the page cache is dropped (echo 3 >
+# /proc/sys/vm/drop_caches, when permitted) and the holder has locked
+# MemAvailable - (budget + SPARE_MB):
+#   sluice bench --prompt 1 --gen GEN --repeat 1 --json   (its defaults: it
+#       sizes its expert pool from what MemAvailable then says)
+#   llama-bench -p 0 -n GEN -r 1          (default: the GGUF mmapped)
+#   llama-bench -p 0 -n GEN -r 1 -mmp 0   (read into memory, if it starts)
+# and the script prints the medians of decode tok/s, sluice's expert hit
+# rate, MB of experts read per decoded token and pool share (its --json),
+# and for every engine the MB read from disk during the whole run, load
+# and warm-up included (/proc/vmstat pgpgin: the whole machine's, so run
+# it on a quiet one).
+#
+# Environment: LIKE, LAYERS (0 = all), ROUNDS (2), THREADS (2), GEN (64),
+# SPARE_MB (0: memory left beyond the budget, for the rest of the machine),
+# RUN_TIMEOUT (seconds a run may take, 1800). Needs Linux, python3, and
+# root or CAP_IPC_LOCK for the holder. Every engine runs with
+# oom_score_adj 1000, so that when memory runs out the OOM killer takes it
+# rather than the holder or other processes: a run killed for memory
+# (llama.cpp with -mmp 0 when the model does not fit) is reported as
+# failed, and one during which the holder died anyway as "cap lost". llama.cpp is built outside this
+# repository from its public source; this script only runs the binary it
+# is given.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+: "${LLAMA_BENCH:?set LLAMA_BENCH to the llama-bench binary}"
+: "${SYNTH_DIR:?set SYNTH_DIR to a directory for the model (GBs; not inside the repository)}"
+caps=("$@")
+[ ${#caps[@]} -gt 0 ] || caps=(0.25 0.10)
+like=${LIKE:-qwen3-30b-a3b}
+layers=${LAYERS:-0}
+rounds=${ROUNDS:-2}
+threads=${THREADS:-2}
+gen=${GEN:-64}
+spare=$((${SPARE_MB:-0} * 1024 * 1024))
+run_timeout=${RUN_TIMEOUT:-1800}
+tag=$like
+[ "$layers" = 0 ] || tag=$like-$layers
+model=$SYNTH_DIR/$tag
+work=$(mktemp -d)
+hold_pid=
+cleanup() {
+  if [ -n "$hold_pid" ]; then kill "$hold_pid" 2>/dev/null || true; wait "$hold_pid" 2>/dev/null || true; fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+go build -o "$work/sluice" ./cmd/sluice
+go build -o "$work/memhold" ./scripts/memhold
+if [ ! -f "$model.gguf" ] || [ ! -f "$model/manifest.json" ]; then
+  mkdir -p "$SYNTH_DIR"
+  largs=()
+  [ "$layers" = 0 ] || largs=(--layers "$layers")
+  "$work/sluice" synth --like "$like" "${largs[@]}" --route router --out "$model" --gguf "$model.gguf"
+fi
+
+# Dense and expert bytes of both files: the pack from its manifest (the
+# records of the model's MoE layers), the GGUF from its header (the
+# *_exps tensors; the rest of the file counts as dense).
+read -r s_dense s_exp g_dense g_exp < <(python3 - "$model/manifest.json" "$model.gguf" <<'PY'
+import json, os, struct, sys
+m = json.load(open(sys.argv[1]))
+c = m["config"]
+moe = c["num_hidden_layers"] - c.get("first_k_dense_replace", 0)
+s_exp = moe * m["experts"] * m["stores"][0]["stride"]
+f = open(sys.argv[2], "rb")
+def u(fmt):
+    return struct.unpack("<" + fmt, f.read(struct.calcsize("<" + fmt)))[0]
+def s():
+    return f.read(u("Q")).decode()
+sizes = {4: 4, 5: 4, 6: 4, 7: 1, 0: 1, 1: 1, 2: 2, 3: 2, 10: 8, 11: 8, 12: 8}
+def skip(t):
+    if t == 8: s()
+    elif t == 9:
+        et, n = u("I"), u("Q")
+        for _ in range(n): skip(et)
+    else: f.read(sizes[t])
+assert f.read(4) == b"GGUF"
+u("I"); nt, nkv = u("Q"), u("Q")
+for _ in range(nkv):
+    s(); skip(u("I"))
+row = {0: (4, 1), 1: (2, 1), 2: (18, 32), 8: (34, 32)}  # F32, F16, Q4_0, Q8_0
+g_exp = 0
+for _ in range(nt):
+    name = s(); dims = [u("Q") for _ in range(u("I"))]; t = u("I"); u("Q")
+    if "_exps." in name:
+        b, per = row[t]
+        n = b * dims[0] // per
+        for d in dims[1:]: n *= d
+        g_exp += n
+g_dense = os.path.getsize(sys.argv[2]) - g_exp
+print(m["dense_bytes"], s_exp, g_dense, g_exp)
+PY
+)
+gb() { python3 -c "print('%.2f' % ($1 / 2**30))"; }
+echo "model $tag: sluice dense $(gb "$s_dense") GiB + experts $(gb "$s_exp") GiB; GGUF dense $(gb "$g_dense") GiB + experts $(gb "$g_exp") GiB"
+echo "machine: $(awk '/^MemTotal/ {printf "%.1f GiB", $2/2^20}' /proc/meminfo), $(nproc) CPUs; threads $threads, $gen generated tokens, $rounds rounds"
+
+meminfo() { awk -v k="$1:" '$1 == k {printf "%.0f\n", $2 * 1024}' /proc/meminfo; }
+pgpgin() { awk '$1 == "pgpgin" {printf "%.0f\n", $2 * 1024}' /proc/vmstat; }
+
+# capped BUDGET OUT CMD...: runs CMD with MemAvailable held down to BUDGET
+# (+ SPARE_MB); writes CMD's stdout to OUT and "rc disk_bytes note" to
+# OUT.meta.
+capped() {
+  local budget=$1 out=$2 note=ok rc=0
+  shift 2
+  sync
+  echo 3 2>/dev/null >/proc/sys/vm/drop_caches || note=cache-kept
+  local avail hold
+  avail=$(meminfo MemAvailable)
+  hold=$((avail - budget - spare))
+  if [ "$hold" -gt 0 ]; then
+    "$work/memhold" "$hold" >"$work/hold.out" 2>"$work/hold.err" &
+    hold_pid=$!
+    until grep -q locked "$work/hold.out" 2>/dev/null; do
+      if ! kill -0 "$hold_pid" 2>/dev/null; then
+        echo "memhold could not lock $hold bytes: $(cat "$work/hold.err")" >&2
+        exit 1
+      fi
+      sleep 0.2
+    done
+  else
+    note=no-hold
+  fi
+  local p0 p1
+  p0=$(pgpgin)
+  # The engine volunteers as the OOM killer's first victim (raising one's
+  # own score needs no privilege; lowering the holder's may be refused).
+  timeout "$run_timeout" sh -c 'echo 1000 >/proc/self/oom_score_adj 2>/dev/null; exec "$@"' sh "$@" >"$out" 2>"$out.err" || rc=$?
+  p1=$(pgpgin)
+  if [ -n "$hold_pid" ]; then
+    if ! kill -0 "$hold_pid" 2>/dev/null; then note=cap-lost; fi
+    kill "$hold_pid" 2>/dev/null || true
+    wait "$hold_pid" 2>/dev/null || true
+    hold_pid=
+  fi
+  echo "$rc $((p1 - p0)) $note" >"$out.meta"
+}
+
+run_engine() { # ENGINE BUDGET OUT
+  case $1 in
+    sluice) capped "$2" "$3" "$work/sluice" bench -m "$model" --prompt 1 --gen "$gen" --threads "$threads" --repeat 1 --json ;;
+    llama) capped "$2" "$3" "$LLAMA_BENCH" -m "$model.gguf" -t "$threads" -r 1 -p 0 -n "$gen" -o json ;;
+    llama-nommap) capped "$2" "$3" "$LLAMA_BENCH" -m "$model.gguf" -t "$threads" -r 1 -p 0 -n "$gen" -mmp 0 -o json ;;
+  esac
+}
+
+engines=(sluice llama llama-nommap)
+printf '%-6s %9s %9s | %9s %7s %7s %6s %8s | %9s %8s | %9s %8s\n' cap "sluice_GB" "llama_GB" \
+  "sluice_tg" hit% MB/tok pool% disk_MB "llama_tg" disk_MB "nommap_tg" disk_MB
+for cap in "${caps[@]}"; do
+  s_budget=$(python3 -c "print(int($s_dense + $cap * $s_exp))")
+  g_budget=$(python3 -c "print(int($g_dense + $cap * $g_exp))")
+  rm -f "$work"/r.*
+  for r in $(seq "$rounds"); do
+    for i in 0 1 2; do
+      e=${engines[$(((i + r - 1) % 3))]}
+      b=$g_budget
+      [ "$e" = sluice ] && b=$s_budget
+      run_engine "$e" "$b" "$work/r.$e.$r"
+    done
+  done
+  python3 - "$work" "$rounds" "$cap" "$s_budget" "$g_budget" "$gen" <<'PY'
+import json, statistics, sys
+work, rounds, cap, sb, gb, gen = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+def runs(e):
+    out = []
+    for r in range(1, rounds + 1):
+        p = "%s/r.%s.%d" % (work, e, r)
+        rc, disk, note = open(p + ".meta").read().split()
+        d = None
+        if rc == "0" and note != "cap-lost":
+            try:
+                d = json.load(open(p))
+            except ValueError:
+                pass
+        out.append((int(rc), int(disk), note, d))
+    return out
+def med(xs):
+    return statistics.median(xs) if xs else float("nan")
+def status(rs):
+    bad = [("cap lost" if n == "cap-lost" else "rc %d" % rc) for rc, _, n, d in rs if d is None]
+    return "" if not bad else " (%d/%d failed: %s)" % (len(bad), len(rs), ", ".join(bad))
+# Disk reads of the whole run in MB: load, warm-up (sluice: a full trial;
+# llama-bench: one token) and the timed trial.
+def disk(rs):
+    return med([b / 1e6 for rc, b, n, d in rs if d is not None])
+s, l, n = runs("sluice"), runs("llama"), runs("llama-nommap")
+sok = [d for *_, d in s if d]
+st = med([d["decode_tok_s"] for d in sok])
+x = [d.get("experts") for d in sok]
+hit = med([100 * e["hit_rate"] for e in x if e]) if any(x) else 100.0
+mbt = med([e["mb_per_token"] for e in x if e]) if any(x) else 0.0
+pool = med([100 * e["pool_share"] for e in x if e]) if any(x) else 100.0
+def tg(rs):
+    v = []
+    for *_, d in rs:
+        if d:
+            v += [t["avg_ts"] for t in d if t["n_gen"] > 0]
+    return med(v)
+print("%-6s %9.2f %9.2f | %9.2f %7.1f %7.1f %6.0f %8.0f | %9.2f %8.0f | %9.2f %8.0f%s%s%s" % (
+    cap, sb / 2**30, gb / 2**30, st, hit, mbt, pool, disk(s), tg(l), disk(l), tg(n), disk(n),
+    status(s) and " sluice" + status(s), status(l) and " llama" + status(l), status(n) and " nommap" + status(n)))
+notes = {r[2] for r in s + l + n} - {"ok", "cap-lost"}
+if notes:
+    print("       notes: %s" % ", ".join(sorted(notes)))
+if sok:
+    print("       sluice: %s" % sok[-1].get("experts_plan", ""))
+PY
+done
