@@ -133,10 +133,13 @@ func TestGreedy(t *testing.T) {
 				}
 				for i := range got {
 					if got[i] != c.Greedy[i] {
-						// The near-tie rule of TestConformance: past a step
-						// whose top two are within 1e-3 the continuations
-						// are unrelated.
-						if gaps[i] > 1e-3 {
+						// Exact for every model but tiny-qwen3-next, whose
+						// references carry rounded rope tables (see
+						// testutil.LogitTol): there, a step whose top two
+						// are within 1e-3 may go either way, and
+						// TestQwen3NextReferenceRope checks its tokens
+						// exactly under the references' rope.
+						if name != "tiny-qwen3-next" || gaps[i] > 1e-3 {
 							t.Errorf("case %d: greedy token %d is %d, want %d (top two %.2e apart)\n got %v\nwant %v", ci, i, got[i], c.Greedy[i], gaps[i], got, c.Greedy)
 						}
 						break

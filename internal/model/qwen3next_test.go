@@ -205,7 +205,8 @@ func TestQwen3NextIsQwen35(t *testing.T) {
 // in float32, as sluice does. That rounding, and nothing else, is why the
 // shared tables allow this model testutil.LogitTol's wider bound: with the
 // frequencies rounded to bf16 as the reference had them, every case's last
-// logits agree within 1e-4 and every position's argmax agrees.
+// logits agree within 1e-4, every position's argmax agrees, and so do the
+// 48 greedy tokens of every case.
 func TestQwen3NextReferenceRope(t *testing.T) {
 	const name = "tiny-qwen3-next"
 	m := load(t, name, 16)
@@ -245,6 +246,24 @@ func TestQwen3NextReferenceRope(t *testing.T) {
 		}
 	}
 	t.Logf("rope frequencies in bf16, as the reference had them: last logits within %.2e over %d cases", worst, len(refs.Cases))
+	// And the 48 greedy tokens of every case, exactly.
+	logits := make([]float32, V)
+	for ci, c := range refs.Cases {
+		st, _ := m.NewState(len(c.Prompt) + len(c.Greedy))
+		if err := r.Forward(st, c.Prompt, logits, false); err != nil {
+			t.Fatal(err)
+		}
+		for i, want := range c.Greedy {
+			next := argmax(logits)
+			if next != want {
+				t.Errorf("case %d: greedy token %d is %d, want %d", ci, i, next, want)
+				break
+			}
+			if err := r.Forward(st, []int{next}, logits, false); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 	if worst > 1e-4 {
 		t.Errorf("last logits differ by up to %g", worst)
 	}
