@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -157,26 +158,7 @@ func TestSynthDeepSeekV3(t *testing.T) {
 	if len(mf.Stores) != 1 || !slices.Equal(mf.Stores[0].Gate.Shape, []int{2048, 7168}) || !slices.Equal(mf.Stores[0].Down.Shape, []int{7168, 2048}) {
 		t.Errorf("expert record %+v, want gate 2048×7168, down 7168×2048", mf.Stores)
 	}
-	type runOut struct {
-		Tokens []int `json:"tokens"`
-		Stats  struct {
-			MTP *struct {
-				Drafted int `json:"drafted"`
-			} `json:"mtp"`
-		} `json:"stats"`
-	}
-	var plain, drafts runOut
-	args := []string{"run", "-m", dir, "--temp", "0", "-n", "4", "--ignore-eos", "--json", "--threads", "2", "--tokens", "1,2,3"}
-	o, _ := ok(t, args...)
-	decode(t, o, &plain)
-	o, _ = ok(t, append(args, "--drafts", "2")...)
-	decode(t, o, &drafts)
-	if len(plain.Tokens) != 4 || !slices.Equal(plain.Tokens, drafts.Tokens) {
-		t.Errorf("tokens %v, with drafts %v: want 4 equal", plain.Tokens, drafts.Tokens)
-	}
-	if m := drafts.Stats.MTP; m == nil || m.Drafted == 0 {
-		t.Errorf("--drafts 2: the MTP layer drafted nothing (%+v)", m)
-	}
+	checkDrafts(t, dir, 4, 2)
 	for _, bad := range [][]string{{"--experts", "12"}, {"--experts", "4"}, {"--like", "deepseek-v4"}} {
 		_, e, code := sluice(t, append([]string{"synth", "--out", filepath.Join(t.TempDir(), "x"), "--like", "deepseek-v3"}, bad...)...)
 		if code == 0 || !strings.Contains(e, bad[0]) {
@@ -236,7 +218,15 @@ func TestSynthGLM45Air(t *testing.T) {
 			t.Errorf("%s: shape %v, want %v", n, shapes[n], s)
 		}
 	}
-	var plain, drafts struct {
+	checkDrafts(t, dir, 3, 1)
+}
+
+// checkDrafts runs n greedy tokens of the synthetic model in dir plainly
+// and with the given drafts per step: the tokens must be equal, and the MTP
+// layer must have drafted.
+func checkDrafts(t *testing.T, dir string, n, drafts int) {
+	t.Helper()
+	type runOut struct {
 		Tokens []int `json:"tokens"`
 		Stats  struct {
 			MTP *struct {
@@ -244,15 +234,16 @@ func TestSynthGLM45Air(t *testing.T) {
 			} `json:"mtp"`
 		} `json:"stats"`
 	}
-	args := []string{"run", "-m", dir, "--temp", "0", "-n", "3", "--ignore-eos", "--json", "--threads", "2", "--tokens", "1,2,3"}
+	var plain, drafted runOut
+	args := []string{"run", "-m", dir, "--temp", "0", "-n", strconv.Itoa(n), "--ignore-eos", "--json", "--threads", "2", "--tokens", "1,2,3"}
 	o, _ := ok(t, args...)
 	decode(t, o, &plain)
-	o, _ = ok(t, append(args, "--drafts", "1")...)
-	decode(t, o, &drafts)
-	if len(plain.Tokens) != 3 || !slices.Equal(plain.Tokens, drafts.Tokens) {
-		t.Errorf("tokens %v, with drafts %v: want 3 equal", plain.Tokens, drafts.Tokens)
+	o, _ = ok(t, append(args, "--drafts", strconv.Itoa(drafts))...)
+	decode(t, o, &drafted)
+	if len(plain.Tokens) != n || !slices.Equal(plain.Tokens, drafted.Tokens) {
+		t.Errorf("tokens %v, with drafts %v: want %d equal", plain.Tokens, drafted.Tokens, n)
 	}
-	if m := drafts.Stats.MTP; m == nil || m.Drafted == 0 {
-		t.Errorf("--drafts 1: the MTP layer drafted nothing (%+v)", m)
+	if m := drafted.Stats.MTP; m == nil || m.Drafted == 0 {
+		t.Errorf("--drafts %d: the MTP layer drafted nothing (%+v)", drafts, m)
 	}
 }

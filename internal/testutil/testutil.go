@@ -50,7 +50,10 @@ func repoRoot() string {
 	return filepath.Join(filepath.Dir(file), "..", "..")
 }
 
-var extractMu sync.Mutex
+var (
+	extractMu sync.Mutex
+	extracted = map[string]string{} // name → unpacked directory, once per test binary
+)
 
 // extra unpacks testdata/models/name.tar.gz once per archive content into
 // the system's temporary directory (shared by every test binary, keyed by
@@ -59,6 +62,16 @@ var extractMu sync.Mutex
 func extra(t testing.TB, name string) string {
 	extractMu.Lock()
 	defer extractMu.Unlock()
+	if d, ok := extracted[name]; ok {
+		return d
+	}
+	d := unpackOnce(t, name)
+	extracted[name] = d
+	return d
+}
+
+// unpackOnce finds or makes the unpacked copy of name's archive.
+func unpackOnce(t testing.TB, name string) string {
 	archive := filepath.Join(repoRoot(), "testdata", "models", name+".tar.gz")
 	f, err := os.Open(archive)
 	if err != nil {
