@@ -122,7 +122,7 @@ TEXT ·lowRows(SB), NOSPLIT, $8-96
 	MOVQ tab+88(FP), R12
 	// Row r's scales are r·ng floats after row 0's.
 	MOVQ ng+32(FP), AX
-	MOVQ AX, X14
+	VMOVQ AX, X14
 	VPBROADCASTD X14, Y14
 	VPMULLD 352(R12), Y14, Y14
 	MOVQ q+0(FP), R13

@@ -317,7 +317,7 @@ TEXT ·q4TileAVX2(SB), 0, $8960-104
 	JEQ full
 	MOVQ $0, L_FULL(SP)
 full:
-	MOVQ AX, X0
+	VMOVQ AX, X0
 	VPBROADCASTD X0, Y0
 	VPCMPGTD IOTA, Y0, Y0
 	VMOVDQU Y0, L_OMASK(SP)
@@ -331,7 +331,7 @@ chunk:
 	MOVQ $KC, AX
 kgset:
 	MOVQ AX, L_KG(SP)
-	MOVQ AX, X0
+	VMOVQ AX, X0
 	VPBROADCASTD X0, Y0
 	VPCMPGTD IOTA, Y0, Y0
 	VMOVDQU Y0, L_KMASK(SP)     // the chunk's groups
@@ -404,7 +404,7 @@ transpose:
 	// One group per row: the tile's scales are consecutive (the rows that
 	// do not exist masked off).
 	MOVQ nrows+40(FP), AX
-	MOVQ AX, X0
+	VMOVQ AX, X0
 	VPBROADCASTD X0, Y0
 	VPCMPGTD IOTA, Y0, Y0
 	MOVQ scales+16(FP), SI
@@ -783,7 +783,7 @@ rkgset:
 rtrans:
 	// Scales and biases of the chunk: 8 rows × kg floats, transposed.
 	MOVQ L_RKG(SP), SI
-	MOVQ SI, X0
+	VMOVQ SI, X0
 	VPBROADCASTD X0, Y0
 	VPCMPGTD IOTA, Y0, Y0
 	VMOVDQU Y0, L_KMASK(SP)
