@@ -74,11 +74,11 @@ func Open(ctx context.Context, dir string, o Options) (*Engine, error) {
 			return nil, err
 		}
 	}
-	m, err := model.Load(packed)
+	m, err := model.LoadContext(ctx, packed, o.Progress)
 	if err != nil {
 		return nil, err
 	}
-	stream, plan, err := openExperts(m, o)
+	stream, plan, err := openExperts(ctx, m, o)
 	if err != nil {
 		m.Close()
 		return nil, err

@@ -28,7 +28,7 @@ type ExpertOptions struct {
 }
 
 // openExperts sets m.Experts: the resident mapping or a streaming pool.
-func openExperts(m *model.Model, o Options) (*experts.Stream, string, error) {
+func openExperts(ctx context.Context, m *model.Model, o Options) (*experts.Stream, string, error) {
 	c := &m.Config
 	xo := o.Experts
 	ctxLen := o.Ctx
@@ -55,7 +55,7 @@ func openExperts(m *model.Model, o Options) (*experts.Stream, string, error) {
 	}
 	lossy := xo.MissBits != 0 || xo.CutWeak > 0
 	if plan.Resident && !lossy {
-		prov, err := model.NewResidentProvider(m)
+		prov, err := model.OpenResident(ctx, m, o.Progress)
 		if err != nil {
 			return nil, "", err
 		}

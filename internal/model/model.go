@@ -6,7 +6,10 @@
 package model
 
 import (
+	"context"
 	"fmt"
+	"io"
+	"os"
 	"path/filepath"
 
 	"github.com/sluicelm/sluice/internal/block"
@@ -35,14 +38,19 @@ type Model struct {
 // DefaultMaxBatch is MaxBatch before any runner asks for more.
 const DefaultMaxBatch = 256
 
-// Load maps dir/dense.bin and builds the layer views. Experts are served by
-// a Provider the caller sets (NewResidentProvider maps experts.bin whole).
-func Load(dir string) (*Model, error) {
+// Load loads dir/dense.bin and builds the layer views. Experts are served
+// by a Provider the caller sets (NewResidentProvider holds experts.bin
+// whole).
+func Load(dir string) (*Model, error) { return LoadContext(context.Background(), dir, nil) }
+
+// LoadContext is Load with cancellation, and progress on w (nil: silent)
+// while a weight file of a GiB or more is read.
+func LoadContext(ctx context.Context, dir string, w io.Writer) (*Model, error) {
 	man, err := format.ReadManifest(dir)
 	if err != nil {
 		return nil, err
 	}
-	dense, err := mapFile(filepath.Join(dir, "dense.bin"))
+	dense, err := loadWeights(ctx, filepath.Join(dir, "dense.bin"), w)
 	if err != nil {
 		return nil, fmt.Errorf("packed model %s: %v", dir, err)
 	}
@@ -58,9 +66,27 @@ func Load(dir string) (*Model, error) {
 	return m, nil
 }
 
-func mapFile(path string) ([]byte, error) { return platform.MapFile(path) }
+// loadWeights reads a weight file whole (platform.LoadFile: on Linux into
+// memory backed by huge pages, which decode reads faster than a file
+// mapping), telling w how far it got when the file is a GiB or more.
+func loadWeights(ctx context.Context, path string, w io.Writer) ([]byte, error) {
+	var progress func(done, total int64)
+	if w != nil {
+		if st, err := os.Stat(path); err == nil && st.Size() >= 1<<30 {
+			name := filepath.Base(path)
+			progress = func(done, total int64) {
+				fmt.Fprintf(w, "\rloading %s: %.1f of %.1f GiB", name, float64(done)/(1<<30), float64(total)/(1<<30))
+				if done == total {
+					fmt.Fprintln(w)
+				}
+			}
+		}
+	}
+	b, _, err := platform.LoadFile(ctx, path, progress)
+	return b, err
+}
 
-// Close releases the mapped weights and the expert provider.
+// Close releases the weights and the expert provider.
 func (m *Model) Close() error {
 	if m.Experts != nil {
 		m.Experts.Close()

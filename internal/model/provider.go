@@ -1,7 +1,9 @@
 package model
 
 import (
+	"context"
 	"fmt"
+	"io"
 	"path/filepath"
 
 	"github.com/sluicelm/sluice/internal/format"
@@ -96,14 +98,33 @@ type Resident struct {
 // StableExperts reports that every Expert stays valid for the whole step.
 func (r *Resident) StableExperts() bool { return true }
 
-// NewResidentProvider maps the packed model's expert store.
+// NewResidentProvider maps the packed model's expert store whole, for a
+// reader that passes over it once (the GPU backend's upload).
 func NewResidentProvider(m *Model) (*Resident, error) {
 	st := &m.Manifest.Stores[0]
-	path := filepath.Join(m.Dir, st.File)
-	data, err := mapFile(path)
+	data, err := platform.MapFile(filepath.Join(m.Dir, st.File))
 	if err != nil {
 		return nil, fmt.Errorf("packed model %s: %v", m.Dir, err)
 	}
+	return newResident(m, data)
+}
+
+// OpenResident holds the expert store whole for the CPU to compute from:
+// read into memory by loadWeights, with cancellation, and progress on w
+// (nil: silent) while a store of a GiB or more is read.
+func OpenResident(ctx context.Context, m *Model, w io.Writer) (*Resident, error) {
+	st := &m.Manifest.Stores[0]
+	data, err := loadWeights(ctx, filepath.Join(m.Dir, st.File), w)
+	if err != nil {
+		return nil, fmt.Errorf("packed model %s: %v", m.Dir, err)
+	}
+	return newResident(m, data)
+}
+
+// newResident checks the store's size and builds the experts' views of
+// data, releasing data when it cannot.
+func newResident(m *Model, data []byte) (*Resident, error) {
+	st := &m.Manifest.Stores[0]
 	n := m.Manifest.ExpertLayers * m.Manifest.Experts
 	if int64(len(data)) < int64(n)*st.Stride {
 		platform.Unmap(data)
@@ -112,6 +133,7 @@ func NewResidentProvider(m *Model) (*Resident, error) {
 	r := &Resident{data: data, experts: make([]Expert, n), E: m.Manifest.Experts}
 	for i := range r.experts {
 		rec := data[int64(i)*st.Stride : int64(i+1)*st.Stride]
+		var err error
 		if r.experts[i], err = ExpertFromRecord(rec, st); err != nil {
 			platform.Unmap(data)
 			return nil, fmt.Errorf("packed model %s: expert record %d: %v", m.Dir, i, err)
@@ -136,7 +158,7 @@ func (r *Resident) Next() (int, *Expert, error) {
 	return i, &r.experts[r.layer*r.E+r.ids[i]], nil
 }
 
-// Close unmaps the store.
+// Close releases the store.
 func (r *Resident) Close() error {
 	if r.data == nil {
 		return nil

@@ -5,21 +5,8 @@ package platform
 import (
 	"errors"
 	"io"
-	"os"
 	"syscall"
 )
-
-func mapFile(f *os.File, n int) ([]byte, error) {
-	return syscall.Mmap(int(f.Fd()), 0, n, syscall.PROT_READ, syscall.MAP_SHARED)
-}
-
-func unmap(b []byte) error { return syscall.Munmap(b) }
-
-func alloc(n int) ([]byte, error) {
-	return syscall.Mmap(-1, 0, n, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON)
-}
-
-func free(b []byte) error { return syscall.Munmap(b) }
 
 // pread uses the raw descriptor so that a read costs no allocation and
 // does not go through the runtime poller (regular files are never

@@ -7,6 +7,7 @@
 package platform
 
 import (
+	"context"
 	"fmt"
 	"os"
 )
@@ -34,6 +35,19 @@ func MapFile(path string) ([]byte, error) {
 		return nil, fmt.Errorf("mapping %s: %v", path, err)
 	}
 	return b, nil
+}
+
+// LoadFile returns the whole of path in memory that Unmap releases. On
+// Linux it reads the file into anonymous memory that asks for transparent
+// huge pages, which a decode step reading every resident weight once runs
+// measurably faster from than from a file mapping's 4 KiB pages; huge
+// reports whether the kernel took that advice. The memory is the
+// process's own, as the memory budget assumes, rather than page cache the
+// kernel may drop and read again under pressure. Elsewhere LoadFile maps
+// the file as MapFile does. progress, when not nil, is told the bytes read
+// so far; ctx cancels between reads of 64 MiB.
+func LoadFile(ctx context.Context, path string, progress func(done, total int64)) (b []byte, huge bool, err error) {
+	return loadFile(ctx, path, progress)
 }
 
 // Alloc returns n bytes of zeroed, page-aligned memory outside the Go heap,

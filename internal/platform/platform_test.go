@@ -2,6 +2,7 @@ package platform
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -45,8 +46,57 @@ func TestMapFile(t *testing.T) {
 	}
 }
 
+// TestLoadFile reads files below and above a huge page whole, releases
+// them, refuses empty and missing files, and stops when cancelled.
+func TestLoadFile(t *testing.T) {
+	for _, n := range []int{5, 3*4096 + 123, 2<<20 + 77, 9 << 20} {
+		path, want := testFile(t, n)
+		var last int64
+		b, huge, err := LoadFile(context.Background(), path, func(done, total int64) {
+			if total != int64(n) || done <= last || done > total {
+				t.Errorf("progress %d of %d after %d, file of %d", done, total, last, n)
+			}
+			last = done
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(b, want) {
+			t.Fatalf("%d bytes: loaded bytes differ from the file", n)
+		}
+		if runtime.GOOS == "linux" {
+			if last != int64(n) {
+				t.Errorf("%d bytes: progress ended at %d", n, last)
+			}
+			if uintptr(unsafe.Pointer(&b[0]))%(2<<20) != 0 {
+				t.Errorf("%d bytes at %p: not on a huge-page boundary", n, &b[0])
+			}
+			t.Logf("%d bytes: huge pages advised: %v", n, huge)
+		}
+		if err := Unmap(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	empty := filepath.Join(t.TempDir(), "empty")
+	os.WriteFile(empty, nil, 0o644)
+	if _, _, err := LoadFile(context.Background(), empty, nil); err == nil {
+		t.Fatal("loading an empty file: no error")
+	}
+	if _, _, err := LoadFile(context.Background(), filepath.Join(t.TempDir(), "missing"), nil); err == nil {
+		t.Fatal("loading a missing file: no error")
+	}
+	if runtime.GOOS == "linux" {
+		path, _ := testFile(t, 4096)
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		if _, _, err := LoadFile(ctx, path, nil); err != context.Canceled {
+			t.Fatalf("loading under a cancelled context: %v, want context.Canceled", err)
+		}
+	}
+}
+
 func TestAllocAligned(t *testing.T) {
-	for _, n := range []int{1, 4096, 3*4096 + 5, 1 << 20} {
+	for _, n := range []int{1, 4096, 3*4096 + 5, 1 << 20, 5<<20 + 4097} {
 		b, err := Alloc(n)
 		if err != nil {
 			t.Fatal(err)

@@ -1,6 +1,7 @@
 package platform
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"os"
@@ -169,4 +170,11 @@ func available() (int64, string) {
 // unsafe.Pointer rule (meant for Go heap addresses) is not tripped.
 func bytesAt(addr uintptr, n int) []byte {
 	return unsafe.Slice((*byte)(*(*unsafe.Pointer)(unsafe.Pointer(&addr))), n)
+}
+
+// loadFile maps the file: Windows gives large pages only to accounts
+// holding SeLockMemoryPrivilege, so a mapping serves as well.
+func loadFile(_ context.Context, path string, _ func(done, total int64)) ([]byte, bool, error) {
+	b, err := MapFile(path)
+	return b, false, err
 }
