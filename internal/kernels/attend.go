@@ -10,10 +10,19 @@ import "math"
 // batching or threads. Normalising o once, rather than every weight, saves
 // a pass over the n scores.
 func Attend(o, q, kc, vc []float32, stride, n int, scale float32, s []float32) {
+	sum := AttendScores(q, kc, stride, n, scale, s)
+	AttendMix(o[:len(q)], vc, stride, n, s, sum)
+}
+
+// AttendScores is Attend's first half: s[j] = exp(scale·(q·k_j) − max),
+// returning Σ_j s[j]. Split from AttendMix so that the query heads sharing
+// a key-value head can pass over the keys one after another, then over
+// the values, each while it stays in cache.
+func AttendScores(q, kc []float32, stride, n int, scale float32, s []float32) float32 {
 	hd := len(q)
 	s = s[:n]
 	if useAVX2 && hd%32 == 0 && n > 0 {
-		_, _ = kc[(n-1)*stride+hd-1], vc[(n-1)*stride+hd-1]
+		_ = kc[(n-1)*stride+hd-1]
 		scoresAVX2(&q[0], &kc[0], 4*stride, n, hd, scale, &s[0])
 	} else {
 		for j := range s {
@@ -35,8 +44,16 @@ func Attend(o, q, kc, vc []float32, stride, n int, scale float32, s []float32) {
 		s[j] = e
 		sum += e
 	}
-	o = o[:hd]
+	return sum
+}
+
+// AttendMix is Attend's second half: o = (Σ_j s[j]·v_j) / sum, for the
+// weights and sum of AttendScores.
+func AttendMix(o, vc []float32, stride, n int, s []float32, sum float32) {
+	hd := len(o)
+	s = s[:n]
 	if useAVX2 && hd%32 == 0 && n > 0 {
+		_ = vc[(n-1)*stride+hd-1]
 		mixAVX2(&o[0], &vc[0], 4*stride, n, hd, &s[0])
 	} else {
 		clear(o)
