@@ -52,7 +52,7 @@ func LoadContext(ctx context.Context, dir string, w io.Writer) (*Model, error) {
 	}
 	dense, err := loadWeights(ctx, filepath.Join(dir, "dense.bin"), w)
 	if err != nil {
-		return nil, fmt.Errorf("packed model %s: %v", dir, err)
+		return nil, fmt.Errorf("packed model %s: %w", dir, err)
 	}
 	m := &Model{Dir: dir, Manifest: man, Config: man.Config, dense: dense, MaxBatch: DefaultMaxBatch}
 	if int64(len(dense)) < man.DenseBytes {

@@ -116,7 +116,7 @@ func OpenResident(ctx context.Context, m *Model, w io.Writer) (*Resident, error)
 	st := &m.Manifest.Stores[0]
 	data, err := loadWeights(ctx, filepath.Join(m.Dir, st.File), w)
 	if err != nil {
-		return nil, fmt.Errorf("packed model %s: %v", m.Dir, err)
+		return nil, fmt.Errorf("packed model %s: %w", m.Dir, err)
 	}
 	return newResident(m, data)
 }
