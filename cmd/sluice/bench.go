@@ -60,27 +60,36 @@ func cmdBench(ctx context.Context, args []string) error {
 	}
 	// Random ids, as llama-bench uses: the speed of a step does not depend
 	// on which tokens it sees, only (for MoE) on the experts they route to.
-	rng := rand.New(rand.NewPCG(1, 2))
-	prompt := make([]int, *promptN)
-	for i := range prompt {
-		prompt[i] = rng.IntN(e.Model.Config.Vocab - 8)
+	// Every trial, the warm-up included, draws its own: a streamed pool
+	// warmed up on the timed trial's very tokens would already hold the
+	// records their routes need, and report a hit rate no real text gets.
+	vocab := e.Model.Config.Vocab - 8
+	inputs := func(trial int) (prompt, ctxToks []int) {
+		rng := rand.New(rand.NewPCG(1, 2+uint64(trial)))
+		prompt = make([]int, *promptN)
+		for i := range prompt {
+			prompt[i] = rng.IntN(vocab)
+		}
+		// The decode runs after depth context tokens (at least one: the
+		// first generated token needs an input). A depth equal to the
+		// prompt decodes straight after the timed prefill.
+		ctxToks = prompt[:max(min(*depth, *promptN), 1)]
+		if *depth > *promptN {
+			ctxToks = make([]int, *depth)
+			for i := range ctxToks {
+				ctxToks[i] = rng.IntN(vocab)
+			}
+		}
+		if *genOnly {
+			prompt, ctxToks = prompt[:1], prompt[:1]
+		}
+		return prompt, ctxToks
 	}
+	_, first := inputs(0)
+	depthUsed := len(first)
 	st, err := e.NewState()
 	if err != nil {
 		return err
-	}
-	// The decode runs after depth context tokens (at least one: the first
-	// generated token needs an input). A depth equal to the prompt decodes
-	// straight after the timed prefill.
-	ctxToks := prompt[:max(min(*depth, *promptN), 1)]
-	if *depth > *promptN {
-		ctxToks = make([]int, *depth)
-		for i := range ctxToks {
-			ctxToks[i] = rng.IntN(e.Model.Config.Vocab - 8)
-		}
-	}
-	if *genOnly {
-		prompt, ctxToks = prompt[:1], prompt[:1]
 	}
 	if g, ok := e.Fwd.(interface{ SetGraphs(bool) }); ok {
 		g.SetGraphs(*graphs)
@@ -119,6 +128,7 @@ func cmdBench(ctx context.Context, args []string) error {
 				return err
 			}
 		}
+		prompt, ctxToks := inputs(t)
 		bt, err := runTrial(ctx, e, st, prompt, ctxToks, *genN)
 		if err != nil {
 			return err
@@ -138,7 +148,7 @@ func cmdBench(ctx context.Context, args []string) error {
 	}
 	res := map[string]any{
 		"model": e.Dir, "family": e.Model.Config.Family, "bits": e.Model.Manifest.Bits, "threads": e.Runner.Pool.Threads(),
-		"prompt_tokens": *promptN, "gen_tokens": *genN, "depth": len(ctxToks), "repeat": *repeat,
+		"prompt_tokens": *promptN, "gen_tokens": *genN, "depth": depthUsed, "repeat": *repeat,
 		"prefill_tok_s": median(pre), "decode_tok_s": median(dec), "prefill_all": pre, "decode_all": dec,
 		// Operations a decode step hands to the worker pool: times the
 		// per-op hand-off (BenchmarkPoolDispatch), the overhead per token.
