@@ -17,15 +17,21 @@
 # each round), each after the page cache is dropped (echo 3 >
 # /proc/sys/vm/drop_caches, when permitted) and the holder has locked
 # MemAvailable - (budget + SPARE_MB):
-#   sluice bench --prompt 1 --gen GEN --repeat 1 --json   (its defaults: it
-#       sizes its expert pool from what MemAvailable then says)
+#   sluice bench --prompt 1 --gen GEN --repeat 1 --disk --json   (its
+#       defaults: it sizes its expert pool from what MemAvailable then
+#       says; --disk measures the expert store's uncached read bandwidth
+#       at its record size and queue depth, before and after the trial)
 #   llama-bench -p 0 -n GEN -r 1          (default: the GGUF mmapped)
 #   llama-bench -p 0 -n GEN -r 1 -mmp 0   (read into memory, if it starts)
 # and the script prints the medians of decode tok/s, sluice's expert hit
 # rate, MB of experts read per decoded token and pool share (its --json),
 # and for every engine the MB read from disk during the whole run, load
 # and warm-up included (/proc/vmstat pgpgin: the whole machine's, so run
-# it on a quiet one).
+# it on a quiet one). sluice's limit under the cap is max(its resident
+# decode time per token, measured once first without a cap when the model
+# fits, MB of experts read per token / the disk bandwidth of the same run):
+# reads overlap compute, so neither can be beaten; the script prints the
+# limit's tok/s and the measured time over the limit's (1.0 is the bound).
 #
 # Environment: LIKE, LAYERS (0 = all), ROUNDS (2), THREADS (2), GEN (64),
 # SPARE_MB (0: memory left beyond the budget, for the rest of the machine),
@@ -156,15 +162,25 @@ capped() {
 
 run_engine() { # ENGINE BUDGET OUT
   case $1 in
-    sluice) capped "$2" "$3" "$work/sluice" bench -m "$model" --prompt 1 --gen "$gen" --threads "$threads" --repeat 1 --json ;;
+    sluice) capped "$2" "$3" "$work/sluice" bench -m "$model" --prompt 1 --gen "$gen" --threads "$threads" --repeat 1 --disk --json ;;
     llama) capped "$2" "$3" "$LLAMA_BENCH" -m "$model.gguf" -t "$threads" -r 1 -p 0 -n "$gen" -o json ;;
     llama-nommap) capped "$2" "$3" "$LLAMA_BENCH" -m "$model.gguf" -t "$threads" -r 1 -p 0 -n "$gen" -mmp 0 -o json ;;
   esac
 }
 
+# sluice's resident decode, without a cap (0 when it does not fit: the
+# limit is then the disk's alone).
+sync
+echo 3 2>/dev/null >/proc/sys/vm/drop_caches || true
+resident_ms=0
+if "$work/sluice" bench -m "$model" --prompt 1 --gen "$gen" --threads "$threads" --repeat 1 --json >"$work/resident.json" 2>"$work/resident.err"; then
+  resident_ms=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(0 if d.get("experts") else 1000 / d["decode_tok_s"])' "$work/resident.json")
+fi
+echo "sluice resident decode: $(python3 -c "print('%.1f ms/token' % $resident_ms if $resident_ms else 'does not fit uncapped')")"
+
 engines=(sluice llama llama-nommap)
-printf '%-6s %9s %9s | %9s %7s %7s %6s %8s | %9s %8s | %9s %8s\n' cap "sluice_GB" "llama_GB" \
-  "sluice_tg" hit% MB/tok pool% disk_MB "llama_tg" disk_MB "nommap_tg" disk_MB
+printf '%-6s %9s %9s | %9s %7s %7s %6s %8s %7s %8s | %9s %8s | %9s %8s\n' cap "sluice_GB" "llama_GB" \
+  "sluice_tg" hit% MB/tok pool% disk_MB disk_MBs "limit_tg" "llama_tg" disk_MB "nommap_tg" disk_MB
 for cap in "${caps[@]}"; do
   s_budget=$(python3 -c "print(int($s_dense + $cap * $s_exp))")
   g_budget=$(python3 -c "print(int($g_dense + $cap * $g_exp))")
@@ -177,9 +193,10 @@ for cap in "${caps[@]}"; do
       run_engine "$e" "$b" "$work/r.$e.$r"
     done
   done
-  python3 - "$work" "$rounds" "$cap" "$s_budget" "$g_budget" "$gen" <<'PY'
+  python3 - "$work" "$rounds" "$cap" "$s_budget" "$g_budget" "$gen" "$resident_ms" <<'PY'
 import json, statistics, sys
 work, rounds, cap, sb, gb, gen = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+resident_ms = float(sys.argv[7])
 def runs(e):
     out = []
     for r in range(1, rounds + 1):
@@ -209,18 +226,31 @@ x = [d.get("experts") for d in sok]
 hit = med([100 * e["hit_rate"] for e in x if e]) if any(x) else 100.0
 mbt = med([e["mb_per_token"] for e in x if e]) if any(x) else 0.0
 pool = med([100 * e["pool_share"] for e in x if e]) if any(x) else 100.0
+dmbs = med([e["disk_mb_s"] for e in x if e and e.get("disk_mb_s")]) if any(x) else float("nan")
+# The limit of each run: its reads at its disk bandwidth, or the resident
+# compute, whichever is longer; then the medians.
+lims, ofl = [], []
+for d in sok:
+    e = d.get("experts")
+    if e and e.get("disk_mb_s"):
+        ms = max(resident_ms, 1000 * e["mb_per_token"] / e["disk_mb_s"])
+        lims.append(1000 / ms)
+        ofl.append((1000 / d["decode_tok_s"]) / ms)
+lim = med(lims)
 def tg(rs):
     v = []
     for *_, d in rs:
         if d:
             v += [t["avg_ts"] for t in d if t["n_gen"] > 0]
     return med(v)
-print("%-6s %9.2f %9.2f | %9.2f %7.1f %7.1f %6.0f %8.0f | %9.2f %8.0f | %9.2f %8.0f%s%s%s" % (
-    cap, sb / 2**30, gb / 2**30, st, hit, mbt, pool, disk(s), tg(l), disk(l), tg(n), disk(n),
+print("%-6s %9.2f %9.2f | %9.2f %7.1f %7.1f %6.0f %8.0f %7.0f %8.2f | %9.2f %8.0f | %9.2f %8.0f%s%s%s" % (
+    cap, sb / 2**30, gb / 2**30, st, hit, mbt, pool, disk(s), dmbs, lim, tg(l), disk(l), tg(n), disk(n),
     status(s) and " sluice" + status(s), status(l) and " llama" + status(l), status(n) and " nommap" + status(n)))
 notes = {r[2] for r in s + l + n} - {"ok", "cap-lost"}
 if notes:
     print("       notes: %s" % ", ".join(sorted(notes)))
+if ofl:
+    print("       sluice's time per token over its limit's: %s (median %.2f)" % (" ".join("%.2f" % v for v in ofl), med(ofl)))
 if sok:
     print("       sluice: %s" % sok[-1].get("experts_plan", ""))
 PY
