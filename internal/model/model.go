@@ -68,23 +68,38 @@ func LoadContext(ctx context.Context, dir string, w io.Writer) (*Model, error) {
 
 // loadWeights reads a weight file whole (platform.LoadFile: on Linux into
 // memory backed by huge pages, which decode reads faster than a file
-// mapping), telling w how far it got when the file is a GiB or more.
+// mapping), telling w how far it got when the file is a GiB or more. A
+// file larger than the memory available (less the budget's headroom) is
+// mapped instead, and w told why: pages the kernel may drop and read
+// again run slowly, where a copy would run out of memory.
 func loadWeights(ctx context.Context, path string, w io.Writer) ([]byte, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	if avail, src := availableMemory(); avail > 0 && st.Size() > avail-max(avail/10, 256<<20) {
+		if w != nil {
+			fmt.Fprintf(w, "%s (%.1f GiB) is larger than the memory available (%s): mapping it, to be paged from disk\n",
+				filepath.Base(path), float64(st.Size())/(1<<30), src)
+		}
+		return platform.MapFile(path)
+	}
 	var progress func(done, total int64)
-	if w != nil {
-		if st, err := os.Stat(path); err == nil && st.Size() >= 1<<30 {
-			name := filepath.Base(path)
-			progress = func(done, total int64) {
-				fmt.Fprintf(w, "\rloading %s: %.1f of %.1f GiB", name, float64(done)/(1<<30), float64(total)/(1<<30))
-				if done == total {
-					fmt.Fprintln(w)
-				}
+	if w != nil && st.Size() >= 1<<30 {
+		name := filepath.Base(path)
+		progress = func(done, total int64) {
+			fmt.Fprintf(w, "\rloading %s: %.1f of %.1f GiB", name, float64(done)/(1<<30), float64(total)/(1<<30))
+			if done == total {
+				fmt.Fprintln(w)
 			}
 		}
 	}
 	b, _, err := platform.LoadFile(ctx, path, progress)
 	return b, err
 }
+
+// availableMemory is platform.Available, replaced in tests.
+var availableMemory = platform.Available
 
 // Close releases the weights and the expert provider.
 func (m *Model) Close() error {

@@ -1,0 +1,61 @@
+package model
+
+import (
+	"bytes"
+	"context"
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/sluicelm/sluice/internal/testutil"
+)
+
+// TestLoadMapsWhenShort: with less memory available than the weights
+// need, Load maps them instead of copying them, says so, and computes the
+// same logits; OpenResident does the same for the expert store, and both
+// read whole otherwise, silently for files under a GiB.
+func TestLoadMapsWhenShort(t *testing.T) {
+	name := testutil.Models[0]
+	dir := testutil.Packed(t, name, 4)
+	prompt := testutil.LoadRefs(t, name).Cases[0].Prompt
+	logits := func(short bool) ([]float32, string) {
+		if short {
+			defer func(f func() (int64, string)) { availableMemory = f }(availableMemory)
+			availableMemory = func() (int64, string) { return 1 << 20, "1 MiB in this test" }
+		}
+		var note bytes.Buffer
+		m, err := LoadContext(context.Background(), dir, &note)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Close()
+		p, err := OpenResident(context.Background(), m, &note)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.Experts = p
+		r := NewRunner(m, 2, 64)
+		defer r.Close()
+		st, _ := m.NewState(len(prompt))
+		out := make([]float32, len(prompt)*m.Config.Vocab)
+		if err := r.Forward(st, prompt, out, true); err != nil {
+			t.Fatal(err)
+		}
+		return out, note.String()
+	}
+	want, note := logits(false)
+	if note != "" {
+		t.Errorf("loading a small model in ample memory said %q", note)
+	}
+	got, note := logits(true)
+	for _, f := range []string{"dense.bin", "experts.bin"} {
+		if !strings.Contains(note, f+" ") || !strings.Contains(note, "mapping it") {
+			t.Errorf("short of memory, the load did not say it maps %s: %q", f, note)
+		}
+	}
+	for i := range want {
+		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+			t.Fatalf("mapped weights: logit %d = %v, loaded %v", i, got[i], want[i])
+		}
+	}
+}
