@@ -85,8 +85,7 @@ func cmdBench(ctx context.Context, args []string) error {
 		}
 		return prompt, ctxToks
 	}
-	_, first := inputs(0)
-	depthUsed := len(first)
+	depthUsed := 0 // the context of the decode: every trial's is as long
 	st, err := e.NewState()
 	if err != nil {
 		return err
@@ -129,6 +128,7 @@ func cmdBench(ctx context.Context, args []string) error {
 			}
 		}
 		prompt, ctxToks := inputs(t)
+		depthUsed = len(ctxToks)
 		bt, err := runTrial(ctx, e, st, prompt, ctxToks, *genN)
 		if err != nil {
 			return err
