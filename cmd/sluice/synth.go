@@ -128,8 +128,8 @@ func cmdSynth(ctx context.Context, args []string) error {
 	default:
 		return fmt.Errorf("--gguf-type %q: want q4_0 or q8_0", *ggufType)
 	}
-	if *ggufPath != "" && cfg.Family != family.NameQwen3MoE && cfg.Family != family.NameQwen35MoE {
-		return fmt.Errorf("--gguf: only qwen3-30b-a3b and qwen3.5-35b-a3b shapes can be written as GGUF so far")
+	if *ggufPath != "" && ggufFamilies[cfg.Family] == nil {
+		return fmt.Errorf("--gguf: %s shapes cannot be written as GGUF", *like)
 	}
 	if *layers > 0 && *layers < cfg.Layers {
 		cfg.Layers = *layers

@@ -26,16 +26,11 @@ func synthGGUF(m *format.Manifest, dir, path string, gt gguf.Type) error {
 	for i := range m.Dense {
 		p.byName[m.Dense[i].Name] = &m.Dense[i]
 	}
-	var err error
-	switch m.Config.Family {
-	case family.NameQwen3MoE:
-		err = p.qwen3MoE()
-	case family.NameQwen35MoE:
-		err = p.qwen35MoE()
-	default:
-		err = fmt.Errorf("--gguf: %s cannot be written as GGUF (qwen3-30b-a3b and qwen3.5-35b-a3b shapes can)", m.Config.Family)
+	plan := ggufFamilies[m.Config.Family]
+	if plan == nil {
+		return fmt.Errorf("--gguf: %s cannot be written as GGUF", m.Config.Family)
 	}
-	if err != nil {
+	if err := plan(p); err != nil {
 		return err
 	}
 	dense, err := platform.MapFile(filepath.Join(dir, "dense.bin"))
@@ -72,6 +67,13 @@ func synthGGUF(m *format.Manifest, dir, path string, gt gguf.Type) error {
 		return err
 	}
 	return f.Close()
+}
+
+// ggufFamilies plans each family's GGUF file as llama.cpp's converter
+// writes it; a family missing here cannot be written.
+var ggufFamilies = map[string]func(*ggufPlan) error{
+	family.NameQwen3MoE:  (*ggufPlan).qwen3MoE,
+	family.NameQwen35MoE: (*ggufPlan).qwen35MoE,
 }
 
 // ggufPlan collects a GGUF file's metadata and tensors, and where each
