@@ -357,6 +357,12 @@ func synthDense(m *format.Manifest, kind format.Kind, path string) error {
 			switch {
 			case zc && strings.HasSuffix(s.Name, "linear_attn.norm.weight"):
 				b = floats(n, 1) // the DeltaNet's gated norm is a plain one
+			case synthRandomVec(s.Name) > 0:
+				b = make([]byte, 4*n)
+				a := synthRandomVec(s.Name)
+				for i := 0; i < n; i++ {
+					binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(a*float32(rng.NormFloat64())))
+				}
 			case len(s.Shape) == 1 && zc:
 				b = floats(n, 0)
 			case len(s.Shape) == 1:
@@ -377,6 +383,20 @@ func synthDense(m *format.Manifest, kind format.Kind, path string) error {
 		return err
 	}
 	return f.Sync()
+}
+
+// synthRandomVec is the spread of the random values synth gives a vector
+// that is not a norm weight, or 0 for a constant one: the projections'
+// biases, attention sinks, router biases and the routers' correction
+// biases. A
+// constant bias would add one direction to every hidden state, and a
+// GGUF written without it would go unnoticed.
+func synthRandomVec(name string) float32 {
+	switch {
+	case strings.HasSuffix(name, "_proj.bias"), strings.HasSuffix(name, "router.bias"), strings.HasSuffix(name, ".sinks"):
+		return 0.1
+	}
+	return 0
 }
 
 // synthExperts writes every record from one random block shifted per

@@ -74,6 +74,7 @@ func synthGGUF(m *format.Manifest, dir, path string, gt gguf.Type) error {
 var ggufFamilies = map[string]func(*ggufPlan) error{
 	family.NameQwen3MoE:  (*ggufPlan).qwen3MoE,
 	family.NameQwen35MoE: (*ggufPlan).qwen35MoE,
+	family.NameGLM4MoE:   (*ggufPlan).glm4MoE,
 }
 
 // ggufPlan collects a GGUF file's metadata and tensors, and where each
@@ -205,6 +206,17 @@ func (p *ggufPlan) header(arch string) {
 		// which is all llama-bench (random ids) needs.
 		{Key: "tokenizer.ggml.model", Value: "none"},
 	}
+}
+
+// set replaces the value of metadata key k, or adds it.
+func (p *ggufPlan) set(k string, v any) {
+	for i := range p.kvs {
+		if p.kvs[i].Key == k {
+			p.kvs[i].Value = v
+			return
+		}
+	}
+	p.kvs = append(p.kvs, gguf.KV{Key: k, Value: v})
 }
 
 // qwen3MoE plans llama.cpp's qwen3moe: the checkpoint's tensors renamed.
