@@ -150,6 +150,9 @@ func cmdSynth(ctx context.Context, args []string) error {
 		if (cfg.Family == family.NameQwen35MoE || cfg.Family == family.NameQwen3Next) && i%4 != 3 {
 			cfg.LayerTypes[i] = format.LinearAttention
 		}
+		if cfg.Family == family.NameGPTOSS && i%2 == 0 {
+			cfg.LayerTypes[i] = format.SlidingAttention // gpt-oss's pattern
+		}
 	}
 	if err := cfg.Validate(); err != nil {
 		return err
@@ -414,6 +417,12 @@ func synthExperts(ctx context.Context, m *format.Manifest, st *format.ExpertStor
 	fillRandom(rand.New(rand.NewPCG(3, 4)), block)
 	centre(block, st.Gate.Kind)
 	amp := float32(1 / math.Sqrt(float64(m.Config.Hidden)))
+	// Expert biases (gpt-oss) come shifted from one random vector too.
+	rng := rand.New(rand.NewPCG(5, 6))
+	biases := make([]byte, 8*max(m.Config.Hidden, m.Config.MoEInter))
+	for i := 0; i < len(biases); i += 4 {
+		binary.LittleEndian.PutUint32(biases[i:], math.Float32bits(0.1*float32(rng.NormFloat64())))
+	}
 	n := m.ExpertLayers * m.Experts
 	for i := 0; i < n; i++ {
 		if err := ctx.Err(); err != nil {
@@ -436,6 +445,12 @@ func synthExperts(ctx context.Context, m *format.Manifest, st *format.ExpertStor
 			sc, bi := synthScale(t.Kind, amp)
 			copy(rec[t.ScaleOffset:], floats(int(sb/4), sc))
 			copy(rec[t.BiasOffset:], floats(int(sb/4), bi))
+		}
+		for j, t := range []*format.Tensor{st.GateBias, st.UpBias, st.DownBias} {
+			if t != nil {
+				s := 4 * ((13*i + 101*j) % (len(biases) / 8))
+				copy(rec[t.Offset:t.Offset+t.Size], biases[s:])
+			}
 		}
 		if _, err := w.Write(rec); err != nil {
 			return err

@@ -75,6 +75,7 @@ var ggufFamilies = map[string]func(*ggufPlan) error{
 	family.NameQwen3MoE:  (*ggufPlan).qwen3MoE,
 	family.NameQwen35MoE: (*ggufPlan).qwen35MoE,
 	family.NameGLM4MoE:   (*ggufPlan).glm4MoE,
+	family.NameGPTOSS:    (*ggufPlan).gptOSS,
 }
 
 // ggufPlan collects a GGUF file's metadata and tensors, and where each
@@ -152,16 +153,23 @@ func (p *ggufPlan) add(name, src string, x ggufXform) error {
 }
 
 // addExperts declares the layer's stacked expert tensors, [E][out][in]
-// as ggml's {in, out, E}.
+// as ggml's {in, out, E}, and their biases, [E][out] as {out, E}, when
+// the records have them.
 func (p *ggufPlan) addExperts(prefix string, layer int) {
 	st := &p.m.Stores[0]
+	E := uint64(p.m.Config.Experts)
 	for _, e := range []struct {
-		name string
-		t    *format.Tensor
-	}{{"ffn_gate_exps", &st.Gate}, {"ffn_down_exps", &st.Down}, {"ffn_up_exps", &st.Up}} {
+		name    string
+		t, bias *format.Tensor
+	}{{"ffn_gate_exps", &st.Gate, st.GateBias}, {"ffn_down_exps", &st.Down, st.DownBias}, {"ffn_up_exps", &st.Up, st.UpBias}} {
 		p.tensors = append(p.tensors, gguf.Tensor{Name: prefix + e.name + ".weight", Type: p.gt,
-			Dims: []uint64{uint64(e.t.Cols()), uint64(e.t.Rows()), uint64(p.m.Config.Experts)}})
+			Dims: []uint64{uint64(e.t.Cols()), uint64(e.t.Rows()), E}})
 		p.srcs = append(p.srcs, ggufSrc{expert: e.t, layer: layer})
+		if e.bias != nil {
+			p.tensors = append(p.tensors, gguf.Tensor{Name: prefix + e.name + ".bias", Type: gguf.F32,
+				Dims: []uint64{uint64(e.bias.Rows() * e.bias.Cols()), E}})
+			p.srcs = append(p.srcs, ggufSrc{expert: e.bias, layer: layer})
+		}
 	}
 }
 
