@@ -76,6 +76,7 @@ var ggufFamilies = map[string]func(*ggufPlan) error{
 	family.NameQwen35MoE: (*ggufPlan).qwen35MoE,
 	family.NameGLM4MoE:   (*ggufPlan).glm4MoE,
 	family.NameGPTOSS:    (*ggufPlan).gptOSS,
+	family.NameQwen3Next: (*ggufPlan).qwen3Next,
 }
 
 // ggufPlan collects a GGUF file's metadata and tensors, and where each
@@ -101,7 +102,12 @@ type ggufSrc struct {
 // ggufXform is how a dense tensor changes on its way into the GGUF file,
 // where llama.cpp's converter changes the checkpoint's tensor.
 type ggufXform struct {
-	// rows[r] is the source row of row r (nil: the same order).
+	// more are tensors (of the source's kind and columns) whose rows
+	// follow the source's, for a GGUF tensor that a converter fuses from
+	// several checkpoint tensors sluice keeps apart.
+	more []*format.Tensor
+	// rows[r] is the source row of row r, counted over the source's rows
+	// then more's (nil: the same order).
 	rows []int
 	// cols[j] is the source block of column block j, blocks of colBlock
 	// columns (nil: the same order).
@@ -119,7 +125,14 @@ func (p *ggufPlan) add(name, src string, x ggufXform) error {
 	if t == nil {
 		return fmt.Errorf("gguf: model has no tensor %s", src)
 	}
-	g := gguf.Tensor{Name: name, Type: gguf.F32, Dims: []uint64{uint64(t.Cols()), uint64(t.Rows())}}
+	rows := t.Rows()
+	for _, o := range x.more {
+		if o.Kind != t.Kind || o.Cols() != t.Cols() {
+			return fmt.Errorf("gguf: tensor %s (%s, %d columns) cannot follow %s (%s, %d columns)", o.Name, o.Kind, o.Cols(), src, t.Kind, t.Cols())
+		}
+		rows += o.Rows()
+	}
+	g := gguf.Tensor{Name: name, Type: gguf.F32, Dims: []uint64{uint64(t.Cols()), uint64(rows)}}
 	if t.Kind.Quantised() {
 		g.Type = p.gt
 		if x.f != nil {
@@ -128,7 +141,7 @@ func (p *ggufPlan) add(name, src string, x ggufXform) error {
 	} else if t.Kind != format.F32 {
 		return fmt.Errorf("gguf: tensor %s is %s", src, t.Kind)
 	}
-	if len(t.Shape) == 1 {
+	if len(t.Shape) == 1 && x.more == nil {
 		g.Dims = g.Dims[:1]
 	}
 	if x.dims != nil {
@@ -136,13 +149,13 @@ func (p *ggufPlan) add(name, src string, x ggufXform) error {
 		for _, d := range x.dims {
 			n *= d
 		}
-		if n != uint64(t.Rows()*t.Cols()) {
+		if n != uint64(rows*t.Cols()) {
 			return fmt.Errorf("gguf: tensor %s of shape %v cannot be %v", src, t.Shape, x.dims)
 		}
 		g.Dims = x.dims
 	}
-	if x.rows != nil && len(x.rows) != t.Rows() {
-		return fmt.Errorf("gguf: tensor %s: %d rows, reordered as %d", src, t.Rows(), len(x.rows))
+	if x.rows != nil && len(x.rows) != rows {
+		return fmt.Errorf("gguf: tensor %s: %d rows, reordered as %d", src, rows, len(x.rows))
 	}
 	if x.cols != nil && (x.colBlock <= 0 || len(x.cols)*x.colBlock != t.Cols() ||
 		(t.Kind.Quantised() && x.colBlock%gguf.BlockSize != 0)) {
@@ -291,7 +304,6 @@ func (p *ggufPlan) qwen35MoE() error {
 		gguf.KV{Key: arch + ".full_attention_interval", Value: uint32(interval)},
 	)
 	H := uint64(c.Hidden)
-	plusOne := ggufXform{f: func(v float32) float32 { return v + 1 }}
 	// Row orders: value heads of vd rows, of one row, and the conv/qkv
 	// channels (q and k, then the value heads).
 	vRows, vOne := vHeadOrder(nk, nv/nk, vd), vHeadOrder(nk, nv/nk, 1)
@@ -307,10 +319,10 @@ func (p *ggufPlan) qwen35MoE() error {
 	}
 	for l := 0; l < c.Layers; l++ {
 		b, s := fmt.Sprintf("blk.%d.", l), fmt.Sprintf("layers.%d.", l)
-		if err := p.add(b+"attn_norm.weight", s+"input_layernorm.weight", plusOne); err != nil {
+		if err := p.add(b+"attn_norm.weight", s+"input_layernorm.weight", ggufPlusOne); err != nil {
 			return err
 		}
-		if err := p.add(b+"post_attention_norm.weight", s+"post_attention_layernorm.weight", plusOne); err != nil {
+		if err := p.add(b+"post_attention_norm.weight", s+"post_attention_layernorm.weight", ggufPlusOne); err != nil {
 			return err
 		}
 		var err error
@@ -319,7 +331,7 @@ func (p *ggufPlan) qwen35MoE() error {
 				{"attn_v", "self_attn.v_proj"}, {"attn_output", "self_attn.o_proj"}})
 			for _, n := range [][2]string{{"attn_q_norm", "self_attn.q_norm"}, {"attn_k_norm", "self_attn.k_norm"}} {
 				if err == nil {
-					err = p.add(b+n[0]+".weight", s+n[1]+".weight", plusOne)
+					err = p.add(b+n[0]+".weight", s+n[1]+".weight", ggufPlusOne)
 				}
 			}
 		} else {
@@ -332,7 +344,7 @@ func (p *ggufPlan) qwen35MoE() error {
 				{"attn_gate.weight", "in_proj_z.weight", ggufXform{rows: vRows}},
 				{"ssm_conv1d.weight", "conv1d.weight", ggufXform{rows: qkv, dims: []uint64{uint64(c.ConvKernel), uint64(len(qkv))}}},
 				{"ssm_dt.bias", "dt_bias", ggufXform{cols: vOne, colBlock: 1}},
-				{"ssm_a", "A_log", ggufXform{cols: vOne, colBlock: 1, f: func(v float32) float32 { return float32(-math.Exp(float64(v))) }}},
+				{"ssm_a", "A_log", ggufXform{cols: vOne, colBlock: 1, f: ggufNegExp.f}},
 				{"ssm_beta.weight", "in_proj_b.weight", ggufXform{rows: vOne}},
 				{"ssm_alpha.weight", "in_proj_a.weight", ggufXform{rows: vOne}},
 				{"ssm_norm.weight", "norm.weight", ggufXform{}},
@@ -360,11 +372,19 @@ func (p *ggufPlan) qwen35MoE() error {
 			}
 		}
 	}
-	if err := p.add("output_norm.weight", "norm.weight", plusOne); err != nil {
+	if err := p.add("output_norm.weight", "norm.weight", ggufPlusOne); err != nil {
 		return err
 	}
 	return p.add("output.weight", "lm_head.weight", ggufXform{})
 }
+
+// ggufPlusOne stores a zero-centred norm weight w as the 1+w llama.cpp
+// multiplies by; ggufNegExp stores A_log as A = -exp(A_log), the DeltaNet
+// decay rate llama.cpp multiplies by.
+var (
+	ggufPlusOne = ggufXform{f: func(v float32) float32 { return v + 1 }}
+	ggufNegExp  = ggufXform{f: func(v float32) float32 { return float32(-math.Exp(float64(v))) }}
+)
 
 // fullAttentionInterval is n such that layer i has full attention exactly
 // when (i+1)%n == 0, the pattern llama.cpp's qwen35moe reads; one more
@@ -408,11 +428,22 @@ func vHeadOrder(kHeads, vPerK, d int) []int {
 // the values.
 func ggufTensor(w io.Writer, buf []byte, t *format.Tensor, gt gguf.Type, x ggufXform) error {
 	rows, cols := t.Rows(), t.Cols()
-	src := func(r int) int {
+	for _, o := range x.more {
+		rows += o.Rows()
+	}
+	// src is the tensor and row that row r comes from.
+	src := func(r int) (*format.Tensor, int) {
 		if x.rows != nil {
-			return x.rows[r]
+			r = x.rows[r]
 		}
-		return r
+		st := t
+		for _, o := range x.more {
+			if r < st.Rows() {
+				break
+			}
+			r, st = r-st.Rows(), o
+		}
+		return st, r
 	}
 	// permute reorders the column blocks of a row, bb bytes a block.
 	permute := func(dst, row []byte, bb int) {
@@ -427,7 +458,8 @@ func ggufTensor(w io.Writer, buf []byte, t *format.Tensor, gt gguf.Type, x ggufX
 	if t.Kind == format.F32 {
 		out := make([]byte, 4*cols)
 		for r := 0; r < rows; r++ {
-			permute(out, buf[t.Offset+int64(4*src(r)*cols):][:4*cols], 4*x.colBlock)
+			st, sr := src(r)
+			permute(out, buf[st.Offset+int64(4*sr*cols):][:4*cols], 4*x.colBlock)
 			if x.f != nil {
 				for i := 0; i < cols; i++ {
 					v := math.Float32frombits(binary.LittleEndian.Uint32(out[4*i:]))
@@ -462,15 +494,15 @@ func ggufTensor(w io.Writer, buf []byte, t *format.Tensor, gt gguf.Type, x ggufX
 	zero := float32(int(1) << (t.Kind.Bits() - 1))
 	f32 := func(off int64) float32 { return math.Float32frombits(binary.LittleEndian.Uint32(buf[off:])) }
 	for r := 0; r < rows; r++ {
-		sr := src(r)
+		st, sr := src(r)
 		for g := 0; g < ng; g++ {
-			sc, bi := f32(t.ScaleOffset+int64(4*(sr*ng+g))), f32(t.BiasOffset+int64(4*(sr*ng+g)))
+			sc, bi := f32(st.ScaleOffset+int64(4*(sr*ng+g))), f32(st.BiasOffset+int64(4*(sr*ng+g)))
 			dst := row[g*per : (g+1)*per]
 			var q []byte
 			if t.Kind == format.Q4 {
-				q = buf[t.Offset+int64((sr*cols+g*G)/2):][:G/2]
+				q = buf[st.Offset+int64((sr*cols+g*G)/2):][:G/2]
 			} else {
-				q = buf[t.Offset+int64(sr*cols+g*G):][:G]
+				q = buf[st.Offset+int64(sr*cols+g*G):][:G]
 			}
 			h := gguf.Half(sc)
 			if bi == -zero*sc && gguf.FromHalf(h) == sc && !(t.Kind == format.Q8 && gt == gguf.Q4_0) {
