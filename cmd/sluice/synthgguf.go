@@ -74,6 +74,7 @@ func synthGGUF(m *format.Manifest, dir, path string, gt gguf.Type) error {
 var ggufFamilies = map[string]func(*ggufPlan) error{
 	family.NameQwen3MoE:  (*ggufPlan).qwen3MoE,
 	family.NameQwen35MoE: (*ggufPlan).qwen35MoE,
+	family.NameDeepSeek:  (*ggufPlan).deepSeek2,
 }
 
 // ggufPlan collects a GGUF file's metadata and tensors, and where each
@@ -99,7 +100,9 @@ type ggufSrc struct {
 // ggufXform is how a dense tensor changes on its way into the GGUF file,
 // where llama.cpp's converter changes the checkpoint's tensor.
 type ggufXform struct {
-	// rows[r] is the source row of row r (nil: the same order).
+	// rows[r] is the source row of row r (nil: the same order); there
+	// may be fewer than the source has, where the converter splits a
+	// tensor.
 	rows []int
 	// cols[j] is the source block of column block j, blocks of colBlock
 	// columns (nil: the same order).
@@ -117,7 +120,16 @@ func (p *ggufPlan) add(name, src string, x ggufXform) error {
 	if t == nil {
 		return fmt.Errorf("gguf: model has no tensor %s", src)
 	}
-	g := gguf.Tensor{Name: name, Type: gguf.F32, Dims: []uint64{uint64(t.Cols()), uint64(t.Rows())}}
+	rows := t.Rows()
+	if x.rows != nil {
+		rows = len(x.rows)
+		for _, r := range x.rows {
+			if r < 0 || r >= t.Rows() {
+				return fmt.Errorf("gguf: tensor %s: row %d of %d", src, r, t.Rows())
+			}
+		}
+	}
+	g := gguf.Tensor{Name: name, Type: gguf.F32, Dims: []uint64{uint64(t.Cols()), uint64(rows)}}
 	if t.Kind.Quantised() {
 		g.Type = p.gt
 		if x.f != nil {
@@ -134,13 +146,10 @@ func (p *ggufPlan) add(name, src string, x ggufXform) error {
 		for _, d := range x.dims {
 			n *= d
 		}
-		if n != uint64(t.Rows()*t.Cols()) {
+		if n != uint64(rows*t.Cols()) {
 			return fmt.Errorf("gguf: tensor %s of shape %v cannot be %v", src, t.Shape, x.dims)
 		}
 		g.Dims = x.dims
-	}
-	if x.rows != nil && len(x.rows) != t.Rows() {
-		return fmt.Errorf("gguf: tensor %s: %d rows, reordered as %d", src, t.Rows(), len(x.rows))
 	}
 	if x.cols != nil && (x.colBlock <= 0 || len(x.cols)*x.colBlock != t.Cols() ||
 		(t.Kind.Quantised() && x.colBlock%gguf.BlockSize != 0)) {
@@ -388,6 +397,9 @@ func vHeadOrder(kHeads, vPerK, d int) []int {
 // the values.
 func ggufTensor(w io.Writer, buf []byte, t *format.Tensor, gt gguf.Type, x ggufXform) error {
 	rows, cols := t.Rows(), t.Cols()
+	if x.rows != nil {
+		rows = len(x.rows)
+	}
 	src := func(r int) int {
 		if x.rows != nil {
 			return x.rows[r]
