@@ -77,6 +77,7 @@ var ggufFamilies = map[string]func(*ggufPlan) error{
 	family.NameGLM4MoE:   (*ggufPlan).glm4MoE,
 	family.NameGPTOSS:    (*ggufPlan).gptOSS,
 	family.NameQwen3Next: (*ggufPlan).qwen3Next,
+	family.NameDeepSeek:  (*ggufPlan).deepSeek2,
 }
 
 // ggufPlan collects a GGUF file's metadata and tensors, and where each
@@ -107,7 +108,8 @@ type ggufXform struct {
 	// several checkpoint tensors sluice keeps apart.
 	more []*format.Tensor
 	// rows[r] is the source row of row r, counted over the source's rows
-	// then more's (nil: the same order).
+	// then more's (nil: the same order); there may be fewer than those,
+	// where the converter splits a tensor.
 	rows []int
 	// cols[j] is the source block of column block j, blocks of colBlock
 	// columns (nil: the same order).
@@ -132,6 +134,14 @@ func (p *ggufPlan) add(name, src string, x ggufXform) error {
 		}
 		rows += o.Rows()
 	}
+	if x.rows != nil {
+		for _, r := range x.rows {
+			if r < 0 || r >= rows {
+				return fmt.Errorf("gguf: tensor %s: row %d of %d", src, r, rows)
+			}
+		}
+		rows = len(x.rows)
+	}
 	g := gguf.Tensor{Name: name, Type: gguf.F32, Dims: []uint64{uint64(t.Cols()), uint64(rows)}}
 	if t.Kind.Quantised() {
 		g.Type = p.gt
@@ -153,9 +163,6 @@ func (p *ggufPlan) add(name, src string, x ggufXform) error {
 			return fmt.Errorf("gguf: tensor %s of shape %v cannot be %v", src, t.Shape, x.dims)
 		}
 		g.Dims = x.dims
-	}
-	if x.rows != nil && len(x.rows) != rows {
-		return fmt.Errorf("gguf: tensor %s: %d rows, reordered as %d", src, rows, len(x.rows))
 	}
 	if x.cols != nil && (x.colBlock <= 0 || len(x.cols)*x.colBlock != t.Cols() ||
 		(t.Kind.Quantised() && x.colBlock%gguf.BlockSize != 0)) {
@@ -430,6 +437,9 @@ func ggufTensor(w io.Writer, buf []byte, t *format.Tensor, gt gguf.Type, x ggufX
 	rows, cols := t.Rows(), t.Cols()
 	for _, o := range x.more {
 		rows += o.Rows()
+	}
+	if x.rows != nil {
+		rows = len(x.rows)
 	}
 	// src is the tensor and row that row r comes from.
 	src := func(r int) (*format.Tensor, int) {
