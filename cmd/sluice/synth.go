@@ -97,7 +97,7 @@ func cmdSynth(ctx context.Context, args []string) error {
 	out := fs.String("out", "", "output directory (GBs; not inside the repository)")
 	refs := fs.String("routes", "", "refs JSON whose routes_long0 to replay (default: the embedded recording)")
 	route := fs.String("route", "replay", "replay: replay the recorded routes; router: route by the router weights")
-	ggufPath := fs.String("gguf", "", "also write the model as a GGUF file for llama.cpp (qwen3-30b-a3b or qwen3.5-35b-a3b shapes)")
+	ggufPath := fs.String("gguf", "", "also write the model as a GGUF file for llama.cpp, as its converter would write the real model")
 	ggufType := fs.String("gguf-type", "q4_0", "GGUF type of the quantised weights: q4_0 or q8_0")
 	if _, err := parse(fs, args); err != nil {
 		return err

@@ -16,8 +16,8 @@ import (
 
 // synthGGUF writes the packed model in dir as a GGUF file for llama.cpp,
 // with the tensor names, layouts and metadata that llama.cpp's converter
-// (convert_hf_to_gguf.py) writes for the family: qwen3moe for
-// qwen3-30b-a3b shapes, qwen35moe for qwen3.5-35b-a3b. The quantised
+// (convert_hf_to_gguf.py) writes for the family (ggufFamilies: qwen3moe,
+// qwen35moe, qwen3next, deepseek2, glm4moe, gpt-oss). The quantised
 // weights become Q4_0 or Q8_0, exactly when synth wrote them (see
 // synthScale); float tensors stay F32, the routers included, so that both
 // engines route alike.
