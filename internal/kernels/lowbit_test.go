@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -416,6 +417,66 @@ func BenchmarkLowBatch(b *testing.B) {
 					sc.MatMul(out, &low, x, nb)
 				}
 			})
+		}
+	}
+}
+
+// BenchmarkLowRows compares the AVX2 and AVX-512 decode kernels on the
+// same data: one activation row against a 768×2048 q3 or q2 matrix (the
+// 30B-A3B gate and up shape), from the L2 cache (one matrix, 0.79 MB at
+// q3 with its scales and biases) and from memory (1 GiB of matrices,
+// cycled, past any L3). The bytes per second count the weights, scales
+// and biases read.
+func BenchmarkLowRows(b *testing.B) {
+	const rows, cols = 768, 2048
+	const G = format.GroupSize
+	ng := cols / G
+	r := rand.New(rand.NewPCG(105, 106))
+	x := lowActs(r, 1, cols)
+	x8, xs, xsum := make([]int8, cols), make([]float32, ng), make([]float32, ng)
+	quantizeRow8Go(x8, xs, x)
+	GroupSums(xsum, x)
+	out := make([]float32, rows)
+	for _, where := range []string{"l2", "dram"} {
+		for _, bits := range []int{3, 2} {
+			rb := cols * bits / 8
+			size := rows * (rb + 2*4*ng)
+			n := 1
+			if where == "dram" {
+				n = (1 << 30) / size
+			}
+			// Any bytes are a valid bit stream: random ones will do.
+			ms := make([]Mat, n)
+			for i := range ms {
+				m := Mat{Rows: rows, Cols: cols, Kind: format.Q3, Q: make([]byte, rows*rb),
+					Scales: make([]float32, rows*ng), Biases: make([]float32, rows*ng)}
+				if bits == 2 {
+					m.Kind = format.Q2
+				}
+				for j := 0; j+8 <= len(m.Q); j += 8 {
+					binary.LittleEndian.PutUint64(m.Q[j:], r.Uint64())
+				}
+				for j := range m.Scales {
+					m.Scales[j], m.Biases[j] = float32(r.NormFloat64()*0.01), float32(r.NormFloat64()*0.02)
+				}
+				ms[i] = m
+			}
+			x8p := make([]int8, cols)
+			permuteLow(x8p, x8, bits)
+			for _, k := range lowKernels {
+				b.Run(fmt.Sprintf("%s/q%d/%s", where, bits, k.name), func(b *testing.B) {
+					if !k.avail(bits) {
+						b.Skipf("%s q%d kernel not available on this CPU", k.name, bits)
+					}
+					b.SetBytes(int64(size))
+					i := 0
+					for b.Loop() {
+						m := &ms[i%len(ms)]
+						k.run(&m.Q[0], rb, &m.Scales[0], &m.Biases[0], ng, rows, &x8p[0], &xs[0], &xsum[0], &out[0], bits, lowK)
+						i++
+					}
+				})
+			}
 		}
 	}
 }
