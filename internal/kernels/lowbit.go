@@ -64,6 +64,12 @@ type lowTab struct {
 	m3    [32]byte      // q2: 0x03 per byte
 	shift [8]uint32     // q2: per-dword right shift, 0 in the low lane and 4 in the high
 	iota  [8]uint32     // 0..7: the gather indices' row numbers
+
+	// The AVX-512 kernel's (lowbit_avx512_amd64.s), from offset 384.
+	perm3   [2][64]byte // q3: VPERMB indices of vector h's source bytes, per qword
+	mshift3 [2][64]byte // q3: VPMULTISHIFTQB bit offsets of the values in those qwords
+	shift2  [16]uint32  // q2: per-dword right shift, 0 and 4 in alternate 128-bit lanes
+	iota16  [16]uint32  // 0..15: the gather indices' row numbers
 }
 
 // The q3 kernel loads a group's 24 bytes as bytes 0–15 in the low 128-bit
@@ -79,6 +85,19 @@ type lowTab struct {
 // the high lane right by 4: masking each byte then gives value 4j+2L in
 // byte j of lane L, and masking after a further shift by 2 gives value
 // 4j+2L+1.
+
+// The AVX-512 kernel holds two rows' groups in one 512-bit register, row
+// A's in the low 256 bits and row B's in the high, each half in the AVX2
+// kernels' order, so that both kernels take the same permuted activations
+// (each 32-byte half of x8p broadcast to both halves). For q3 both groups
+// are loaded into one register (A's 24 bytes at byte 0, B's at 32); VPERMB
+// gathers into each qword of vector h the source bytes of its 8 values
+// (values 8T+2a and 8T+2a+1 of four triples T lie in 6 bits, bits
+// 6a..6a+5 of the triple, so in the two bytes from byte 6a/8 on), and
+// VPMULTISHIFTQB moves each value's bits to the bottom of its byte, with
+// no word arithmetic or packing. For q2, lanes 0 and 1 hold row A's 16
+// bytes, lanes 2 and 3 row B's, and the AVX2 kernel's shifts and masks
+// apply per 256-bit half unchanged.
 
 // lowValue is the group index of the value that byte i (0..63) of a
 // low-bit kernel's unpacked group holds, for width b.
@@ -133,6 +152,24 @@ func newLowTab() *lowTab {
 		t.shift[i] = uint32(4 * (i / 4))
 		t.iota[i] = uint32(i)
 	}
+	for h := 0; h < 2; h++ {
+		for d := 0; d < 64; d++ {
+			H, e := d/32, d%32 // row A or B; byte in the half
+			L, j := e/16, e%16 // as lowValue: lane and byte of vector h
+			a, u := 2*h+j/8, j%8
+			lo := 6 * a / 8 // the triple's first byte holding values 2a, 2a+1
+			T := 4*L + u/2  // the triple of this byte's value
+			// Byte u of the qword: byte lo+u%2 of triple T; the value
+			// (2a + u%2 of the triple, bit 6a + 3·(u%2)) lies in the
+			// qword's 16 bits from 16·(u/2) on.
+			t.perm3[h][d] = byte(32*H + 3*T + lo + u%2)
+			t.mshift3[h][d] = byte(16*(u/2) + 6*a + 3*(u%2) - 8*lo)
+		}
+	}
+	for i := range t.shift2 {
+		t.shift2[i] = uint32(4 * (i / 4 % 2))
+		t.iota16[i] = uint32(i)
+	}
 	return t
 }
 
@@ -161,8 +198,9 @@ var lowWideRows = 24
 // the stack of the thread that computes it.
 const lowWideBytes = 16 * 8192 / 2
 
-// runLow computes rows [lo,hi) of a q3 or q2 product: 8 rows per kernel
-// call, the Go twin for the rest (and everywhere without the kernels);
+// runLow computes rows [lo,hi) of a q3 or q2 product: 16 rows per kernel
+// call with AVX-512 (lowVNNI), 8 with AVX2 (without it, or for a last 8
+// rows), the Go twin for the rest (and everywhere without the kernels);
 // batches of lowWideRows or more through the q4 tiles.
 func (t *matmulTask) runLow(lo, hi int) {
 	w := t.w
@@ -201,11 +239,23 @@ func (t *matmulTask) runLow(lo, hi int) {
 			// A few rows' tiles at a time for every activation row, so
 			// that a batch reads the weights from memory once.
 			const step = 64
+			vnni := lowVNNI(b)
 			for o0 := lo; o0 < lo+n8; o0 += step {
 				n := min(step, lo+n8-o0)
+				n16 := 0
+				if vnni {
+					n16 = n &^ 15
+				}
+				o1 := o0 + n16 // the AVX2 kernel's 8 rows, if any
 				for r := 0; r < t.nb; r++ {
-					lowRows(&w.Q[o0*rb], rb, &w.Scales[o0*ng], &w.Biases[o0*ng], ng, n,
-						&t.x8p[r*C], &t.xs[r*ng], &t.xsum[r*ng], &t.out[r*w.Rows+o0], b, lowK)
+					if n16 > 0 {
+						lowRowsVNNI(&w.Q[o0*rb], rb, &w.Scales[o0*ng], &w.Biases[o0*ng], ng, n16,
+							&t.x8p[r*C], &t.xs[r*ng], &t.xsum[r*ng], &t.out[r*w.Rows+o0], b, lowK)
+					}
+					if n16 < n {
+						lowRows(&w.Q[o1*rb], rb, &w.Scales[o1*ng], &w.Biases[o1*ng], ng, n-n16,
+							&t.x8p[r*C], &t.xs[r*ng], &t.xsum[r*ng], &t.out[r*w.Rows+o1], b, lowK)
+					}
 				}
 			}
 			o += n8
