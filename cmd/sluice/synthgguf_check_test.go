@@ -174,15 +174,47 @@ func srcRows(buf []byte, st *format.Tensor) [][]float32 {
 	return r
 }
 
+// source is dense tensor name's values as rows.
+func (f *ggufFile) source(name string) [][]float32 {
+	f.t.Helper()
+	st := f.src[name]
+	if st == nil {
+		f.t.Fatalf("no source tensor %s", name)
+	}
+	return srcRows(f.dense, st)
+}
+
 // same checks that GGUF tensor name holds dense tensor srcName's values
 // in the same order, mapped by fn (nil: unchanged).
 func (f *ggufFile) same(name, srcName string, fn func(float32) float32) {
 	f.t.Helper()
-	st := f.src[srcName]
-	if st == nil {
-		f.t.Fatalf("no source tensor %s", srcName)
+	f.mapped(name, srcName, nil, nil, fn)
+}
+
+// mapped checks that GGUF tensor name is dense tensor srcName rearranged,
+// of the same shape: its [r][c] is the source's [srcRow(r)][srcCol(c)]
+// (nil: the same index), mapped by fn (nil: unchanged).
+func (f *ggufFile) mapped(name, srcName string, srcRow, srcCol func(int) int, fn func(float32) float32) {
+	f.t.Helper()
+	sr := f.source(srcName)
+	if srcRow != nil || srcCol != nil {
+		id := func(i int) int { return i }
+		if srcRow == nil {
+			srcRow = id
+		}
+		if srcCol == nil {
+			srcCol = id
+		}
+		p := make([][]float32, len(sr))
+		for r := range p {
+			p[r] = make([]float32, len(sr[r]))
+			for c := range p[r] {
+				p[r][c] = sr[srcRow(r)][srcCol(c)]
+			}
+		}
+		sr = p
 	}
-	f.match(name, srcName, f.rows(name), srcRows(f.dense, st), fn)
+	f.match(name, srcName, f.rows(name), sr, fn)
 }
 
 // match checks rows gr of GGUF tensor name against rows sr of source src.
