@@ -264,6 +264,29 @@ func (p *ggufPlan) set(k string, v any) {
 	p.kvs = append(p.kvs, gguf.KV{Key: k, Value: v})
 }
 
+// sigmoidMoE plans the feed-forward part of a DeepSeek-V3-style layer as
+// llama.cpp names it, for deepseek2 and glm4moe alike: a leading dense
+// layer's MLP, or the sigmoid router with its correction bias
+// (exp_probs_b), the stacked routed experts and the shared experts.
+func (p *ggufPlan) sigmoidMoE(b, s string, l int) error {
+	c := &p.m.Config
+	if l < c.FirstDense {
+		return p.addAll(b, s+"mlp.", [][2]string{{"ffn_gate", "gate_proj"}, {"ffn_up", "up_proj"}, {"ffn_down", "down_proj"}})
+	}
+	if err := p.add(b+"ffn_gate_inp.weight", s+"mlp.gate.weight", ggufXform{}); err != nil {
+		return err
+	}
+	if err := p.add(b+"exp_probs_b.bias", s+"mlp.gate.e_score_correction_bias", ggufXform{}); err != nil {
+		return err
+	}
+	p.addExperts(b, l)
+	if c.SharedInter == 0 {
+		return nil
+	}
+	return p.addAll(b, s+"mlp.shared_experts.", [][2]string{{"ffn_gate_shexp", "gate_proj"}, {"ffn_up_shexp", "up_proj"},
+		{"ffn_down_shexp", "down_proj"}})
+}
+
 // qwen3MoE plans llama.cpp's qwen3moe: the checkpoint's tensors renamed.
 func (p *ggufPlan) qwen3MoE() error {
 	c := &p.m.Config
