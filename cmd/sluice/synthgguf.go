@@ -193,6 +193,23 @@ func (p *ggufPlan) addExperts(prefix string, layer int) {
 	}
 }
 
+// ggufNamed is a GGUF tensor's name, its source's and the change between.
+type ggufNamed struct {
+	name, src string
+	x         ggufXform
+}
+
+// addEach declares each GGUF tensor of ts, names under prefix gp, sources
+// under sp.
+func (p *ggufPlan) addEach(gp, sp string, ts []ggufNamed) error {
+	for _, t := range ts {
+		if err := p.add(gp+t.name, sp+t.src, t.x); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // addAll declares GGUF tensors from dense ones, name pairs (GGUF, source)
 // under the given prefixes, unchanged.
 func (p *ggufPlan) addAll(gp, sp string, names [][2]string) error {
@@ -247,6 +264,29 @@ func (p *ggufPlan) set(k string, v any) {
 	p.kvs = append(p.kvs, gguf.KV{Key: k, Value: v})
 }
 
+// sigmoidMoE plans the feed-forward part of a DeepSeek-V3-style layer as
+// llama.cpp names it, for deepseek2 and glm4moe alike: a leading dense
+// layer's MLP, or the sigmoid router with its correction bias
+// (exp_probs_b), the stacked routed experts and the shared experts.
+func (p *ggufPlan) sigmoidMoE(b, s string, l int) error {
+	c := &p.m.Config
+	if l < c.FirstDense {
+		return p.addAll(b, s+"mlp.", [][2]string{{"ffn_gate", "gate_proj"}, {"ffn_up", "up_proj"}, {"ffn_down", "down_proj"}})
+	}
+	if err := p.add(b+"ffn_gate_inp.weight", s+"mlp.gate.weight", ggufXform{}); err != nil {
+		return err
+	}
+	if err := p.add(b+"exp_probs_b.bias", s+"mlp.gate.e_score_correction_bias", ggufXform{}); err != nil {
+		return err
+	}
+	p.addExperts(b, l)
+	if c.SharedInter == 0 {
+		return nil
+	}
+	return p.addAll(b, s+"mlp.shared_experts.", [][2]string{{"ffn_gate_shexp", "gate_proj"}, {"ffn_up_shexp", "up_proj"},
+		{"ffn_down_shexp", "down_proj"}})
+}
+
 // qwen3MoE plans llama.cpp's qwen3moe: the checkpoint's tensors renamed.
 func (p *ggufPlan) qwen3MoE() error {
 	c := &p.m.Config
@@ -285,8 +325,44 @@ var qwen35MRopeSections = []int32{11, 11, 10, 0}
 // projection kept whole (query ‖ gate per head, as llama.cpp splits it);
 // no MTP layer.
 func (p *ggufPlan) qwen35MoE() error {
+	return p.qwen3Hybrid("qwen35moe", qwen35MRopeSections, func(c *format.Config) func(b, la string) error {
+		nk, nv, kd, vd := c.LinearKeyHeads, c.LinearValueHeads, c.LinearKeyDim, c.LinearValueDim
+		// Row orders: value heads of vd rows, of one row, and the conv/qkv
+		// channels (q and k, then the value heads).
+		vRows, vOne := vHeadOrder(nk, nv/nk, vd), vHeadOrder(nk, nv/nk, 1)
+		qkv := make([]int, 2*nk*kd, 2*nk*kd+nv*vd)
+		for i := range qkv {
+			qkv[i] = i
+		}
+		for _, r := range vRows {
+			qkv = append(qkv, 2*nk*kd+r)
+		}
+		return func(b, la string) error {
+			return p.addEach(b, la, []ggufNamed{
+				{"attn_qkv.weight", "in_proj_qkv.weight", ggufXform{rows: qkv}},
+				{"attn_gate.weight", "in_proj_z.weight", ggufXform{rows: vRows}},
+				{"ssm_conv1d.weight", "conv1d.weight", ggufXform{rows: qkv, dims: []uint64{uint64(c.ConvKernel), uint64(len(qkv))}}},
+				{"ssm_dt.bias", "dt_bias", ggufXform{cols: vOne, colBlock: 1}},
+				{"ssm_a", "A_log", ggufXform{cols: vOne, colBlock: 1, f: ggufNegExp.f}},
+				{"ssm_beta.weight", "in_proj_b.weight", ggufXform{rows: vOne}},
+				{"ssm_alpha.weight", "in_proj_a.weight", ggufXform{rows: vOne}},
+				{"ssm_norm.weight", "norm.weight", ggufXform{}},
+				{"ssm_out.weight", "out_proj.weight", ggufXform{cols: vOne, colBlock: vd}},
+			})
+		}
+	})
+}
+
+// qwen3Hybrid plans what llama.cpp's qwen35moe and qwen3next (arch) share:
+// the DeltaNet and rope metadata (with M-RoPE sections where sections is
+// not nil); every layer's norms as 1+w; the full-attention layers' q
+// projection kept whole (query ‖ gate per head) and their q/k norms as
+// 1+w; the router, the stacked experts and the shared expert with its
+// sigmoid gate; the final norm as 1+w. linear is called once the DeltaNet's
+// heads are checked, and gives what plans a DeltaNet layer's tensors under
+// GGUF prefix b and source prefix la, which is where the two differ.
+func (p *ggufPlan) qwen3Hybrid(arch string, sections []int32, linear func(*format.Config) func(b, la string) error) error {
 	c := &p.m.Config
-	const arch = "qwen35moe"
 	nk, nv, kd, vd := c.LinearKeyHeads, c.LinearValueHeads, c.LinearKeyDim, c.LinearValueDim
 	if kd != vd {
 		return fmt.Errorf("gguf: DeltaNet key and value heads of %d and %d: llama.cpp's %s takes one head size", kd, vd, arch)
@@ -301,8 +377,11 @@ func (p *ggufPlan) qwen35MoE() error {
 	p.header(arch)
 	p.kvs = append(p.kvs,
 		gguf.KV{Key: arch + ".expert_shared_feed_forward_length", Value: uint32(c.SharedInter)},
-		gguf.KV{Key: arch + ".rope.dimension_count", Value: uint32(c.RotaryDim)},
-		gguf.KV{Key: arch + ".rope.dimension_sections", Value: qwen35MRopeSections},
+		gguf.KV{Key: arch + ".rope.dimension_count", Value: uint32(c.RotaryDim)})
+	if sections != nil {
+		p.kvs = append(p.kvs, gguf.KV{Key: arch + ".rope.dimension_sections", Value: sections})
+	}
+	p.kvs = append(p.kvs,
 		gguf.KV{Key: arch + ".ssm.conv_kernel", Value: uint32(c.ConvKernel)},
 		gguf.KV{Key: arch + ".ssm.state_size", Value: uint32(kd)},
 		gguf.KV{Key: arch + ".ssm.group_count", Value: uint32(nk)},
@@ -310,67 +389,36 @@ func (p *ggufPlan) qwen35MoE() error {
 		gguf.KV{Key: arch + ".ssm.inner_size", Value: uint32(vd * nv)},
 		gguf.KV{Key: arch + ".full_attention_interval", Value: uint32(interval)},
 	)
-	H := uint64(c.Hidden)
-	// Row orders: value heads of vd rows, of one row, and the conv/qkv
-	// channels (q and k, then the value heads).
-	vRows, vOne := vHeadOrder(nk, nv/nk, vd), vHeadOrder(nk, nv/nk, 1)
-	qkv := make([]int, 2*nk*kd, 2*nk*kd+nv*vd)
-	for i := range qkv {
-		qkv[i] = i
-	}
-	for _, r := range vRows {
-		qkv = append(qkv, 2*nk*kd+r)
-	}
+	deltaNet := linear(c)
 	if err := p.add("token_embd.weight", "embed_tokens.weight", ggufXform{}); err != nil {
 		return err
 	}
 	for l := 0; l < c.Layers; l++ {
 		b, s := fmt.Sprintf("blk.%d.", l), fmt.Sprintf("layers.%d.", l)
-		if err := p.add(b+"attn_norm.weight", s+"input_layernorm.weight", ggufPlusOne); err != nil {
-			return err
-		}
-		if err := p.add(b+"post_attention_norm.weight", s+"post_attention_layernorm.weight", ggufPlusOne); err != nil {
-			return err
-		}
-		var err error
+		ts := []ggufNamed{{"attn_norm.weight", "input_layernorm.weight", ggufPlusOne},
+			{"post_attention_norm.weight", "post_attention_layernorm.weight", ggufPlusOne}}
 		if c.LayerTypes[l] == format.FullAttention {
-			err = p.addAll(b, s, [][2]string{{"attn_q", "self_attn.q_proj"}, {"attn_k", "self_attn.k_proj"},
-				{"attn_v", "self_attn.v_proj"}, {"attn_output", "self_attn.o_proj"}})
-			for _, n := range [][2]string{{"attn_q_norm", "self_attn.q_norm"}, {"attn_k_norm", "self_attn.k_norm"}} {
-				if err == nil {
-					err = p.add(b+n[0]+".weight", s+n[1]+".weight", ggufPlusOne)
-				}
-			}
-		} else {
-			la := s + "linear_attn."
-			for _, t := range []struct {
-				name, src string
-				x         ggufXform
-			}{
-				{"attn_qkv.weight", "in_proj_qkv.weight", ggufXform{rows: qkv}},
-				{"attn_gate.weight", "in_proj_z.weight", ggufXform{rows: vRows}},
-				{"ssm_conv1d.weight", "conv1d.weight", ggufXform{rows: qkv, dims: []uint64{uint64(c.ConvKernel), uint64(len(qkv))}}},
-				{"ssm_dt.bias", "dt_bias", ggufXform{cols: vOne, colBlock: 1}},
-				{"ssm_a", "A_log", ggufXform{cols: vOne, colBlock: 1, f: ggufNegExp.f}},
-				{"ssm_beta.weight", "in_proj_b.weight", ggufXform{rows: vOne}},
-				{"ssm_alpha.weight", "in_proj_a.weight", ggufXform{rows: vOne}},
-				{"ssm_norm.weight", "norm.weight", ggufXform{}},
-				{"ssm_out.weight", "out_proj.weight", ggufXform{cols: vOne, colBlock: vd}},
-			} {
-				if err = p.add(b+t.name, la+t.src, t.x); err != nil {
-					break
-				}
-			}
+			ts = append(ts, ggufNamed{"attn_q.weight", "self_attn.q_proj.weight", ggufXform{}},
+				ggufNamed{"attn_k.weight", "self_attn.k_proj.weight", ggufXform{}},
+				ggufNamed{"attn_v.weight", "self_attn.v_proj.weight", ggufXform{}},
+				ggufNamed{"attn_output.weight", "self_attn.o_proj.weight", ggufXform{}},
+				ggufNamed{"attn_q_norm.weight", "self_attn.q_norm.weight", ggufPlusOne},
+				ggufNamed{"attn_k_norm.weight", "self_attn.k_norm.weight", ggufPlusOne})
 		}
-		if err != nil {
+		if err := p.addEach(b, s, ts); err != nil {
 			return err
+		}
+		if c.LayerTypes[l] != format.FullAttention {
+			if err := deltaNet(b, s+"linear_attn."); err != nil {
+				return err
+			}
 		}
 		if err := p.add(b+"ffn_gate_inp.weight", s+"mlp.gate.weight", ggufXform{}); err != nil {
 			return err
 		}
 		p.addExperts(b, l)
 		if c.SharedInter > 0 {
-			if err := p.add(b+"ffn_gate_inp_shexp.weight", s+"mlp.shared_expert_gate.weight", ggufXform{dims: []uint64{H}}); err != nil {
+			if err := p.add(b+"ffn_gate_inp_shexp.weight", s+"mlp.shared_expert_gate.weight", ggufXform{dims: []uint64{uint64(c.Hidden)}}); err != nil {
 				return err
 			}
 			if err := p.addAll(b, s+"mlp.shared_expert.", [][2]string{{"ffn_gate_shexp", "gate_proj"},

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -174,15 +175,47 @@ func srcRows(buf []byte, st *format.Tensor) [][]float32 {
 	return r
 }
 
+// source is dense tensor name's values as rows.
+func (f *ggufFile) source(name string) [][]float32 {
+	f.t.Helper()
+	st := f.src[name]
+	if st == nil {
+		f.t.Fatalf("no source tensor %s", name)
+	}
+	return srcRows(f.dense, st)
+}
+
 // same checks that GGUF tensor name holds dense tensor srcName's values
 // in the same order, mapped by fn (nil: unchanged).
 func (f *ggufFile) same(name, srcName string, fn func(float32) float32) {
 	f.t.Helper()
-	st := f.src[srcName]
-	if st == nil {
-		f.t.Fatalf("no source tensor %s", srcName)
+	f.mapped(name, srcName, nil, nil, fn)
+}
+
+// mapped checks that GGUF tensor name is dense tensor srcName rearranged,
+// of the same shape: its [r][c] is the source's [srcRow(r)][srcCol(c)]
+// (nil: the same index), mapped by fn (nil: unchanged).
+func (f *ggufFile) mapped(name, srcName string, srcRow, srcCol func(int) int, fn func(float32) float32) {
+	f.t.Helper()
+	sr := f.source(srcName)
+	if srcRow != nil || srcCol != nil {
+		id := func(i int) int { return i }
+		if srcRow == nil {
+			srcRow = id
+		}
+		if srcCol == nil {
+			srcCol = id
+		}
+		p := make([][]float32, len(sr))
+		for r := range p {
+			p[r] = make([]float32, len(sr[r]))
+			for c := range p[r] {
+				p[r][c] = sr[srcRow(r)][srcCol(c)]
+			}
+		}
+		sr = p
 	}
-	f.match(name, srcName, f.rows(name), srcRows(f.dense, st), fn)
+	f.match(name, srcName, f.rows(name), sr, fn)
 }
 
 // match checks rows gr of GGUF tensor name against rows sr of source src.
@@ -227,4 +260,102 @@ func setVec(dense []byte, src map[string]*format.Tensor, name string) {
 	for i := 0; i < st.Rows()*st.Cols(); i++ {
 		binary.LittleEndian.PutUint32(dense[st.Offset+int64(4*i):], math.Float32bits(0.25*float32(i)-0.5))
 	}
+}
+
+// writeQwen3Hybrid writes a small model of family fam (qwen35moe or
+// qwen3next: three DeltaNet layers then a full-attention one, six value
+// heads over two key heads, a shared expert, an MTP layer) with distinct
+// values in layer 1's A_log, dt_bias and input norm, where synth writes
+// constants, so that the transforms and any reordering show.
+func writeQwen3Hybrid(t *testing.T, fam string) *ggufFile {
+	t.Helper()
+	lin, full := format.LinearAttention, format.FullAttention
+	cfg := format.Config{Family: fam, Hidden: 64, Layers: 4, Vocab: 96, Heads: 2, KVHeads: 1, HeadDim: 64,
+		RotaryDim: 16, RopeTheta: 1e7, RMSEps: 1e-6, MaxPos: 4096, Experts: 4, TopK: 2, MoEInter: 64, SharedInter: 128,
+		NormTopK: true, LinearKeyHeads: 2, LinearValueHeads: 6, LinearKeyDim: 32, LinearValueDim: 32, ConvKernel: 4,
+		MTPLayers: 1, LayerTypes: []string{lin, lin, lin, full}}
+	return writeGGUF(t, cfg, func(dense []byte, src map[string]*format.Tensor) {
+		for _, n := range []string{"layers.1.linear_attn.A_log", "layers.1.linear_attn.dt_bias", "layers.1.input_layernorm.weight"} {
+			setVec(dense, src, n)
+		}
+	})
+}
+
+// qwen3HybridKeys is the metadata llama.cpp's qwen35moe and qwen3next
+// (arch) both read, derived from the config, and no MTP layer.
+func qwen3HybridKeys(cfg *format.Config, arch string) map[string]any {
+	a := arch + "."
+	u := func(v int) uint32 { return uint32(v) }
+	nk, nv, vd := cfg.LinearKeyHeads, cfg.LinearValueHeads, cfg.LinearValueDim
+	return map[string]any{
+		"general.architecture": arch, a + "block_count": u(cfg.Layers), a + "embedding_length": u(cfg.Hidden),
+		a + "attention.head_count": u(cfg.Heads), a + "attention.head_count_kv": u(cfg.KVHeads),
+		a + "attention.key_length": u(cfg.HeadDim), a + "attention.value_length": u(cfg.HeadDim),
+		a + "rope.dimension_count": u(cfg.RotaryDim), a + "rope.freq_base": float32(cfg.RopeTheta),
+		a + "attention.layer_norm_rms_epsilon": float32(cfg.RMSEps), a + "expert_count": u(cfg.Experts),
+		a + "expert_used_count": u(cfg.TopK), a + "expert_feed_forward_length": u(cfg.MoEInter),
+		a + "expert_shared_feed_forward_length": u(cfg.SharedInter), a + "ssm.conv_kernel": u(cfg.ConvKernel),
+		a + "ssm.state_size": u(cfg.LinearKeyDim), a + "ssm.group_count": u(nk), a + "ssm.time_step_rank": u(nv),
+		a + "ssm.inner_size": u(nv * vd), a + "full_attention_interval": u(4), "general.file_type": u(2),
+		a + "nextn_predict_layers": nil,
+	}
+}
+
+// qwen3HybridTensors is the tensors llama.cpp's qwen35moe and qwen3next
+// create, with ggml dims derived from the config: those both have, and
+// linear's in every DeltaNet layer, where the two differ.
+func qwen3HybridTensors(cfg *format.Config, linear map[string][]uint64) map[string][]uint64 {
+	nk, nv, kd, vd, H := cfg.LinearKeyHeads, cfg.LinearValueHeads, cfg.LinearKeyDim, cfg.LinearValueDim, cfg.Hidden
+	conv, q, kv := 2*nk*kd+nv*vd, cfg.Heads*cfg.HeadDim, cfg.KVHeads*cfg.HeadDim
+	want := map[string][]uint64{"token_embd.weight": dims(H, cfg.Vocab), "output_norm.weight": dims(H), "output.weight": dims(H, cfg.Vocab)}
+	for l := 0; l < cfg.Layers; l++ {
+		w := map[string][]uint64{"attn_norm.weight": dims(H), "post_attention_norm.weight": dims(H),
+			"ffn_gate_inp.weight": dims(H, cfg.Experts), "ffn_gate_exps.weight": dims(H, cfg.MoEInter, cfg.Experts),
+			"ffn_up_exps.weight": dims(H, cfg.MoEInter, cfg.Experts), "ffn_down_exps.weight": dims(cfg.MoEInter, H, cfg.Experts),
+			"ffn_gate_inp_shexp.weight": dims(H), "ffn_gate_shexp.weight": dims(H, cfg.SharedInter),
+			"ffn_up_shexp.weight": dims(H, cfg.SharedInter), "ffn_down_shexp.weight": dims(cfg.SharedInter, H)}
+		if cfg.LayerTypes[l] == format.FullAttention {
+			w["attn_q.weight"], w["attn_k.weight"], w["attn_v.weight"] = dims(H, 2*q), dims(H, kv), dims(H, kv)
+			w["attn_output.weight"], w["attn_q_norm.weight"], w["attn_k_norm.weight"] = dims(q, H), dims(cfg.HeadDim), dims(cfg.HeadDim)
+		} else {
+			w["attn_qkv.weight"], w["attn_gate.weight"], w["ssm_conv1d.weight"] = dims(H, conv), dims(H, nv*vd), dims(cfg.ConvKernel, conv)
+			w["ssm_dt.bias"], w["ssm_a"], w["ssm_norm.weight"], w["ssm_out.weight"] = dims(nv), dims(nv), dims(vd), dims(nv*vd, H)
+			for k, v := range linear {
+				w[k] = v
+			}
+		}
+		for k, v := range w {
+			want[fmt.Sprintf("blk.%d.%s", l, k)] = v
+		}
+	}
+	return want
+}
+
+// qwen3HybridValues checks the values of the tensors that qwen35moe and
+// qwen3next convert alike, in a file of writeQwen3Hybrid: the norms as
+// 1+w but the DeltaNet's gated norm, the full attention's q and output,
+// the router and shared expert of layers 1 and 2, the embedding and
+// output, and layer 2's experts, record l·E+e for expert e of layer l.
+func (f *ggufFile) qwen3HybridValues() {
+	f.t.Helper()
+	plus1 := func(v float32) float32 { return 1 + v }
+	f.same("blk.1.attn_norm.weight", "layers.1.input_layernorm.weight", plus1)
+	f.same("blk.1.post_attention_norm.weight", "layers.1.post_attention_layernorm.weight", plus1)
+	f.same("blk.3.attn_q_norm.weight", "layers.3.self_attn.q_norm.weight", plus1)
+	f.same("blk.3.attn_k_norm.weight", "layers.3.self_attn.k_norm.weight", plus1)
+	f.same("output_norm.weight", "norm.weight", plus1)
+	f.same("blk.1.ssm_norm.weight", "layers.1.linear_attn.norm.weight", nil)
+	f.same("blk.3.attn_q.weight", "layers.3.self_attn.q_proj.weight", nil)
+	f.same("blk.3.attn_output.weight", "layers.3.self_attn.o_proj.weight", nil)
+	for _, l := range []string{"1", "2"} {
+		for _, n := range [][2]string{{"ffn_gate_inp.weight", "mlp.gate.weight"},
+			{"ffn_gate_inp_shexp.weight", "mlp.shared_expert_gate.weight"}, {"ffn_down_shexp.weight", "mlp.shared_expert.down_proj.weight"}} {
+			f.same("blk."+l+"."+n[0], "layers."+l+"."+n[1], nil)
+		}
+	}
+	f.same("token_embd.weight", "embed_tokens.weight", nil)
+	f.same("output.weight", "lm_head.weight", nil)
+	f.experts("blk.2.ffn_gate_exps.weight", 2, func(s *format.ExpertStore) *format.Tensor { return &s.Gate })
+	f.experts("blk.2.ffn_up_exps.weight", 2, func(s *format.ExpertStore) *format.Tensor { return &s.Up })
+	f.experts("blk.2.ffn_down_exps.weight", 2, func(s *format.ExpertStore) *format.Tensor { return &s.Down })
 }

@@ -67,11 +67,7 @@ func (p *ggufPlan) deepSeek2() error {
 	// The header's generic values, which MLA and the dense layers change.
 	for k, v := range map[string]uint32{"feed_forward_length": uint32(a.Inter), "attention.head_count_kv": 1,
 		"attention.key_length": uint32(a.KVLora + a.RopeDim), "attention.value_length": uint32(a.KVLora)} {
-		for i := range p.kvs {
-			if p.kvs[i].Key == arch+"."+k {
-				p.kvs[i].Value = v
-			}
-		}
+		p.set(arch+"."+k, v)
 	}
 	if y := a.Yarn; y != nil {
 		// llama.cpp takes mscale = mscale_all_dim (the releases' configs)
@@ -163,10 +159,7 @@ func (p *ggufPlan) deepSeek2() error {
 		elems := *kvb
 		elems.Name, elems.Shape = kvb.Name+" (elements)", []int{kvb.Rows() * kvb.Cols(), 1}
 		p.byName[elems.Name] = &elems
-		for _, t := range []struct {
-			name, src string
-			x         ggufXform
-		}{
+		if err := p.addEach(b, "", []ggufNamed{
 			{"attn_norm.weight", s + "input_layernorm.weight", ggufXform{}},
 			{"attn_q_a.weight", sa + "q_a_proj.weight", ggufXform{}},
 			{"attn_q_a_norm.weight", sa + "q_a_layernorm.weight", ggufXform{}},
@@ -177,29 +170,11 @@ func (p *ggufPlan) deepSeek2() error {
 			{"attn_v_b.weight", sa + "kv_b_proj.weight", ggufXform{rows: vRows, dims: dims(kvl, a.V, nh)}},
 			{"attn_output.weight", sa + "o_proj.weight", ggufXform{}},
 			{"ffn_norm.weight", s + "post_attention_layernorm.weight", ggufXform{}},
-		} {
-			if err := p.add(b+t.name, t.src, t.x); err != nil {
-				return err
-			}
-		}
-		if l < c.FirstDense {
-			if err := p.addAll(b, s+"mlp.", [][2]string{{"ffn_gate", "gate_proj"}, {"ffn_up", "up_proj"}, {"ffn_down", "down_proj"}}); err != nil {
-				return err
-			}
-			continue
-		}
-		if err := p.add(b+"ffn_gate_inp.weight", s+"mlp.gate.weight", ggufXform{}); err != nil {
+		}); err != nil {
 			return err
 		}
-		if err := p.add(b+"exp_probs_b.bias", s+"mlp.gate.e_score_correction_bias", ggufXform{}); err != nil {
+		if err := p.sigmoidMoE(b, s, l); err != nil {
 			return err
-		}
-		p.addExperts(b, l)
-		if c.SharedInter > 0 {
-			if err := p.addAll(b, s+"mlp.shared_experts.", [][2]string{{"ffn_gate_shexp", "gate_proj"},
-				{"ffn_up_shexp", "up_proj"}, {"ffn_down_shexp", "down_proj"}}); err != nil {
-				return err
-			}
 		}
 	}
 	return p.addAll("", "", [][2]string{{"output_norm", "norm"}, {"output", "lm_head"}})

@@ -1,19 +1,12 @@
 package main
 
 import (
-	"context"
-	"encoding/binary"
 	"encoding/json"
 	"fmt"
-	"math"
-	"os"
-	"path/filepath"
-	"slices"
 	"testing"
 
 	"github.com/sluicelm/sluice/internal/family"
 	"github.com/sluicelm/sluice/internal/format"
-	"github.com/sluicelm/sluice/internal/gguf"
 )
 
 // TestSynthGGUFDeepSeek2 writes a small DeepSeek-V3 (its config.json with
@@ -38,54 +31,20 @@ func TestSynthGGUFDeepSeek2(t *testing.T) {
 		hf[k] = v
 	}
 	raw0, _ := json.Marshal(hf)
-	f, _ := family.Named(family.NameDeepSeek)
-	cfg, err := f.Parse(raw0)
+	fam, _ := family.Named(family.NameDeepSeek)
+	cfg, err := fam.Parse(raw0)
 	if err != nil {
 		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	m, err := synthPack(context.Background(), cfg, format.Q4, dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dense, err := os.ReadFile(filepath.Join(dir, "dense.bin"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	src := map[string]*format.Tensor{}
-	for i := range m.Dense {
-		src[m.Dense[i].Name] = &m.Dense[i]
 	}
 	// Distinct values where synth writes a constant, so that the order shows.
-	cb := src["layers.2.mlp.gate.e_score_correction_bias"]
-	for i := 0; i < E; i++ {
-		binary.LittleEndian.PutUint32(dense[cb.Offset+int64(4*i):], math.Float32bits(0.25*float32(i)-0.5))
-	}
-	if err := os.WriteFile(filepath.Join(dir, "dense.bin"), dense, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(dir, "m.gguf")
-	if err := synthGGUF(m, dir, path, gguf.Q4_0); err != nil {
-		t.Fatal(err)
-	}
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fh, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fh.Close()
-	g, err := gguf.Read(fh, int64(len(raw)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := writeGGUF(t, cfg, func(dense []byte, src map[string]*format.Tensor) {
+		setVec(dense, src, "layers.2.mlp.gate.e_score_correction_bias")
+	})
 
 	const a = "deepseek2."
 	u := func(v int) uint32 { return uint32(v) }
 	y := hf["rope_scaling"].(map[string]any)
-	for k, want := range map[string]any{
+	f.keys(map[string]any{
 		"general.architecture": "deepseek2", "general.file_type": u(2), a + "block_count": u(cfg.Layers),
 		a + "context_length": u(int(hf["max_position_embeddings"].(float64))), a + "embedding_length": u(H),
 		a + "feed_forward_length": u(inter), a + "attention.head_count": u(nh), a + "attention.head_count_kv": u(1),
@@ -102,36 +61,23 @@ func TestSynthGGUFDeepSeek2(t *testing.T) {
 		a + "rope.scaling.yarn_beta_fast":          float32(y["beta_fast"].(float64)),
 		a + "rope.scaling.yarn_beta_slow":          float32(y["beta_slow"].(float64)),
 		a + "rope.scaling.yarn_log_multiplier":     float32(0.1 * y["mscale_all_dim"].(float64)),
-	} {
-		if got := g.Get(k); got != want {
-			t.Errorf("%s = %v (%T), want %v (%T)", k, got, got, want, want)
-		}
-	}
-	if g.Get(a+"nextn_predict_layers") != nil {
-		t.Errorf("nextn_predict_layers written, but no MTP layer is")
-	}
+		a + "nextn_predict_layers":                 nil,
+	})
 
 	// The tensors llama.cpp's deepseek2 creates, with ggml dims.
-	d := func(x ...int) []uint64 {
-		r := make([]uint64, len(x))
-		for i, v := range x {
-			r[i] = uint64(v)
-		}
-		return r
-	}
-	want := map[string][]uint64{"token_embd.weight": d(H, 96), "output_norm.weight": d(H), "output.weight": d(H, 96)}
+	want := map[string][]uint64{"token_embd.weight": dims(H, 96), "output_norm.weight": dims(H), "output.weight": dims(H, 96)}
 	for l := 0; l < cfg.Layers; l++ {
-		w := map[string][]uint64{"attn_norm.weight": d(H), "attn_q_a_norm.weight": d(qLora), "attn_kv_a_norm.weight": d(kvl),
-			"attn_q_a.weight": d(H, qLora), "attn_q_b.weight": d(qLora, nh*(nope+rope)), "attn_kv_a_mqa.weight": d(H, kvl+rope),
-			"attn_k_b.weight": d(nope, kvl, nh), "attn_v_b.weight": d(kvl, V, nh), "attn_output.weight": d(nh*V, H),
-			"ffn_norm.weight": d(H)}
+		w := map[string][]uint64{"attn_norm.weight": dims(H), "attn_q_a_norm.weight": dims(qLora), "attn_kv_a_norm.weight": dims(kvl),
+			"attn_q_a.weight": dims(H, qLora), "attn_q_b.weight": dims(qLora, nh*(nope+rope)), "attn_kv_a_mqa.weight": dims(H, kvl+rope),
+			"attn_k_b.weight": dims(nope, kvl, nh), "attn_v_b.weight": dims(kvl, V, nh), "attn_output.weight": dims(nh*V, H),
+			"ffn_norm.weight": dims(H)}
 		if l < 1 {
-			w["ffn_gate.weight"], w["ffn_up.weight"], w["ffn_down.weight"] = d(H, inter), d(H, inter), d(inter, H)
+			w["ffn_gate.weight"], w["ffn_up.weight"], w["ffn_down.weight"] = dims(H, inter), dims(H, inter), dims(inter, H)
 		} else {
-			for k, v := range map[string][]uint64{"ffn_gate_inp.weight": d(H, E), "exp_probs_b.bias": d(E),
-				"ffn_gate_exps.weight": d(H, moeInter, E), "ffn_up_exps.weight": d(H, moeInter, E),
-				"ffn_down_exps.weight": d(moeInter, H, E), "ffn_gate_shexp.weight": d(H, moeInter),
-				"ffn_up_shexp.weight": d(H, moeInter), "ffn_down_shexp.weight": d(moeInter, H)} {
+			for k, v := range map[string][]uint64{"ffn_gate_inp.weight": dims(H, E), "exp_probs_b.bias": dims(E),
+				"ffn_gate_exps.weight": dims(H, moeInter, E), "ffn_up_exps.weight": dims(H, moeInter, E),
+				"ffn_down_exps.weight": dims(moeInter, H, E), "ffn_gate_shexp.weight": dims(H, moeInter),
+				"ffn_up_shexp.weight": dims(H, moeInter), "ffn_down_shexp.weight": dims(moeInter, H)} {
 				w[k] = v
 			}
 		}
@@ -139,120 +85,53 @@ func TestSynthGGUFDeepSeek2(t *testing.T) {
 			want[fmt.Sprintf("blk.%d.%s", l, k)] = v
 		}
 	}
-	got := map[string]*gguf.Tensor{}
-	for i := range g.Tensors {
-		tt := &g.Tensors[i]
-		got[tt.Name] = tt
-		if _, ok := want[tt.Name]; !ok {
-			t.Errorf("unexpected tensor %s %v", tt.Name, tt.Dims)
-		}
-	}
-	for n, dims := range want {
-		if tt := got[n]; tt == nil {
-			t.Errorf("missing tensor %s", n)
-		} else if !slices.Equal(tt.Dims, dims) {
-			t.Errorf("%s: dims %v, want %v", n, tt.Dims, dims)
-		}
-	}
+	f.tensors(want)
 	if t.Failed() {
 		return
 	}
 
-	// Values, flat in row-major order: GGUF element i against source
-	// element at(i).
-	ggufVals := func(name string) []float32 {
-		tt := got[name]
-		sz, _ := tt.Size()
-		b := raw[tt.Offset : tt.Offset+sz]
-		n := 1
-		for _, x := range tt.Dims {
-			n *= int(x)
-		}
-		v := make([]float32, n)
-		switch tt.Type {
-		case gguf.F32:
-			for i := range v {
-				v[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
-			}
-		case gguf.Q4_0:
-			gguf.DequantizeQ4_0(v, b)
-		default:
-			t.Fatalf("%s: type %s", name, tt.Type)
-		}
-		return v
-	}
-	f32 := func(b []byte, off int64) float32 { return math.Float32frombits(binary.LittleEndian.Uint32(b[off:])) }
-	srcVals := func(buf []byte, st *format.Tensor) []float32 {
-		v := make([]float32, st.Rows()*st.Cols())
-		for i := range v {
-			if st.Kind == format.F32 {
-				v[i] = f32(buf, st.Offset+int64(4*i))
-				continue
-			}
-			gi, j := i/format.GroupSize, i%format.GroupSize
-			q := buf[st.Offset+int64((i-j)/2+j%32)]
-			if j >= 32 {
-				q >>= 4
-			}
-			v[i] = f32(buf, st.ScaleOffset+int64(4*gi))*float32(q&15) + f32(buf, st.BiasOffset+int64(4*gi))
-		}
-		return v
-	}
-	check := func(name, srcName string, at func(i int) int) {
-		t.Helper()
-		gv, sv := ggufVals(name), srcVals(dense, src[srcName])
-		for i, v := range gv {
-			if v != sv[at(i)] {
-				t.Fatalf("%s[%d] = %v, want %v (from %s[%d])", name, i, v, sv[at(i)], srcName, at(i))
-			}
-		}
-	}
-	same := func(i int) int { return i }
+	// Values: rows of GGUF tensors against rows of the sources.
 	// sluice packs rope pair p as rows (p, p+rope/2) of the rope part; the
 	// checkpoint and llama.cpp hold it as rows (2p, 2p+1).
 	ropeRow := func(r int) int { return r/2 + r%2*rope/2 }
 	qk := nope + rope
-	check("blk.1.attn_q_b.weight", "layers.1.self_attn.q_b_proj.weight", func(i int) int {
-		r, c := i/qLora, i%qLora
+	f.mapped("blk.1.attn_q_b.weight", "layers.1.self_attn.q_b_proj.weight", func(r int) int {
 		if h, o := r/qk, r%qk; o >= nope {
 			r = h*qk + nope + ropeRow(o-nope)
 		}
-		return r*qLora + c
-	})
-	check("blk.0.attn_kv_a_mqa.weight", "layers.0.self_attn.kv_a_proj_with_mqa.weight", func(i int) int {
-		r, c := i/H, i%H
+		return r
+	}, nil, nil)
+	f.mapped("blk.0.attn_kv_a_mqa.weight", "layers.0.self_attn.kv_a_proj_with_mqa.weight", func(r int) int {
 		if r >= kvl {
 			r = kvl + ropeRow(r-kvl)
 		}
-		return r*H + c
-	})
+		return r
+	}, nil, nil)
 	// kv_b_proj [head][nope+V][kvl]; k_b [head][kvl][nope]; v_b [head][V][kvl].
-	check("blk.1.attn_k_b.weight", "layers.1.self_attn.kv_b_proj.weight", func(i int) int {
-		h, j, n := i/(kvl*nope), i/nope%kvl, i%nope
-		return (h*(nope+V)+n)*kvl + j
-	})
-	check("blk.0.attn_v_b.weight", "layers.0.self_attn.kv_b_proj.weight", func(i int) int {
-		h, r, j := i/(V*kvl), i/kvl%V, i%kvl
-		return (h*(nope+V)+nope+r)*kvl + j
-	})
+	// heads is nh heads of rows×cols values, element [h][r][c] = at(h, r, c).
+	heads := func(rows, cols int, at func(h, r, c int) float32) [][]float32 {
+		w := make([][]float32, nh*rows)
+		for i := range w {
+			w[i] = make([]float32, cols)
+			for c := range w[i] {
+				w[i][c] = at(i/rows, i%rows, c)
+			}
+		}
+		return w
+	}
+	kv1, kv0 := f.source("layers.1.self_attn.kv_b_proj.weight"), f.source("layers.0.self_attn.kv_b_proj.weight")
+	f.match("blk.1.attn_k_b.weight", "layers.1.self_attn.kv_b_proj.weight", f.rows("blk.1.attn_k_b.weight"),
+		heads(kvl, nope, func(h, j, n int) float32 { return kv1[h*(nope+V)+n][j] }), nil)
+	f.match("blk.0.attn_v_b.weight", "layers.0.self_attn.kv_b_proj.weight", f.rows("blk.0.attn_v_b.weight"),
+		heads(V, kvl, func(h, r, j int) float32 { return kv0[h*(nope+V)+nope+r][j] }), nil)
 	for _, n := range [][2]string{{"blk.2.exp_probs_b.bias", "layers.2.mlp.gate.e_score_correction_bias"},
 		{"blk.2.ffn_gate_inp.weight", "layers.2.mlp.gate.weight"}, {"blk.1.attn_q_a.weight", "layers.1.self_attn.q_a_proj.weight"},
 		{"blk.1.attn_output.weight", "layers.1.self_attn.o_proj.weight"}, {"blk.0.ffn_down.weight", "layers.0.mlp.down_proj.weight"},
 		{"blk.2.ffn_up_shexp.weight", "layers.2.mlp.shared_experts.up_proj.weight"}, {"token_embd.weight", "embed_tokens.weight"},
 		{"output.weight", "lm_head.weight"}} {
-		check(n[0], n[1], same)
+		f.same(n[0], n[1], nil)
 	}
 
 	// Expert e of layer l is record l·E+e.
-	recs, err := os.ReadFile(filepath.Join(dir, m.Stores[0].File))
-	if err != nil {
-		t.Fatal(err)
-	}
-	st := &m.Stores[0]
-	gate := ggufVals("blk.2.ffn_gate_exps.weight")
-	for e := 0; e < E; e++ {
-		if !slices.Equal(gate[e*H*moeInter:(e+1)*H*moeInter], srcVals(recs[int64(2*E+e)*st.Stride:][:st.Stride], &st.Gate)) {
-			t.Fatalf("blk.2.ffn_gate_exps expert %d differs from its record", e)
-		}
-	}
+	f.experts("blk.2.ffn_gate_exps.weight", 2, func(s *format.ExpertStore) *format.Tensor { return &s.Gate })
 }

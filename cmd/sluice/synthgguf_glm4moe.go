@@ -73,26 +73,3 @@ func (p *ggufPlan) glm4MoE() error {
 	}
 	return p.addAll("", "", [][2]string{{"output_norm", "norm"}, {"output", "lm_head"}})
 }
-
-// sigmoidMoE plans the feed-forward part of a DeepSeek-V3-style layer as
-// llama.cpp names it: a leading dense layer's MLP, or the sigmoid router
-// with its correction bias (exp_probs_b), the stacked routed experts and
-// the shared experts.
-func (p *ggufPlan) sigmoidMoE(b, s string, l int) error {
-	c := &p.m.Config
-	if l < c.FirstDense {
-		return p.addAll(b, s+"mlp.", [][2]string{{"ffn_gate", "gate_proj"}, {"ffn_up", "up_proj"}, {"ffn_down", "down_proj"}})
-	}
-	if err := p.add(b+"ffn_gate_inp.weight", s+"mlp.gate.weight", ggufXform{}); err != nil {
-		return err
-	}
-	if err := p.add(b+"exp_probs_b.bias", s+"mlp.gate.e_score_correction_bias", ggufXform{}); err != nil {
-		return err
-	}
-	p.addExperts(b, l)
-	if c.SharedInter == 0 {
-		return nil
-	}
-	return p.addAll(b, s+"mlp.shared_experts.", [][2]string{{"ffn_gate_shexp", "gate_proj"}, {"ffn_up_shexp", "up_proj"},
-		{"ffn_down_shexp", "down_proj"}})
-}
