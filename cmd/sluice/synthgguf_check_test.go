@@ -3,13 +3,16 @@ package main
 import (
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"math"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
+	"github.com/sluicelm/sluice/internal/family"
 	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/gguf"
 )
@@ -358,4 +361,54 @@ func (f *ggufFile) qwen3HybridValues() {
 	f.experts("blk.2.ffn_gate_exps.weight", 2, func(s *format.ExpertStore) *format.Tensor { return &s.Gate })
 	f.experts("blk.2.ffn_up_exps.weight", 2, func(s *format.ExpertStore) *format.Tensor { return &s.Up })
 	f.experts("blk.2.ffn_down_exps.weight", 2, func(s *format.ExpertStore) *format.Tensor { return &s.Down })
+}
+
+// TestSynthGGUFRefuses checks that models llama.cpp's architecture would
+// compute differently are refused with an error naming why, rather than
+// written as a file that loads and gives other logits.
+func TestSynthGGUFRefuses(t *testing.T) {
+	parse := func(t *testing.T, name, raw string, edit func(map[string]any)) format.Config {
+		var hf map[string]any
+		if err := json.Unmarshal([]byte(raw), &hf); err != nil {
+			t.Fatal(err)
+		}
+		edit(hf)
+		b, _ := json.Marshal(hf)
+		fam, _ := family.Named(name)
+		cfg, err := fam.Parse(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	for _, c := range []struct {
+		name, want string
+		cfg        func(t *testing.T) format.Config
+	}{
+		{"glm4moe with router groups", "routes without groups", func(t *testing.T) format.Config {
+			return parse(t, family.NameGLM4MoE, glm4MoETestConfig, func(m map[string]any) { m["n_group"], m["topk_group"] = 2, 1 })
+		}},
+		{"gpt-oss with full attention everywhere", "slides on the even layers", func(t *testing.T) format.Config {
+			return parse(t, family.NameGPTOSS, gptOSSTestConfig, func(m map[string]any) {
+				m["layer_types"] = []string{format.FullAttention, format.FullAttention}
+			})
+		}},
+		{"gpt-oss with a YaRN attention factor", "attention factor", func(t *testing.T) format.Config {
+			return parse(t, family.NameGPTOSS, gptOSSTestConfig, func(m map[string]any) {
+				m["rope_scaling"].(map[string]any)["attention_factor"] = 1.5
+			})
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			m, err := synthPack(context.Background(), c.cfg(t), format.Q4, dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = synthGGUF(m, dir, filepath.Join(dir, "m.gguf"), gguf.Q4_0)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("synthGGUF: %v, want an error saying %q", err, c.want)
+			}
+		})
+	}
 }

@@ -8,6 +8,15 @@ import (
 	"github.com/sluicelm/sluice/internal/format"
 )
 
+// glm4MoETestConfig is a small glm4_moe config.json: a dense layer first,
+// q/k/v biases, q/k norms, two shared experts, an MTP layer.
+const glm4MoETestConfig = `{"model_type": "glm4_moe", "hidden_size": 64, "intermediate_size": 128,
+	 "moe_intermediate_size": 64, "num_hidden_layers": 3, "num_nextn_predict_layers": 1, "num_attention_heads": 4,
+	 "num_key_value_heads": 2, "head_dim": 32, "partial_rotary_factor": 0.5, "n_routed_experts": 4,
+	 "n_shared_experts": 2, "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1, "norm_topk_prob": true,
+	 "routed_scaling_factor": 1.5, "first_k_dense_replace": 1, "vocab_size": 96, "rms_norm_eps": 1e-5,
+	 "max_position_embeddings": 4096, "rope_theta": 1000000, "attention_bias": true, "use_qk_norm": true}`
+
 // TestSynthGGUFGLM4MoE writes a small glm4_moe model (a dense layer first,
 // q/k/v biases, q/k norms, a shared expert, an MTP layer) as a glm4moe GGUF
 // and reads it back: the metadata llama.cpp's loader reads, exactly the
@@ -15,12 +24,7 @@ import (
 // config), no MTP layer, and every tensor's values from its source.
 func TestSynthGGUFGLM4MoE(t *testing.T) {
 	fam, _ := family.Named(family.NameGLM4MoE)
-	cfg, err := fam.Parse([]byte(`{"model_type": "glm4_moe", "hidden_size": 64, "intermediate_size": 128,
-	 "moe_intermediate_size": 64, "num_hidden_layers": 3, "num_nextn_predict_layers": 1, "num_attention_heads": 4,
-	 "num_key_value_heads": 2, "head_dim": 32, "partial_rotary_factor": 0.5, "n_routed_experts": 4,
-	 "n_shared_experts": 2, "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1, "norm_topk_prob": true,
-	 "routed_scaling_factor": 1.5, "first_k_dense_replace": 1, "vocab_size": 96, "rms_norm_eps": 1e-5,
-	 "max_position_embeddings": 4096, "rope_theta": 1000000, "attention_bias": true, "use_qk_norm": true}`))
+	cfg, err := fam.Parse([]byte(glm4MoETestConfig))
 	if err != nil {
 		t.Fatal(err)
 	}

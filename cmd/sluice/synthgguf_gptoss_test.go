@@ -8,6 +8,14 @@ import (
 	"github.com/sluicelm/sluice/internal/format"
 )
 
+// gptOSSTestConfig is a small gpt_oss config.json: sliding and full
+// layers, YaRN.
+const gptOSSTestConfig = `{"model_type": "gpt_oss", "hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 96,
+	 "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 128, "num_local_experts": 4,
+	 "num_experts_per_tok": 2, "sliding_window": 8, "rms_norm_eps": 1e-5, "max_position_embeddings": 4096,
+	 "rope_theta": 150000, "rope_scaling": {"rope_type": "yarn", "factor": 32, "original_max_position_embeddings": 128,
+	 "beta_fast": 32, "beta_slow": 1, "truncate": false}}`
+
 // TestSynthGGUFGPTOSS writes a small gpt_oss model (sliding and full
 // layers, YaRN, biases everywhere, sinks) as a gpt-oss GGUF and reads it
 // back: the metadata llama.cpp's loader reads, exactly the tensors it
@@ -15,11 +23,7 @@ import (
 // every tensor's values from its source, the experts' biases included.
 func TestSynthGGUFGPTOSS(t *testing.T) {
 	fam, _ := family.Named(family.NameGPTOSS)
-	cfg, err := fam.Parse([]byte(`{"model_type": "gpt_oss", "hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 96,
-	 "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 128, "num_local_experts": 4,
-	 "num_experts_per_tok": 2, "sliding_window": 8, "rms_norm_eps": 1e-5, "max_position_embeddings": 4096,
-	 "rope_theta": 150000, "rope_scaling": {"rope_type": "yarn", "factor": 32, "original_max_position_embeddings": 128,
-	 "beta_fast": 32, "beta_slow": 1, "truncate": false}}`))
+	cfg, err := fam.Parse([]byte(gptOSSTestConfig))
 	if err != nil {
 		t.Fatal(err)
 	}
