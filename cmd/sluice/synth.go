@@ -357,24 +357,17 @@ func synthDense(m *format.Manifest, kind format.Kind, path string) error {
 		} else {
 			n := rows * cols
 			var b []byte
-			switch {
+			switch spread := synthRandomVec(s.Name); {
 			case zc && strings.HasSuffix(s.Name, "linear_attn.norm.weight"):
 				b = floats(n, 1) // the DeltaNet's gated norm is a plain one
-			case synthRandomVec(s.Name) > 0:
-				b = make([]byte, 4*n)
-				a := synthRandomVec(s.Name)
-				for i := 0; i < n; i++ {
-					binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(a*float32(rng.NormFloat64())))
-				}
+			case spread > 0:
+				b = normals(rng, n, spread)
 			case len(s.Shape) == 1 && zc:
 				b = floats(n, 0)
 			case len(s.Shape) == 1:
 				b = floats(n, 1)
 			default:
-				b = make([]byte, 4*n)
-				for i := 0; i < n; i++ {
-					binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(amp*float32(rng.NormFloat64())))
-				}
+				b = normals(rng, n, amp)
 			}
 			t.Offset, t.Size = put(b), int64(len(b))
 		}
@@ -390,10 +383,10 @@ func synthDense(m *format.Manifest, kind format.Kind, path string) error {
 
 // synthRandomVec is the spread of the random values synth gives a vector
 // that is not a norm weight, or 0 for a constant one: the projections'
-// biases, attention sinks, router biases and the routers' correction
-// biases. A
-// constant bias would add one direction to every hidden state, and a
-// GGUF written without it would go unnoticed.
+// biases, attention sinks and router biases. A constant bias would add one
+// direction to every hidden state, and a GGUF written without it would go
+// unnoticed. (The routers' correction biases stay constant: random ones
+// would change which experts the benchmarks' routers pick.)
 func synthRandomVec(name string) float32 {
 	switch {
 	case strings.HasSuffix(name, "_proj.bias"), strings.HasSuffix(name, "router.bias"), strings.HasSuffix(name, ".sinks"):
@@ -419,10 +412,7 @@ func synthExperts(ctx context.Context, m *format.Manifest, st *format.ExpertStor
 	amp := float32(1 / math.Sqrt(float64(m.Config.Hidden)))
 	// Expert biases (gpt-oss) come shifted from one random vector too.
 	rng := rand.New(rand.NewPCG(5, 6))
-	biases := make([]byte, 8*max(m.Config.Hidden, m.Config.MoEInter))
-	for i := 0; i < len(biases); i += 4 {
-		binary.LittleEndian.PutUint32(biases[i:], math.Float32bits(0.1*float32(rng.NormFloat64())))
-	}
+	biases := normals(rng, 2*max(m.Config.Hidden, m.Config.MoEInter), 0.1)
 	n := m.ExpertLayers * m.Experts
 	for i := 0; i < n; i++ {
 		if err := ctx.Err(); err != nil {
@@ -498,6 +488,16 @@ func fillRandom(rng *rand.Rand, b []byte) {
 	for i := 0; i+8 <= len(b); i += 8 {
 		binary.LittleEndian.PutUint64(b[i:], rng.Uint64())
 	}
+}
+
+// normals is n float32 values drawn from a normal distribution of the
+// given spread, little-endian.
+func normals(rng *rand.Rand, n int, spread float32) []byte {
+	b := make([]byte, 4*n)
+	for i := 0; i < n; i++ {
+		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(spread*float32(rng.NormFloat64())))
+	}
+	return b
 }
 
 func floats(n int, v float32) []byte {
