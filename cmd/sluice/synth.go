@@ -20,6 +20,7 @@ import (
 	"github.com/sluicelm/sluice/internal/family"
 	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/gguf"
+	"github.com/sluicelm/sluice/internal/quant"
 )
 
 // synthShapes are the real dimensions of the models synth imitates.
@@ -352,8 +353,8 @@ func synthDense(m *format.Manifest, kind format.Kind, path string) error {
 			centre(vals, kind)
 			t.Offset, t.Size = put(vals), v
 			sc, bi := synthScale(kind, amp)
-			t.ScaleOffset = put(floats(int(sb/4), sc))
-			t.BiasOffset = put(floats(int(sb/4), bi))
+			t.ScaleOffset = put(halves(int(sb/2), sc))
+			t.BiasOffset = put(halves(int(sb/2), bi))
 		} else {
 			n := rows * cols
 			var b []byte
@@ -433,8 +434,8 @@ func synthExperts(ctx context.Context, m *format.Manifest, st *format.ExpertStor
 		for _, t := range []*format.Tensor{&st.Gate, &st.Up, &st.Down} {
 			_, sb := t.Kind.Sizes(t.Rows(), t.Cols())
 			sc, bi := synthScale(t.Kind, amp)
-			copy(rec[t.ScaleOffset:], floats(int(sb/4), sc))
-			copy(rec[t.BiasOffset:], floats(int(sb/4), bi))
+			copy(rec[t.ScaleOffset:], halves(int(sb/2), sc))
+			copy(rec[t.BiasOffset:], halves(int(sb/2), bi))
 		}
 		for j, t := range []*format.Tensor{st.GateBias, st.UpBias, st.DownBias} {
 			if t != nil {
@@ -458,7 +459,7 @@ func synthExperts(ctx context.Context, m *format.Manifest, st *format.ExpertStor
 // Q4_0 (q-8)·d and Q8_0 q·d with an f16 d represent without loss.
 func synthScale(k format.Kind, amp float32) (scale, bias float32) {
 	zero := float32(int(1) << (k.Bits() - 1))
-	scale = gguf.FromHalf(gguf.Half(amp / zero))
+	scale = quant.RoundF16(amp / zero)
 	return scale, -zero * scale
 }
 
@@ -504,6 +505,16 @@ func floats(n int, v float32) []byte {
 	b := make([]byte, 4*n)
 	for i := 0; i < n; i++ {
 		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(v))
+	}
+	return b
+}
+
+// halves is n copies of v as halves, the packed format's scales and biases.
+func halves(n int, v float32) []byte {
+	b := make([]byte, 2*n)
+	h := quant.F16(v)
+	for i := 0; i < n; i++ {
+		binary.LittleEndian.PutUint16(b[2*i:], h)
 	}
 	return b
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/gguf"
+	"github.com/sluicelm/sluice/internal/quant"
 )
 
 // TestGGUFTensor converts affine q4 and q8 tensors to Q4_0 and Q8_0 and
@@ -35,12 +36,12 @@ func TestGGUFTensor(t *testing.T) {
 			for i := range scales {
 				sc, bi := synthScale(kind, float32(0.01+r.Float64()))
 				if !exact {
-					sc *= 1.0001
-					bi = -float32(r.Float64())
+					sc = quant.RoundF16(sc * 1.01)
+					bi = quant.RoundF16(-float32(r.Float64()))
 				}
 				scales[i], biases[i] = sc, bi
-				binary.LittleEndian.PutUint32(buf[vb+int64(4*i):], math.Float32bits(sc))
-				binary.LittleEndian.PutUint32(buf[vb+sb+int64(4*i):], math.Float32bits(bi))
+				binary.LittleEndian.PutUint16(buf[vb+int64(2*i):], quant.F16(sc))
+				binary.LittleEndian.PutUint16(buf[vb+sb+int64(2*i):], quant.F16(bi))
 			}
 			// The affine values, from the format's definition.
 			want := make([]float32, rows*cols)

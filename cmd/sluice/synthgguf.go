@@ -12,6 +12,7 @@ import (
 	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/gguf"
 	"github.com/sluicelm/sluice/internal/platform"
+	"github.com/sluicelm/sluice/internal/quant"
 )
 
 // synthGGUF writes the packed model in dir as a GGUF file for llama.cpp,
@@ -550,11 +551,11 @@ func ggufTensor(w io.Writer, buf []byte, t *format.Tensor, gt gguf.Type, x ggufX
 	vals := make([]float32, G)
 	per := G / gguf.BlockSize * blockBytes
 	zero := float32(int(1) << (t.Kind.Bits() - 1))
-	f32 := func(off int64) float32 { return math.Float32frombits(binary.LittleEndian.Uint32(buf[off:])) }
+	f16 := func(off int64) float32 { return quant.F16ToF32(binary.LittleEndian.Uint16(buf[off:])) }
 	for r := 0; r < rows; r++ {
 		st, sr := src(r)
 		for g := 0; g < ng; g++ {
-			sc, bi := f32(st.ScaleOffset+int64(4*(sr*ng+g))), f32(st.BiasOffset+int64(4*(sr*ng+g)))
+			sc, bi := f16(st.ScaleOffset+int64(2*(sr*ng+g))), f16(st.BiasOffset+int64(2*(sr*ng+g)))
 			dst := row[g*per : (g+1)*per]
 			var q []byte
 			if t.Kind == format.Q4 {
@@ -562,8 +563,8 @@ func ggufTensor(w io.Writer, buf []byte, t *format.Tensor, gt gguf.Type, x ggufX
 			} else {
 				q = buf[st.Offset+int64(sr*cols+g*G):][:G]
 			}
-			h := gguf.Half(sc)
-			if bi == -zero*sc && gguf.FromHalf(h) == sc && !(t.Kind == format.Q8 && gt == gguf.Q4_0) {
+			h := quant.F16(sc)
+			if bi == -zero*sc && quant.F16ToF32(h) == sc && !(t.Kind == format.Q8 && gt == gguf.Q4_0) {
 				ggufGroupExact(dst, q, h, t.Kind, gt)
 				continue
 			}

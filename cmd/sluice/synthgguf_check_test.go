@@ -15,6 +15,7 @@ import (
 	"github.com/sluicelm/sluice/internal/family"
 	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/gguf"
+	"github.com/sluicelm/sluice/internal/quant"
 )
 
 // ggufFile is a synth model of a small config written as GGUF and read
@@ -157,6 +158,7 @@ func (f *ggufFile) rows(name string) [][]float32 {
 // srcRows is tensor st of buf (F32, or q4 as synth writes it) as rows.
 func srcRows(buf []byte, st *format.Tensor) [][]float32 {
 	f32 := func(off int64) float32 { return math.Float32frombits(binary.LittleEndian.Uint32(buf[off:])) }
+	f16 := func(off int64) float32 { return quant.F16ToF32(binary.LittleEndian.Uint16(buf[off:])) }
 	rows, cols := st.Rows(), st.Cols()
 	r := make([][]float32, rows)
 	for i := range r {
@@ -172,7 +174,7 @@ func srcRows(buf []byte, st *format.Tensor) [][]float32 {
 			if j >= 32 {
 				q >>= 4
 			}
-			r[i][c] = f32(st.ScaleOffset+int64(4*gi))*float32(q&15) + f32(st.BiasOffset+int64(4*gi))
+			r[i][c] = f16(st.ScaleOffset+int64(2*gi))*float32(q&15) + f16(st.BiasOffset+int64(2*gi))
 		}
 	}
 	return r

@@ -78,16 +78,16 @@ func TestGPUBench(t *testing.T) {
 			{"40960x1024 (down of 10 experts in one launch)", 40960, 1024},
 		} {
 			q := newQMat(e, r, sh.O, sh.C, format.Q4)
-			bytes := sh.O*sh.C/2 + 8*sh.O*sh.C/64
+			bytes := sh.O*sh.C/2 + 4*sh.O*sh.C/64
 			copies := max(4, (1<<30)/bytes)
 			ws := make([]Q4, copies)
 			for i := range ws {
 				ws[i] = q.w
 				ws[i].Q = e.alloc(sh.O * sh.C / 2)
 				must(d.CopyD(ws[i].Q, q.w.Q, sh.O*sh.C/2))
-				ws[i].Scales, ws[i].Biases = e.alloc(4*sh.O*sh.C/64), e.alloc(4*sh.O*sh.C/64)
-				must(d.CopyD(ws[i].Scales, q.w.Scales, 4*sh.O*sh.C/64))
-				must(d.CopyD(ws[i].Biases, q.w.Biases, 4*sh.O*sh.C/64))
+				ws[i].Scales, ws[i].Biases = e.alloc(2*sh.O*sh.C/64), e.alloc(2*sh.O*sh.C/64)
+				must(d.CopyD(ws[i].Scales, q.w.Scales, 2*sh.O*sh.C/64))
+				must(d.CopyD(ws[i].Biases, q.w.Biases, 2*sh.O*sh.C/64))
 			}
 			for _, nb := range []int{1, 8, 32} {
 				x := randF32(r, nb*sh.C, 2)

@@ -278,8 +278,8 @@ type qmat struct {
 func newQMat(e *env, r *rand.Rand, rows, cols int, kind format.Kind) qmat {
 	enc, err := quant.Encode(randF32(r, rows*cols, 1), rows, cols, kind)
 	must(err)
-	m := kernels.Mat{Rows: rows, Cols: cols, Kind: kind, Q: enc.Values, Scales: enc.Scales, Biases: enc.Biases}
-	w := Q4{Rows: rows, Cols: cols, Q: up(e, enc.Values), Scales: up(e, enc.Scales), Biases: up(e, enc.Biases)}
+	m := kernels.Mat{Rows: rows, Cols: cols, Kind: kind, Q: enc.Values, Scales: quant.F16s(enc.Scales), Biases: quant.F16s(enc.Biases)}
+	w := Q4{Rows: rows, Cols: cols, Q: up(e, enc.Values), Scales: up(e, m.Scales), Biases: up(e, m.Biases)}
 	return qmat{m, w, enc, kind}
 }
 

@@ -138,7 +138,8 @@ func (k *Kernels) Close() error {
 func ceil(a, b int) int { return (a + b - 1) / b }
 
 // Q4 is a q4 matrix on the device: [Rows][Cols] packed as format.Q4
-// (Cols/2 bytes per row), with float32 Scales and Biases [Rows][Cols/64].
+// (Cols/2 bytes per row), with half-precision Scales and Biases
+// [Rows][Cols/64] (format 3).
 type Q4 struct {
 	Rows, Cols        int
 	Q, Scales, Biases uintptr

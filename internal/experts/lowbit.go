@@ -3,7 +3,6 @@ package experts
 import (
 	"encoding/binary"
 	"fmt"
-	"math"
 
 	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/quant"
@@ -62,8 +61,8 @@ func expandTensor(dst, src []byte, d, s *format.Tensor) error {
 		case format.Q8:
 			copy(dv[g*G:(g+1)*G], q[:])
 		case format.BF16:
-			scale := math.Float32frombits(binary.LittleEndian.Uint32(ss[4*g:]))
-			bias := math.Float32frombits(binary.LittleEndian.Uint32(sb[4*g:]))
+			scale := quant.F16ToF32(binary.LittleEndian.Uint16(ss[2*g:]))
+			bias := quant.F16ToF32(binary.LittleEndian.Uint16(sb[2*g:]))
 			for j, v := range q {
 				binary.LittleEndian.PutUint16(dv[2*(g*G+j):], quant.BF16(float32(scale*float32(v))+bias))
 			}
@@ -72,8 +71,8 @@ func expandTensor(dst, src []byte, d, s *format.Tensor) error {
 		}
 	}
 	if d.Kind.Quantised() {
-		copy(dst[d.ScaleOffset:d.ScaleOffset+int64(4*groups)], ss[:4*groups])
-		copy(dst[d.BiasOffset:d.BiasOffset+int64(4*groups)], sb[:4*groups])
+		copy(dst[d.ScaleOffset:d.ScaleOffset+int64(2*groups)], ss[:2*groups])
+		copy(dst[d.BiasOffset:d.BiasOffset+int64(2*groups)], sb[:2*groups])
 	}
 	return nil
 }

@@ -72,20 +72,10 @@ func TestLowBits(t *testing.T) {
 func decodeTensor(rec []byte, t *format.Tensor) []float32 {
 	out := make([]float32, t.Rows()*t.Cols())
 	_, sb := t.Kind.Sizes(t.Rows(), t.Cols())
-	sc := make([]float32, sb/4)
-	bi := make([]float32, sb/4)
-	for i := range sc {
-		sc[i] = f32at(rec, t.ScaleOffset+int64(4*i))
-		bi[i] = f32at(rec, t.BiasOffset+int64(4*i))
-	}
+	sc := quant.Halves(rec[t.ScaleOffset:], int(sb/2))
+	bi := quant.Halves(rec[t.BiasOffset:], int(sb/2))
 	quant.Decode(out, rec[t.Offset:], sc, bi, t.Rows(), t.Cols(), t.Kind)
 	return out
-}
-
-func f32at(b []byte, off int64) float32 {
-	var v [1]float32
-	copy(unsafeBytes(v[:]), b[off:off+4])
-	return v[0]
 }
 
 // TestLowBitsDirect checks that misses multiplied as low-bit records give

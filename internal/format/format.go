@@ -25,8 +25,11 @@ import (
 
 // Version is bumped whenever the bytes written by the packer change meaning.
 // Format 2: the family's tensor list and expert layout come from package
-// family (expert records may carry biases).
-const Version = 2
+// family (expert records may carry biases). Format 3: quantisation scales
+// and biases are IEEE half precision (2 bytes each, little-endian), not
+// float32: a 4-bit weight then costs 4.5 bits rather than 5, and a decode
+// step, which streams every weight once, reads 10% fewer bytes.
+const Version = 3
 
 // GroupSize is the quantisation group along the input dimension.
 const GroupSize = 64
@@ -254,7 +257,8 @@ func (k Kind) Bits() int {
 func (k Kind) Quantised() bool { return k == Q8 || k == Q4 || k == Q3 || k == Q2 }
 
 // Sizes returns the bytes of the values and of the scales (the biases are the
-// same size as the scales) of a [rows][cols] matrix of kind k.
+// same size as the scales) of a [rows][cols] matrix of kind k. Scales and
+// biases are halves, one of each per group.
 func (k Kind) Sizes(rows, cols int) (values, scales int64) {
 	n := int64(rows) * int64(cols)
 	values = n * int64(k.Bits()) / 8
@@ -262,7 +266,7 @@ func (k Kind) Sizes(rows, cols int) (values, scales int64) {
 		values += n / MXBlock // the E8M0 scales follow the codes
 	}
 	if k.Quantised() {
-		scales = int64(rows) * int64(cols/GroupSize) * 4
+		scales = int64(rows) * int64(cols/GroupSize) * 2
 	}
 	return
 }

@@ -95,27 +95,6 @@ func TestWriteRead(t *testing.T) {
 	}
 }
 
-// TestHalf checks the f16 conversion on values whose bits are known and on
-// every half value's round trip.
-func TestHalf(t *testing.T) {
-	for _, c := range []struct {
-		f float32
-		h uint16
-	}{{1, 0x3c00}, {-2, 0xc000}, {65504, 0x7bff}, {0.1, 0x2e66}, {1.0 / (1 << 24), 0x0001}, {0, 0}, {1e6, 0x7c00}, {1.0009765625, 0x3c01}, {1.00048828125, 0x3c00}} {
-		if got := Half(c.f); got != c.h {
-			t.Errorf("Half(%v) = %#04x, want %#04x", c.f, got, c.h)
-		}
-	}
-	for h := 0; h < 1<<16; h++ {
-		if h&0x7c00 == 0x7c00 && h&0x3ff != 0 {
-			continue // NaN
-		}
-		if got := Half(FromHalf(uint16(h))); got != uint16(h) {
-			t.Fatalf("Half(FromHalf(%#04x)) = %#04x", h, got)
-		}
-	}
-}
-
 // TestQuantRoundTrip: values on a block's grid survive quantisation
 // exactly, in both types; others within half a step.
 func TestQuantRoundTrip(t *testing.T) {

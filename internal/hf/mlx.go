@@ -305,6 +305,9 @@ func (q *mlxQuant) q4(i int) (*quant.Encoded, bool) {
 	}
 	const G = format.GroupSize
 	e := &quant.Encoded{Values: make([]byte, len(wd)), Scales: floats(q.s.DType, sd), Biases: floats(q.b.DType, bd)}
+	if !halfExact(e, wd) {
+		return nil, false
+	}
 	// MLX: byte k/2 of the group holds element k, low nibble first.
 	// sluice q4: byte j holds elements j (low) and j+G/2 (high).
 	for g := 0; g < len(wd)/(G/2); g++ {
@@ -316,6 +319,31 @@ func (q *mlxQuant) q4(i int) (*quant.Encoded, bool) {
 		}
 	}
 	return e, true
+}
+
+// halfExact rounds e's scales and biases to halves, the packed format's,
+// and reports whether every weight still dequantises to the same float32
+// (MLX's codes wd, 4 bits, group 64). bf16 ones are halves unless beyond
+// the half's range; MLX gives a constant group a scale of 1e-7, not a
+// half, but its codes are all 0 and the value is the bias alone.
+func halfExact(e *quant.Encoded, wd []byte) bool {
+	const G = format.GroupSize
+	for g, sc := range e.Scales {
+		bi := e.Biases[g]
+		s16, b16 := quant.RoundF16(sc), quant.RoundF16(bi)
+		if s16 == sc && b16 == bi {
+			continue
+		}
+		for _, w := range wd[g*G/2 : (g+1)*G/2] {
+			for _, q := range [2]float32{float32(w & 15), float32(w >> 4)} {
+				if float32(s16*q)+b16 != float32(sc*q)+bi {
+					return false
+				}
+			}
+		}
+		e.Scales[g], e.Biases[g] = s16, b16
+	}
+	return true
 }
 
 // floats widens bf16, f16 or f32 bytes to float32 exactly.
@@ -333,8 +361,9 @@ func floats(dtype string, b []byte) []float32 {
 // Q4 returns canonical tensor name, whole (i < 0) or its sub-tensor i of
 // the first dimension, as sluice's q4 encoding when the checkpoint stores
 // it MLX-quantised at 4 bits in groups of 64: the same q, scales and
-// biases, widened exactly to float32, so it decodes to the same values
-// without requantising. ok is false for any other tensor.
+// biases (as halves, the packed format's), so it decodes to the same values
+// without requantising. ok is false for any other tensor, and for one that
+// halves would change (see halfExact).
 func (c *Checkpoint) Q4(name string, shape []int, i int) (e *quant.Encoded, ok bool, err error) {
 	q := c.mlx[name]
 	if q == nil || c.shift[name] {

@@ -18,7 +18,7 @@ func encodeMat(t testing.TB, w []float32, rows, cols int, k format.Kind) (Mat, [
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := Mat{Rows: rows, Cols: cols, Kind: k, Scales: enc.Scales, Biases: enc.Biases}
+	m := Mat{Rows: rows, Cols: cols, Kind: k, Scales: quant.F16s(enc.Scales), Biases: quant.F16s(enc.Biases)}
 	switch k {
 	case format.F32:
 		m.F32 = append([]float32(nil), w...)
@@ -34,6 +34,20 @@ func encodeMat(t testing.TB, w []float32, rows, cols int, k format.Kind) (Mat, [
 	quant.Decode(deq, enc.Values, enc.Scales, enc.Biases, rows, cols, k)
 	return m, deq
 }
+
+// widened is halves widened to float32 with the scalar conversion.
+func widened(h []uint16) []float32 {
+	v := make([]float32, len(h))
+	for i, x := range h {
+		v[i] = quant.F16ToF32(x)
+	}
+	return v
+}
+
+// sf and bf are m's scales and biases widened to float32, as the kernels
+// take them (each call allocates).
+func (m *Mat) sf() []float32 { return widened(m.Scales) }
+func (m *Mat) bf() []float32 { return widened(m.Biases) }
 
 func randVec(r *rand.Rand, n int) []float32 {
 	v := make([]float32, n)
@@ -277,8 +291,8 @@ func TestQ4Int8Design(t *testing.T) {
 	QuantizeRow8(x8, xs, x)
 	GroupSums(xsum, x)
 	for o := 0; o < rows; o++ {
-		a := dotQ4I8AVX2(&m.Q[o*cols/2], &m.Scales[o*ng], &m.Biases[o*ng], &x8[0], &xs[0], &xsum[0], ng)
-		b := dotQ4I8(m.Q[o*cols/2:(o+1)*cols/2], m.Scales[o*ng:(o+1)*ng], m.Biases[o*ng:(o+1)*ng], x8, xs, xsum)
+		a := dotQ4I8AVX2(&m.Q[o*cols/2], &m.sf()[o*ng], &m.bf()[o*ng], &x8[0], &xs[0], &xsum[0], ng)
+		b := dotQ4I8(m.Q[o*cols/2:(o+1)*cols/2], m.sf()[o*ng:(o+1)*ng], m.bf()[o*ng:(o+1)*ng], x8, xs, xsum)
 		if d := math.Abs(float64(a - b)); d > 1e-4*(1+math.Abs(float64(b))) {
 			t.Fatalf("row %d: asm %v, Go twin %v", o, a, b)
 		}
@@ -309,13 +323,14 @@ func BenchmarkQ4Designs(b *testing.B) {
 		xsum := make([]float32, ng)
 		x8, xs := make([]int8, cols), make([]float32, ng)
 		out := make([]float32, rows)
+		ms, mb := m.sf(), m.bf()
 		name := fmt.Sprintf("%dx%d", rows, cols)
 		b.Run("float-fma/"+name, func(b *testing.B) {
 			b.SetBytes(int64(len(m.Q)))
 			for b.Loop() {
 				GroupSums(xsum, x)
 				for o := range out {
-					out[o] = dotQ4AVX2(&m.Q[o*cols/2], &m.Scales[o*ng], &m.Biases[o*ng], &x[0], &xsum[0], ng)
+					out[o] = dotQ4AVX2(&m.Q[o*cols/2], &ms[o*ng], &mb[o*ng], &x[0], &xsum[0], ng)
 				}
 			}
 		})
@@ -325,7 +340,7 @@ func BenchmarkQ4Designs(b *testing.B) {
 				GroupSums(xsum, x)
 				QuantizeRow8(x8, xs, x)
 				for o := range out {
-					out[o] = dotQ4I8AVX2(&m.Q[o*cols/2], &m.Scales[o*ng], &m.Biases[o*ng], &x8[0], &xs[0], &xsum[0], ng)
+					out[o] = dotQ4I8AVX2(&m.Q[o*cols/2], &ms[o*ng], &mb[o*ng], &x8[0], &xs[0], &xsum[0], ng)
 				}
 			}
 		})
@@ -562,7 +577,7 @@ func TestQ4BlockedKernels(t *testing.T) {
 			QuantizeRow8(x8, xs, x[b*cols:(b+1)*cols])
 			GroupSums(xsum, x[b*cols:(b+1)*cols])
 			for o := 0; o < rows; o++ {
-				want := dotQ4I8AVX2(&m.Q[o*cols/2], &m.Scales[o*ng], &m.Biases[o*ng], &x8[0], &xs[0], &xsum[0], ng)
+				want := dotQ4I8AVX2(&m.Q[o*cols/2], &m.sf()[o*ng], &m.bf()[o*ng], &x8[0], &xs[0], &xsum[0], ng)
 				if math.Float32bits(out[b*rows+o]) != math.Float32bits(want) {
 					t.Fatalf("nb %d row %d out %d: %v, single-row kernel %v", nb, b, o, out[b*rows+o], want)
 				}

@@ -212,18 +212,21 @@ func (t *matmulTask) runLow(lo, hi int) {
 	if useVNNI {
 		T = 16
 	}
+	room := scaleBufs.Get().(*[]float32)
+	defer scaleBufs.Put(room)
 	if t.nb >= lowWideRows && useAVX2 && ng > 0 && hi > lo && T*C/2 <= lowWideBytes {
 		var buf [lowWideBytes]byte
-		_, _, _ = w.Q[hi*rb-1], w.Scales[hi*ng-1], w.Biases[hi*ng-1]
+		_ = w.Q[hi*rb-1]
 		_, _, _, _ = t.x8[t.nb*C-1], t.xs[t.nb*ng-1], t.xsum[t.nb*ng-1], t.out[:t.nb*w.Rows]
 		for w0 := lo; w0 < hi; w0 += T {
 			n := min(T, hi-w0)
 			widenLow(buf[:n*C/2], w.Q[w0*rb:(w0+n)*rb], b)
+			s, bi := w.widen(room, w0, w0+n)
 			if useVNNI {
-				q4TileVNNI(&buf[0], C/2, &w.Scales[w0*ng], &w.Biases[w0*ng], ng, n, n,
+				q4TileVNNI(&buf[0], C/2, &s[0], &bi[0], ng, n, n,
 					&t.x8[0], &t.xs[0], &t.xsum[0], t.nb, &t.out[w0], 4*w.Rows)
 			} else {
-				q4TileAVX2(&buf[0], C/2, &w.Scales[w0*ng], &w.Biases[w0*ng], ng, n, n,
+				q4TileAVX2(&buf[0], C/2, &s[0], &bi[0], ng, n, n,
 					&t.x8[0], &t.xs[0], &t.xsum[0], t.nb, &t.out[w0], 4*w.Rows)
 			}
 		}
@@ -234,11 +237,11 @@ func (t *matmulTask) runLow(lo, hi int) {
 		n8 := (hi - lo) &^ 7
 		if n8 > 0 {
 			// The kernel reads whole rows: check the slices once.
-			_, _, _ = w.Q[(lo+n8)*rb-1], w.Scales[(lo+n8)*ng-1], w.Biases[(lo+n8)*ng-1]
+			_ = w.Q[(lo+n8)*rb-1]
 			_, _, _, _ = t.x8p[t.nb*C-1], t.xs[t.nb*ng-1], t.xsum[t.nb*ng-1], t.out[:t.nb*w.Rows]
 			// A few rows' tiles at a time for every activation row, so
 			// that a batch reads the weights from memory once.
-			const step = 64
+			step := rowsPerWiden(ng, 16)
 			vnni := lowVNNI(b)
 			for o0 := lo; o0 < lo+n8; o0 += step {
 				n := min(step, lo+n8-o0)
@@ -246,27 +249,25 @@ func (t *matmulTask) runLow(lo, hi int) {
 				if vnni {
 					n16 = n &^ 15
 				}
-				o1 := o0 + n16 // the AVX2 kernel's 8 rows, if any
+				s, bi := w.widen(room, o0, o0+n)
 				for r := 0; r < t.nb; r++ {
 					if n16 > 0 {
-						lowRowsVNNI(&w.Q[o0*rb], rb, &w.Scales[o0*ng], &w.Biases[o0*ng], ng, n16,
+						lowRowsVNNI(&w.Q[o0*rb], rb, &s[0], &bi[0], ng, n16,
 							&t.x8p[r*C], &t.xs[r*ng], &t.xsum[r*ng], &t.out[r*w.Rows+o0], b, lowK)
 					}
 					if n16 < n {
-						lowRows(&w.Q[o1*rb], rb, &w.Scales[o1*ng], &w.Biases[o1*ng], ng, n-n16,
-							&t.x8p[r*C], &t.xs[r*ng], &t.xsum[r*ng], &t.out[r*w.Rows+o1], b, lowK)
+						lowRows(&w.Q[(o0+n16)*rb], rb, &s[n16*ng], &bi[n16*ng], ng, n-n16,
+							&t.x8p[r*C], &t.xs[r*ng], &t.xsum[r*ng], &t.out[r*w.Rows+o0+n16], b, lowK)
 					}
 				}
 			}
 			o += n8
 		}
 	}
-	for r := 0; r < t.nb; r++ {
-		out := t.out[r*w.Rows : (r+1)*w.Rows]
-		x8 := t.x8[r*C : (r+1)*C]
-		xs, xsum := t.xs[r*ng:(r+1)*ng], t.xsum[r*ng:(r+1)*ng]
-		for i := o; i < hi; i++ {
-			out[i] = dotLowI8(w.Q[i*rb:(i+1)*rb], b, w.Scales[i*ng:(i+1)*ng], w.Biases[i*ng:(i+1)*ng], x8, xs, xsum)
+	for i := o; i < hi; i++ {
+		s, bi := w.widen(room, i, i+1)
+		for r := 0; r < t.nb; r++ {
+			t.out[r*w.Rows+i] = dotLowI8(w.Q[i*rb:(i+1)*rb], b, s, bi, t.x8[r*C:(r+1)*C], t.xs[r*ng:(r+1)*ng], t.xsum[r*ng:(r+1)*ng])
 		}
 	}
 }

@@ -19,7 +19,7 @@ func lowMats(r *rand.Rand, rows, cols, b int) (low, q4 Mat) {
 	const G = format.GroupSize
 	ng := cols / G
 	low = Mat{Rows: rows, Cols: cols, Kind: format.Q3, Q: make([]byte, rows*cols*b/8),
-		Scales: make([]float32, rows*ng), Biases: make([]float32, rows*ng)}
+		Scales: make([]uint16, rows*ng), Biases: make([]uint16, rows*ng)}
 	if b == 2 {
 		low.Kind = format.Q2
 	}
@@ -38,8 +38,8 @@ func lowMats(r *rand.Rand, rows, cols, b int) (low, q4 Mat) {
 		for j := 0; j < G/2; j++ {
 			q4.Q[g*G/2+j] = q[j] | q[j+G/2]<<4
 		}
-		low.Scales[g] = float32(r.NormFloat64() * 0.01)
-		low.Biases[g] = float32(r.NormFloat64() * 0.02)
+		low.Scales[g] = quant.F16(float32(r.NormFloat64() * 0.01))
+		low.Biases[g] = quant.F16(float32(r.NormFloat64() * 0.02))
 	}
 	return low, q4
 }
@@ -70,8 +70,8 @@ func TestLowTwinIsWidenedQ4(t *testing.T) {
 			GroupSums(xsum, x)
 			for o := 0; o < rows; o++ {
 				rb := cols * b / 8
-				got := dotLowI8(low.Q[o*rb:(o+1)*rb], b, low.Scales[o*ng:(o+1)*ng], low.Biases[o*ng:(o+1)*ng], x8, xs, xsum)
-				want := dotQ4I8(q4.Q[o*cols/2:(o+1)*cols/2], q4.Scales[o*ng:(o+1)*ng], q4.Biases[o*ng:(o+1)*ng], x8, xs, xsum)
+				got := dotLowI8(low.Q[o*rb:(o+1)*rb], b, low.sf()[o*ng:(o+1)*ng], low.bf()[o*ng:(o+1)*ng], x8, xs, xsum)
+				want := dotQ4I8(q4.Q[o*cols/2:(o+1)*cols/2], q4.sf()[o*ng:(o+1)*ng], q4.bf()[o*ng:(o+1)*ng], x8, xs, xsum)
 				if math.Float32bits(got) != math.Float32bits(want) {
 					t.Fatalf("b=%d cols=%d row %d: %v, widened q4 gives %v", b, cols, o, got, want)
 				}
@@ -147,7 +147,7 @@ func (c *lowCase) want(o int) float32 {
 	ng := len(c.xs)
 	b := c.w.Kind.Bits()
 	q := c.w.Q[o*c.qstride : o*c.qstride+c.rb]
-	return dotLowI8(q, b, c.w.Scales[o*ng:(o+1)*ng], c.w.Biases[o*ng:(o+1)*ng], c.x8, c.xs, c.xsum)
+	return dotLowI8(q, b, c.w.sf()[o*ng:(o+1)*ng], c.w.bf()[o*ng:(o+1)*ng], c.x8, c.xs, c.xsum)
 }
 
 // TestLowRowsKernels checks each assembly kernel against the Go twin bit
@@ -170,7 +170,7 @@ func TestLowRowsKernels(t *testing.T) {
 							c := newLowCase(r, rows, ng*format.GroupSize, b, pad)
 							out := make([]float32, rows+1)
 							out[rows] = 12345 // must stay
-							k.run(&c.w.Q[0], c.qstride, &c.w.Scales[0], &c.w.Biases[0], ng, rows, &c.x8p[0], &c.xs[0], &c.xsum[0], &out[0], b, lowK)
+							k.run(&c.w.Q[0], c.qstride, &c.w.sf()[0], &c.w.bf()[0], ng, rows, &c.x8p[0], &c.xs[0], &c.xsum[0], &out[0], b, lowK)
 							for o := 0; o < rows; o++ {
 								if want := c.want(o); math.Float32bits(out[o]) != math.Float32bits(want) {
 									t.Fatalf("ng=%d rows=%d pad=%d: row %d %v, twin %v", ng, rows, pad, o, out[o], want)
@@ -440,16 +440,17 @@ func BenchmarkLowRows(b *testing.B) {
 	for _, where := range []string{"l2", "dram"} {
 		for _, bits := range []int{3, 2} {
 			rb := cols * bits / 8
-			size := rows * (rb + 2*4*ng)
+			size := rows * (rb + 2*2*ng)
 			n := 1
 			if where == "dram" {
 				n = (1 << 30) / size
 			}
 			// Any bytes are a valid bit stream: random ones will do.
 			ms := make([]Mat, n)
+			fs := make([][2][]float32, n) // the kernels' widened scales and biases
 			for i := range ms {
 				m := Mat{Rows: rows, Cols: cols, Kind: format.Q3, Q: make([]byte, rows*rb),
-					Scales: make([]float32, rows*ng), Biases: make([]float32, rows*ng)}
+					Scales: make([]uint16, rows*ng), Biases: make([]uint16, rows*ng)}
 				if bits == 2 {
 					m.Kind = format.Q2
 				}
@@ -457,9 +458,10 @@ func BenchmarkLowRows(b *testing.B) {
 					binary.LittleEndian.PutUint64(m.Q[j:], r.Uint64())
 				}
 				for j := range m.Scales {
-					m.Scales[j], m.Biases[j] = float32(r.NormFloat64()*0.01), float32(r.NormFloat64()*0.02)
+					m.Scales[j], m.Biases[j] = quant.F16(float32(r.NormFloat64()*0.01)), quant.F16(float32(r.NormFloat64()*0.02))
 				}
 				ms[i] = m
+				fs[i] = [2][]float32{m.sf(), m.bf()}
 			}
 			x8p := make([]int8, cols)
 			permuteLow(x8p, x8, bits)
@@ -471,8 +473,8 @@ func BenchmarkLowRows(b *testing.B) {
 					b.SetBytes(int64(size))
 					i := 0
 					for b.Loop() {
-						m := &ms[i%len(ms)]
-						k.run(&m.Q[0], rb, &m.Scales[0], &m.Biases[0], ng, rows, &x8p[0], &xs[0], &xsum[0], &out[0], bits, lowK)
+						m, f := &ms[i%len(ms)], &fs[i%len(ms)]
+						k.run(&m.Q[0], rb, &f[0][0], &f[1][0], ng, rows, &x8p[0], &xs[0], &xsum[0], &out[0], bits, lowK)
 						i++
 					}
 				})

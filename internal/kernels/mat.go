@@ -18,6 +18,7 @@ import (
 	"unsafe"
 
 	"github.com/sluicelm/sluice/internal/format"
+	"github.com/sluicelm/sluice/internal/quant"
 )
 
 // Mat is a read-only view of a matrix in one storage kind; the slices alias
@@ -29,8 +30,8 @@ type Mat struct {
 	BF16       []uint16  // Kind BF16: [rows*cols]
 	Q          []byte    // Q8: [rows*cols]; Q4, MXFP4: [rows*cols/2], see format.Q4, format.MXFP4; Q3, Q2: [rows*cols*bits/8]
 	E8         []byte    // MXFP4: [rows][cols/32] block scales (E8M0)
-	Scales     []float32 // quantised: [rows][cols/64]
-	Biases     []float32
+	Scales     []uint16  // quantised: [rows][cols/64] halves (format 3), see widen
+	Biases     []uint16
 }
 
 // MatFrom builds a view of tensor t inside buf (dense.bin, or an expert
@@ -57,8 +58,8 @@ func MatFrom(buf []byte, t *format.Tensor) (Mat, error) {
 			return m, fmt.Errorf("tensor %s: %d columns not a multiple of %d", t.Name, m.Cols, format.GroupSize)
 		}
 		m.Q = buf[t.Offset : t.Offset+vb]
-		m.Scales = f32s(buf[t.ScaleOffset:], int(sb/4))
-		m.Biases = f32s(buf[t.BiasOffset:], int(sb/4))
+		m.Scales = f16s(buf[t.ScaleOffset:], int(sb/2))
+		m.Biases = f16s(buf[t.BiasOffset:], int(sb/2))
 	case format.MXFP4:
 		if m.Cols%format.GroupSize != 0 {
 			// The int8 activations come in groups of GroupSize.
@@ -94,7 +95,7 @@ func (m *Mat) Row(dst []float32, r int) {
 		G := format.GroupSize
 		src := m.Q[r*m.Cols : (r+1)*m.Cols]
 		for g := 0; g < m.Cols/G; g++ {
-			s, b := m.Scales[r*m.Cols/G+g], m.Biases[r*m.Cols/G+g]
+			s, b := quant.F16ToF32(m.Scales[r*m.Cols/G+g]), quant.F16ToF32(m.Biases[r*m.Cols/G+g])
 			for j := 0; j < G; j++ {
 				dst[g*G+j] = float32(s*float32(src[g*G+j])) + b // as quant.Decode: never fused
 			}
@@ -103,7 +104,7 @@ func (m *Mat) Row(dst []float32, r int) {
 		G := format.GroupSize
 		src := m.Q[r*m.Cols/2 : (r+1)*m.Cols/2]
 		for g := 0; g < m.Cols/G; g++ {
-			s, b := m.Scales[r*m.Cols/G+g], m.Biases[r*m.Cols/G+g]
+			s, b := quant.F16ToF32(m.Scales[r*m.Cols/G+g]), quant.F16ToF32(m.Biases[r*m.Cols/G+g])
 			q := src[g*G/2 : g*G/2+G/2]
 			for j, v := range q {
 				dst[g*G+j] = float32(s*float32(v&15)) + b
@@ -137,6 +138,10 @@ func GroupSums(dst, x []float32) {
 	}
 }
 
+// rowRoom is the stack room of one row's widened scales and biases in
+// dotRow: 256 groups (16384 columns); wider rows take a heap buffer.
+const rowRoom = 512
+
 // dotRow is out = W[r]·x for one weight row and one activation row; xsum
 // holds x's group sums for quantised kinds. Every matrix product goes
 // through it, which is what makes results batch-invariant.
@@ -153,12 +158,18 @@ func (m *Mat) dotRow(r int, x, xsum []float32) float32 {
 			ng := C / format.GroupSize
 			_ = m.Q[(r+1)*C-1]
 			_ = xsum[ng-1]
-			return dotQ8AVX2(&m.Q[r*C], &m.Scales[r*ng], &m.Biases[r*ng], &x[0], &xsum[0], ng)
+			var a [rowRoom]float32
+			room := a[:]
+			s, b := m.widen(&room, r, r+1)
+			return dotQ8AVX2(&m.Q[r*C], &s[0], &b[0], &x[0], &xsum[0], ng)
 		case format.Q4:
 			ng := C / format.GroupSize
 			_ = m.Q[(r+1)*C/2-1]
 			_ = xsum[ng-1]
-			return dotQ4AVX2(&m.Q[r*C/2], &m.Scales[r*ng], &m.Biases[r*ng], &x[0], &xsum[0], ng)
+			var a [rowRoom]float32
+			room := a[:]
+			s, b := m.widen(&room, r, r+1)
+			return dotQ4AVX2(&m.Q[r*C/2], &s[0], &b[0], &x[0], &xsum[0], ng)
 		}
 	}
 	return m.dotRowGo(r, x, xsum)
@@ -173,11 +184,15 @@ func (m *Mat) dotRowGo(r int, x, xsum []float32) float32 {
 	case format.BF16:
 		return dotBF16(m.BF16[r*C:(r+1)*C], x)
 	case format.Q8:
-		ng := C / format.GroupSize
-		return dotQ8(m.Q[r*C:(r+1)*C], m.Scales[r*ng:(r+1)*ng], m.Biases[r*ng:(r+1)*ng], x, xsum)
+		var a [rowRoom]float32
+		room := a[:]
+		s, b := m.widen(&room, r, r+1)
+		return dotQ8(m.Q[r*C:(r+1)*C], s, b, x, xsum)
 	case format.Q4:
-		ng := C / format.GroupSize
-		return dotQ4(m.Q[r*C/2:(r+1)*C/2], m.Scales[r*ng:(r+1)*ng], m.Biases[r*ng:(r+1)*ng], x, xsum)
+		var a [rowRoom]float32
+		room := a[:]
+		s, b := m.widen(&room, r, r+1)
+		return dotQ4(m.Q[r*C/2:(r+1)*C/2], s, b, x, xsum)
 	}
 	panic("kernels: unknown matrix kind " + string(m.Kind))
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/sluicelm/sluice/internal/format"
+	"github.com/sluicelm/sluice/internal/quant"
 )
 
 // dramMats returns q4 matrices of rows×cols laid end to end over about
@@ -24,10 +25,10 @@ func dramMats(rows, cols int, total int) []Mat {
 			q[i+j] = byte(v >> (8 * j))
 		}
 	}
-	sc := make([]float32, n*rows*ng)
-	bi := make([]float32, n*rows*ng)
+	sc := make([]uint16, n*rows*ng)
+	bi := make([]uint16, n*rows*ng)
 	for i := range sc {
-		sc[i], bi[i] = 0.01, -0.08
+		sc[i], bi[i] = quant.F16(0.01), quant.F16(-0.08)
 	}
 	ms := make([]Mat, n)
 	for i := range ms {
@@ -83,7 +84,7 @@ func BenchmarkQ4DecodeDRAM(b *testing.B) {
 		ms := dramMats(sh[0], sh[1], 1<<30)
 		cols := sh[1]
 		x := randVec(rand.New(rand.NewPCG(1, 1)), cols)
-		per := int64(len(ms[0].Q) + 8*len(ms[0].Scales))
+		per := int64(len(ms[0].Q) + 4*len(ms[0].Scales))
 		name := fmt.Sprintf("%dx%d", sh[0], sh[1])
 		for _, mode := range q4RowsModes() {
 			b.Run(fmt.Sprintf("whole2/%s/mode%d", name, mode), func(b *testing.B) {
@@ -133,7 +134,7 @@ func BenchmarkQ4RowsModes(b *testing.B) {
 				defer func(m uint8) { q4RowsMode = m }(q4RowsMode)
 				q4RowsMode = mode
 				var sc Scratch
-				b.SetBytes(int64(len(m.Q) + 8*len(m.Scales)))
+				b.SetBytes(int64(len(m.Q) + 4*len(m.Scales)))
 				for b.Loop() {
 					sc.MatMul(out, &m, x, 1)
 				}

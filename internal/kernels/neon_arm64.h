@@ -26,3 +26,5 @@
 #define SHL4(d, n, sh) WORD $(0x4f005400|((32+(sh))<<16)|((n)<<5)|(d)) /* SHL Vd.4S, Vn.4S, #sh */
 #define ADDI4(d, n, m) WORD $(0x4ea08400|((m)<<16)|((n)<<5)|(d)) /* ADD Vd.4S, Vn.4S, Vm.4S */
 #define FABS4(d, n) WORD $(0x4ea0f800|((n)<<5)|(d)) /* FABS Vd.4S, Vn.4S */
+#define FCVTL4(d, n) WORD $(0x0e217800|((n)<<5)|(d)) /* FCVTL Vd.4S, Vn.4H */
+#define FCVTL24(d, n) WORD $(0x4e217800|((n)<<5)|(d)) /* FCVTL2 Vd.4S, Vn.8H */

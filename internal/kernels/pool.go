@@ -263,10 +263,18 @@ func (t *matmulTask) Run(lo, hi int) {
 		x, out := t.x, t.out
 		switch w.Kind {
 		case format.Q8:
-			_, _ = w.Q[hi*C-1], w.Scales[hi*ng-1]
-			for o := lo; o < hi; o++ {
-				for r := 0; r < t.nb; r++ {
-					out[r*w.Rows+o] = dotQ8AVX2(&w.Q[o*C], &w.Scales[o*ng], &w.Biases[o*ng], &x[r*C], &t.xsum[r*ng], ng)
+			_ = w.Q[hi*C-1]
+			room := scaleBufs.Get().(*[]float32)
+			defer scaleBufs.Put(room)
+			step := rowsPerWiden(ng, 1)
+			for c0 := lo; c0 < hi; c0 += step {
+				c1 := min(c0+step, hi)
+				s, b := w.widen(room, c0, c1)
+				for o := c0; o < c1; o++ {
+					i := (o - c0) * ng
+					for r := 0; r < t.nb; r++ {
+						out[r*w.Rows+o] = dotQ8AVX2(&w.Q[o*C], &s[i], &b[i], &x[r*C], &t.xsum[r*ng], ng)
+					}
 				}
 			}
 			return
@@ -295,9 +303,12 @@ func (t *matmulTask) Run(lo, hi int) {
 		}
 	}
 	if w.Kind == format.Q4 {
+		room := scaleBufs.Get().(*[]float32)
+		defer scaleBufs.Put(room)
 		for o := lo; o < hi; o++ {
+			s, b := w.widen(room, o, o+1)
 			for r := 0; r < t.nb; r++ {
-				t.out[r*w.Rows+o] = dotQ4I8(w.Q[o*C/2:(o+1)*C/2], w.Scales[o*ng:(o+1)*ng], w.Biases[o*ng:(o+1)*ng],
+				t.out[r*w.Rows+o] = dotQ4I8(w.Q[o*C/2:(o+1)*C/2], s, b,
 					t.x8[r*C:(r+1)*C], t.xs[r*ng:(r+1)*ng], t.xsum[r*ng:(r+1)*ng])
 			}
 		}

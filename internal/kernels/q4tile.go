@@ -27,18 +27,27 @@ func (t *matmulTask) runQ4(lo, hi int) {
 		}
 		return
 	}
+	T := 8
 	if useVNNI {
-		for w0 := lo; w0 < hi; w0 += 16 {
-			q4TileVNNI(&w.Q[w0*C/2], C/2, &w.Scales[w0*ng], &w.Biases[w0*ng], ng,
-				min(16, w.Rows-w0), min(16, hi-w0),
-				&t.x8[0], &t.xs[0], &t.xsum[0], nb, &t.out[w0], 4*w.Rows)
-		}
-		return
+		T = 16
 	}
-	for w0 := lo; w0 < hi; w0 += 8 {
-		q4TileAVX2(&w.Q[w0*C/2], C/2, &w.Scales[w0*ng], &w.Biases[w0*ng], ng,
-			min(8, w.Rows-w0), min(8, hi-w0),
-			&t.x8[0], &t.xs[0], &t.xsum[0], nb, &t.out[w0], 4*w.Rows)
+	room := scaleBufs.Get().(*[]float32)
+	defer scaleBufs.Put(room)
+	step := rowsPerWiden(ng, T)
+	for c0 := lo; c0 < hi; c0 += step {
+		c1 := min(c0+step, hi)
+		// A tile reads whole tiles of rows, past c1 within the matrix.
+		s, b := w.widen(room, c0, min(c0+(c1-c0+T-1)/T*T, w.Rows))
+		for w0 := c0; w0 < c1; w0 += T {
+			i := (w0 - c0) * ng
+			if useVNNI {
+				q4TileVNNI(&w.Q[w0*C/2], C/2, &s[i], &b[i], ng, min(T, w.Rows-w0), min(T, c1-w0),
+					&t.x8[0], &t.xs[0], &t.xsum[0], nb, &t.out[w0], 4*w.Rows)
+			} else {
+				q4TileAVX2(&w.Q[w0*C/2], C/2, &s[i], &b[i], ng, min(T, w.Rows-w0), min(T, c1-w0),
+					&t.x8[0], &t.xs[0], &t.xsum[0], nb, &t.out[w0], 4*w.Rows)
+			}
+		}
 	}
 }
 
@@ -50,16 +59,22 @@ func (t *matmulTask) rowsQ4(lo, hi, r int) {
 	ng := C / format.GroupSize
 	n8 := (hi - lo) &^ 7
 	out := t.out[r*w.Rows:]
-	if n8 > 0 {
-		mode := q4RowsMode
-		if !useVNNI {
-			mode &^= q4RowsVNNI
-		}
-		q4Rows(&w.Q[lo*C/2], C/2, &w.Scales[lo*ng], &w.Biases[lo*ng], ng, n8,
-			&t.x8[r*C], &t.xs[r*ng], &t.xsum[r*ng], &out[lo], mode)
+	room := scaleBufs.Get().(*[]float32)
+	defer scaleBufs.Put(room)
+	mode := q4RowsMode
+	if !useVNNI {
+		mode &^= q4RowsVNNI
+	}
+	step := rowsPerWiden(ng, 8)
+	for c0 := lo; c0 < lo+n8; c0 += step {
+		n := min(step, lo+n8-c0)
+		s, b := w.widen(room, c0, c0+n)
+		q4Rows(&w.Q[c0*C/2], C/2, &s[0], &b[0], ng, n,
+			&t.x8[r*C], &t.xs[r*ng], &t.xsum[r*ng], &out[c0], mode)
 	}
 	for o := lo + n8; o < hi; o++ {
-		out[o] = dotQ4I8AVX2(&w.Q[o*C/2], &w.Scales[o*ng], &w.Biases[o*ng], &t.x8[r*C], &t.xs[r*ng], &t.xsum[r*ng], ng)
+		s, b := w.widen(room, o, o+1)
+		out[o] = dotQ4I8AVX2(&w.Q[o*C/2], &s[0], &b[0], &t.x8[r*C], &t.xs[r*ng], &t.xsum[r*ng], ng)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/sluicelm/sluice/internal/format"
+	"github.com/sluicelm/sluice/internal/quant"
 )
 
 // q4Case is a q4 product with raw operands, so that tests can reach the
@@ -24,7 +25,7 @@ func newQ4Case(r *rand.Rand, rows, cols, nb int) *q4Case {
 	ng := cols / format.GroupSize
 	c := &q4Case{rows: rows, cols: cols, nb: nb}
 	c.w = Mat{Rows: rows, Cols: cols, Kind: format.Q4,
-		Q: make([]byte, rows*cols/2), Scales: make([]float32, rows*ng), Biases: make([]float32, rows*ng)}
+		Q: make([]byte, rows*cols/2), Scales: make([]uint16, rows*ng), Biases: make([]uint16, rows*ng)}
 	for i := range c.w.Q {
 		switch r.IntN(8) {
 		case 0:
@@ -38,8 +39,8 @@ func newQ4Case(r *rand.Rand, rows, cols, nb int) *q4Case {
 		}
 	}
 	for i := range c.w.Scales {
-		c.w.Scales[i] = float32(r.NormFloat64()) * 0.02
-		c.w.Biases[i] = float32(r.NormFloat64()) * 0.1
+		c.w.Scales[i] = quant.F16(float32(r.NormFloat64()) * 0.02)
+		c.w.Biases[i] = quant.F16(float32(r.NormFloat64()) * 0.1)
 	}
 	c.x8 = make([]int8, nb*cols)
 	for i := range c.x8 {
@@ -68,7 +69,7 @@ func newQ4Case(r *rand.Rand, rows, cols, nb int) *q4Case {
 // want is the Go twin's result for activation row b and weight row o.
 func (c *q4Case) want(b, o int) float32 {
 	C, ng := c.cols, c.cols/format.GroupSize
-	return dotQ4I8(c.w.Q[o*C/2:(o+1)*C/2], c.w.Scales[o*ng:(o+1)*ng], c.w.Biases[o*ng:(o+1)*ng],
+	return dotQ4I8(c.w.Q[o*C/2:(o+1)*C/2], c.w.sf()[o*ng:(o+1)*ng], c.w.bf()[o*ng:(o+1)*ng],
 		c.x8[b*C:(b+1)*C], c.xs[b*ng:(b+1)*ng], c.xsum[b*ng:(b+1)*ng])
 }
 
@@ -183,7 +184,7 @@ func TestQ4SingleRowKernel(t *testing.T) {
 		ng := cols / format.GroupSize
 		for b := 0; b < c.nb; b++ {
 			for o := 0; o < c.rows; o++ {
-				got := dotQ4I8AVX2(&c.w.Q[o*cols/2], &c.w.Scales[o*ng], &c.w.Biases[o*ng], &c.x8[b*cols], &c.xs[b*ng], &c.xsum[b*ng], ng)
+				got := dotQ4I8AVX2(&c.w.Q[o*cols/2], &c.w.sf()[o*ng], &c.w.bf()[o*ng], &c.x8[b*cols], &c.xs[b*ng], &c.xsum[b*ng], ng)
 				if want := c.want(b, o); math.Float32bits(got) != math.Float32bits(want) {
 					t.Fatalf("cols %d row %d out %d: %v, Go twin %v", cols, b, o, got, want)
 				}
@@ -279,7 +280,7 @@ func TestQ4RowsModes(t *testing.T) {
 					for i := range out {
 						out[i] = float32(math.NaN())
 					}
-					q4Rows(&c.w.Q[0], cols/2, &c.w.Scales[0], &c.w.Biases[0], ng, rows, &c.x8[b*cols], &c.xs[b*ng], &c.xsum[b*ng], &out[0], mode)
+					q4Rows(&c.w.Q[0], cols/2, &c.w.sf()[0], &c.w.bf()[0], ng, rows, &c.x8[b*cols], &c.xs[b*ng], &c.xsum[b*ng], &out[0], mode)
 					for o := range out {
 						if want := c.want(b, o); math.Float32bits(out[o]) != math.Float32bits(want) {
 							t.Fatalf("mode %d cols %d rows %d: out[%d][%d] = %v, Go twin %v", mode, cols, rows, b, o, out[o], want)

@@ -61,8 +61,10 @@ func (m *mlxNotes) experts(ck *hf.Checkpoint, k format.Kind) exactSource {
 	}
 	return func(l, e int) ([3]*quant.Encoded, bool, error) {
 		enc, ok, err := ck.ExpertQ4(l, e)
-		if ok {
-			m.exact[fmt.Sprintf("layers.%d.mlp.switch_mlp.", l)] = true
+		// A layer counts as copied only if every expert was.
+		key := fmt.Sprintf("layers.%d.mlp.switch_mlp.", l)
+		if prev, seen := m.exact[key]; !seen || prev {
+			m.exact[key] = ok
 		}
 		return enc, ok, err
 	}

@@ -234,8 +234,8 @@ func decodeAt(buf []byte, base int64, t *format.Tensor) []float32 {
 	var sc, bi []float32
 	if t.Kind.Quantised() {
 		_, sb := t.Kind.Sizes(t.Rows(), t.Cols())
-		sc = f32s(buf[base+t.ScaleOffset : base+t.ScaleOffset+sb])
-		bi = f32s(buf[base+t.BiasOffset : base+t.BiasOffset+sb])
+		sc = quant.Halves(buf[base+t.ScaleOffset:], int(sb/2))
+		bi = quant.Halves(buf[base+t.BiasOffset:], int(sb/2))
 	}
 	quant.Decode(out, buf[base+t.Offset:], sc, bi, t.Rows(), t.Cols(), t.Kind)
 	return out

@@ -271,8 +271,8 @@ func writeRecordsExact(ctx context.Context, cfg *format.Config, src expertSource
 					}
 				}
 				copy(rec[pr.t.Offset:], enc.Values)
-				putFloats(rec[pr.t.ScaleOffset:], enc.Scales)
-				putFloats(rec[pr.t.BiasOffset:], enc.Biases)
+				quant.PutHalves(rec[pr.t.ScaleOffset:], enc.Scales)
+				quant.PutHalves(rec[pr.t.BiasOffset:], enc.Biases)
 			}
 			if _, err := bw.Write(rec); err != nil {
 				return fmt.Errorf("pack: %v", err)
@@ -327,12 +327,12 @@ func (a *alignedWriter) put(t *format.Tensor, enc *quant.Encoded) error {
 	}
 	t.Size = int64(len(enc.Values))
 	if t.Kind.Quantised() {
-		b := make([]byte, 4*len(enc.Scales))
-		putFloats(b, enc.Scales)
+		b := make([]byte, 2*len(enc.Scales))
+		quant.PutHalves(b, enc.Scales)
 		if t.ScaleOffset, err = a.write(b); err != nil {
 			return err
 		}
-		putFloats(b, enc.Biases)
+		quant.PutHalves(b, enc.Biases)
 		if t.BiasOffset, err = a.write(b); err != nil {
 			return err
 		}
@@ -420,7 +420,7 @@ func AddLowBits(ctx context.Context, dir string, bits int, w io.Writer) error {
 		var sc, bi []float32
 		if t.Kind.Quantised() {
 			_, sb := t.Kind.Sizes(t.Rows(), t.Cols())
-			sc, bi = getFloats(rec[t.ScaleOffset:], int(sb/4)), getFloats(rec[t.BiasOffset:], int(sb/4))
+			sc, bi = quant.Halves(rec[t.ScaleOffset:], int(sb/2)), quant.Halves(rec[t.BiasOffset:], int(sb/2))
 		}
 		quant.Decode(out, rec[t.Offset:], sc, bi, t.Rows(), t.Cols(), t.Kind)
 		return out
@@ -447,12 +447,4 @@ func AddLowBits(ctx context.Context, dir string, bits int, w io.Writer) error {
 		return err
 	}
 	return os.Rename(mt, filepath.Join(dir, format.ManifestFile))
-}
-
-func getFloats(b []byte, n int) []float32 {
-	v := make([]float32, n)
-	for i := range v {
-		v[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
-	}
-	return v
 }

@@ -206,7 +206,7 @@ func makeVariant(t testing.TB, model string, v variant) string {
 			})}
 		case v.f16rnd:
 			r = rawTensor{"BF16", r.Shape, convertBF16(r.Data, 2, func(h uint16) []byte {
-				f := safetensors.HalfToFloat(f32ToHalf(quant.BF16ToF32(h)))
+				f := quant.F16ToF32(f32ToHalf(quant.BF16ToF32(h)))
 				b := quant.BF16(f)
 				if quant.BF16ToF32(b) != f {
 					t.Fatalf("f16-rounded value %g of bf16 %#04x is not a bf16", f, h)
@@ -394,8 +394,8 @@ func TestF32ToHalf(t *testing.T) {
 		if h&0x7c00 == 0x7c00 && h&0x3ff != 0 {
 			continue
 		}
-		if got := f32ToHalf(safetensors.HalfToFloat(h)); got != h {
-			t.Fatalf("f32ToHalf(HalfToFloat(%#04x)) = %#04x", h, got)
+		if got := f32ToHalf(quant.F16ToF32(h)); got != h {
+			t.Fatalf("f32ToHalf(quant.F16ToF32(%#04x)) = %#04x", h, got)
 		}
 	}
 	for _, c := range []struct {

@@ -2,8 +2,9 @@
 // format (bf16, affine q8 and q4 in groups of format.GroupSize) and back.
 //
 // Affine quantisation per group: scale = (max-min)/(2^b-1), bias = min,
-// q = round((w-bias)/scale), so w ≈ scale*q + bias and the group's extreme
-// values are exact up to float rounding.
+// both rounded to half precision (the packed format stores them as halves),
+// then q = round((w-bias)/scale) against the rounded pair, so w ≈ scale*q +
+// bias and the group's extreme values are exact up to that rounding.
 package quant
 
 import (
@@ -26,7 +27,8 @@ func BF16(f float32) uint16 {
 func BF16ToF32(h uint16) float32 { return math.Float32frombits(uint32(h) << 16) }
 
 // Encoded is a matrix in a storage kind; Scales and Biases are nil unless
-// the kind is quantised.
+// the kind is quantised. Their values are half-precision values widened
+// (what the packed format stores, see PutHalves).
 type Encoded struct {
 	Values []byte
 	Scales []float32 // [rows][cols/GroupSize]
@@ -68,7 +70,11 @@ func Encode(w []float32, rows, cols int, k format.Kind) (*Encoded, error) {
 				lo = min(lo, v)
 				hi = max(hi, v)
 			}
-			scale := (hi - lo) / levels
+			scale, bias := RoundF16((hi-lo)/levels), RoundF16(lo)
+			if math.IsInf(float64(scale), 0) || math.IsInf(float64(bias), 0) {
+				return nil, fmt.Errorf("quant: group %d of a [%d %d] matrix spans [%g, %g], beyond half precision's ±65504", g, rows, cols, lo, hi)
+			}
+			lo = bias
 			e.Scales[g], e.Biases[g] = scale, lo
 			for i, v := range grp {
 				if scale == 0 {

@@ -14,6 +14,7 @@ import (
 	"sort"
 
 	"github.com/sluicelm/sluice/internal/platform"
+	"github.com/sluicelm/sluice/internal/quant"
 )
 
 // Tensor is one named tensor; Data aliases the mapped file.
@@ -46,7 +47,7 @@ func (t *Tensor) Float32() ([]float32, error) {
 		}
 	case "F16":
 		for i := range out {
-			out[i] = HalfToFloat(binary.LittleEndian.Uint16(t.Data[2*i:]))
+			out[i] = quant.F16ToF32(binary.LittleEndian.Uint16(t.Data[2*i:]))
 		}
 	case "F32":
 		for i := range out {
@@ -56,28 +57,6 @@ func (t *Tensor) Float32() ([]float32, error) {
 		return nil, fmt.Errorf("safetensors: tensor %s: unsupported dtype %s (want BF16, F16 or F32)", t.Name, t.DType)
 	}
 	return out, nil
-}
-
-// HalfToFloat converts an IEEE 754 binary16 value to float32.
-func HalfToFloat(h uint16) float32 {
-	sign := uint32(h>>15) << 31
-	exp := uint32(h>>10) & 0x1f
-	man := uint32(h) & 0x3ff
-	switch {
-	case exp == 0 && man == 0:
-		return math.Float32frombits(sign)
-	case exp == 0: // subnormal: renormalise
-		e := uint32(127 - 15 + 1)
-		for man&0x400 == 0 {
-			man <<= 1
-			e--
-		}
-		man &= 0x3ff
-		return math.Float32frombits(sign | e<<23 | man<<13)
-	case exp == 0x1f:
-		return math.Float32frombits(sign | 0xff<<23 | man<<13)
-	}
-	return math.Float32frombits(sign | (exp+127-15)<<23 | man<<13)
 }
 
 // Checkpoint is the set of tensors of a checkpoint directory.

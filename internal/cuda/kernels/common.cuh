@@ -8,8 +8,13 @@
 // CPU kernel's, operation for operation, so the results are bit-identical.
 #pragma once
 #include <stdint.h>
+#include <cuda_fp16.h>
 
 #define FULL_MASK 0xffffffffu
+
+// ld_half loads a quantisation scale or bias of the packed format (an IEEE
+// half, format 3) as float32, exactly: as the CPU widens it.
+__device__ __forceinline__ float ld_half(const uint16_t* p) { return __half2float(__ushort_as_half(__ldg(p))); }
 
 // sl_exp is kernels.Exp: e^x in float32 by range reduction to 2^k·e^r and
 // a degree-6 polynomial, every step rounded as the CPU rounds it.

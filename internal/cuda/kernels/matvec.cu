@@ -2,7 +2,7 @@
 //
 // Layout (as internal/kernels): W is row-major [O][C], one row per output;
 // activations x are [nb][C]; out is [nb][O]. Quantised kinds hold affine
-// groups of 64 columns: w = scale·q + bias, scales and biases float32
+// groups of 64 columns: w = scale·q + bias, scales and biases IEEE halves
 // [O][C/64]; q4 packs group g of a row into 32 bytes, byte j holding q[j] in
 // its low nibble and q[j+32] in its high nibble; q8 is one byte per weight.
 //
@@ -61,8 +61,8 @@ extern "C" __global__ void prep_x(const float* __restrict__ x, int8_t* __restric
 // are added, and the group terms go through shared memory to lane r, which
 // chains row r's in group order. Blocks are 256 threads (8 warps).
 template <int R, int PRE>
-__device__ __forceinline__ void q4_rows(const uint8_t* __restrict__ W, const float* __restrict__ scales,
-                                        const float* __restrict__ biases, const int8_t* __restrict__ x8,
+__device__ __forceinline__ void q4_rows(const uint8_t* __restrict__ W, const uint16_t* __restrict__ scales,
+                                        const uint16_t* __restrict__ biases, const int8_t* __restrict__ x8,
                                         const float* __restrict__ xs, const float* __restrict__ xsum,
                                         float* __restrict__ out, int O, int C, int nb) {
     int lane = threadIdx.x & 31;
@@ -72,8 +72,8 @@ __device__ __forceinline__ void q4_rows(const uint8_t* __restrict__ W, const flo
     int ng = C >> 6;
     int half = lane & 1;
     const uint4* wrow = (const uint4*)(W + (size_t)o * (C >> 1));
-    const float* srow = scales + (size_t)o * ng;
-    const float* brow = biases + (size_t)o * ng;
+    const uint16_t* srow = scales + (size_t)o * ng;
+    const uint16_t* brow = biases + (size_t)o * ng;
     // Lane r < R holds row r's sum; et holds one step's group terms.
     __shared__ __align__(16) float ets[8][R][20];
     float(*et)[20] = ets[threadIdx.x >> 5];
@@ -87,8 +87,8 @@ __device__ __forceinline__ void q4_rows(const uint8_t* __restrict__ W, const flo
             int g = g0 + u * 16 + (lane >> 1);
             if (g < ng) {
                 w[u] = __ldg(wrow + 2 * g + half);
-                sc[u] = __ldg(srow + g);
-                bi[u] = __ldg(brow + g);
+                sc[u] = ld_half(srow + g);
+                bi[u] = ld_half(brow + g);
             } else {
                 w[u] = make_uint4(0, 0, 0, 0);
                 sc[u] = 0.0f;
@@ -163,7 +163,7 @@ __device__ __forceinline__ void q4_rows(const uint8_t* __restrict__ W, const flo
 
 // q4_mv: one activation row per warp (grid.y = nb). Block: 256 threads =
 // 8 output rows; grid.x = ceil(O/8).
-extern "C" __global__ void __launch_bounds__(256) q4_mv(const uint8_t* W, const float* scales, const float* biases,
+extern "C" __global__ void __launch_bounds__(256) q4_mv(const uint8_t* W, const uint16_t* scales, const uint16_t* biases,
                                                         const int8_t* x8, const float* xs, const float* xsum,
                                                         float* out, int O, int C, int nb) {
     q4_rows<1, 4>(W, scales, biases, x8, xs, xsum, out, O, C, nb);
@@ -172,7 +172,7 @@ extern "C" __global__ void __launch_bounds__(256) q4_mv(const uint8_t* W, const 
 // q4_mv2 is q4_mv with two steps in flight instead of four and a register
 // budget for six blocks per SM (occupancy against loads in flight; the
 // benchmark compares them). Same bits.
-extern "C" __global__ void __launch_bounds__(256, 6) q4_mv2(const uint8_t* W, const float* scales, const float* biases,
+extern "C" __global__ void __launch_bounds__(256, 6) q4_mv2(const uint8_t* W, const uint16_t* scales, const uint16_t* biases,
                                                             const int8_t* x8, const float* xs, const float* xsum,
                                                             float* out, int O, int C, int nb) {
     q4_rows<1, 2>(W, scales, biases, x8, xs, xsum, out, O, C, nb);
@@ -180,7 +180,7 @@ extern "C" __global__ void __launch_bounds__(256, 6) q4_mv2(const uint8_t* W, co
 
 // q4_mm8: eight activation rows per warp (grid.y = ceil(nb/8)), each
 // weight load reused eight times.
-extern "C" __global__ void __launch_bounds__(256) q4_mm8(const uint8_t* W, const float* scales, const float* biases,
+extern "C" __global__ void __launch_bounds__(256) q4_mm8(const uint8_t* W, const uint16_t* scales, const uint16_t* biases,
                                                          const int8_t* x8, const float* xs, const float* xsum,
                                                          float* out, int O, int C, int nb) {
     q4_rows<8, 4>(W, scales, biases, x8, xs, xsum, out, O, C, nb);
@@ -192,8 +192,8 @@ extern "C" __global__ void __launch_bounds__(256) q4_mm8(const uint8_t* W, const
 // terms chained in group order. Not bit-identical to the CPU (whose vector
 // lanes order the 64 products differently): within float32 rounding.
 template <int R>
-__device__ __forceinline__ void q8_rows(const uint8_t* __restrict__ W, const float* __restrict__ scales,
-                                        const float* __restrict__ biases, const float* __restrict__ x,
+__device__ __forceinline__ void q8_rows(const uint8_t* __restrict__ W, const uint16_t* __restrict__ scales,
+                                        const uint16_t* __restrict__ biases, const float* __restrict__ x,
                                         const float* __restrict__ xsum, float* __restrict__ out, int O, int C, int nb) {
     int lane = threadIdx.x & 31;
     int o = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
@@ -210,8 +210,8 @@ __device__ __forceinline__ void q8_rows(const uint8_t* __restrict__ W, const flo
         bool valid = g < ng;
         int n = min(8, ng - gb);
         uint4 w = valid ? __ldg(wrow + 4 * g + quarter) : make_uint4(0, 0, 0, 0);
-        float sc = valid ? __ldg(scales + (size_t)o * ng + g) : 0.0f;
-        float bi = valid ? __ldg(biases + (size_t)o * ng + g) : 0.0f;
+        float sc = valid ? ld_half(scales + (size_t)o * ng + g) : 0.0f;
+        float bi = valid ? ld_half(biases + (size_t)o * ng + g) : 0.0f;
         float wf[16];
         uint32_t ww[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
@@ -259,12 +259,12 @@ __device__ __forceinline__ void q8_rows(const uint8_t* __restrict__ W, const flo
     if (lane < R && r0 + lane < nb) out[(size_t)(r0 + lane) * O + o] = acc;
 }
 
-extern "C" __global__ void __launch_bounds__(256) q8_mv(const uint8_t* W, const float* scales, const float* biases,
+extern "C" __global__ void __launch_bounds__(256) q8_mv(const uint8_t* W, const uint16_t* scales, const uint16_t* biases,
                                                         const float* x, const float* xsum, float* out, int O, int C, int nb) {
     q8_rows<1>(W, scales, biases, x, xsum, out, O, C, nb);
 }
 
-extern "C" __global__ void __launch_bounds__(256) q8_mm8(const uint8_t* W, const float* scales, const float* biases,
+extern "C" __global__ void __launch_bounds__(256) q8_mm8(const uint8_t* W, const uint16_t* scales, const uint16_t* biases,
                                                          const float* x, const float* xsum, float* out, int O, int C, int nb) {
     q8_rows<8>(W, scales, biases, x, xsum, out, O, C, nb);
 }
@@ -346,8 +346,8 @@ __device__ __forceinline__ void mma_s8(int (&d)[4], uint32_t a0, uint32_t a1, ui
 // tile, and each thread chains the float terms of its four (output, row)
 // pairs in group order. Warp = 16 output rows x 8 activation rows; block =
 // 4 warps; grid = (ceil(O/64), ceil(nb/8)).
-extern "C" __global__ void __launch_bounds__(128) q4_mma(const uint8_t* __restrict__ W, const float* __restrict__ scales,
-                                                         const float* __restrict__ biases, const int8_t* __restrict__ x8,
+extern "C" __global__ void __launch_bounds__(128) q4_mma(const uint8_t* __restrict__ W, const uint16_t* __restrict__ scales,
+                                                         const uint16_t* __restrict__ biases, const int8_t* __restrict__ x8,
                                                          const float* __restrict__ xs, const float* __restrict__ xsum,
                                                          float* __restrict__ out, int O, int C, int nb) {
     int lane = threadIdx.x & 31;
@@ -365,10 +365,10 @@ extern "C" __global__ void __launch_bounds__(128) q4_mma(const uint8_t* __restri
     const uint32_t* wA = (const uint32_t*)(W + (size_t)(vA ? oA : 0) * (C >> 1));
     const uint32_t* wB = (const uint32_t*)(W + (size_t)(vB ? oB : 0) * (C >> 1));
     const uint32_t* xw = (const uint32_t*)(x8 + (size_t)(vx ? rx : 0) * C);
-    const float* sA = scales + (size_t)(vA ? oA : 0) * ng;
-    const float* sB = scales + (size_t)(vB ? oB : 0) * ng;
-    const float* bA = biases + (size_t)(vA ? oA : 0) * ng;
-    const float* bB = biases + (size_t)(vB ? oB : 0) * ng;
+    const uint16_t* sA = scales + (size_t)(vA ? oA : 0) * ng;
+    const uint16_t* sB = scales + (size_t)(vB ? oB : 0) * ng;
+    const uint16_t* bA = biases + (size_t)(vA ? oA : 0) * ng;
+    const uint16_t* bB = biases + (size_t)(vB ? oB : 0) * ng;
     const float* xs0 = xs + (size_t)(v0 ? r0 : 0) * ng;
     const float* xs1 = xs + (size_t)(v1 ? r1 : 0) * ng;
     const float* xm0 = xsum + (size_t)(v0 ? r0 : 0) * ng;
@@ -384,7 +384,7 @@ extern "C" __global__ void __launch_bounds__(128) q4_mma(const uint8_t* __restri
         int d[4] = {0, 0, 0, 0};
         mma_s8(d, a0 & M, a1 & M, a2 & M, a3 & M, b0, b1);
         mma_s8(d, (a0 >> 4) & M, (a1 >> 4) & M, (a2 >> 4) & M, (a3 >> 4) & M, b2, b3);
-        float scA = __ldg(sA + g), scB = __ldg(sB + g), biA = __ldg(bA + g), biB = __ldg(bB + g);
+        float scA = ld_half(sA + g), scB = ld_half(sB + g), biA = ld_half(bA + g), biB = ld_half(bB + g);
         float x0 = __ldg(xs0 + g), x1 = __ldg(xs1 + g), m0s = __ldg(xm0 + g), m1s = __ldg(xm1 + g);
         acc00 = __fadd_rn(acc00, __fadd_rn(__fmul_rn(__int2float_rn(d[0]), __fmul_rn(scA, x0)), __fmul_rn(biA, m0s)));
         acc01 = __fadd_rn(acc01, __fadd_rn(__fmul_rn(__int2float_rn(d[1]), __fmul_rn(scA, x1)), __fmul_rn(biA, m1s)));
@@ -413,7 +413,7 @@ extern "C" __global__ void __launch_bounds__(256, 6) q4_ex(const unsigned long l
     const unsigned long long* t = tab + 3 * (size_t)ids[k];
     size_t back = xsel ? 0 : (size_t)k;
     size_t ng = C >> 6;
-    q4_rows<1, 2>((const uint8_t*)t[0], (const float*)t[1], (const float*)t[2], x8 - back * C, xs - back * ng,
+    q4_rows<1, 2>((const uint8_t*)t[0], (const uint16_t*)t[1], (const uint16_t*)t[2], x8 - back * C, xs - back * ng,
                   xsum - back * ng, out, O, C, nk);
 }
 
@@ -425,7 +425,7 @@ extern "C" __global__ void __launch_bounds__(256) q8_ex(const unsigned long long
     const unsigned long long* t = tab + 3 * (size_t)ids[k];
     size_t back = xsel ? 0 : (size_t)k;
     size_t ng = C >> 6;
-    q8_rows<1>((const uint8_t*)t[0], (const float*)t[1], (const float*)t[2], x - back * C, xsum - back * ng, out, O, C,
+    q8_rows<1>((const uint8_t*)t[0], (const uint16_t*)t[1], (const uint16_t*)t[2], x - back * C, xsum - back * ng, out, O, C,
                nk);
 }
 
