@@ -9,11 +9,11 @@ import (
 )
 
 // The packed format stores quantisation scales and biases as halves (format
-// 3). The kernels take float32 ones: each part of a product widens the
+// 3). amd64's decode kernel (q4Rows) widens them itself as it loads them;
+// the other kernels take float32 ones: each part of a product widens the
 // scales and biases of a few rows at a time into a small buffer (exactly:
 // every half is a float32) and hands the kernels that buffer. The weights,
-// the bulk of the bytes, are read where they lie; the halves are read once
-// and widened at SIMD speed, about 1% of a decode kernel's time.
+// the bulk of the bytes, are read where they lie.
 
 // scaleRoom is the floats of widened scales and biases a part of a product
 // widens at once: 16 rows of 128 groups (8192 columns) each, 16 KiB, which
@@ -47,14 +47,20 @@ func widenHalf(dst []float32, src []uint16) {
 // [hi-lo][groups], in *room, which it first enlarges if they do not fit.
 func (m *Mat) widen(room *[]float32, lo, hi int) (s, b []float32) {
 	ng := m.Cols / format.GroupSize
-	n := (hi - lo) * ng
+	return widenPair(room, m.Scales[lo*ng:hi*ng], m.Biases[lo*ng:hi*ng])
+}
+
+// widenPair widens the halves sh and bh (of equal length) into *room,
+// enlarging it first if they do not fit.
+func widenPair(room *[]float32, sh, bh []uint16) (s, b []float32) {
+	n := len(sh)
 	if 2*n > len(*room) {
 		*room = make([]float32, 2*n)
 	}
 	buf := *room
 	s, b = buf[:n:n], buf[n:2*n:2*n]
-	widenHalf(s, m.Scales[lo*ng:hi*ng])
-	widenHalf(b, m.Biases[lo*ng:hi*ng])
+	widenHalf(s, sh)
+	widenHalf(b, bh)
 	return s, b
 }
 

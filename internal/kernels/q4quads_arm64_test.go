@@ -7,6 +7,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/sluicelm/sluice/internal/quant"
 )
 
 // q4QuadsCase is raw operands for q4QuadsNEON: rows weight rows of ng
@@ -15,6 +17,7 @@ import (
 type q4QuadsCase struct {
 	q            []byte
 	sc, bi       []float32
+	sh, bh       []uint16 // sc and bi as halves (they are halves' values)
 	x8           []int8
 	xs, xsum     []float32
 	rows, ng, nb int
@@ -38,6 +41,8 @@ func newQ4QuadsCase(r *rand.Rand, rows, ng, nb, pad int, extreme bool) *q4QuadsC
 		}
 	}
 	c.sc, c.bi = randVec(r, rows*ng), randVec(r, rows*ng)
+	c.sh, c.bh = quant.F16s(c.sc), quant.F16s(c.bi)
+	c.sc, c.bi = widened(c.sh), widened(c.bh)
 	c.xs, c.xsum = randVec(r, nb*ng), randVec(r, nb*ng)
 	if ng > 1 && rows > 1 {
 		clear(c.q[c.qstride : c.qstride+32]) // a zero group
@@ -114,7 +119,7 @@ func TestQ4EntryPointsNEON(t *testing.T) {
 		for rows := 1; rows <= 11; rows++ {
 			c := newQ4QuadsCase(r, rows, ng, 3, 0, false)
 			out := make([]float32, rows)
-			q4Rows(&c.q[0], c.qstride, &c.sc[0], &c.bi[0], ng, rows, &c.x8[0], &c.xs[0], &c.xsum[0], &out[0], 0)
+			q4Rows(&c.q[0], c.qstride, &c.sh[0], &c.bh[0], ng, rows, &c.x8[0], &c.xs[0], &c.xsum[0], &out[0], 0)
 			for i, v := range out {
 				if want := c.want(0, i); math.Float32bits(v) != math.Float32bits(want) {
 					t.Fatalf("q4Rows ng %d rows %d: row %d: %v, twin %v", ng, rows, i, v, want)

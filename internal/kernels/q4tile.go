@@ -59,19 +59,19 @@ func (t *matmulTask) rowsQ4(lo, hi, r int) {
 	ng := C / format.GroupSize
 	n8 := (hi - lo) &^ 7
 	out := t.out[r*w.Rows:]
+	if n8 > 0 {
+		mode := q4RowsMode
+		if !useVNNI {
+			mode &^= q4RowsVNNI
+		}
+		q4Rows(&w.Q[lo*C/2], C/2, &w.Scales[lo*ng], &w.Biases[lo*ng], ng, n8,
+			&t.x8[r*C], &t.xs[r*ng], &t.xsum[r*ng], &out[lo], mode)
+	}
+	if lo+n8 == hi {
+		return
+	}
 	room := scaleBufs.Get().(*[]float32)
 	defer scaleBufs.Put(room)
-	mode := q4RowsMode
-	if !useVNNI {
-		mode &^= q4RowsVNNI
-	}
-	step := rowsPerWiden(ng, 8)
-	for c0 := lo; c0 < lo+n8; c0 += step {
-		n := min(step, lo+n8-c0)
-		s, b := w.widen(room, c0, c0+n)
-		q4Rows(&w.Q[c0*C/2], C/2, &s[0], &b[0], ng, n,
-			&t.x8[r*C], &t.xs[r*ng], &t.xsum[r*ng], &out[c0], mode)
-	}
 	for o := lo + n8; o < hi; o++ {
 		s, b := w.widen(room, o, o+1)
 		out[o] = dotQ4I8AVX2(&w.Q[o*C/2], &s[0], &b[0], &t.x8[r*C], &t.xs[r*ng], &t.xsum[r*ng], ng)

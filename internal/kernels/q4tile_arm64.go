@@ -42,15 +42,26 @@ func q4TileAVX2(q *byte, qstride int, scales, biases *float32, ng, nrows, nout i
 	}
 }
 
-// q4Rows is the decode kernel: n weight rows against one activation row.
-// mode (amd64's kernel variants) has no meaning here.
-func q4Rows(q *byte, qstride int, scales, biases *float32, ng, n int, x8 *int8, xs, xsum *float32, out *float32, mode uint8) {
-	nq := n / 4
-	if nq > 0 {
-		q4QuadsNEON(q, qstride, scales, biases, ng, nq, x8, xs, xsum, 1, out, 0, useSDOT)
-	}
-	if 4*nq < n {
-		q4RowsOne(q, qstride, scales, biases, ng, 4*nq, n, x8, xs, xsum, 1, out, 0)
+// q4Rows is the decode kernel: n weight rows against one activation row,
+// their scales and biases halves, which it widens a few rows at a time for
+// the NEON kernels. mode (amd64's kernel variants) has no meaning here.
+func q4Rows(q *byte, qstride int, scales, biases *uint16, ng, n int, x8 *int8, xs, xsum *float32, out *float32, mode uint8) {
+	room := scaleBufs.Get().(*[]float32)
+	defer scaleBufs.Put(room)
+	sh, bh := unsafe.Slice(scales, n*ng), unsafe.Slice(biases, n*ng)
+	step := rowsPerWiden(ng, 4)
+	for r0 := 0; r0 < n; r0 += step {
+		k := min(step, n-r0)
+		s, b := widenPair(room, sh[r0*ng:(r0+k)*ng], bh[r0*ng:(r0+k)*ng])
+		qr := (*byte)(unsafe.Add(unsafe.Pointer(q), r0*qstride))
+		or := (*float32)(unsafe.Add(unsafe.Pointer(out), 4*r0))
+		nq := k / 4
+		if nq > 0 {
+			q4QuadsNEON(qr, qstride, &s[0], &b[0], ng, nq, x8, xs, xsum, 1, or, 0, useSDOT)
+		}
+		if 4*nq < k {
+			q4RowsOne(qr, qstride, &s[0], &b[0], ng, 4*nq, k, x8, xs, xsum, 1, or, 0)
+		}
 	}
 }
 

@@ -114,24 +114,9 @@ GLOBL q4t2c<>(SB), RODATA|NOPTR, $96
 	VPERM2I128 $0x20, Y7, Y3, Y11 \
 	VPERM2I128 $0x31, Y7, Y3, Y15
 
-// The same for at most 4 dwords per row (lanes of the mask in the low half
-// of L_KMASK), into Y8..Y11: row r in the low and row r+4 in the high
-// 128 bits of Y(r), then dword and qword interleaves within the lanes.
-#define T4LOADS \
-	VMOVDQU L_KMASK(SP), X15 \
-	VPMASKMOVD (SI), X15, X0 \
-	VPMASKMOVD (SI)(BX*1), X15, X1 \
-	VPMASKMOVD (SI)(BX*2), X15, X2 \
-	VPMASKMOVD (SI)(DX*1), X15, X3 \
-	VPMASKMOVD (SI)(BX*4), X15, X4 \
-	VPMASKMOVD (R8), X15, X5 \
-	VPMASKMOVD (R8)(BX*1), X15, X6 \
-	VPMASKMOVD (R8)(BX*2), X15, X7 \
-	VINSERTI128 $1, X4, Y0, Y0 \
-	VINSERTI128 $1, X5, Y1, Y1 \
-	VINSERTI128 $1, X6, Y2, Y2 \
-	VINSERTI128 $1, X7, Y3, Y3
-
+// T4NET transposes at most 4 dwords per row, loaded by T4LOADH (q4Rows)
+// into Y0..Y3 with row r in the low and row r+4 in the high 128 bits of
+// Y(r), into Y8..Y11: dword and qword interleaves within the lanes.
 #define T4NET \
 	VPUNPCKLDQ Y1, Y0, Y4 \
 	VPUNPCKHDQ Y1, Y0, Y5 \
@@ -656,7 +641,54 @@ b1part:
 // their exact group sums, one row per lane, and the float part runs on
 // that vector as in the tile kernels. Only the scales and biases are transposed (T2NET, per chunk
 // of 8 groups), the weights being what a decode step cannot afford to
-// rearrange: each is used once.
+// rearrange: each is used once. The scales and biases are the packed
+// format's halves, widened (VCVTPH2PS, exact) as the transposition loads
+// them.
+
+// T2LOADS for halves, and T4NET's loads: each row's kg halves (under the
+// mask of the ceil(kg/2) dwords that hold them, in L_KMASK) widened to
+// floats, so that T2NET and T4NET transpose floats as in the tile kernels.
+#define T2LOADH \
+	VMOVDQU L_KMASK(SP), X15 \
+	VPMASKMOVD (SI), X15, X0 \
+	VPMASKMOVD (SI)(BX*1), X15, X1 \
+	VPMASKMOVD (SI)(BX*2), X15, X2 \
+	VPMASKMOVD (SI)(DX*1), X15, X3 \
+	VPMASKMOVD (SI)(BX*4), X15, X4 \
+	VPMASKMOVD (R8), X15, X5 \
+	VPMASKMOVD (R8)(BX*1), X15, X6 \
+	VPMASKMOVD (R8)(BX*2), X15, X7 \
+	VCVTPH2PS X0, Y0 \
+	VCVTPH2PS X1, Y1 \
+	VCVTPH2PS X2, Y2 \
+	VCVTPH2PS X3, Y3 \
+	VCVTPH2PS X4, Y4 \
+	VCVTPH2PS X5, Y5 \
+	VCVTPH2PS X6, Y6 \
+	VCVTPH2PS X7, Y7
+
+#define T4LOADH \
+	VMOVDQU L_KMASK(SP), X15 \
+	VPMASKMOVD (SI), X15, X0 \
+	VPMASKMOVD (SI)(BX*1), X15, X1 \
+	VPMASKMOVD (SI)(BX*2), X15, X2 \
+	VPMASKMOVD (SI)(DX*1), X15, X3 \
+	VPMASKMOVD (SI)(BX*4), X15, X4 \
+	VPMASKMOVD (R8), X15, X5 \
+	VPMASKMOVD (R8)(BX*1), X15, X6 \
+	VPMASKMOVD (R8)(BX*2), X15, X7 \
+	VCVTPH2PS X0, X0 \
+	VCVTPH2PS X1, X1 \
+	VCVTPH2PS X2, X2 \
+	VCVTPH2PS X3, X3 \
+	VCVTPH2PS X4, X4 \
+	VCVTPH2PS X5, X5 \
+	VCVTPH2PS X6, X6 \
+	VCVTPH2PS X7, X7 \
+	VINSERTI128 $1, X4, Y0, Y0 \
+	VINSERTI128 $1, X5, Y1, Y1 \
+	VINSERTI128 $1, X6, Y2, Y2 \
+	VINSERTI128 $1, X7, Y3, Y3
 
 // One row's group in AVX2: Y9 low nibbles, Y8 high, times the activations
 // at DI; I receives 8 int32 partial sums. Y10 holds the nibble mask.
@@ -709,12 +741,12 @@ b1part:
 #define L_RB 48                // the tile's first bias
 #define L_RTILES 56            // tiles left
 #define L_RST 192              // [KC] × (8 scales, 8 biases), aligned
-// Frame size 768 = L_RST + 64 + KC*64; L_KMASK (T2LOADS) lies below L_RST.
+// Frame size 768 = L_RST + 64 + KC*64; L_KMASK (T2LOADH) lies below L_RST.
 
-// func q4Rows(q *byte, qstride int, scales, biases *float32, ng, n int, x8 *int8, xs, xsum *float32, out *float32, mode uint8)
+// func q4Rows(q *byte, qstride int, scales, biases *uint16, ng, n int, x8 *int8, xs, xsum *float32, out *float32, mode uint8)
 //
 // n (a multiple of 8) consecutive weight rows from q (qstride bytes
-// apart; ng groups) against one activation row; out[i] receives row i's
+// apart; ng groups, their scales and biases halves) against one activation row; out[i] receives row i's
 // result, dotQ4I8's bit for bit. mode's bits (q4RowsVNNI and
 // q4RowsPrefetch in q4tile.go): 1 VPDPBUSD for the integer part, else
 // VPMADDUBSW; 4 software prefetch of the next tile.
@@ -741,10 +773,10 @@ rtile:
 	ADDQ R13, R12
 	TESTB $4, mode+80(FP)
 	JEQ rchunk
-	// The scales and biases of that tile (ng·32 bytes each, after this
+	// The scales and biases of that tile (ng·16 bytes each, after this
 	// tile's), a line at a time.
 	MOVQ ng+32(FP), AX
-	SHLQ $5, AX
+	SHLQ $4, AX
 	LEAQ (R14)(AX*1), SI
 	MOVQ L_RB(SP), DI
 	ADDQ AX, DI
@@ -769,32 +801,35 @@ rkgset:
 	LEAQ (L_RST+63)(SP), DI
 	ANDQ $~63, DI
 	MOVQ L_RG0(SP), AX
-	SHLQ $2, AX
+	SHLQ $1, AX
 	MOVQ ng+32(FP), BX
 	CMPQ BX, $1
 	JNE rtrans
 	// One group per row: the 8 rows' scales are consecutive.
-	VMOVDQU (R14), Y0
-	VMOVDQU Y0, (DI)
+	VCVTPH2PS (R14), Y0
+	VMOVUPS Y0, (DI)
 	MOVQ L_RB(SP), SI
-	VMOVDQU (SI), Y0
-	VMOVDQU Y0, 32(DI)
+	VCVTPH2PS (SI), Y0
+	VMOVUPS Y0, 32(DI)
 	JMP rgroups
 rtrans:
-	// Scales and biases of the chunk: 8 rows × kg floats, transposed.
+	// Scales and biases of the chunk: 8 rows × kg halves, widened and
+	// transposed. The mask covers the ceil(kg/2) dwords that hold them.
 	MOVQ L_RKG(SP), SI
+	INCQ SI
+	SHRQ $1, SI
 	VMOVQ SI, X0
 	VPBROADCASTD X0, Y0
 	VPCMPGTD IOTA, Y0, Y0
 	VMOVDQU Y0, L_KMASK(SP)
-	SHLQ $2, BX                 // row stride of the scales
+	SHLQ $1, BX                 // row stride of the scales
 	LEAQ (R14)(AX*1), SI
 	T2ROWS
 	CMPQ L_RKG(SP), $4
 	JGT rtrans8
 	// At most 4 groups: a row's floats fit 128 bits, and a 4×4 transpose
 	// per 128-bit lane does (rows r and r+4 share a register).
-	T4LOADS
+	T4LOADH
 	T4NET
 	VMOVDQU Y8, (0*64)(DI)
 	VMOVDQU Y9, (1*64)(DI)
@@ -803,7 +838,7 @@ rtrans:
 	MOVQ L_RB(SP), SI
 	ADDQ AX, SI
 	T2ROWS
-	T4LOADS
+	T4LOADH
 	T4NET
 	VMOVDQU Y8, (0*64+32)(DI)
 	VMOVDQU Y9, (1*64+32)(DI)
@@ -811,7 +846,7 @@ rtrans:
 	VMOVDQU Y11, (3*64+32)(DI)
 	JMP rgroups
 rtrans8:
-	T2LOADS
+	T2LOADH
 	T2NET
 	VMOVDQU Y8, (0*64)(DI)
 	VMOVDQU Y9, (1*64)(DI)
@@ -822,11 +857,11 @@ rtrans8:
 	VMOVDQU Y14, (6*64)(DI)
 	VMOVDQU Y15, (7*64)(DI)
 	MOVQ L_RG0(SP), AX
-	SHLQ $2, AX
+	SHLQ $1, AX
 	MOVQ L_RB(SP), SI
 	ADDQ AX, SI
 	T2ROWS
-	T2LOADS
+	T2LOADH
 	T2NET
 	VMOVDQU Y8, (0*64+32)(DI)
 	VMOVDQU Y9, (1*64+32)(DI)
@@ -921,7 +956,7 @@ rsum:
 	SHLQ $3, AX
 	ADDQ AX, R13
 	MOVQ ng+32(FP), AX
-	SHLQ $5, AX
+	SHLQ $4, AX
 	ADDQ AX, R14
 	ADDQ AX, L_RB(SP)
 	DECQ L_RTILES(SP)
