@@ -70,6 +70,8 @@ func rowsPerWiden(ng, t int) int {
 	return max(t, scaleRoom/(2*max(ng, 1))/t*t)
 }
 
+// f16s views the n halves at the start of b (2-byte aligned: every tensor
+// part of a pack is).
 func f16s(b []byte, n int) []uint16 {
 	if n == 0 {
 		return nil
