@@ -648,7 +648,8 @@ b1part:
 // T2LOADS for halves, and T4NET's loads: each row's kg halves (under the
 // mask of the ceil(kg/2) dwords that hold them, in L_KMASK) widened to
 // floats, so that T2NET and T4NET transpose floats as in the tile kernels.
-#define T2LOADH \
+// HLOADS loads the 8 rows' masked dwords into X0..X7.
+#define HLOADS \
 	VMOVDQU L_KMASK(SP), X15 \
 	VPMASKMOVD (SI), X15, X0 \
 	VPMASKMOVD (SI)(BX*1), X15, X1 \
@@ -657,7 +658,10 @@ b1part:
 	VPMASKMOVD (SI)(BX*4), X15, X4 \
 	VPMASKMOVD (R8), X15, X5 \
 	VPMASKMOVD (R8)(BX*1), X15, X6 \
-	VPMASKMOVD (R8)(BX*2), X15, X7 \
+	VPMASKMOVD (R8)(BX*2), X15, X7
+
+#define T2LOADH \
+	HLOADS \
 	VCVTPH2PS X0, Y0 \
 	VCVTPH2PS X1, Y1 \
 	VCVTPH2PS X2, Y2 \
@@ -668,15 +672,7 @@ b1part:
 	VCVTPH2PS X7, Y7
 
 #define T4LOADH \
-	VMOVDQU L_KMASK(SP), X15 \
-	VPMASKMOVD (SI), X15, X0 \
-	VPMASKMOVD (SI)(BX*1), X15, X1 \
-	VPMASKMOVD (SI)(BX*2), X15, X2 \
-	VPMASKMOVD (SI)(DX*1), X15, X3 \
-	VPMASKMOVD (SI)(BX*4), X15, X4 \
-	VPMASKMOVD (R8), X15, X5 \
-	VPMASKMOVD (R8)(BX*1), X15, X6 \
-	VPMASKMOVD (R8)(BX*2), X15, X7 \
+	HLOADS \
 	VCVTPH2PS X0, X0 \
 	VCVTPH2PS X1, X1 \
 	VCVTPH2PS X2, X2 \
