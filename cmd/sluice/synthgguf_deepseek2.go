@@ -4,33 +4,9 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"github.com/sluicelm/sluice/internal/family"
 	"github.com/sluicelm/sluice/internal/gguf"
 )
-
-// deepSeek2Arch is what the GGUF writer reads of deepseek_v32's
-// format.Config.Arch (family.deepSeekArch's JSON).
-type deepSeek2Arch struct {
-	QLora       int     `json:"q_lora_rank"`
-	KVLora      int     `json:"kv_lora_rank"`
-	Nope        int     `json:"qk_nope_head_dim"`
-	RopeDim     int     `json:"qk_rope_head_dim"`
-	V           int     `json:"v_head_dim"`
-	Inter       int     `json:"intermediate_size"`
-	Groups      int     `json:"n_group"`
-	TopGroups   int     `json:"topk_group"`
-	RoutedScale float64 `json:"routed_scaling_factor"`
-	IndexTopK   int     `json:"index_topk"`
-	Yarn        *struct {
-		Factor          float64  `json:"factor"`
-		OrigMaxPos      int      `json:"original_max_position_embeddings"`
-		BetaFast        float64  `json:"beta_fast"`
-		BetaSlow        float64  `json:"beta_slow"`
-		Truncate        bool     `json:"truncate"`
-		AttentionFactor *float64 `json:"attention_factor"`
-		Mscale          float64  `json:"mscale"`
-		MscaleAllDim    float64  `json:"mscale_all_dim"`
-	} `json:"yarn"`
-}
 
 // deepSeek2 plans llama.cpp's deepseek2 as convert_hf_to_gguf.py writes it
 // for DeepSeek-V3 (DeepseekV2Model): MLA as MQA over one latent "head"
@@ -50,7 +26,7 @@ type deepSeek2Arch struct {
 func (p *ggufPlan) deepSeek2() error {
 	c := &p.m.Config
 	const arch = "deepseek2"
-	var a deepSeek2Arch
+	var a family.DeepSeekArch
 	if err := json.Unmarshal(c.Arch, &a); err != nil {
 		return fmt.Errorf("gguf: %s arch config: %v", c.Family, err)
 	}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"github.com/sluicelm/sluice/internal/family"
 	"github.com/sluicelm/sluice/internal/gguf"
 )
 
@@ -21,13 +22,7 @@ import (
 func (p *ggufPlan) glm4MoE() error {
 	c := &p.m.Config
 	const arch = "glm4moe"
-	var ac struct {
-		Inter       int     `json:"intermediate_size"`
-		Groups      int     `json:"n_group"`
-		RoutedScale float64 `json:"routed_scaling_factor"`
-		QKNorm      bool    `json:"use_qk_norm"`
-		AttnBias    bool    `json:"attention_bias"`
-	}
+	var ac family.GLM4MoEArch
 	if err := json.Unmarshal(c.Arch, &ac); err != nil {
 		return fmt.Errorf("gguf: glm4_moe arch config: %v", err)
 	}

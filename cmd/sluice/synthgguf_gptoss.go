@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"github.com/sluicelm/sluice/internal/family"
 	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/gguf"
 )
@@ -22,17 +23,7 @@ import (
 func (p *ggufPlan) gptOSS() error {
 	c := &p.m.Config
 	const arch = "gpt-oss"
-	var ac struct {
-		Rope struct {
-			Factor          float64  `json:"factor"`
-			OrigMaxPos      int      `json:"original_max_position_embeddings"`
-			BetaFast        float64  `json:"beta_fast"`
-			BetaSlow        float64  `json:"beta_slow"`
-			AttentionFactor *float64 `json:"attention_factor"`
-			Mscale          float64  `json:"mscale"`
-			MscaleAllDim    float64  `json:"mscale_all_dim"`
-		} `json:"rope"`
-	}
+	var ac family.GPTOSSArch
 	if err := json.Unmarshal(c.Arch, &ac); err != nil {
 		return fmt.Errorf("gguf: gpt_oss arch config: %v", err)
 	}

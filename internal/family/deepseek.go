@@ -84,8 +84,9 @@ var deepSeekKeys = []string{
 	"dtype", "torch_dtype", "auto_map", "pretraining_tp",
 }
 
-// deepSeekArch is what deepseek_v32 keeps beyond format.Config.
-type deepSeekArch struct {
+// DeepSeekArch is what deepseek_v32 keeps beyond format.Config (the JSON
+// of its Config.Arch; the GGUF writer reads it too).
+type DeepSeekArch struct {
 	QLora        int     `json:"q_lora_rank"`
 	KVLora       int     `json:"kv_lora_rank"`
 	Nope         int     `json:"qk_nope_head_dim"`
@@ -98,7 +99,7 @@ type deepSeekArch struct {
 	IndexTopK    int     `json:"index_topk"`
 	IndexHeads   int     `json:"index_n_heads"`
 	IndexHeadDim int     `json:"index_head_dim"`
-	Yarn         *yarn   `json:"yarn,omitempty"`
+	Yarn         *Yarn   `json:"yarn,omitempty"`
 }
 
 func parseDeepSeek(raw []byte) (format.Config, error) {
@@ -177,7 +178,7 @@ func parseDeepSeek(raw []byte) (format.Config, error) {
 	for range c.Layers {
 		c.LayerTypes = append(c.LayerTypes, format.FullAttention)
 	}
-	a := deepSeekArch{QLora: *r.QLora, KVLora: r.KVLora, Nope: r.NopeDim, RopeDim: r.RopeDim, V: r.VDim, Inter: r.Inter,
+	a := DeepSeekArch{QLora: *r.QLora, KVLora: r.KVLora, Nope: r.NopeDim, RopeDim: r.RopeDim, V: r.VDim, Inter: r.Inter,
 		Groups: r.Groups, TopGroups: r.TopGroups, RoutedScale: 1, IndexTopK: r.IndexTopK, IndexHeads: r.IndexHeads, IndexHeadDim: r.IndexHeadDim}
 	if r.RoutedScale != nil {
 		a.RoutedScale = *r.RoutedScale
@@ -224,7 +225,7 @@ func parseDeepSeek(raw []byte) (format.Config, error) {
 }
 
 func buildDeepSeek(c *format.Config, t *block.Tensors) (*Arch, error) {
-	var ac deepSeekArch
+	var ac DeepSeekArch
 	if err := json.Unmarshal(c.Arch, &ac); err != nil {
 		return nil, fmt.Errorf("deepseek_v32 arch config: %v", err)
 	}
@@ -341,7 +342,7 @@ func deepSeekDense(src Checkpoint, c *format.Config, s format.Spec) ([]float32, 
 	if err != nil {
 		return nil, err
 	}
-	var ac deepSeekArch
+	var ac DeepSeekArch
 	if err := json.Unmarshal(c.Arch, &ac); err != nil {
 		return nil, err
 	}
@@ -368,7 +369,7 @@ func deepSeekDense(src Checkpoint, c *format.Config, s format.Spec) ([]float32, 
 func hasSuffix(s, suf string) bool { return len(s) >= len(suf) && s[len(s)-len(suf):] == suf }
 
 func describeDeepSeek(c *format.Config) []string {
-	var ac deepSeekArch
+	var ac DeepSeekArch
 	json.Unmarshal(c.Arch, &ac)
 	rope := fmt.Sprintf("default, theta %g", c.RopeTheta)
 	if y := ac.Yarn; y != nil {

@@ -75,8 +75,9 @@ var glm4MoEKeys = []string{
 	"transformers_version", "dtype", "torch_dtype",
 }
 
-// glm4MoEArch is what glm4_moe keeps beyond format.Config.
-type glm4MoEArch struct {
+// GLM4MoEArch is what glm4_moe keeps beyond format.Config (the JSON of its
+// Config.Arch; the GGUF writer reads it too).
+type GLM4MoEArch struct {
 	Inter       int     `json:"intermediate_size"`
 	Groups      int     `json:"n_group"`
 	TopGroups   int     `json:"topk_group"`
@@ -98,7 +99,7 @@ func parseGLM4MoE(raw []byte) (format.Config, error) {
 		return c, err
 	}
 	// transformers' Glm4MoeConfig defaults.
-	a := glm4MoEArch{Inter: r.Inter, Groups: 1, TopGroups: 1, RoutedScale: 1, QKNorm: r.QKNorm, AttnBias: r.AttentionBias}
+	a := GLM4MoEArch{Inter: r.Inter, Groups: 1, TopGroups: 1, RoutedScale: 1, QKNorm: r.QKNorm, AttnBias: r.AttentionBias}
 	if r.Groups != nil {
 		a.Groups = *r.Groups
 	}
@@ -222,7 +223,7 @@ func glm4MoERope(r *glm4MoEConfig) (theta, partial float64, err error) {
 }
 
 func buildGLM4MoE(c *format.Config, t *block.Tensors) (*Arch, error) {
-	var ac glm4MoEArch
+	var ac GLM4MoEArch
 	if err := json.Unmarshal(c.Arch, &ac); err != nil {
 		return nil, fmt.Errorf("glm4_moe arch config: %v", err)
 	}
@@ -292,7 +293,7 @@ func buildGLM4MoE(c *format.Config, t *block.Tensors) (*Arch, error) {
 }
 
 func describeGLM4MoE(c *format.Config) []string {
-	var ac glm4MoEArch
+	var ac GLM4MoEArch
 	json.Unmarshal(c.Arch, &ac)
 	attn := "grouped-query"
 	if ac.AttnBias {

@@ -26,7 +26,7 @@ var gptOSS = Family{
 }
 
 func describeGPTOSS(c *format.Config) []string {
-	var ac gptOSSArch
+	var ac GPTOSSArch
 	json.Unmarshal(c.Arch, &ac)
 	y := &ac.Rope
 	r := yarnRope(y, c.HeadDim)
@@ -78,9 +78,9 @@ var gptOSSKeys = []string{
 	"transformers_version", "dtype", "torch_dtype", "initial_context_length",
 }
 
-// yarn is the YaRN rope as transformers computes it
+// Yarn is the YaRN rope as transformers computes it
 // (_compute_yarn_parameters), kept in the manifest's arch config.
-type yarn struct {
+type Yarn struct {
 	Theta           float64  `json:"rope_theta"`
 	Factor          float64  `json:"factor"`
 	OrigMaxPos      int      `json:"original_max_position_embeddings"`
@@ -92,9 +92,10 @@ type yarn struct {
 	MscaleAllDim    float64  `json:"mscale_all_dim,omitempty"`
 }
 
-// gptOSSArch is what gpt_oss keeps beyond format.Config.
-type gptOSSArch struct {
-	Rope yarn `json:"rope"`
+// GPTOSSArch is what gpt_oss keeps beyond format.Config (the JSON of its
+// Config.Arch; the GGUF writer reads it too).
+type GPTOSSArch struct {
+	Rope Yarn `json:"rope"`
 }
 
 // yarnKeys are the rope_parameters keys the YaRN rope implements.
@@ -176,7 +177,7 @@ func parseGPTOSS(raw []byte) (format.Config, error) {
 		return c, err
 	}
 	c.RopeTheta, c.RotaryDim = y.Theta, c.HeadDim
-	if c.Arch, err = json.Marshal(gptOSSArch{Rope: y}); err != nil {
+	if c.Arch, err = json.Marshal(GPTOSSArch{Rope: y}); err != nil {
 		return c, err
 	}
 	return c, nil
@@ -186,8 +187,8 @@ func parseGPTOSS(raw []byte) (format.Config, error) {
 // any rope but YaRN and any key YaRN does not implement. gptOSS supplies
 // GptOssConfig's defaults (theta 150000, the release's YaRN) for what the
 // config leaves out.
-func parseYarn(params, scaling map[string]any, theta *float64, maxPos int, gptOSS bool) (yarn, error) {
-	y := yarn{Theta: 10000, BetaFast: 32, BetaSlow: 1, Truncate: true}
+func parseYarn(params, scaling map[string]any, theta *float64, maxPos int, gptOSS bool) (Yarn, error) {
+	y := Yarn{Theta: 10000, BetaFast: 32, BetaSlow: 1, Truncate: true}
 	if gptOSS {
 		y.Theta = 150000
 	}
@@ -273,7 +274,7 @@ func parseYarn(params, scaling map[string]any, theta *float64, maxPos int, gptOS
 
 // yarnRope computes inv_freq and the attention factor as transformers'
 // _compute_yarn_parameters does, in float32 where it uses float32.
-func yarnRope(y *yarn, dim int) block.Rope {
+func yarnRope(y *Yarn, dim int) block.Rope {
 	mscale := func(scale, m float64) float64 {
 		if scale <= 1 {
 			return 1
@@ -312,7 +313,7 @@ func yarnRope(y *yarn, dim int) block.Rope {
 }
 
 func buildGPTOSS(c *format.Config, t *block.Tensors) (*Arch, error) {
-	var ac gptOSSArch
+	var ac GPTOSSArch
 	if err := json.Unmarshal(c.Arch, &ac); err != nil {
 		return nil, fmt.Errorf("gpt_oss arch config: %v", err)
 	}
