@@ -1,7 +1,6 @@
 package kernels
 
 import (
-	"sync"
 	"unsafe"
 
 	"github.com/sluicelm/sluice/internal/format"
@@ -17,16 +16,11 @@ import (
 
 // scaleRoom is the floats of widened scales and biases a part of a product
 // widens at once: 16 rows of 128 groups (8192 columns) each, 16 KiB, which
-// stays in L1 between the widening and the kernel.
+// stays in L1 between the widening and the kernel. Each part of a product
+// has its room in the Scratch (see matmulTask.room): kept from product to
+// product, so a step allocates nothing, and never shared, since no two
+// threads run one part at once.
 const scaleRoom = 4096
-
-// scaleBufs hands each part of a product its buffer for widened scales:
-// reused rather than declared on the stack, which Go would clear on every
-// call (a visible cost next to a small matrix's kernel).
-var scaleBufs = sync.Pool{New: func() any {
-	b := make([]float32, scaleRoom)
-	return &b
-}}
 
 // widenHalf writes src's halves as float32 into dst.
 func widenHalf(dst []float32, src []uint16) {

@@ -212,8 +212,7 @@ func (t *matmulTask) runLow(lo, hi int) {
 	if useVNNI {
 		T = 16
 	}
-	room := scaleBufs.Get().(*[]float32)
-	defer scaleBufs.Put(room)
+	room := t.room(lo)
 	if t.nb >= lowWideRows && useAVX2 && ng > 0 && hi > lo && T*C/2 <= lowWideBytes {
 		var buf [lowWideBytes]byte
 		_ = w.Q[hi*rb-1]

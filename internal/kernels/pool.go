@@ -80,6 +80,10 @@ func NewPool(threads int) *Pool {
 	for i := range p.wake {
 		p.wake[i] = make(chan struct{}, 1)
 	}
+	p.sc.rooms = make([][]float32, threads)
+	for i := range p.sc.rooms {
+		p.sc.rooms[i] = make([]float32, scaleRoom)
+	}
 	for i := 1; i < threads; i++ {
 		go p.worker(i)
 	}
@@ -237,6 +241,22 @@ type matmulTask struct {
 	x8p              []int8 // q3, q2 with the kernel: x8 permuted by lowPerm
 	w                *Mat
 	nb               int
+	// rooms are the parts' rooms for widened scales (the Scratch's), and
+	// step the rows of a part (0: one part), which tell a part its room.
+	rooms [][]float32
+	step  int
+}
+
+// room is the room for widened scales of the part that starts at row lo.
+func (t *matmulTask) room(lo int) *[]float32 {
+	part := 0
+	if t.step > 0 {
+		part = lo / t.step
+	}
+	if part >= len(t.rooms) {
+		return new([]float32) // a task built by hand (tests): a room of its own
+	}
+	return &t.rooms[part]
 }
 
 func (t *matmulTask) Run(lo, hi int) {
@@ -264,8 +284,7 @@ func (t *matmulTask) Run(lo, hi int) {
 		switch w.Kind {
 		case format.Q8:
 			_ = w.Q[hi*C-1]
-			room := scaleBufs.Get().(*[]float32)
-			defer scaleBufs.Put(room)
+			room := t.room(lo)
 			step := rowsPerWiden(ng, 1)
 			for c0 := lo; c0 < hi; c0 += step {
 				c1 := min(c0+step, hi)
@@ -303,8 +322,7 @@ func (t *matmulTask) Run(lo, hi int) {
 		}
 	}
 	if w.Kind == format.Q4 {
-		room := scaleBufs.Get().(*[]float32)
-		defer scaleBufs.Put(room)
+		room := t.room(lo)
 		for o := lo; o < hi; o++ {
 			s, b := w.widen(room, o, o+1)
 			for r := 0; r < t.nb; r++ {
@@ -339,6 +357,7 @@ func (p *Pool) MatMul(out []float32, w *Mat, x []float32, nb int) {
 	p.sc.prepare(out, w, x, nb)
 	// Below ~16K multiply-adds per part, waking a worker costs more than it saves.
 	grain := max(1, 16384/(w.Cols*nb))
+	_, p.sc.mm.step = p.split(w.Rows, grain)
 	p.Parallel(w.Rows, grain, &p.sc.mm)
 	p.sc.mm = matmulTask{}
 }
@@ -347,11 +366,12 @@ func (p *Pool) MatMul(out []float32, w *Mat, x []float32, nb int) {
 // activations). A Pool has one; a task that runs many small products on
 // every thread at once gives each thread its own and calls Scratch.MatMul.
 type Scratch struct {
-	mm   matmulTask
-	xsum []float32
-	x8   []int8    // [rows][cols] int8 activations for q4 products
-	x8p  []int8    // x8 permuted for the low-bit kernel
-	xs   []float32 // [rows][cols/64] their scales
+	mm    matmulTask
+	xsum  []float32
+	x8    []int8      // [rows][cols] int8 activations for q4 products
+	x8p   []int8      // x8 permuted for the low-bit kernel
+	xs    []float32   // [rows][cols/64] their scales
+	rooms [][]float32 // per part: widened scales and biases (half.go)
 }
 
 // prepare computes the activation side of out = W·x and sets up s.mm.
@@ -365,7 +385,10 @@ func (s *Scratch) prepare(out []float32, w *Mat, x []float32, nb int) {
 		x8p = s.x8p[:len(x8)]
 		permuteLow(x8p, x8, w.Kind.Bits())
 	}
-	s.mm = matmulTask{out: out[:nb*w.Rows], x: x[:nb*w.Cols], xsum: s.xsum, xs: xs, x8: x8, x8p: x8p, w: w, nb: nb}
+	if s.rooms == nil {
+		s.rooms = [][]float32{make([]float32, scaleRoom)}
+	}
+	s.mm = matmulTask{out: out[:nb*w.Rows], x: x[:nb*w.Cols], xsum: s.xsum, xs: xs, x8: x8, x8p: x8p, w: w, nb: nb, rooms: s.rooms}
 }
 
 // activations computes what a product with w needs of x: group sums for
@@ -416,8 +439,10 @@ func (p *Pool) MatMul2(out1 []float32, w1 *Mat, out2 []float32, w2 *Mat, x []flo
 	}
 	p.sc.prepare(out1, w1, x, nb)
 	grain := max(1, 16384/(w1.Cols*nb))
+	_, p.sc.mm.step = p.split(w1.Rows, grain)
 	p.Parallel(w1.Rows, grain, &p.sc.mm)
 	p.sc.mm.w, p.sc.mm.out = w2, out2[:nb*w2.Rows]
+	_, p.sc.mm.step = p.split(w2.Rows, grain)
 	p.Parallel(w2.Rows, grain, &p.sc.mm)
 	p.sc.mm = matmulTask{}
 }

@@ -119,7 +119,7 @@ func TestQ4EntryPointsNEON(t *testing.T) {
 		for rows := 1; rows <= 11; rows++ {
 			c := newQ4QuadsCase(r, rows, ng, 3, 0, false)
 			out := make([]float32, rows)
-			q4Rows(&c.q[0], c.qstride, &c.sh[0], &c.bh[0], ng, rows, &c.x8[0], &c.xs[0], &c.xsum[0], &out[0], 0)
+			q4Rows(&c.q[0], c.qstride, &c.sh[0], &c.bh[0], ng, rows, &c.x8[0], &c.xs[0], &c.xsum[0], &out[0], 0, new([]float32))
 			for i, v := range out {
 				if want := c.want(0, i); math.Float32bits(v) != math.Float32bits(want) {
 					t.Fatalf("q4Rows ng %d rows %d: row %d: %v, twin %v", ng, rows, i, v, want)

@@ -31,8 +31,7 @@ func (t *matmulTask) runQ4(lo, hi int) {
 	if useVNNI {
 		T = 16
 	}
-	room := scaleBufs.Get().(*[]float32)
-	defer scaleBufs.Put(room)
+	room := t.room(lo)
 	step := rowsPerWiden(ng, T)
 	for c0 := lo; c0 < hi; c0 += step {
 		c1 := min(c0+step, hi)
@@ -65,13 +64,9 @@ func (t *matmulTask) rowsQ4(lo, hi, r int) {
 			mode &^= q4RowsVNNI
 		}
 		q4Rows(&w.Q[lo*C/2], C/2, &w.Scales[lo*ng], &w.Biases[lo*ng], ng, n8,
-			&t.x8[r*C], &t.xs[r*ng], &t.xsum[r*ng], &out[lo], mode)
+			&t.x8[r*C], &t.xs[r*ng], &t.xsum[r*ng], &out[lo], mode, t.room(lo))
 	}
-	if lo+n8 == hi {
-		return
-	}
-	room := scaleBufs.Get().(*[]float32)
-	defer scaleBufs.Put(room)
+	room := t.room(lo)
 	for o := lo + n8; o < hi; o++ {
 		s, b := w.widen(room, o, o+1)
 		out[o] = dotQ4I8AVX2(&w.Q[o*C/2], &s[0], &b[0], &t.x8[r*C], &t.xs[r*ng], &t.xsum[r*ng], ng)

@@ -43,11 +43,10 @@ func q4TileAVX2(q *byte, qstride int, scales, biases *float32, ng, nrows, nout i
 }
 
 // q4Rows is the decode kernel: n weight rows against one activation row,
-// their scales and biases halves, which it widens a few rows at a time for
-// the NEON kernels. mode (amd64's kernel variants) has no meaning here.
-func q4Rows(q *byte, qstride int, scales, biases *uint16, ng, n int, x8 *int8, xs, xsum *float32, out *float32, mode uint8) {
-	room := scaleBufs.Get().(*[]float32)
-	defer scaleBufs.Put(room)
+// their scales and biases halves, which it widens into room a few rows at
+// a time for the NEON kernels. mode (amd64's kernel variants) has no
+// meaning here.
+func q4Rows(q *byte, qstride int, scales, biases *uint16, ng, n int, x8 *int8, xs, xsum *float32, out *float32, mode uint8, room *[]float32) {
 	sh, bh := unsafe.Slice(scales, n*ng), unsafe.Slice(biases, n*ng)
 	step := rowsPerWiden(ng, 4)
 	for r0 := 0; r0 < n; r0 += step {

@@ -739,14 +739,14 @@ b1part:
 #define L_RST 192              // [KC] × (8 scales, 8 biases), aligned
 // Frame size 768 = L_RST + 64 + KC*64; L_KMASK (T2LOADH) lies below L_RST.
 
-// func q4Rows(q *byte, qstride int, scales, biases *uint16, ng, n int, x8 *int8, xs, xsum *float32, out *float32, mode uint8)
+// func q4Rows(q *byte, qstride int, scales, biases *uint16, ng, n int, x8 *int8, xs, xsum *float32, out *float32, mode uint8, room *[]float32)
 //
 // n (a multiple of 8) consecutive weight rows from q (qstride bytes
 // apart; ng groups, their scales and biases halves) against one activation row; out[i] receives row i's
 // result, dotQ4I8's bit for bit. mode's bits (q4RowsVNNI and
 // q4RowsPrefetch in q4tile.go): 1 VPDPBUSD for the integer part, else
 // VPMADDUBSW; 4 software prefetch of the next tile.
-TEXT ·q4Rows(SB), 0, $768-81
+TEXT ·q4Rows(SB), 0, $768-96
 	MOVQ ng+32(FP), AX
 	TESTQ AX, AX
 	JEQ rdone

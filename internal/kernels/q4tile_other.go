@@ -16,6 +16,6 @@ func q4TileAVX2(q *byte, qstride int, scales, biases *float32, ng, nrows, nout i
 	panic("no AVX2")
 }
 
-func q4Rows(q *byte, qstride int, scales, biases *uint16, ng, n int, x8 *int8, xs, xsum *float32, out *float32, mode uint8) {
+func q4Rows(q *byte, qstride int, scales, biases *uint16, ng, n int, x8 *int8, xs, xsum *float32, out *float32, mode uint8, room *[]float32) {
 	panic("no AVX2")
 }

@@ -280,7 +280,7 @@ func TestQ4RowsModes(t *testing.T) {
 					for i := range out {
 						out[i] = float32(math.NaN())
 					}
-					q4Rows(&c.w.Q[0], cols/2, &c.w.Scales[0], &c.w.Biases[0], ng, rows, &c.x8[b*cols], &c.xs[b*ng], &c.xsum[b*ng], &out[0], mode)
+					q4Rows(&c.w.Q[0], cols/2, &c.w.Scales[0], &c.w.Biases[0], ng, rows, &c.x8[b*cols], &c.xs[b*ng], &c.xsum[b*ng], &out[0], mode, new([]float32))
 					for o := range out {
 						if want := c.want(b, o); math.Float32bits(out[o]) != math.Float32bits(want) {
 							t.Fatalf("mode %d cols %d rows %d: out[%d][%d] = %v, Go twin %v", mode, cols, rows, b, o, out[o], want)
