@@ -321,24 +321,27 @@ func (t *matmulTask) Run(lo, hi int) {
 			return
 		}
 	}
-	if w.Kind == format.Q4 {
+	if w.Kind == format.Q4 || w.Kind == format.Q8 {
+		// The Go twins (the kernels took these kinds above): each row's
+		// scales widened once for all its activation rows.
 		room := t.room(lo)
 		for o := lo; o < hi; o++ {
 			s, b := w.widen(room, o, o+1)
 			for r := 0; r < t.nb; r++ {
+				xsum := t.xsum[r*ng : (r+1)*ng]
+				if w.Kind == format.Q8 {
+					t.out[r*w.Rows+o] = dotQ8(w.Q[o*C:(o+1)*C], s, b, t.x[r*C:(r+1)*C], xsum)
+					continue
+				}
 				t.out[r*w.Rows+o] = dotQ4I8(w.Q[o*C/2:(o+1)*C/2], s, b,
-					t.x8[r*C:(r+1)*C], t.xs[r*ng:(r+1)*ng], t.xsum[r*ng:(r+1)*ng])
+					t.x8[r*C:(r+1)*C], t.xs[r*ng:(r+1)*ng], xsum)
 			}
 		}
 		return
 	}
 	for o := lo; o < hi; o++ {
 		for r := 0; r < t.nb; r++ {
-			var xs []float32
-			if w.Kind.Quantised() {
-				xs = t.xsum[r*ng : (r+1)*ng]
-			}
-			t.out[r*w.Rows+o] = w.dotRow(o, t.x[r*C:(r+1)*C], xs)
+			t.out[r*w.Rows+o] = w.dotRow(o, t.x[r*C:(r+1)*C], nil)
 		}
 	}
 }

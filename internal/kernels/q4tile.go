@@ -58,15 +58,15 @@ func (t *matmulTask) rowsQ4(lo, hi, r int) {
 	ng := C / format.GroupSize
 	n8 := (hi - lo) &^ 7
 	out := t.out[r*w.Rows:]
+	room := t.room(lo)
 	if n8 > 0 {
 		mode := q4RowsMode
 		if !useVNNI {
 			mode &^= q4RowsVNNI
 		}
 		q4Rows(&w.Q[lo*C/2], C/2, &w.Scales[lo*ng], &w.Biases[lo*ng], ng, n8,
-			&t.x8[r*C], &t.xs[r*ng], &t.xsum[r*ng], &out[lo], mode, t.room(lo))
+			&t.x8[r*C], &t.xs[r*ng], &t.xsum[r*ng], &out[lo], mode, room)
 	}
-	room := t.room(lo)
 	for o := lo + n8; o < hi; o++ {
 		s, b := w.widen(room, o, o+1)
 		out[o] = dotQ4I8AVX2(&w.Q[o*C/2], &s[0], &b[0], &t.x8[r*C], &t.xs[r*ng], &t.xsum[r*ng], ng)
