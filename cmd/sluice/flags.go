@@ -73,7 +73,7 @@ func (m *modelFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&x.poolMB, "pool-mb", "", "stream experts through a pool of N MiB, or N% of the expert store (default: map them whole if they fit, else auto-size)")
 	fs.Float64Var(&x.memoryGB, "memory-gb", 0, "total memory budget in GiB (dense + state + scratch + expert pool); experts stream when they do not fit")
 	fs.BoolVar(&x.lookahead, "lookahead", true, "prefetch the next layer's predicted experts while this layer computes")
-	fs.StringVar(&x.evict, "evict", "", "expert pool eviction: lrfu (recency-weighted use counts, by layer order), flru (frequency-weighted LRU) or lru; default lrfu")
+	fs.StringVar(&x.evict, "evict", "", "expert pool eviction: markov (each layer's expert-to-expert transitions), lrfu (recency-weighted use counts, by layer order), flru (frequency-weighted LRU) or lru; default markov")
 	fs.IntVar(&x.missBits, "miss-bits", 0, "lossy: read missed experts from the 3- or 2-bit store (sluice pack --low-bits)")
 	fs.Float64Var(&x.cutWeak, "cut-weak", 0, "lossy: skip a late-arriving expert whose routing weight is below W in every row")
 	fs.IntVar(&x.readers, "readers", 0, "expert reader goroutines, i.e. read queue depth (0 = 8)")

@@ -48,7 +48,8 @@ func openExperts(ctx context.Context, m *model.Model, o Options) (*experts.Strea
 		xo.PoolBytes = max(int64(xo.PoolShare*float64(records))*st.Stride, int64(experts.MinSlots(c))*st.Stride)
 	}
 	b := experts.Budget{PoolBytes: xo.PoolBytes, MemoryBytes: xo.MemoryBytes, DenseBytes: m.DenseBytes(),
-		StateBytes: experts.StateBytes(c, ctxLen), ScratchBytes: experts.ScratchBytes(c, rows)}
+		StateBytes: experts.StateBytes(c, ctxLen), ScratchBytes: experts.ScratchBytes(c, rows),
+		PolicyBytes: experts.PolicyBytes(xo.Policy, m.Manifest.ExpertLayers, m.Manifest.Experts)}
 	plan, err := b.Size(c, st, records)
 	if err != nil {
 		return nil, "", err

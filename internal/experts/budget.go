@@ -14,6 +14,7 @@ type Budget struct {
 	MemoryBytes int64 // --memory-gb: everything (dense + state + scratch + pool)
 	// What else the process holds, for MemoryBytes and auto.
 	DenseBytes, StateBytes, ScratchBytes int64
+	PolicyBytes                          int64 // the eviction policy's state (PolicyBytes)
 }
 
 // Overhead is what the Go runtime, the binary and the tokenizer take
@@ -32,7 +33,7 @@ type Plan struct {
 // records.
 func (b Budget) Size(c *format.Config, st *format.ExpertStore, records int) (Plan, error) {
 	all := int64(records) * st.Stride
-	fixed := b.DenseBytes + b.StateBytes + b.ScratchBytes + Overhead
+	fixed := b.DenseBytes + b.StateBytes + b.ScratchBytes + b.PolicyBytes + Overhead
 	minSlots := MinSlots(c)
 	minPool := int64(minSlots) * st.Stride
 	slotsFor := func(bytes int64) int { return int(min(bytes/st.Stride, int64(records))) }
@@ -46,8 +47,8 @@ func (b Budget) Size(c *format.Config, st *format.ExpertStore, records int) (Pla
 	case b.MemoryBytes > 0:
 		pool := b.MemoryBytes - fixed
 		if pool < minPool {
-			return Plan{}, fmt.Errorf("--memory-gb %.2f leaves %.1f MiB for experts after dense %s, state %s, scratch %s and runtime %s; the smallest pool is %.1f MiB (--memory-gb %.2f)",
-				float64(b.MemoryBytes)/(1<<30), mb(pool), mib(b.DenseBytes), mib(b.StateBytes), mib(b.ScratchBytes), mib(Overhead), mb(minPool), float64(fixed+minPool)/(1<<30)+0.005)
+			return Plan{}, fmt.Errorf("--memory-gb %.2f leaves %.1f MiB for experts after dense %s, state %s, scratch %s, eviction policy %s and runtime %s; the smallest pool is %.1f MiB (--memory-gb %.2f)",
+				float64(b.MemoryBytes)/(1<<30), mb(pool), mib(b.DenseBytes), mib(b.StateBytes), mib(b.ScratchBytes), mib(b.PolicyBytes), mib(Overhead), mb(minPool), float64(fixed+minPool)/(1<<30)+0.005)
 		}
 		n := slotsFor(pool)
 		return Plan{Slots: n, Why: fmt.Sprintf("pool %d slots (%s, %.0f%% of the experts' %s) from --memory-gb %.2f", n, mib(int64(n)*st.Stride), pct(n, records), mib(all), float64(b.MemoryBytes)/(1<<30))}, nil

@@ -1,0 +1,166 @@
+package experts
+
+// The Markov policy's constants, chosen on the decode traces of
+// TestPolicyTable at a 10% pool: pseudo-counts 1 to 64, prior weights 0 to
+// 4, layer-order scales from 0.3 to 0.7 and conditioning also on the
+// previous layer's choices in the same token all hit within 0.01× of
+// Belady's of each other.
+const (
+	mkAlpha = 8.0     // pseudo-count of the frequency prior in a transition estimate
+	mkGamma = 0.75    // weight of the prior added to the estimate
+	mkHalve = 1 << 16 // tokens between halvings of the transition counts
+)
+
+// markov is the Markov policy's state: per layer, how often its router
+// chose expert b one token after choosing expert a, and, for every
+// record, the estimated probability that its layer's next decode step
+// chooses it.
+type markov struct {
+	L, E int
+	tok  int64
+	// trans[l·E·E + a·E + b] counts layer l choosing b one token after a;
+	// from[l·E + a] counts the tokens after layer l chose a.
+	trans, from []float32
+	// prev[l] is what layer l chose on its last decode step, nil after a
+	// multi-row (prefill) step, whose choices are many tokens'.
+	prev, prevBuf [][]int32
+	cur           []int32 // the current step's choices
+	mark          []int64 // [record] the step that last added it to cur
+	step          int64
+	layer         int       // the current step's layer, -1 before the first
+	pending       bool      // the current step has not been learned from yet
+	multi         bool      // the current step has a record used by several rows
+	ksum          []float64 // [layer] sum of LRFU's keys of the layer's records
+	pred          []float64 // [record] estimated probability of use on its layer's next step
+	prior         []float64 // [expert] scratch
+}
+
+func newMarkov(L, E int) *markov {
+	m := &markov{L: L, E: E, trans: make([]float32, L*E*E), from: make([]float32, L*E),
+		prev: make([][]int32, L), prevBuf: make([][]int32, L), mark: make([]int64, L*E),
+		layer: -1, ksum: make([]float64, L), pred: make([]float64, L*E), prior: make([]float64, E)}
+	for i := range m.mark {
+		m.mark[i] = -1
+	}
+	return m
+}
+
+// markovBytes is what the Markov policy's state takes for L layers of E
+// experts, for the memory budget.
+func markovBytes(L, E int) int64 {
+	return int64(L)*int64(E)*(int64(E)*4+4+8+8+8) + int64(E)*8
+}
+
+// use notes that the current step chose rec for rows rows; recent is
+// LRFU's (a prefill expert outside its layer's share is not credited).
+func (m *markov) use(v *evictor, rec int32, rows int, recent bool) {
+	if recent {
+		m.ksum[int(rec)/m.E] += float64(float64(rows) * v.w)
+	}
+	m.multi = m.multi || rows > 1
+	m.pending = true
+	if m.mark[rec] != m.step {
+		m.mark[rec] = m.step
+		m.cur = append(m.cur, rec%int32(m.E))
+	}
+}
+
+// tick starts a step of layer, after learning from the one before.
+func (m *markov) tick(v *evictor, layer int) {
+	m.finish(v)
+	m.step++
+	m.cur, m.multi, m.layer = m.cur[:0], false, layer
+	if layer == 0 {
+		m.tok++
+		if m.tok%mkHalve == 0 {
+			// Halving keeps the float32 counts exact (far below 2^24)
+			// and lets the transitions follow a changing text.
+			for _, t := range [][]float32{m.trans, m.from} {
+				for i := range t {
+					t[i] *= 0.5
+				}
+			}
+		}
+	}
+}
+
+// rescale follows LRFU's rescaling of its keys.
+func (m *markov) rescale(f float64) {
+	for i := range m.ksum {
+		m.ksum[i] /= f
+	}
+}
+
+// finish learns from the current step, once, and estimates its layer's
+// records for the layer's next step: called before the step's first
+// eviction, so that the step's own choices already inform it.
+func (m *markov) finish(v *evictor) {
+	if !m.pending || m.layer < 0 {
+		return
+	}
+	m.pending = false
+	l, E := m.layer, m.E
+	if m.multi {
+		m.prev[l] = nil
+	} else {
+		if p := m.prev[l]; p != nil {
+			for _, a := range p {
+				m.from[l*E+int(a)]++
+				row := m.trans[(l*E+int(a))*E:][:E]
+				for _, b := range m.cur {
+					row[b]++
+				}
+			}
+		}
+		m.prevBuf[l] = append(m.prevBuf[l][:0], m.cur...)
+		m.prev[l] = m.prevBuf[l]
+	}
+	m.estimate(v, l, float64(max(len(m.cur), 1)))
+}
+
+// estimate sets pred for layer l's records: the mean over the experts a
+// the layer chose last of the smoothed P(b | a), which draws towards
+// the prior (each record's share of LRFU's decayed uses of the layer) with
+// mkAlpha pseudo-counts, plus mkGamma times the prior; k choices a step.
+func (m *markov) estimate(v *evictor, l int, k float64) {
+	E := m.E
+	prior := m.prior
+	for e := range prior {
+		if m.ksum[l] > 0 {
+			prior[e] = v.key[l*E+e] / m.ksum[l]
+		} else {
+			prior[e] = 1 / float64(E)
+		}
+	}
+	pred := m.pred[l*E : (l+1)*E]
+	for e := range pred {
+		pred[e] = float64(float64(mkGamma*k) * prior[e])
+	}
+	p := m.prev[l]
+	if len(p) == 0 {
+		for e := range pred {
+			pred[e] += float64(k * prior[e])
+		}
+		return
+	}
+	inv := 1 / float64(len(p))
+	for _, a := range p {
+		row := m.trans[(l*E+int(a))*E:][:E]
+		d := inv / (float64(m.from[l*E+int(a)]) + mkAlpha)
+		for e := range pred {
+			pred[e] += float64(float64(float64(row[e])+float64(float64(mkAlpha*k)*prior[e])) * d)
+		}
+	}
+}
+
+// score ranks rec for eviction: its estimated use on its layer's next
+// step (a pending prefetch counts as a certain one), scaled by how soon
+// that step comes.
+func (m *markov) score(v *evictor, rec int32, pre bool) float64 {
+	m.finish(v)
+	p := m.pred[rec]
+	if pre {
+		p++
+	}
+	return float64(p * v.scale[v.layerOf[rec]])
+}
