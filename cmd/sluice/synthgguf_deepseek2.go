@@ -110,17 +110,12 @@ func (p *ggufPlan) deepSeek2() error {
 	// head; k_b is the nope rows transposed, element by element through a
 	// one-column view of the tensor.
 	vRows := make([]int, 0, nh*a.V)
-	kElems := make([]int, 0, nh*kvl*a.Nope)
 	for h := 0; h < nh; h++ {
 		for i := 0; i < a.V; i++ {
 			vRows = append(vRows, h*(a.Nope+a.V)+a.Nope+i)
 		}
-		for j := 0; j < kvl; j++ {
-			for n := 0; n < a.Nope; n++ {
-				kElems = append(kElems, (h*(a.Nope+a.V)+n)*kvl+j)
-			}
-		}
 	}
+	kElems := kbElems(nh, a.Nope, a.V, kvl)
 
 	if err := p.add("token_embd.weight", "embed_tokens.weight", ggufXform{}); err != nil {
 		return err
@@ -154,4 +149,18 @@ func (p *ggufPlan) deepSeek2() error {
 		}
 	}
 	return p.addAll("", "", [][2]string{{"output_norm", "norm"}, {"output", "lm_head"}})
+}
+
+// kbElems is attn_k_b's order of kv_b_proj's elements ([head][nope+v]
+// [kv_lora] in the pack): each head's nope rows transposed.
+func kbElems(heads, nope, v, kvl int) []int {
+	k := make([]int, 0, heads*kvl*nope)
+	for h := 0; h < heads; h++ {
+		for j := 0; j < kvl; j++ {
+			for n := 0; n < nope; n++ {
+				k = append(k, (h*(nope+v)+n)*kvl+j)
+			}
+		}
+	}
+	return k
 }

@@ -1,12 +1,15 @@
 package main
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
+	"io"
 	"testing"
 
 	"github.com/sluicelm/sluice/internal/family"
 	"github.com/sluicelm/sluice/internal/format"
+	"github.com/sluicelm/sluice/internal/gguf"
 )
 
 // TestSynthGGUFDeepSeek2 writes a small DeepSeek-V3 (its config.json with
@@ -134,4 +137,22 @@ func TestSynthGGUFDeepSeek2(t *testing.T) {
 
 	// Expert e of layer l is record l·E+e.
 	f.experts("blk.2.ffn_gate_exps.weight", 2, func(s *format.ExpertStore) *format.Tensor { return &s.Gate })
+}
+
+// BenchmarkGGUFAttnKB writes one layer's attn_k_b at DeepSeek-V3's shapes
+// (128 heads, nope 128, v 128, kv_lora 512): the element-by-element
+// transpose of the f32 kv_b_proj that --gguf does for every layer.
+// Run: go test ./cmd/sluice -run x -bench GGUFAttnKB -benchtime 3x
+func BenchmarkGGUFAttnKB(b *testing.B) {
+	const nh, nope, v, kvl = 128, 128, 128, 512
+	n := nh * (nope + v) * kvl
+	t := &format.Tensor{Kind: format.F32, Shape: []int{n, 1}, Size: int64(4 * n)}
+	buf := make([]byte, t.Size)
+	x := ggufXform{rows: kbElems(nh, nope, v, kvl)}
+	w := bufio.NewWriterSize(io.Discard, 1<<20)
+	for b.Loop() {
+		if err := ggufTensor(w, buf, t, gguf.F32, x); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
