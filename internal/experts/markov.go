@@ -30,7 +30,6 @@ type markov struct {
 	layer         int       // the current step's layer, -1 before the first
 	pending       bool      // the current step has not been learned from yet
 	multi         bool      // the current step has a record used by several rows
-	ksum          []float64 // [layer] sum of LRFU's keys of the layer's records
 	pred          []float64 // [record] estimated probability of use on its layer's next step
 	prior         []float64 // [expert] scratch
 }
@@ -38,7 +37,7 @@ type markov struct {
 func newMarkov(L, E int) *markov {
 	m := &markov{L: L, E: E, trans: make([]float32, L*E*E), from: make([]float32, L*E),
 		prev: make([][]int32, L), prevBuf: make([][]int32, L), mark: make([]int64, L*E),
-		layer: -1, ksum: make([]float64, L), pred: make([]float64, L*E), prior: make([]float64, E)}
+		layer: -1, pred: make([]float64, L*E), prior: make([]float64, E)}
 	for i := range m.mark {
 		m.mark[i] = -1
 	}
@@ -48,15 +47,11 @@ func newMarkov(L, E int) *markov {
 // markovBytes is what the Markov policy's state takes for L layers of E
 // experts, for the memory budget.
 func markovBytes(L, E int) int64 {
-	return int64(L)*int64(E)*(int64(E)*4+4+8+8+8) + int64(E)*8
+	return int64(L)*int64(E)*(int64(E)*4+4+8+8) + int64(E)*8
 }
 
-// use notes that the current step chose rec for rows rows; recent is
-// LRFU's (a prefill expert outside its layer's share is not credited).
-func (m *markov) use(v *evictor, rec int32, rows int, recent bool) {
-	if recent {
-		m.ksum[int(rec)/m.E] += float64(float64(rows) * v.w)
-	}
+// use notes that the current step chose rec for rows rows.
+func (m *markov) use(rec int32, rows int) {
 	m.multi = m.multi || rows > 1
 	m.pending = true
 	if m.mark[rec] != m.step {
@@ -81,13 +76,6 @@ func (m *markov) tick(v *evictor, layer int) {
 				}
 			}
 		}
-	}
-}
-
-// rescale follows LRFU's rescaling of its keys.
-func (m *markov) rescale(f float64) {
-	for i := range m.ksum {
-		m.ksum[i] /= f
 	}
 }
 
@@ -124,10 +112,14 @@ func (m *markov) finish(v *evictor) {
 // mkAlpha pseudo-counts, plus mkGamma times the prior; k choices a step.
 func (m *markov) estimate(v *evictor, l int, k float64) {
 	E := m.E
-	prior := m.prior
+	prior, keys := m.prior, v.key[l*E:(l+1)*E]
+	var ksum float64
+	for _, k := range keys {
+		ksum += k
+	}
 	for e := range prior {
-		if m.ksum[l] > 0 {
-			prior[e] = v.key[l*E+e] / m.ksum[l]
+		if ksum > 0 {
+			prior[e] = keys[e] / ksum
 		} else {
 			prior[e] = 1 / float64(E)
 		}

@@ -100,7 +100,7 @@ func newEvictor(p Policy, L, E int) evictor {
 // evictorBytes is what policy p's state takes for L layers of E experts,
 // for the memory budget.
 func evictorBytes(p Policy, L, E int) int64 {
-	n := int64(L) * int64(E) * (4 + 8 + 8 + 2) // freq, key, scale, layerOf
+	n := int64(L)*int64(E)*(4+8+2) + int64(L)*8 // freq, key, layerOf; scale
 	if p == Markov {
 		n += markovBytes(L, E)
 	}
@@ -139,9 +139,6 @@ func (v *evictor) tick(clock int64, layer int) {
 			for i := range v.key {
 				v.key[i] /= lrfuRescale
 			}
-			if v.mk != nil {
-				v.mk.rescale(lrfuRescale)
-			}
 			v.w /= lrfuRescale
 		}
 	}
@@ -156,7 +153,7 @@ func (v *evictor) use(rec int32, rows int, recent bool) {
 		v.key[rec] += float64(float64(rows) * v.w)
 	}
 	if v.mk != nil {
-		v.mk.use(v, rec, rows, recent)
+		v.mk.use(rec, rows)
 	}
 }
 
