@@ -239,54 +239,62 @@ func TestStreamDelivers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// One reader takes both kinds of read; three leave one for demand
+	// misses only (prefetchReaders).
+	for _, readers := range []int{1, 3} {
+		for _, pol := range Policies {
+			streamDelivers(t, dir, man, file, readers, pol)
+		}
+	}
+}
+
+func streamDelivers(t *testing.T, dir string, man *format.Manifest, file []byte, readers int, pol Policy) {
 	stride := man.Stores[0].Stride
-	for _, pol := range Policies {
-		s, err := Open(dir, man, Options{Slots: 9, Readers: 3, Lookahead: true, Policy: pol, Prefetch: 3})
-		if err != nil {
+	s, err := Open(dir, man, Options{Slots: 9, Readers: readers, Lookahead: true, Policy: pol, Prefetch: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(1, uint64(len(pol))))
+	E := man.Experts
+	ids := make([]int, 0, E)
+	rows := make([]int, E)
+	for step := 0; step < 400; step++ {
+		layer := step % man.ExpertLayers
+		ids = ids[:0]
+		for _, e := range rng.Perm(E)[:1+rng.IntN(12)] {
+			ids = append(ids, e)
+		}
+		for i := range ids {
+			rows[i] = 1 + rng.IntN(5)
+		}
+		if err := s.Begin(layer, ids, model.Hint{Rows: rows[:len(ids)]}); err != nil {
 			t.Fatal(err)
 		}
-		rng := rand.New(rand.NewPCG(1, uint64(len(pol))))
-		E := man.Experts
-		ids := make([]int, 0, E)
-		rows := make([]int, E)
-		for step := 0; step < 400; step++ {
-			layer := step % man.ExpertLayers
-			ids = ids[:0]
-			for _, e := range rng.Perm(E)[:1+rng.IntN(12)] {
-				ids = append(ids, e)
-			}
-			for i := range ids {
-				rows[i] = 1 + rng.IntN(5)
-			}
-			if err := s.Begin(layer, ids, model.Hint{Rows: rows[:len(ids)]}); err != nil {
+		s.Prefetch((layer+1)%man.ExpertLayers, rng.Perm(E)[:6])
+		seen := make([]bool, len(ids))
+		for range ids {
+			i, ex, err := s.Next()
+			if err != nil {
 				t.Fatal(err)
 			}
-			s.Prefetch((layer+1)%man.ExpertLayers, rng.Perm(E)[:6])
-			seen := make([]bool, len(ids))
-			for range ids {
-				i, ex, err := s.Next()
-				if err != nil {
-					t.Fatal(err)
-				}
-				if seen[i] {
-					t.Fatalf("step %d: position %d returned twice", step, i)
-				}
-				seen[i] = true
-				rec := int64(layer*E + ids[i])
-				want := file[rec*stride+man.Stores[0].Gate.Offset:][:len(ex.Gate.Q)]
-				if !slices.Equal(ex.Gate.Q, want) {
-					t.Fatalf("%s step %d: layer %d expert %d: wrong bytes", pol, step, layer, ids[i])
-				}
+			if seen[i] {
+				t.Fatalf("step %d: position %d returned twice", step, i)
 			}
-			if _, _, err := s.Next(); err == nil {
-				t.Fatal("Next past the last expert: no error")
+			seen[i] = true
+			rec := int64(layer*E + ids[i])
+			want := file[rec*stride+man.Stores[0].Gate.Offset:][:len(ex.Gate.Q)]
+			if !slices.Equal(ex.Gate.Q, want) {
+				t.Fatalf("%s step %d: layer %d expert %d: wrong bytes", pol, step, layer, ids[i])
 			}
 		}
-		st := s.Stats()
-		t.Logf("%s: hit rate %.2f, %d misses, lookahead issued %d useful %d wasted %d", pol, st.HitRate(), st.Misses, st.LookIssued, st.LookUseful, st.LookWasted)
-		if err := s.Close(); err != nil {
-			t.Fatal(err)
+		if _, _, err := s.Next(); err == nil {
+			t.Fatal("Next past the last expert: no error")
 		}
+	}
+	st := s.Stats()
+	t.Logf("%s, %d readers: hit rate %.2f, %d misses, lookahead issued %d useful %d wasted %d", pol, readers, st.HitRate(), st.Misses, st.LookIssued, st.LookUseful, st.LookWasted)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -369,5 +377,63 @@ func TestPrefillRetention(t *testing.T) {
 				t.Errorf("%s: layer %d keeps %d of its 3 most-used experts after prefill", pol, l, kept)
 			}
 		}
+	}
+}
+
+// TestNextTokenPrefetch checks that the last layer's decode step reads
+// ahead for the next token's first layer. Every token chooses the same
+// experts, and a pool of two layers' experts cannot keep the first
+// layer's through a token, so without the read-ahead the first layer
+// mostly misses and with it hits once the policy has learned.
+func TestNextTokenPrefetch(t *testing.T) {
+	dir := testutil.Packed(t, "tiny-qwen3-moe", 4)
+	man, err := format.ReadManifest(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &man.Config
+	K, E, tokens := c.TopK, man.Experts, 24
+	hits := func(look bool) (first, rest int64) {
+		s, err := Open(dir, man, Options{Slots: 2 * K, Readers: K, Lookahead: look, Policy: Markov})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		ids := make([]int, K)
+		ones := make([]int, K)
+		for i := range ones {
+			ones[i] = 1
+		}
+		for range tokens {
+			for l := range c.Layers {
+				for i := range ids {
+					ids[i] = (l*5 + i*3) % E
+				}
+				if err := s.Begin(l, ids, model.Hint{Rows: ones}); err != nil {
+					t.Fatal(err)
+				}
+				for range ids {
+					if _, _, err := s.Next(); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+		}
+		st := s.Stats()
+		for l, ls := range st.Layers {
+			if l == 0 {
+				first = ls.Hits
+			} else {
+				rest += ls.Hits
+			}
+		}
+		return first, rest
+	}
+	offFirst, offRest := hits(false)
+	onFirst, onRest := hits(true)
+	t.Logf("first layer's hits: %d without read-ahead, %d with; the other layers' %d and %d", offFirst, onFirst, offRest, onRest)
+	if want := int64((tokens - 4) * K); onFirst < want || onFirst-offFirst < int64(tokens*K/2) {
+		t.Fatalf("the first layer hit %d of %d times with read-ahead, %d without: want at least %d, and %d more than without",
+			onFirst, tokens*K, offFirst, want, tokens*K/2)
 	}
 }
