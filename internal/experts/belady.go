@@ -96,6 +96,13 @@ func BeladyHits(tr Trace, slots int) (hits, total int) {
 // begins; with fewer readers, later misses may recycle slots the step has
 // finished with, in an order that depends on when reads land.
 func SimulateHits(tr Trace, slots int, p Policy, layers, experts int) (hits, total int, err error) {
+	return simulate(tr, slots, p, layers, experts, nil)
+}
+
+// simulate is SimulateHits with, when oracle is not nil, oracle(step, rec)
+// added to the policy's score of each resident record at that step: the
+// tests rank policies that could see some of the future against the rest.
+func simulate(tr Trace, slots int, p Policy, layers, experts int, oracle func(step int, rec int32) float64) (hits, total int, err error) {
 	if err := p.valid(); err != nil {
 		return 0, 0, err
 	}
@@ -156,7 +163,11 @@ func SimulateHits(tr Trace, slots int, p Policy, layers, experts int) (hits, tot
 				if sl.held {
 					continue
 				}
-				if sc := ev.score(sl.rec, sl.last, false); si < 0 || sc < best {
+				sc := ev.score(sl.rec, sl.last, false)
+				if oracle != nil {
+					sc += oracle(i, sl.rec)
+				}
+				if si < 0 || sc < best {
 					si, best = j, sc
 				}
 			}

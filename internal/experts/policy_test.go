@@ -122,8 +122,9 @@ func TestPolicyTable(t *testing.T) {
 	for _, p := range Policies {
 		fmt.Fprintf(&tab, " %15s", p)
 	}
-	tab.WriteString("\n")
+	fmt.Fprintf(&tab, " %15s\n", "next-token")
 	sum := map[Policy]map[int]float64{}
+	oracleSum := map[int]float64{}
 	traces := routeTraces(t)
 	for _, x := range traces {
 		distinct := map[int32]bool{}
@@ -156,6 +157,22 @@ func TestPolicyTable(t *testing.T) {
 				}
 				sum[p][share] += f / float64(len(traces))
 			}
+			// What the default would hit if it also knew the next
+			// token's routes: the ceiling of any policy that predicts one
+			// token ahead, as markov does.
+			// (Only the small pools: the replay costs the most in large
+			// ones, and there every policy is near the optimum.)
+			if share <= 10 {
+				oh, _, err := simulate(x.tr, slots, DefaultPolicy, x.L, x.E, nextTokenOracle(x.tr, x.L, x.E))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if oh > bh {
+					t.Errorf("%s, pool %d%%: the next-token oracle hits %d, above the optimum's %d", x.name, share, oh, bh)
+				}
+				fmt.Fprintf(&tab, " %5.1f%% (%.2fx)", 100*float64(oh)/float64(n), float64(oh)/float64(bh))
+				oracleSum[share] += float64(oh) / float64(bh) / float64(len(traces))
+			}
 			tab.WriteString("\n")
 			for p, h := range hits {
 				if h > hits[DefaultPolicy] {
@@ -172,9 +189,37 @@ func TestPolicyTable(t *testing.T) {
 		for _, p := range Policies {
 			fmt.Fprintf(&tab, " %15s", fmt.Sprintf("%.2fx", sum[p][share]))
 		}
+		if share <= 10 {
+			fmt.Fprintf(&tab, " %15s", fmt.Sprintf("%.2fx", oracleSum[share]))
+		}
 		tab.WriteString("\n")
 	}
 	t.Logf("decode hit rate from an empty pool (positions %d on), and the fraction of the optimum's:\n%s", benchPrompt, tab.String())
+}
+
+// nextTokenOracle returns a score bonus for simulate that knows the
+// requests of the next token (the L steps after the current one) and
+// nothing beyond: a record requested among them outranks every other, the
+// sooner the higher, and the rest keep the policy's order.
+func nextTokenOracle(tr Trace, L, E int) func(step int, rec int32) float64 {
+	uses := make([][]int, L*E) // [record] the steps that request it, ascending
+	for i, step := range tr {
+		for _, r := range step {
+			uses[r] = append(uses[r], i)
+		}
+	}
+	at := make([]int, L*E) // [record] its first use not yet passed (steps only go forward)
+	return func(step int, rec int32) float64 {
+		u, k := uses[rec], at[rec]
+		for k < len(u) && u[k] <= step {
+			k++
+		}
+		at[rec] = k
+		if k == len(u) || u[k] > step+L {
+			return 0
+		}
+		return float64(1<<40 - u[k])
+	}
 }
 
 // TestSimulateMatchesStream drives a real Stream (no lookahead, top-k
