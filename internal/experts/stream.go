@@ -404,7 +404,7 @@ func (s *Stream) Begin(layer int, ids []int, hint model.Hint) error {
 // while the last layer of a decode step computes. The last layer has no
 // next layer to look ahead to, so without it the disk idles through the
 // last layer's compute, the output head, sampling and the first layer's
-// attention: 17–19 ms of a 400 ms token on the 48-layer qwen3-30b-a3b
+// attention: 17–20 ms of a 400 ms token on the 48-layer qwen3-30b-a3b
 // synth at a 4% pool, when nothing else reads. No hidden state predicts
 // a token not yet sampled, but the Markov policy estimates what each
 // layer chooses next from what it chose now; its most likely experts are
