@@ -158,10 +158,10 @@ func TestPolicyTable(t *testing.T) {
 				sum[p][share] += f / float64(len(traces))
 			}
 			// What the default would hit if it also knew the next
-			// token's routes: the ceiling of any policy that predicts one
-			// token ahead, as markov does.
-			// (Only the small pools: the replay costs the most in large
-			// ones, and there every policy is near the optimum.)
+			// token's routes: markov's ceiling, were its one-token
+			// prediction perfect. Only the small pools: the replay costs
+			// the most in large ones, and there every policy is near the
+			// optimum.
 			if share <= 10 {
 				oh, _, err := simulate(x.tr, slots, DefaultPolicy, x.L, x.E, nextTokenOracle(x.tr, x.L, x.E))
 				if err != nil {
