@@ -394,14 +394,15 @@ func (s *Stream) Begin(layer int, ids []int, hint model.Hint) error {
 		}
 	}
 	s.issueMisses()
-	if layer == s.last && oneRow(hint) {
+	if layer == s.last {
 		s.prefetchNextToken()
 	}
 	return nil
 }
 
 // prefetchNextToken reads ahead for the next token's first expert layer
-// while the last layer of a decode step computes. The last layer has no
+// while the last layer of a decode step (one row, as the Markov policy
+// tells from the step's uses) computes. The last layer has no
 // next layer to look ahead to, so without it the disk idles through the
 // last layer's compute, the output head, sampling and the first layer's
 // attention: 17–20 ms of a 400 ms token on the 48-layer qwen3-30b-a3b
@@ -412,10 +413,9 @@ func (s *Stream) Begin(layer int, ids []int, hint model.Hint) error {
 // first layer whose estimates do not pay stops being read ahead.
 func (s *Stream) prefetchNextToken() {
 	mk := s.ev.mk
-	if mk == nil || !s.o.Lookahead || s.first >= s.L {
-		return
+	if mk == nil || mk.multi || !s.o.Lookahead || s.first >= s.L {
+		return // not Markov, a multi-row step's, lookahead off, no layer yet
 	}
-	mk.finish(&s.ev)
 	pred := mk.pred[s.first*s.E : (s.first+1)*s.E]
 	ids := s.xtok[:0]
 	for len(ids) < len(s.ids) {
@@ -429,17 +429,6 @@ func (s *Stream) prefetchNextToken() {
 	}
 	s.xtok = ids
 	s.Prefetch(s.first, ids)
-}
-
-// oneRow reports whether a step is a single row's (a decode step), whose
-// choices the Markov policy learns from.
-func oneRow(h model.Hint) bool {
-	for _, r := range h.Rows {
-		if r > 1 {
-			return false
-		}
-	}
-	return true
 }
 
 // stamp is the recency position i of the step gets: now, or, in a
