@@ -74,11 +74,14 @@ func Open(ctx context.Context, dir string, o Options) (*Engine, error) {
 			return nil, err
 		}
 	}
+	// What the process may use before the dense weights take their share:
+	// the pool is sized from it less everything counted, dense included.
+	avail, availFrom := memAvailable()
 	m, err := model.LoadContext(ctx, packed, o.Progress)
 	if err != nil {
 		return nil, err
 	}
-	stream, plan, err := openExperts(ctx, m, o)
+	stream, plan, err := openExperts(ctx, m, o, avail, availFrom)
 	if err != nil {
 		m.Close()
 		return nil, err

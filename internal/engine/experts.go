@@ -27,8 +27,13 @@ type ExpertOptions struct {
 	Log         io.Writer      // notes (O_DIRECT refused); nil = silent
 }
 
+// memAvailable is experts.Available, replaced in tests.
+var memAvailable = experts.Available
+
 // openExperts sets m.Experts: the resident mapping or a streaming pool.
-func openExperts(ctx context.Context, m *model.Model, o Options) (*experts.Stream, string, error) {
+// avail is the memory the process could use before m's dense weights were
+// loaded (from availFrom; -1 when the platform gives no figure).
+func openExperts(ctx context.Context, m *model.Model, o Options, avail int64, availFrom string) (*experts.Stream, string, error) {
 	c := &m.Config
 	xo := o.Experts
 	ctxLen := o.Ctx
@@ -49,7 +54,8 @@ func openExperts(ctx context.Context, m *model.Model, o Options) (*experts.Strea
 	}
 	b := experts.Budget{PoolBytes: xo.PoolBytes, MemoryBytes: xo.MemoryBytes, DenseBytes: m.DenseBytes(),
 		StateBytes: experts.StateBytes(c, ctxLen), ScratchBytes: experts.ScratchBytes(c, rows),
-		PolicyBytes: experts.PolicyBytes(xo.Policy, m.Manifest.ExpertLayers, m.Manifest.Experts)}
+		PolicyBytes: experts.PolicyBytes(xo.Policy, m.Manifest.ExpertLayers, m.Manifest.Experts),
+		Avail:       avail, AvailFrom: availFrom}
 	plan, err := b.Size(c, st, records)
 	if err != nil {
 		return nil, "", err

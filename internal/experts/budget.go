@@ -15,6 +15,15 @@ type Budget struct {
 	// What else the process holds, for MemoryBytes and auto.
 	DenseBytes, StateBytes, ScratchBytes int64
 	PolicyBytes                          int64 // the eviction policy's state (PolicyBytes)
+	// Avail, when positive, is the memory the process could use before it
+	// loaded anything counted above (AvailFrom says where the figure came
+	// from); auto sizing subtracts every counted byte from it. Zero reads
+	// the figure when sizing, which is right only while nothing counted
+	// has been loaded yet: dense weights already read into memory are gone
+	// from MemAvailable, and counting them again would take their size
+	// from the pool.
+	Avail     int64
+	AvailFrom string
 }
 
 // Overhead is what the Go runtime, the binary and the tokenizer take
@@ -53,7 +62,10 @@ func (b Budget) Size(c *format.Config, st *format.ExpertStore, records int) (Pla
 		n := slotsFor(pool)
 		return Plan{Slots: n, Why: fmt.Sprintf("pool %d slots (%s, %.0f%% of the experts' %s) from --memory-gb %.2f", n, mib(int64(n)*st.Stride), pct(n, records), mib(all), float64(b.MemoryBytes)/(1<<30))}, nil
 	}
-	avail, src := Available()
+	avail, src := b.Avail, b.AvailFrom
+	if avail <= 0 {
+		avail, src = Available()
+	}
 	if avail <= 0 {
 		return Plan{Resident: true, Why: "experts mapped whole (no memory limit found)"}, nil
 	}

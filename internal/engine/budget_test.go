@@ -1,0 +1,63 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/sluicelm/sluice/internal/experts"
+	"github.com/sluicelm/sluice/internal/format"
+	"github.com/sluicelm/sluice/internal/testutil"
+)
+
+// TestAutoPoolCountsDenseOnce sizes the pool from the memory available
+// before the dense weights were loaded, less each counted byte once. Read
+// after the load, MemAvailable has already lost the dense weights, and
+// subtracting them again took their size from the pool: under a cap of
+// dense + 10% of the experts on a 30B model, a pool of 3% instead of 8%.
+func TestAutoPoolCountsDenseOnce(t *testing.T) {
+	dir := testutil.Packed(t, "tiny-qwen3-moe", 16)
+	man, err := format.ReadManifest(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &man.Config
+	st := man.Stores[0]
+	records := man.ExpertLayers * man.Experts
+	const ctxLen = 256
+	fixed := man.DenseBytes + experts.StateBytes(c, ctxLen) + experts.ScratchBytes(c, 64) +
+		experts.PolicyBytes(experts.DefaultPolicy, man.ExpertLayers, man.Experts) + experts.Overhead
+	want := records / 3
+	// Below 2.5 GiB the headroom is its floor of 256 MiB.
+	avail := fixed + 256<<20 + int64(want)*st.Stride + st.Stride/2
+	if avail >= 2560<<20 {
+		t.Fatalf("avail %d: the headroom would not be its floor", avail)
+	}
+	// The figure the platform gives drops by the dense bytes once they are
+	// loaded, as MemAvailable does.
+	calls := 0
+	defer func(f func() (int64, string)) { memAvailable = f }(memAvailable)
+	memAvailable = func() (int64, string) {
+		calls++
+		if calls == 1 {
+			return avail, "test figure before loading"
+		}
+		return avail - man.DenseBytes, "test figure after loading"
+	}
+	e, err := Open(context.Background(), dir, Options{Threads: 1, Ctx: ctxLen})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	if e.Stream == nil {
+		t.Fatalf("no pool: %s", e.ExpertPlan)
+	}
+	if got := e.Stream.Slots(); got != want {
+		t.Fatalf("pool of %d slots, want %d (%s)", got, want, e.ExpertPlan)
+	}
+	if !strings.Contains(e.ExpertPlan, "before loading") {
+		t.Fatalf("plan %q does not name the figure it was sized from", e.ExpertPlan)
+	}
+	t.Log(e.ExpertPlan, fmt.Sprintf("(%d records)", records))
+}
