@@ -18,11 +18,20 @@
 # /proc/sys/vm/drop_caches, when permitted) and the holder has locked
 # MemAvailable - (budget + SPARE_MB):
 #   sluice bench --prompt 1 --gen GEN --repeat 1 --disk --json   (its
-#       defaults: it sizes its expert pool from what MemAvailable then
-#       says; --disk measures the expert store's uncached read bandwidth
+#       defaults: it sizes its expert pool from what MemAvailable says
+#       as it starts; --disk measures the expert store's uncached read bandwidth
 #       at its record size and queue depth, before and after the trial)
-#   llama-bench -p 0 -n GEN -r 1          (default: the GGUF mmapped)
-#   llama-bench -p 0 -n GEN -r 1 -mmp 0   (read into memory, if it starts)
+#   llama-bench -p 0 -n LLAMA_GEN -r 1          (default: the GGUF mmapped)
+#   llama-bench -p 0 -n LLAMA_GEN -r 1 -mmp 0   (read into memory, if it starts)
+#   llama-batched-bench -npp 1 -ntg LLAMA_GEN -npl 1 --no-repack   (only when
+#       LLAMA_BATCHED_BENCH names it: the GGUF mmapped and used in place.
+#       On CPUs where llama.cpp repacks Q4_0 weights (AVX2, for one), its
+#       default copies the whole model into anonymous memory, which the
+#       cap does not leave; --no-repack, an option of llama.cpp's common
+#       tools but not of llama-bench, keeps the weights in the page cache,
+#       as a user whose model does not fit would run it. It warms up on a
+#       16-token batch, as llama-bench warms up, then decodes LLAMA_GEN tokens
+#       after a 1-token prompt.)
 # and the script prints the medians of decode tok/s, sluice's expert hit
 # rate, MB of experts read per decoded token and pool share (its --json),
 # and for every engine the MB read from disk during the whole run, load
@@ -34,6 +43,8 @@
 # limit's tok/s and the measured time over the limit's (1.0 is the bound).
 #
 # Environment: LIKE, LAYERS (0 = all), ROUNDS (2), THREADS (2), GEN (64),
+# LLAMA_GEN (GEN: tokens llama.cpp's runs decode, fewer where it pages
+# its weights from disk at a few seconds a token),
 # SPARE_MB (0: memory left beyond the budget, for the rest of the machine),
 # RUN_TIMEOUT (seconds a run may take, 1800). Needs Linux, python3, and
 # root or CAP_IPC_LOCK for the holder. Every engine runs with
@@ -54,6 +65,7 @@ layers=${LAYERS:-0}
 rounds=${ROUNDS:-2}
 threads=${THREADS:-2}
 gen=${GEN:-64}
+lgen=${LLAMA_GEN:-$gen}
 spare=$((${SPARE_MB:-0} * 1024 * 1024))
 run_timeout=${RUN_TIMEOUT:-1800}
 tag=$like
@@ -116,7 +128,7 @@ PY
 )
 gb() { python3 -c "print('%.2f' % ($1 / 2**30))"; }
 echo "model $tag: sluice dense $(gb "$s_dense") GiB + experts $(gb "$s_exp") GiB; GGUF dense $(gb "$g_dense") GiB + experts $(gb "$g_exp") GiB"
-echo "machine: $(awk '/^MemTotal/ {printf "%.1f GiB", $2/2^20}' /proc/meminfo), $(nproc) CPUs; threads $threads, $gen generated tokens, $rounds rounds"
+echo "machine: $(awk '/^MemTotal/ {printf "%.1f GiB", $2/2^20}' /proc/meminfo), $(nproc) CPUs; threads $threads, $gen generated tokens ($lgen for llama.cpp), $rounds rounds"
 
 meminfo() { awk -v k="$1:" '$1 == k {printf "%.0f\n", $2 * 1024}' /proc/meminfo; }
 pgpgin() { awk '$1 == "pgpgin" {printf "%.0f\n", $2 * 1024}' /proc/vmstat; }
@@ -163,8 +175,9 @@ capped() {
 run_engine() { # ENGINE BUDGET OUT
   case $1 in
     sluice) capped "$2" "$3" "$work/sluice" bench -m "$model" --prompt 1 --gen "$gen" --threads "$threads" --repeat 1 --disk --json ;;
-    llama) capped "$2" "$3" "$LLAMA_BENCH" -m "$model.gguf" -t "$threads" -r 1 -p 0 -n "$gen" -o json ;;
-    llama-nommap) capped "$2" "$3" "$LLAMA_BENCH" -m "$model.gguf" -t "$threads" -r 1 -p 0 -n "$gen" -mmp 0 -o json ;;
+    llama) capped "$2" "$3" "$LLAMA_BENCH" -m "$model.gguf" -t "$threads" -r 1 -p 0 -n "$lgen" -o json ;;
+    llama-nommap) capped "$2" "$3" "$LLAMA_BENCH" -m "$model.gguf" -t "$threads" -r 1 -p 0 -n "$lgen" -mmp 0 -o json ;;
+    llama-norepack) capped "$2" "$3" "$LLAMA_BATCHED_BENCH" -m "$model.gguf" -t "$threads" -c $((lgen + 64)) -npp 1 -ntg "$lgen" -npl 1 --no-repack --output-format jsonl ;;
   esac
 }
 
@@ -179,33 +192,44 @@ fi
 echo "sluice resident decode: $(python3 -c "print('%.1f ms/token' % $resident_ms if $resident_ms else 'does not fit uncapped')")"
 
 engines=(sluice llama llama-nommap)
-printf '%-6s %9s %9s | %9s %7s %7s %6s %8s %7s %8s | %9s %8s | %9s %8s\n' cap "sluice_GB" "llama_GB" \
-  "sluice_tg" hit% MB/tok pool% disk_MB disk_MBs "limit_tg" "llama_tg" disk_MB "nommap_tg" disk_MB
+[ -z "${LLAMA_BATCHED_BENCH:-}" ] || engines+=(llama-norepack)
+printf '%-6s %9s %9s | %9s %7s %7s %6s %8s %7s %8s | %9s %8s | %9s %8s | %9s %8s\n' cap "sluice_GB" "llama_GB" \
+  "sluice_tg" hit% MB/tok pool% disk_MB disk_MBs "limit_tg" "llama_tg" disk_MB "nommap_tg" disk_MB "norepk_tg" disk_MB
 for cap in "${caps[@]}"; do
   s_budget=$(python3 -c "print(int($s_dense + $cap * $s_exp))")
   g_budget=$(python3 -c "print(int($g_dense + $cap * $g_exp))")
   rm -f "$work"/r.*
   for r in $(seq "$rounds"); do
-    for i in 0 1 2; do
-      e=${engines[$(((i + r - 1) % 3))]}
+    for i in "${!engines[@]}"; do
+      e=${engines[$(((i + r - 1) % ${#engines[@]}))]}
       b=$g_budget
       [ "$e" = sluice ] && b=$s_budget
       run_engine "$e" "$b" "$work/r.$e.$r"
     done
   done
-  python3 - "$work" "$rounds" "$cap" "$s_budget" "$g_budget" "$gen" "$resident_ms" <<'PY'
+  python3 - "$work" "$rounds" "$cap" "$s_budget" "$g_budget" "$gen" "$resident_ms" "${engines[@]}" <<'PY'
 import json, statistics, sys
 work, rounds, cap, sb, gb, gen = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
 resident_ms = float(sys.argv[7])
+engines = sys.argv[8:]
+def load(p):
+    # llama-batched-bench --output-format jsonl prints one object a line;
+    # the others print one JSON document.
+    text = open(p).read()
+    if p.split("/")[-1].startswith("r.llama-norepack."):
+        return [json.loads(l) for l in text.splitlines() if l.startswith("{")] or None
+    return json.loads(text)
 def runs(e):
     out = []
+    if e not in engines:
+        return out
     for r in range(1, rounds + 1):
         p = "%s/r.%s.%d" % (work, e, r)
         rc, disk, note = open(p + ".meta").read().split()
         d = None
         if rc == "0" and note != "cap-lost":
             try:
-                d = json.load(open(p))
+                d = load(p)
             except ValueError:
                 pass
         out.append((int(rc), int(disk), note, d))
@@ -219,7 +243,7 @@ def status(rs):
 # llama-bench: one token) and the timed trial.
 def disk(rs):
     return med([b / 1e6 for rc, b, n, d in rs if d is not None])
-s, l, n = runs("sluice"), runs("llama"), runs("llama-nommap")
+s, l, n, q = runs("sluice"), runs("llama"), runs("llama-nommap"), runs("llama-norepack")
 sok = [d for *_, d in s if d]
 st = med([d["decode_tok_s"] for d in sok])
 x = [d.get("experts") for d in sok]
@@ -241,12 +265,13 @@ def tg(rs):
     v = []
     for *_, d in rs:
         if d:
-            v += [t["avg_ts"] for t in d if t["n_gen"] > 0]
+            v += [t["avg_ts"] if "avg_ts" in t else t["speed_tg"] for t in d if t.get("n_gen", t.get("tg", 0)) > 0]
     return med(v)
-print("%-6s %9.2f %9.2f | %9.2f %7.1f %7.1f %6.0f %8.0f %7.0f %8.2f | %9.2f %8.0f | %9.2f %8.0f%s%s%s" % (
-    cap, sb / 2**30, gb / 2**30, st, hit, mbt, pool, disk(s), dmbs, lim, tg(l), disk(l), tg(n), disk(n),
-    status(s) and " sluice" + status(s), status(l) and " llama" + status(l), status(n) and " nommap" + status(n)))
-notes = {r[2] for r in s + l + n} - {"ok", "cap-lost"}
+print("%-6s %9.2f %9.2f | %9.2f %7.1f %7.1f %6.0f %8.0f %7.0f %8.2f | %9.2f %8.0f | %9.2f %8.0f | %9.2f %8.0f%s%s%s%s" % (
+    cap, sb / 2**30, gb / 2**30, st, hit, mbt, pool, disk(s), dmbs, lim, tg(l), disk(l), tg(n), disk(n), tg(q), disk(q),
+    status(s) and " sluice" + status(s), status(l) and " llama" + status(l), status(n) and " nommap" + status(n),
+    status(q) and " norepack" + status(q)))
+notes = {r[2] for r in s + l + n + q} - {"ok", "cap-lost"}
 if notes:
     print("       notes: %s" % ", ".join(sorted(notes)))
 if ofl:
