@@ -15,7 +15,7 @@ import (
 // before the dense weights were loaded, less each counted byte once. Read
 // after the load, MemAvailable has already lost the dense weights, and
 // subtracting them again took their size from the pool: under a cap of
-// dense + 10% of the experts on a 30B model, a pool of 3% instead of 8%.
+// dense + 10% of the experts on a 30B model, a pool of 3% instead of 9%.
 func TestAutoPoolCountsDenseOnce(t *testing.T) {
 	dir := testutil.Packed(t, "tiny-qwen3-moe", 16)
 	man, err := format.ReadManifest(dir)
