@@ -267,7 +267,7 @@ def tg(rs):
         if d:
             v += [t["avg_ts"] if "avg_ts" in t else t["speed_tg"] for t in d if t.get("n_gen", t.get("tg", 0)) > 0]
     return med(v)
-print("%-6s %9.2f %9.2f | %9.2f %7.1f %7.1f %6.0f %8.0f %7.0f %8.2f | %9.2f %8.0f | %9.2f %8.0f | %9.2f %8.0f%s%s%s%s" % (
+print("%-6s %9.2f %9.2f | %9.2f %7.1f %7.1f %6.0f %8.0f %7.0f %8.2f | %9.3g %8.0f | %9.3g %8.0f | %9.3g %8.0f%s%s%s%s" % (
     cap, sb / 2**30, gb / 2**30, st, hit, mbt, pool, disk(s), dmbs, lim, tg(l), disk(l), tg(n), disk(n), tg(q), disk(q),
     status(s) and " sluice" + status(s), status(l) and " llama" + status(l), status(n) and " nommap" + status(n),
     status(q) and " norepack" + status(q)))
