@@ -66,6 +66,11 @@ rounds=${ROUNDS:-2}
 threads=${THREADS:-2}
 gen=${GEN:-64}
 lgen=${LLAMA_GEN:-$gen}
+for v in "GEN=$gen" "LLAMA_GEN=$lgen" "ROUNDS=$rounds" "THREADS=$threads"; do
+  case ${v#*=} in
+    '' | *[!0-9]* | 0) echo "compare-cap.sh: ${v%%=*} must be a positive integer, not '${v#*=}'" >&2; exit 2 ;;
+  esac
+done
 spare=$((${SPARE_MB:-0} * 1024 * 1024))
 run_timeout=${RUN_TIMEOUT:-1800}
 tag=$like
