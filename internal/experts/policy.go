@@ -31,7 +31,12 @@ const (
 	// layer, its counts drawn towards LRFU's decayed frequencies), scaled
 	// as LRFU scales by how soon the layer comes round again. Experts
 	// that follow the ones just chosen stay, where LRFU, which knows only
-	// how often and how lately each was chosen, would evict them.
+	// how often and how lately each was chosen, would evict them. Where
+	// a layer repeats the experts it just chose more often than their
+	// frequencies explain (its excess repeat rate, learned as it runs),
+	// the estimate leans that much towards them, so that at a change of
+	// text the new text's experts are kept from the first token rather
+	// than once the old text's counts have aged.
 	Markov Policy = "markov"
 )
 

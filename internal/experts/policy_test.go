@@ -3,8 +3,10 @@ package experts
 import (
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -310,5 +312,68 @@ func BenchmarkPolicies(b *testing.B) {
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/request")
 			b.ReportMetric(float64(h)/float64(opt), "of_optimal")
 		})
+	}
+}
+
+// TestMarkovTextSwitch replays two texts in turn through one pool of 10%
+// of the records: decodes whose layers keep each expert they chose with
+// probability 0.95 from one token to the next (as the router-routed
+// synths' layers keep 94–97%), each text from its own random experts.
+// Keeping what was just used is then close to optimal, so Markov must
+// hit within 2% of LRU's rate on the second text: estimates that trusted
+// only the counts learned on the first text would evict the second's
+// experts first and miss far more (about a third of LRU's hits lost).
+func TestMarkovTextSwitch(t *testing.T) {
+	const L, E, K, T = 8, 64, 4, 200
+	rng := rand.New(rand.NewPCG(7, 11))
+	text := func() Trace {
+		sets := make([][]int32, L)
+		for l := range sets {
+			for len(sets[l]) < K {
+				if e := int32(rng.IntN(E)); !slices.Contains(sets[l], e) {
+					sets[l] = append(sets[l], e)
+				}
+			}
+		}
+		var tr Trace
+		for range T {
+			for l, set := range sets {
+				for k := range set {
+					if rng.Float64() < 0.05 {
+						for {
+							if e := int32(rng.IntN(E)); !slices.Contains(set, e) {
+								set[k] = e
+								break
+							}
+						}
+					}
+				}
+				step := make([]int32, K)
+				for k, e := range set {
+					step[k] = int32(l*E) + e
+				}
+				tr = append(tr, step)
+			}
+		}
+		return tr
+	}
+	first, second := text(), text()
+	both := append(slices.Clone(first), second...)
+	slots := L * E / 10
+	hits := func(p Policy) float64 {
+		h1, _, err := SimulateHits(first, slots, p, L, E)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h, _, err := SimulateHits(both, slots, p, L, E)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return float64(h-h1) / float64(T*L*K)
+	}
+	mk, lru := hits(Markov), hits(LRU)
+	t.Logf("second text: markov %.3f, lru %.3f of requests hit", mk, lru)
+	if mk < 0.98*lru {
+		t.Errorf("markov hit %.3f of the second text's requests, lru %.3f", mk, lru)
 	}
 }
