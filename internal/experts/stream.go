@@ -140,6 +140,7 @@ type Stream struct {
 	waiting int     // positions issued (or prefetched) and not yet returned
 	slotOf  []int32 // [position] slot
 	cur     int32   // slot returned by the last Next, -1
+	batch   []int32 // slots returned by the last Ready
 	left    int     // positions not yet returned
 	prefs   []int32 // slots prefetched for the next layer
 	xtok    []int   // the next token's predicted first-layer experts (prefetchNextToken)
@@ -300,6 +301,7 @@ func Open(dir string, man *format.Manifest, o Options) (*Stream, error) {
 	}
 	s.isMiss = make([]bool, s.E)
 	s.readyQ = make([]int32, 0, s.E)
+	s.batch = make([]int32, 0, s.E)
 	s.missQ = make([]int32, 0, s.E)
 	s.prefs = make([]int32, 0, s.E)
 	s.xtok = make([]int, 0, s.E)
@@ -551,26 +553,54 @@ func (s *Stream) Next() (int, *model.Expert, error) {
 
 // deliver returns position i's expert and makes its slot current.
 func (s *Stream) deliver(i int32) (int, *model.Expert, error) {
+	s.cur = s.slotOf[i]
+	return int(i), s.take(i), nil
+}
+
+// take counts position i returned and gives its slot's expert.
+func (s *Stream) take(i int32) *model.Expert {
 	si := s.slotOf[i]
-	s.cur = si
 	s.left--
 	if s.isMiss[i] {
 		s.isMiss[i] = false
 		s.missOut--
 	}
 	if sl := &s.slots[si]; sl.low && !s.o.widen {
-		return int(i), &sl.exLow, nil
+		return &sl.exLow
 	}
-	return int(i), &s.slots[si].ex, nil
+	return &s.slots[si].ex
 }
 
-// release un-holds the slot returned by the previous Next: the forward is
-// done with it, so a later miss of the same step may recycle it.
+// Ready implements model.ReadyProvider: it returns at once, with every
+// expert of the step that is in memory and not yet returned (reads that
+// landed included), appending their positions in ids to pos and their
+// weights to ex; none when every one left is still being read.
+func (s *Stream) Ready(pos []int, ex []*model.Expert) ([]int, []*model.Expert) {
+	s.release()
+	s.drain()
+	s.issueMisses()
+	for s.readyH < len(s.readyQ) {
+		i := s.readyQ[s.readyH]
+		s.readyH++
+		s.batch = append(s.batch, s.slotOf[i])
+		pos = append(pos, int(i))
+		ex = append(ex, s.take(i))
+	}
+	return pos, ex
+}
+
+// release un-holds the slots returned by the previous Next or Ready: the
+// forward is done with them, so a later miss of the same step may recycle
+// them.
 func (s *Stream) release() {
 	if s.cur >= 0 {
 		s.slots[s.cur].held = false
 		s.cur = -1
 	}
+	for _, si := range s.batch {
+		s.slots[si].held = false
+	}
+	s.batch = s.batch[:0]
 }
 
 // endStep releases everything the previous step held, including what an
@@ -856,6 +886,7 @@ func mib(n int64) string {
 }
 
 var (
-	_ model.Provider   = (*Stream)(nil)
-	_ model.Prefetcher = (*Stream)(nil)
+	_ model.Provider      = (*Stream)(nil)
+	_ model.ReadyProvider = (*Stream)(nil)
+	_ model.Prefetcher    = (*Stream)(nil)
 )

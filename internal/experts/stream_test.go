@@ -437,3 +437,60 @@ func TestNextTokenPrefetch(t *testing.T) {
 			onFirst, tokens*K, offFirst, want, tokens*K/2)
 	}
 }
+
+// TestReadyBatches decodes the same tokens with every expert resident and
+// through a pool that already holds them all, and requires the pool's
+// decode to hand the worker threads as many operations as the resident
+// one, with the same logits: experts in memory are computed whole on
+// different threads in one dispatch (the shared expert with them), as
+// resident experts are, not one after another, each split across the
+// threads (three dispatches) or, for matrices too small to split, on the
+// calling thread alone.
+func TestReadyBatches(t *testing.T) {
+	const name = "tiny-qwen3-5-moe" // routed and shared experts
+	toks := []int{5, 17, 99, 3, 250, 7, 31, 64}
+	// decode runs toks through m twice, the first time to fill a pool, and
+	// returns the second run's dispatches and last logits.
+	decode := func(m *model.Model) (uint64, []float32) {
+		r := model.NewRunner(m, 2, 16)
+		defer r.Close()
+		st, err := m.NewState(len(toks))
+		if err != nil {
+			t.Fatal(err)
+		}
+		logits := make([]float32, m.Config.Vocab)
+		var d0 uint64
+		for range 2 {
+			st.Reset()
+			d0 = r.Pool.Dispatches()
+			for _, tok := range toks {
+				if err := r.Forward(st, []int{tok}, logits, false); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		return r.Pool.Dispatches() - d0, logits
+	}
+	m, s := loadStream(t, name, 4, Options{Slots: 1 << 20})
+	streamed, sl := decode(m)
+	if st := s.Stats(); st.Misses == 0 || st.Hits == 0 {
+		t.Fatalf("%d hits and %d misses: the pool was not filled, then used", st.Hits, st.Misses)
+	}
+	rm, err := model.Load(testutil.Packed(t, name, 4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rm.Close()
+	p, err := model.NewResidentProvider(rm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rm.Experts = p
+	resident, rl := decode(rm)
+	if streamed != resident {
+		t.Errorf("a decode of %d tokens through a full pool took %d dispatches, with every expert resident %d", len(toks), streamed, resident)
+	}
+	if !slices.Equal(sl, rl) {
+		t.Errorf("logits differ between the pool and resident experts")
+	}
+}

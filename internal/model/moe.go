@@ -15,6 +15,8 @@ type moeScratch struct {
 	main     moeThread   // the sequential path's buffers
 	threads  []moeThread // per pool thread, for experts computed in parallel
 	exps     []*Expert   // [distinct] experts of a step, when they stay valid
+	rpos     []int       // positions in distinct of a ReadyProvider's batch
+	rex      []*Expert   // their experts
 	order    []int       // distinct indices (len(distinct): shared expert) by descending rows
 	task     moeTask
 	logits   []float32 // [rows][experts] router logits, then probabilities
@@ -72,6 +74,8 @@ func (s *moeScratch) initThreads(c *format.Config, rows, threads int) {
 	}
 	s.exps = make([]*Expert, c.Experts)
 	s.order = make([]int, 0, c.Experts+1)
+	s.rpos = make([]int, 0, c.Experts)
+	s.rex = make([]*Expert, 0, c.Experts)
 }
 
 func (s *moeScratch) init(c *format.Config, rows int) {
@@ -229,28 +233,19 @@ func (r *Runner) Experts(L *block.MoE) error {
 			}
 			s.exps[di] = ex
 		}
-		items := len(s.distinct)
-		if L.Shared != nil {
-			items++ // the shared expert is one more work item
-		}
-		// Largest first, handed out one at a time: experts differ in rows
-		// by an order of magnitude in a prefill chunk, so equal counts per
-		// thread would leave one thread idle.
 		s.order = s.order[:0]
 		if L.Shared != nil {
-			s.order = append(s.order, len(s.distinct))
+			s.order = append(s.order, len(s.distinct)) // one more work item
 		}
 		for di := range s.distinct {
-			j := len(s.order)
-			s.order = append(s.order, di)
-			for ; j > 0 && s.order[j-1] < len(s.distinct) && s.nrows[s.order[j-1]] < s.nrows[di]; j-- {
-				s.order[j] = s.order[j-1]
-			}
-			s.order[j] = di
+			s.addItem(di)
 		}
-		s.task = moeTask{r: r, L: L, nb: nb, items: items}
-		r.Pool.Parallel(r.Pool.Threads(), 1, &s.task)
-		s.task = moeTask{}
+		r.runItems(L, nb)
+	} else if rp, ok := r.M.Experts.(ReadyProvider); ok && r.Pool.Threads() > 1 {
+		if err := r.readyExperts(L, rp, nb); err != nil {
+			return err
+		}
+		return r.sharedGate(L, nb)
 	} else {
 		for range s.distinct {
 			di, ex, err := r.M.Experts.Next()
@@ -263,8 +258,83 @@ func (r *Runner) Experts(L *block.MoE) error {
 			r.sharedExpert(L, nb, &s.main, r.Pool)
 		}
 	}
+	return r.sharedGate(L, nb)
+}
+
+// sharedGate computes the shared expert's gate, when the family has one.
+func (r *Runner) sharedGate(L *block.MoE, nb int) error {
 	if L.Shared != nil && L.SharedGate.Present() {
-		r.Pool.MatMul(s.sgate, &L.SharedGate.Mat, r.h, nb)
+		r.Pool.MatMul(r.moe.sgate, &L.SharedGate.Mat, r.h, nb)
+	}
+	return nil
+}
+
+// addItem queues distinct expert di for runItems. Largest first, handed
+// out one at a time: experts differ in rows by an order of magnitude in a
+// prefill chunk, so equal counts per thread would leave one thread idle.
+// The shared expert's item (len(distinct)), when queued, stays first.
+func (s *moeScratch) addItem(di int) {
+	j := len(s.order)
+	s.order = append(s.order, di)
+	for ; j > 0 && s.order[j-1] < len(s.distinct) && s.nrows[s.order[j-1]] < s.nrows[di]; j-- {
+		s.order[j] = s.order[j-1]
+	}
+	s.order[j] = di
+}
+
+// runItems computes the queued items (s.order, experts in s.exps) as
+// whole experts on different threads, in one dispatch.
+func (r *Runner) runItems(L *block.MoE, nb int) {
+	s := &r.moe
+	s.task = moeTask{r: r, L: L, nb: nb, items: len(s.order)}
+	r.Pool.Parallel(r.Pool.Threads(), 1, &s.task)
+	s.task = moeTask{}
+}
+
+// readyExperts computes a streamed step's experts in batches: whatever the
+// provider has in memory goes out in one dispatch, whole experts on
+// different threads (the shared expert with the first batch), as resident
+// experts do; while only reads are left, the shared expert if not yet
+// done, else the next expert to land alone, split across the threads.
+// Which path an expert takes changes no result: each product is
+// bit-identical on one thread or several, and Combine sums in router
+// order.
+func (r *Runner) readyExperts(L *block.MoE, rp ReadyProvider, nb int) error {
+	s := &r.moe
+	nd := len(s.distinct)
+	shared := L.Shared != nil
+	for done := 0; done < nd; {
+		s.rpos, s.rex = rp.Ready(s.rpos[:0], s.rex[:0])
+		switch {
+		case len(s.rpos) == 0 && shared:
+			r.sharedExpert(L, nb, &s.main, r.Pool) // while the reads land
+			shared = false
+		case len(s.rpos) == 0:
+			di, ex, err := rp.Next()
+			if err != nil {
+				return err
+			}
+			r.runExpert(L, ex, di, &s.main, r.Pool)
+			done++
+		case len(s.rpos) == 1 && !shared:
+			r.runExpert(L, s.rex[0], s.rpos[0], &s.main, r.Pool)
+			done++
+		default:
+			s.order = s.order[:0]
+			if shared {
+				s.order = append(s.order, nd)
+				shared = false
+			}
+			for k, di := range s.rpos {
+				s.exps[di] = s.rex[k]
+				s.addItem(di)
+			}
+			r.runItems(L, nb)
+			done += len(s.rpos)
+		}
+	}
+	if shared {
+		r.sharedExpert(L, nb, &s.main, r.Pool)
 	}
 	return nil
 }

@@ -36,6 +36,19 @@ type Provider interface {
 	Close() error
 }
 
+// ReadyProvider is implemented by providers that can hand out several
+// experts at once, so that the forward computes them on different threads
+// in one dispatch, as it does resident experts, instead of splitting each
+// expert's products across the threads (three hand-offs per expert).
+type ReadyProvider interface {
+	Provider
+	// Ready appends to pos and ex, without waiting, every expert of the
+	// step that is in memory and not yet returned (none when all that
+	// are left are still being read: Next waits for one). They stay
+	// valid until the next call of Ready, Next or Begin.
+	Ready(pos []int, ex []*Expert) ([]int, []*Expert)
+}
+
 // Hint is what the router decided about each expert of a step, in the
 // order of Begin's ids. The slices belong to the caller and are valid until
 // the next Begin.
