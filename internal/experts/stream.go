@@ -343,7 +343,7 @@ func (s *Stream) Begin(layer int, ids []int, hint model.Hint) error {
 		return fmt.Errorf("expert stream: layer %d outside [0,%d)", layer, s.L)
 	}
 	s.endStep()
-	s.drain()
+	s.drain() // endStep left no position waiting: no error to report
 	s.clock++
 	s.ev.tick(s.clock, layer)
 	if s.tracing {
@@ -529,7 +529,9 @@ func (s *Stream) Next() (int, *model.Expert, error) {
 			return s.deliver(i)
 		}
 		if s.o.CutWeak > 0 {
-			s.drain()
+			if err := s.drain(); err != nil {
+				return -1, nil, err
+			}
 			if s.readyH < len(s.readyQ) {
 				continue
 			}
@@ -574,10 +576,13 @@ func (s *Stream) take(i int32) *model.Expert {
 // Ready implements model.ReadyProvider: it returns at once, with every
 // expert of the step that is in memory and not yet returned (reads that
 // landed included), appending their positions in ids to pos and their
-// weights to ex; none when every one left is still being read.
-func (s *Stream) Ready(pos []int, ex []*model.Expert) ([]int, []*model.Expert) {
+// weights to ex; none when every one left is still being read. A read of
+// the step that failed is returned as an error.
+func (s *Stream) Ready(pos []int, ex []*model.Expert) ([]int, []*model.Expert, error) {
 	s.release()
-	s.drain()
+	if err := s.drain(); err != nil {
+		return pos, ex, err
+	}
 	s.issueMisses()
 	for s.readyH < len(s.readyQ) {
 		i := s.readyQ[s.readyH]
@@ -586,7 +591,7 @@ func (s *Stream) Ready(pos []int, ex []*model.Expert) ([]int, []*model.Expert) {
 		pos = append(pos, int(i))
 		ex = append(ex, s.take(i))
 	}
-	return pos, ex
+	return pos, ex, nil
 }
 
 // release un-holds the slots returned by the previous Next or Ready: the
@@ -622,14 +627,19 @@ func (s *Stream) endStep() {
 	s.waiting = 0
 }
 
-// drain processes completions that have already arrived.
-func (s *Stream) drain() {
+// drain processes completions that have already arrived and returns the
+// first error of a read the current step was waiting for (between steps
+// there is none: a failed read's slot is just freed).
+func (s *Stream) drain() error {
+	var first error
 	for {
 		select {
 		case c := <-s.done:
-			s.complete(c) // an error here has no step to fail; the slot is freed
+			if err := s.complete(c); err != nil && first == nil {
+				first = err
+			}
 		default:
-			return
+			return first
 		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/sluicelm/sluice/internal/format"
@@ -492,5 +493,71 @@ func TestReadyBatches(t *testing.T) {
 	}
 	if !slices.Equal(sl, rl) {
 		t.Errorf("logits differ between the pool and resident experts")
+	}
+}
+
+// TestReadErrorSurfaces truncates the expert store under an open stream
+// and requires a step's failed reads to come back as the read's own error,
+// from Ready as from Next, rather than as a stall or a step that seems to
+// have no reads left.
+func TestReadErrorSurfaces(t *testing.T) {
+	src := testutil.Packed(t, "tiny-qwen3-moe", 4)
+	man, err := format.ReadManifest(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ready := range []bool{false, true} {
+		dir := t.TempDir()
+		ents, err := os.ReadDir(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range ents {
+			if e.IsDir() {
+				continue
+			}
+			b, err := os.ReadFile(filepath.Join(src, e.Name()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, e.Name()), b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		s, err := Open(dir, man, Options{Slots: MinSlots(&man.Config), Buffered: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Truncate(filepath.Join(dir, man.Stores[0].File), 0); err != nil {
+			t.Fatal(err)
+		}
+		ids := make([]int, man.Config.TopK)
+		for i := range ids {
+			ids[i] = i
+		}
+		if err := s.Begin(0, ids, model.Hint{}); err != nil {
+			t.Fatal(err)
+		}
+		if ready {
+			// Let every read fail before the first Ready, so that Ready
+			// is the call that meets the failures.
+			for deadline := time.Now().Add(10 * time.Second); len(s.done) < s.inflight && time.Now().Before(deadline); {
+				time.Sleep(time.Millisecond)
+			}
+		}
+		var got error
+		for n := 0; got == nil && n < len(ids); n++ {
+			if ready {
+				var pos []int
+				if pos, _, got = s.Ready(nil, nil); got != nil || len(pos) > 0 {
+					continue
+				}
+			}
+			_, _, got = s.Next()
+		}
+		s.Close()
+		if got == nil || !strings.Contains(got.Error(), "reading layer 0") {
+			t.Errorf("ready=%v: a step over a truncated store gave %v, want the read's error", ready, got)
+		}
 	}
 }

@@ -304,7 +304,10 @@ func (r *Runner) readyExperts(L *block.MoE, rp ReadyProvider, nb int) error {
 	nd := len(s.distinct)
 	shared := L.Shared != nil
 	for done := 0; done < nd; {
-		s.rpos, s.rex = rp.Ready(s.rpos[:0], s.rex[:0])
+		var err error
+		if s.rpos, s.rex, err = rp.Ready(s.rpos[:0], s.rex[:0]); err != nil {
+			return err
+		}
 		switch {
 		case len(s.rpos) == 0 && shared:
 			r.sharedExpert(L, nb, &s.main, r.Pool) // while the reads land

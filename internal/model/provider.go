@@ -45,8 +45,9 @@ type ReadyProvider interface {
 	// Ready appends to pos and ex, without waiting, every expert of the
 	// step that is in memory and not yet returned (none when all that
 	// are left are still being read: Next waits for one). They stay
-	// valid until the next call of Ready, Next or Begin.
-	Ready(pos []int, ex []*Expert) ([]int, []*Expert)
+	// valid until the next call of Ready, Next or Begin. A read of the
+	// step that failed is an error, as from Next.
+	Ready(pos []int, ex []*Expert) ([]int, []*Expert, error)
 }
 
 // Hint is what the router decided about each expert of a step, in the
