@@ -227,9 +227,10 @@ func TestCutWeak(t *testing.T) {
 }
 
 // TestStreamDelivers drives a small pool directly, as the forward would,
-// with random steps and random (often wrong) lookahead predictions, and
-// checks that every expert handed out holds its own record's bytes. Run
-// under -race it also checks the reader hand-off.
+// with random steps and random (often wrong) lookahead predictions, taking
+// experts one at a time (Next) or in batches (Ready) at random, and checks
+// that every expert handed out holds its own record's bytes. Run under -race it also
+// checks the reader hand-off.
 func TestStreamDelivers(t *testing.T) {
 	dir := testutil.Packed(t, "tiny-qwen3-moe", 4)
 	man, err := format.ReadManifest(dir)
@@ -273,11 +274,7 @@ func streamDelivers(t *testing.T, dir string, man *format.Manifest, file []byte,
 		}
 		s.Prefetch((layer+1)%man.ExpertLayers, rng.Perm(E)[:6])
 		seen := make([]bool, len(ids))
-		for range ids {
-			i, ex, err := s.Next()
-			if err != nil {
-				t.Fatal(err)
-			}
+		check := func(i int, ex *model.Expert) {
 			if seen[i] {
 				t.Fatalf("step %d: position %d returned twice", step, i)
 			}
@@ -287,6 +284,25 @@ func streamDelivers(t *testing.T, dir string, man *format.Manifest, file []byte,
 			if !slices.Equal(ex.Gate.Q, want) {
 				t.Fatalf("%s step %d: layer %d expert %d: wrong bytes", pol, step, layer, ids[i])
 			}
+		}
+		for got := 0; got < len(ids); {
+			if rng.IntN(2) == 0 {
+				pos, exs, err := s.Ready(nil, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for k, i := range pos {
+					check(i, exs[k])
+				}
+				got += len(pos)
+				continue
+			}
+			i, ex, err := s.Next()
+			if err != nil {
+				t.Fatal(err)
+			}
+			check(i, ex)
+			got++
 		}
 		if _, _, err := s.Next(); err == nil {
 			t.Fatal("Next past the last expert: no error")
