@@ -104,6 +104,19 @@ func openExperts(ctx context.Context, m *model.Model, o Options, avail int64, av
 	if err != nil {
 		return nil, "", err
 	}
+	var progress func(done, total int64)
+	if w := o.Progress; w != nil && int64(s.Slots())*s.Stride() >= 1<<30 {
+		progress = func(done, total int64) {
+			fmt.Fprintf(w, "\rallocating the expert pool: %.1f of %.1f GiB", float64(done)/(1<<30), float64(total)/(1<<30))
+			if done == total {
+				fmt.Fprintln(w)
+			}
+		}
+	}
+	if err := s.Populate(ctx, progress); err != nil {
+		s.Close()
+		return nil, "", err
+	}
 	m.Experts = s
 	why := plan.Why
 	how := platform.UncachedName

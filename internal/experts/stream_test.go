@@ -1,6 +1,8 @@
 package experts
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -575,5 +577,26 @@ func TestReadErrorSurfaces(t *testing.T) {
 		if got == nil || !strings.Contains(got.Error(), "reading layer 0") {
 			t.Errorf("ready=%v: a step over a truncated store gave %v, want the read's error", ready, got)
 		}
+	}
+}
+
+// TestPopulate requires Populate to stop with the context's error once it
+// is cancelled, and otherwise to report the whole pool done, in order.
+func TestPopulate(t *testing.T) {
+	_, s := loadStream(t, "tiny-qwen3-moe", 4, Options{Slots: 64})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := s.Populate(ctx, nil); !errors.Is(err, context.Canceled) {
+		t.Fatalf("populating under a cancelled context: %v", err)
+	}
+	var last, total int64
+	err := s.Populate(context.Background(), func(done, all int64) {
+		if done <= last || done > all {
+			t.Errorf("progress %d of %d after %d", done, all, last)
+		}
+		last, total = done, all
+	})
+	if err != nil || last != total || total != int64(s.Slots())*s.Stride() {
+		t.Fatalf("populate: %v, progress %d of %d, pool %d bytes", err, last, total, int64(s.Slots())*s.Stride())
 	}
 }
