@@ -245,7 +245,6 @@ func (r *Runner) Experts(L *block.MoE) error {
 		if err := r.readyExperts(L, rp, nb); err != nil {
 			return err
 		}
-		return r.sharedGate(L, nb)
 	} else {
 		for range s.distinct {
 			di, ex, err := r.M.Experts.Next()
@@ -258,13 +257,8 @@ func (r *Runner) Experts(L *block.MoE) error {
 			r.sharedExpert(L, nb, &s.main, r.Pool)
 		}
 	}
-	return r.sharedGate(L, nb)
-}
-
-// sharedGate computes the shared expert's gate, when the family has one.
-func (r *Runner) sharedGate(L *block.MoE, nb int) error {
 	if L.Shared != nil && L.SharedGate.Present() {
-		r.Pool.MatMul(r.moe.sgate, &L.SharedGate.Mat, r.h, nb)
+		r.Pool.MatMul(s.sgate, &L.SharedGate.Mat, r.h, nb)
 	}
 	return nil
 }

@@ -38,8 +38,9 @@ type Provider interface {
 
 // ReadyProvider is implemented by providers that can hand out several
 // experts at once, so that the forward computes them on different threads
-// in one dispatch, as it does resident experts, instead of splitting each
-// expert's products across the threads (three hand-offs per expert).
+// in one dispatch, as it does resident experts, instead of one expert at a
+// time, its products split across the threads (three hand-offs an expert)
+// or, too small to split, on one thread alone.
 type ReadyProvider interface {
 	Provider
 	// Ready appends to pos and ex, without waiting, every expert of the
