@@ -46,6 +46,11 @@ type Pool struct {
 	mainWake chan struct{}
 
 	sc Scratch
+	// crew shares the rows of the pool's products between its threads, and
+	// is there for tasks whose threads run products of their own
+	// (Scratch.Join).
+	crew  *Crew
+	crewT crewTask
 	// hookDone, set by tests only (before the first operation), runs in a
 	// worker right after it reports its part done: it widens the window in
 	// which the dispatcher may already be on its next operation.
@@ -84,11 +89,17 @@ func NewPool(threads int) *Pool {
 	for i := range p.sc.rooms {
 		p.sc.rooms[i] = make([]float32, scaleRoom)
 	}
+	p.crew = NewCrew(threads)
 	for i := 1; i < threads; i++ {
 		go p.worker(i)
 	}
 	return p
 }
+
+// Crew is the pool's crew, for tasks whose threads run products of their
+// own: each such thread's Scratch joins it under the index of the part it
+// runs.
+func (p *Pool) Crew() *Crew { return p.crew }
 
 // Threads is the number of threads the pool splits work across.
 func (p *Pool) Threads() int { return p.n }
@@ -360,9 +371,19 @@ func (p *Pool) MatMul(out []float32, w *Mat, x []float32, nb int) {
 	p.sc.prepare(out, w, x, nb)
 	// Below ~16K multiply-adds per part, waking a worker costs more than it saves.
 	grain := max(1, 16384/(w.Cols*nb))
-	_, p.sc.mm.step = p.split(w.Rows, grain)
-	p.Parallel(w.Rows, grain, &p.sc.mm)
+	p.run(w.Rows, grain)
 	p.sc.mm = matmulTask{}
+}
+
+// run splits the prepared product p.sc.mm over the threads, parts sharing
+// their last rows through the crew.
+func (p *Pool) run(rows, grain int) {
+	var parts int
+	parts, p.sc.mm.step = p.split(rows, grain)
+	p.crew.Expect(parts)
+	p.crewT = crewTask{c: p.crew, mm: &p.sc.mm}
+	p.Parallel(rows, grain, &p.crewT)
+	p.crewT = crewTask{}
 }
 
 // Scratch holds the activation buffers of a product (group sums, int8
@@ -375,6 +396,10 @@ type Scratch struct {
 	x8p   []int8      // x8 permuted for the low-bit kernel
 	xs    []float32   // [rows][cols/64] their scales
 	rooms [][]float32 // per part: widened scales and biases (half.go)
+	// crew, when set (Join), shares this thread's products with the other
+	// threads of a parallel task as thread self.
+	crew *Crew
+	self int
 }
 
 // prepare computes the activation side of out = W·x and sets up s.mm.
@@ -427,10 +452,19 @@ func (s *Scratch) MatMul2(out1 []float32, w1 *Mat, out2 []float32, w2 *Mat, x []
 		return
 	}
 	s.prepare(out1, w1, x, nb)
-	s.mm.Run(0, w1.Rows)
+	s.run(w1.Rows)
 	s.mm.w, s.mm.out = w2, out2[:nb*w2.Rows]
-	s.mm.Run(0, w2.Rows)
+	s.run(w2.Rows)
 	s.mm = matmulTask{}
+}
+
+// run computes the prepared product s.mm, through the crew if s has one.
+func (s *Scratch) run(rows int) {
+	if s.crew != nil {
+		s.crew.own(s.self, &s.mm, 0, rows)
+		return
+	}
+	s.mm.Run(0, rows)
 }
 
 // MatMul2 is Scratch.MatMul2 over the pool's threads.
@@ -442,11 +476,9 @@ func (p *Pool) MatMul2(out1 []float32, w1 *Mat, out2 []float32, w2 *Mat, x []flo
 	}
 	p.sc.prepare(out1, w1, x, nb)
 	grain := max(1, 16384/(w1.Cols*nb))
-	_, p.sc.mm.step = p.split(w1.Rows, grain)
-	p.Parallel(w1.Rows, grain, &p.sc.mm)
+	p.run(w1.Rows, grain)
 	p.sc.mm.w, p.sc.mm.out = w2, out2[:nb*w2.Rows]
-	_, p.sc.mm.step = p.split(w2.Rows, grain)
-	p.Parallel(w2.Rows, grain, &p.sc.mm)
+	p.run(w2.Rows, grain)
 	p.sc.mm = matmulTask{}
 }
 
@@ -455,7 +487,7 @@ func (p *Pool) MatMul2(out1 []float32, w1 *Mat, out2 []float32, w2 *Mat, x []flo
 // changes no element's arithmetic).
 func (s *Scratch) MatMul(out []float32, w *Mat, x []float32, nb int) {
 	s.prepare(out, w, x, nb)
-	s.mm.Run(0, w.Rows)
+	s.run(w.Rows)
 	s.mm = matmulTask{}
 }
 

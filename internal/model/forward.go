@@ -74,7 +74,7 @@ func NewRunner(m *Model, threads, maxRows int) *Runner {
 		}
 	}
 	r.moe.init(c, maxRows)
-	r.moe.initThreads(c, maxRows, r.Pool.Threads())
+	r.moe.initThreads(c, maxRows, r.Pool)
 	return r
 }
 

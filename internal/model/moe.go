@@ -63,11 +63,13 @@ type stableExperts interface {
 	StableExperts() bool
 }
 
-func (s *moeScratch) initThreads(c *format.Config, rows, threads int) {
+func (s *moeScratch) initThreads(c *format.Config, rows int, pool *kernels.Pool) {
 	H, I := c.Hidden, max(c.MoEInter, c.SharedInter)
-	s.threads = make([]moeThread, threads)
+	s.threads = make([]moeThread, pool.Threads())
 	for i := range s.threads {
 		t := &s.threads[i]
+		// A thread out of experts helps the others with their last ones.
+		t.sc.Join(pool.Crew(), i)
 		t.in = make([]float32, rows*H)
 		t.g = make([]float32, rows*I)
 		t.u = make([]float32, rows*I)
@@ -281,6 +283,7 @@ func (s *moeScratch) addItem(di int) {
 func (r *Runner) runItems(L *block.MoE, nb int) {
 	s := &r.moe
 	s.task = moeTask{r: r, L: L, nb: nb, items: len(s.order)}
+	r.Pool.Crew().Expect(r.Pool.Threads()) // a part per thread
 	r.Pool.Parallel(r.Pool.Threads(), 1, &s.task)
 	s.task = moeTask{}
 }
@@ -462,6 +465,7 @@ func (t *moeTask) Run(lo, hi int) {
 	r := t.r
 	s := &r.moe
 	th := &s.threads[lo] // one index per thread
+	defer r.Pool.Crew().Done(lo, th.sc.Rooms())
 	for {
 		j := int(t.next.Add(1)) - 1
 		if j >= t.items {
