@@ -111,6 +111,12 @@ func cmdBench(ctx context.Context, args []string) error {
 			return err
 		}
 	}
+	// The memory's bandwidth moves from minute to minute on a shared
+	// machine, by as much as a fifth: measured around every trial, each
+	// trial's share of the limit is taken against the bandwidth of its own
+	// minute.
+	var mem *memMeter
+	var bws, shares []float64
 	var prof *os.File
 	defer func() {
 		if prof != nil {
@@ -127,6 +133,10 @@ func cmdBench(ctx context.Context, args []string) error {
 				return err
 			}
 		}
+		if t == 1 && *membw {
+			mem = newMemMeter(e)
+			bws = append(bws, mem.measure())
+		}
 		prompt, ctxToks := inputs(t)
 		depthUsed = len(ctxToks)
 		bt, err := runTrial(ctx, e, st, prompt, ctxToks, *genN)
@@ -140,6 +150,11 @@ func cmdBench(ctx context.Context, args []string) error {
 		trials = append(trials, bt)
 		pre = append(pre, bt.pre.PrefillTokS)
 		dec = append(dec, s.DecodeTokS)
+		if mem != nil {
+			bws = append(bws, mem.measure())
+			around := (bws[len(bws)-2] + bws[len(bws)-1]) / 2
+			shares = append(shares, s.DecodeTokS/(around*1e9/mem.tokenBytes))
+		}
 		disp = append(disp, float64(bt.dispatches)/float64(max(s.GeneratedTokens-1, 1)))
 		launches = append(launches, float64(bt.launches)/float64(max(s.GeneratedTokens-1, 1)))
 		if isTerminal(os.Stderr) && !*asJSON {
@@ -173,8 +188,10 @@ func cmdBench(ctx context.Context, args []string) error {
 	}
 	res["experts_plan"] = e.ExpertPlan
 	var lim *decodeLimit
-	if *membw {
-		lim = measureDecodeLimit(e)
+	if mem != nil {
+		lim = mem.limit(median(bws))
+		lim.BandwidthAll, lim.Share, lim.ShareAll = bws, median(shares), shares
+		mem = nil // the buffer goes with it
 		res["decode_limit"] = lim
 	}
 	if *asJSON {
@@ -189,8 +206,8 @@ func cmdBench(ctx context.Context, args []string) error {
 	fmt.Printf("%-40s %-12s %5s %8s %14s %14s  %s\n", "model", "family", "bits", "threads", "pp"+fmt.Sprint(*promptN)+" tok/s", "tg"+fmt.Sprint(*genN)+" tok/s", "device")
 	fmt.Printf("%-40s %-12s %5d %8d %14.1f %14.1f  %s\n", trim(e.Dir, 40), e.Model.Config.Family, e.Model.Manifest.Bits, e.Runner.Pool.Threads(), median(pre), median(dec), e.Device)
 	if lim != nil {
-		fmt.Printf("memory read bandwidth %.1f GB/s (%d threads; 1 thread %.1f); a token reads %.1f MB (%.1f MB per layer): decode limit %.1f tok/s, measured %.0f%% of it\n",
-			lim.BandwidthGBs, e.Runner.Pool.Threads(), lim.Bandwidth1GBs, lim.TokenMB, lim.LayerMB, lim.LimitTokS, 100*median(dec)/lim.LimitTokS)
+		fmt.Printf("memory read bandwidth %.1f GB/s (%d threads, median around the trials; 1 thread %.1f); a token reads %.1f MB (%.1f MB per layer): decode limit %.1f tok/s; each trial reached %s of the limit its own bandwidth set (median %.0f%%)\n",
+			lim.BandwidthGBs, e.Runner.Pool.Threads(), lim.Bandwidth1GBs, lim.TokenMB, lim.LayerMB, lim.LimitTokS, percents(lim.ShareAll), 100*lim.Share)
 	}
 	return nil
 }
@@ -205,17 +222,63 @@ type decodeLimit struct {
 	LayerMB       float64 `json:"layer_mb"`         // of which per layer
 	LayerMBQ4_0   float64 `json:"layer_mb_q4_0"`    // a layer in GGUF's Q4_0 (18 bytes per 32 quantised weights), for comparisons with llama.cpp
 	LimitTokS     float64 `json:"limit_tok_s"`
+	// With bench's trials: the bandwidth measured before the first trial
+	// and after each, and each trial's decode over the limit set by the
+	// mean of the measurements on either side of it (their median Share).
+	BandwidthAll []float64 `json:"bandwidth_all_gb_s,omitempty"`
+	ShareAll     []float64 `json:"decode_share_all,omitempty"`
+	Share        float64   `json:"decode_share,omitempty"`
+}
+
+// memMeter measures the memory's read bandwidth with the engine's threads
+// over a buffer of 1 GiB, far beyond the last-level cache.
+type memMeter struct {
+	e          *engine.Engine
+	buf        []byte
+	tokenBytes float64
+}
+
+func newMemMeter(e *engine.Engine) *memMeter {
+	m := &memMeter{e: e, buf: make([]byte, 1<<30)}
+	for i := range m.buf {
+		m.buf[i] = byte(i) // touch every page before timing
+	}
+	m.tokenBytes = decodeBytes(e).TokenMB * 1e6
+	return m
+}
+
+// measure returns the bandwidth in GB/s.
+func (m *memMeter) measure() float64 {
+	return kernels.ReadBandwidth(m.buf, m.e.Runner.Pool.Threads(), 3) / 1e9
+}
+
+// limit is the decode limit at bw GB/s, with a one-thread measurement.
+func (m *memMeter) limit(bw float64) *decodeLimit {
+	d := decodeBytes(m.e)
+	d.BandwidthGBs, d.Bandwidth1GBs = bw, kernels.ReadBandwidth(m.buf, 1, 3)/1e9
+	d.LimitTokS = d.BandwidthGBs * 1e9 / (d.TokenMB * 1e6)
+	return d
+}
+
+// percents formats shares as percentages.
+func percents(v []float64) string {
+	s := make([]string, len(v))
+	for i, x := range v {
+		s[i] = fmt.Sprintf("%.0f%%", 100*x)
+	}
+	return strings.Join(s, ", ")
 }
 
 // measureDecodeLimit reads 1 GiB (far beyond the last-level cache) with the
 // engine's thread count and with one thread.
 func measureDecodeLimit(e *engine.Engine) *decodeLimit {
-	buf := make([]byte, 1<<30)
-	for i := range buf {
-		buf[i] = byte(i) // touch every page before timing
-	}
-	th := e.Runner.Pool.Threads()
-	d := &decodeLimit{BandwidthGBs: kernels.ReadBandwidth(buf, th, 3) / 1e9, Bandwidth1GBs: kernels.ReadBandwidth(buf, 1, 3) / 1e9}
+	m := newMemMeter(e)
+	return m.limit(m.measure())
+}
+
+// decodeBytes is the weights a decode step reads, in total and per layer.
+func decodeBytes(e *engine.Engine) *decodeLimit {
+	d := &decodeLimit{}
 	m := e.Model.Manifest
 	size := func(t *format.Tensor) int64 {
 		_, sb := t.Kind.Sizes(t.Rows(), t.Cols())
@@ -254,7 +317,6 @@ func measureDecodeLimit(e *engine.Engine) *decodeLimit {
 	d.TokenMB = float64(tok) / 1e6
 	d.LayerMB = float64(layers/L+int64(c.TopK)*expert) / 1e6
 	d.LayerMBQ4_0 = float64(layers40/L+int64(c.TopK)*expert40) / 1e6
-	d.LimitTokS = d.BandwidthGBs * 1e9 / float64(tok)
 	return d
 }
 

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -323,6 +324,41 @@ func TestBench(t *testing.T) {
 		if b.Prefill == nil || b.Decode == nil || !(*b.Prefill > 0) || !(*b.Decode > 0) || b.Depth != max(depth, 1) {
 			t.Errorf("bench --depth %d: %s", depth, out)
 		}
+	}
+}
+
+// bench --membw measures the memory around every trial and takes each
+// trial's share of the decode limit against the bandwidth of its own
+// minute.
+func TestBenchMemBW(t *testing.T) {
+	out, _ := ok(t, "bench", "--prompt", "4", "--gen", "8", "--repeat", "2", "--threads", "2", "--membw", "--json")
+	var b struct {
+		Decode []float64 `json:"decode_all"`
+		Limit  struct {
+			BW      float64   `json:"bandwidth_gb_s"`
+			BWAll   []float64 `json:"bandwidth_all_gb_s"`
+			TokenMB float64   `json:"token_mb"`
+			Limit   float64   `json:"limit_tok_s"`
+			Share   float64   `json:"decode_share"`
+			Shares  []float64 `json:"decode_share_all"`
+		} `json:"decode_limit"`
+	}
+	decode(t, out, &b)
+	l := b.Limit
+	if len(b.Decode) != 2 || len(l.BWAll) != 3 || len(l.Shares) != 2 || !(l.TokenMB > 0) {
+		t.Fatalf("bench --membw --repeat 2: %s", out)
+	}
+	near := func(a, b float64) bool { return math.Abs(a-b) <= 1e-9*math.Abs(b) }
+	for i, d := range b.Decode {
+		want := d / ((l.BWAll[i] + l.BWAll[i+1]) / 2 * 1e9 / (l.TokenMB * 1e6))
+		if !near(l.Shares[i], want) {
+			t.Errorf("trial %d's share %v, want %v from its decode %v and the bandwidths %v", i, l.Shares[i], want, d, l.BWAll)
+		}
+	}
+	mid := append([]float64(nil), l.BWAll...)
+	slices.Sort(mid)
+	if !near(l.Share, (l.Shares[0]+l.Shares[1])/2) || !near(l.BW, mid[1]) || !near(l.Limit, l.BW*1e9/(l.TokenMB*1e6)) {
+		t.Errorf("bench --membw: median share %v of %v, bandwidth %v of %v, limit %v: %s", l.Share, l.Shares, l.BW, l.BWAll, l.Limit, out)
 	}
 }
 
