@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"runtime"
 	"sync/atomic"
 	"time"
 
@@ -94,9 +95,13 @@ func (c *Crew) own(self int, t *matmulTask, lo, hi int) {
 			}
 		}
 	}
-	for sl.busy.Load() != 0 {
+	for spins := 0; sl.busy.Load() != 0; spins++ {
 		// A thief is finishing rows of ours (a few microseconds), or is
-		// about to find nothing left.
+		// about to find nothing left. Should it have lost its processor,
+		// let it have this one now and then.
+		if spins&1023 == 1023 {
+			runtime.Gosched()
+		}
 	}
 	sl.task = nil
 }

@@ -4,12 +4,24 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/sluicelm/sluice/internal/format"
 )
+
+// firstDiff is the first index where got and want differ in their bits,
+// or -1.
+func firstDiff(got, want []float32) int {
+	for i := range want {
+		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+			return i
+		}
+	}
+	return -1
+}
 
 // crewMats are products of every kind the crew splits, with row counts
 // that are not multiples of a chunk or of a tile.
@@ -75,10 +87,8 @@ func TestCrewSplitProducts(t *testing.T) {
 				if p.crew.Stolen() == before {
 					t.Errorf("%d threads, %v, %d rows: no chunk was taken from the slow part", threads, m.Kind, nb)
 				}
-				for i := range want {
-					if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
-						t.Fatalf("%d threads, %v, %d rows: element %d is %v, on one thread %v", threads, m.Kind, nb, i, got[i], want[i])
-					}
+				if i := firstDiff(got, want); i >= 0 {
+					t.Fatalf("%d threads, %v, %d rows: element %d is %v, on one thread %v", threads, m.Kind, nb, i, got[i], want[i])
 				}
 			}
 		}
@@ -133,10 +143,8 @@ func TestCrewOwnProducts(t *testing.T) {
 			t.Errorf("%d threads: no chunk was taken from another thread's product", threads)
 		}
 		for j := range ms {
-			for i := range want[j] {
-				if math.Float32bits(task.outs[j][i]) != math.Float32bits(want[j][i]) {
-					t.Fatalf("%d threads, product %d (%v): element %d is %v, on one thread %v", threads, j, ms[j].Kind, i, task.outs[j][i], want[j][i])
-				}
+			if i := firstDiff(task.outs[j], want[j]); i >= 0 {
+				t.Fatalf("%d threads, product %d (%v): element %d is %v, on one thread %v", threads, j, ms[j].Kind, i, task.outs[j][i], want[j][i])
 			}
 		}
 	}
@@ -178,10 +186,8 @@ func TestCrewStress(t *testing.T) {
 		p.Crew().Expect(3)
 		p.Parallel(3, 1, task)
 		for j, out := range append(task.outs, got) {
-			for i := range want {
-				if math.Float32bits(out[i]) != math.Float32bits(want[i]) {
-					t.Fatalf("round %d, output %d: element %d is %v, on one thread %v", round, j, i, out[i], want[i])
-				}
+			if i := firstDiff(out, want); i >= 0 {
+				t.Fatalf("round %d, output %d: element %d is %v, on one thread %v", round, j, i, out[i], want[i])
 			}
 		}
 	}
@@ -197,6 +203,42 @@ func TestCrewRanges(t *testing.T) {
 		ch := crewChunk(&w, 1)
 		if ch < 16 || ch%16 != 0 {
 			t.Errorf("%s: a chunk of %d rows", fmt.Sprint(w.Rows, "x", w.Cols, " ", w.Kind), ch)
+		}
+	}
+}
+
+// TestCrewOneProcessor runs the crew with more threads than Go has
+// processors: a thread waiting for a thief that has no processor must
+// give it one, and every product must still come out as on one thread.
+func TestCrewOneProcessor(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	r := rand.New(rand.NewPCG(9, 10))
+	ms := crewMats(t, r)
+	p := NewPool(3)
+	defer p.Close()
+	task := &ownTask{p: p, sc: make([]Scratch, 3), ms: ms}
+	for i := range task.sc {
+		task.sc[i].Join(p.Crew(), i)
+	}
+	for round := range 5 {
+		task.x, task.outs = nil, nil
+		for j := range ms {
+			task.x = append(task.x, randVec(r, ms[j].Cols))
+			task.outs = append(task.outs, make([]float32, ms[j].Rows))
+		}
+		p.Crew().Expect(3)
+		p.Parallel(3, 1, task)
+		for j := range ms {
+			want := make([]float32, ms[j].Rows)
+			var sc Scratch
+			sc.MatMul(want, &ms[j], task.x[j], 1)
+			got := make([]float32, ms[j].Rows)
+			p.MatMul(got, &ms[j], task.x[j], 1)
+			for k, out := range [][]float32{task.outs[j], got} {
+				if i := firstDiff(out, want); i >= 0 {
+					t.Fatalf("round %d, product %d, output %d: element %d is %v, on one thread %v", round, j, k, i, out[i], want[i])
+				}
+			}
 		}
 	}
 }
