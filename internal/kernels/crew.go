@@ -12,13 +12,13 @@ import (
 // last rows. A thread that owns a product (its part of a split product, or
 // a whole expert's) takes its rows a chunk at a time from the front; a
 // thread with nothing left of its own takes chunks from the back of the
-// others' products. Without it a decode step at real shapes lost about 7%
-// of its two threads at the ends of operations: halves of a product that
-// stream from memory at different speeds, and the last whole expert of a
-// layer running on one thread while the other waited (sluice bench on a
-// 48-layer Qwen3-30B-A3B shape: 23 µs a split product and 52 µs a layer
-// spent waiting on average). Each output row is computed by the same
-// kernel whichever thread takes it, so no result changes.
+// others' products. Without it a decode step at real shapes spent 8.5% of
+// its time with one thread waiting at the end of an operation: halves of a
+// product that stream from memory at different speeds, and the last whole
+// expert of a layer running on one thread while the other waited (sluice
+// bench on a 48-layer Qwen3-30B-A3B shape: 23 µs a split product and 52 µs
+// a layer on average). Each output row is computed by the same kernel
+// whichever thread takes it, so no result changes.
 type Crew struct {
 	slots   []crewSlot
 	members atomic.Int32 // threads still working through work of their own
