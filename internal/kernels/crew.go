@@ -165,7 +165,7 @@ func (c *Crew) help(self int, room [][]float32) {
 }
 
 // Join makes s thread i of c: its products are then shared with the crew
-// (Crew.Expect and Crew.Done frame the threads' own work).
+// (Pool.ParallelCrew and Crew.Done frame the threads' own work).
 func (s *Scratch) Join(c *Crew, i int) {
 	s.crew, s.self = c, i
 	if s.rooms == nil {
@@ -176,12 +176,12 @@ func (s *Scratch) Join(c *Crew, i int) {
 // Rooms is s's room for widened scales, for Crew.Done.
 func (s *Scratch) Rooms() [][]float32 { return s.rooms }
 
-// Expect says that n threads are about to work through work of their own,
+// expect says that n threads are about to work through work of their own,
 // each calling Done once it has none left: until then the others help
-// with their products rather than stop. It is set before the operation is
-// dispatched, so that a thread done early does not stop helping before
-// a slower one has even started.
-func (c *Crew) Expect(n int) { c.members.Store(int32(n)) }
+// with their products rather than stop. Pool.ParallelCrew sets it before
+// the operation is dispatched, so that a thread done early does not stop
+// helping before a slower one has even started.
+func (c *Crew) expect(n int) { c.members.Store(int32(n)) }
 
 // Done says that thread i has no work of its own left, then helps the
 // others with their products (room: its room for widened scales,

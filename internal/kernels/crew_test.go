@@ -137,8 +137,7 @@ func TestCrewOwnProducts(t *testing.T) {
 			sc.MatMul(want[j], &ms[j], task.x[j], 1)
 		}
 		before = p.crew.Stolen()
-		p.Crew().Expect(threads)
-		p.Parallel(threads, 1, task)
+		p.ParallelCrew(threads, 1, task)
 		if p.crew.Stolen() == before {
 			t.Errorf("%d threads: no chunk was taken from another thread's product", threads)
 		}
@@ -183,8 +182,7 @@ func TestCrewStress(t *testing.T) {
 		for j := range task.outs {
 			task.outs[j] = make([]float32, m.Rows)
 		}
-		p.Crew().Expect(3)
-		p.Parallel(3, 1, task)
+		p.ParallelCrew(3, 1, task)
 		for j, out := range append(task.outs, got) {
 			if i := firstDiff(out, want); i >= 0 {
 				t.Fatalf("round %d, output %d: element %d is %v, on one thread %v", round, j, i, out[i], want[i])
@@ -226,8 +224,7 @@ func TestCrewOneProcessor(t *testing.T) {
 			task.x = append(task.x, randVec(r, ms[j].Cols))
 			task.outs = append(task.outs, make([]float32, ms[j].Rows))
 		}
-		p.Crew().Expect(3)
-		p.Parallel(3, 1, task)
+		p.ParallelCrew(3, 1, task)
 		for j := range ms {
 			want := make([]float32, ms[j].Rows)
 			var sc Scratch

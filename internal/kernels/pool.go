@@ -378,12 +378,21 @@ func (p *Pool) MatMul(out []float32, w *Mat, x []float32, nb int) {
 // run splits the prepared product p.sc.mm over the threads, parts sharing
 // their last rows through the crew.
 func (p *Pool) run(rows, grain int) {
-	var parts int
-	parts, p.sc.mm.step = p.split(rows, grain)
-	p.crew.Expect(parts)
+	_, p.sc.mm.step = p.split(rows, grain)
 	p.crewT = crewTask{c: p.crew, mm: &p.sc.mm}
-	p.Parallel(rows, grain, &p.crewT)
+	p.ParallelCrew(rows, grain, &p.crewT)
 	p.crewT = crewTask{}
+}
+
+// ParallelCrew is Parallel for a task whose parts share their products
+// through the pool's crew: each part calls Crew.Done once it has no work
+// of its own left. The crew expects every part before any is dispatched,
+// so that a part done early keeps helping until the slowest has started
+// and finished.
+func (p *Pool) ParallelCrew(n, grain int, t Task) {
+	parts, _ := p.split(n, grain)
+	p.crew.expect(parts)
+	p.Parallel(n, grain, t)
 }
 
 // Scratch holds the activation buffers of a product (group sums, int8

@@ -283,8 +283,7 @@ func (s *moeScratch) addItem(di int) {
 func (r *Runner) runItems(L *block.MoE, nb int) {
 	s := &r.moe
 	s.task = moeTask{r: r, L: L, nb: nb, items: len(s.order)}
-	r.Pool.Crew().Expect(r.Pool.Threads()) // a part per thread
-	r.Pool.Parallel(r.Pool.Threads(), 1, &s.task)
+	r.Pool.ParallelCrew(r.Pool.Threads(), 1, &s.task)
 	s.task = moeTask{}
 }
 
