@@ -31,7 +31,7 @@ func q4TileAVX2(q *byte, qstride int, scales, biases *float32, ng, nrows, nout i
 // activation row, without rearranging the weights, their scales and biases
 // the packed format's halves, which it widens itself (room, for arm64's
 // kernels, is unused); mode picks its variant (q4RowsVNNI,
-// q4RowsPrefetch), all with the same results.
+// q4RowsPrefetch, q4RowsZMM), all with the same results.
 //
 //go:noescape
 func q4Rows(q *byte, qstride int, scales, biases *uint16, ng, n int, x8 *int8, xs, xsum *float32, out *float32, mode uint8, room *[]float32)

@@ -57,6 +57,26 @@ DATA q4t2c<>+88(SB)/4, $6
 DATA q4t2c<>+92(SB)/4, $7
 GLOBL q4t2c<>(SB), RODATA|NOPTR, $96
 
+// The qword indices of the 512-bit decode kernel's last folding step
+// (VPERMT2Q: 0-7 the first table, 8-15 the second).
+DATA q4zfold<>+0(SB)/8, $0
+DATA q4zfold<>+8(SB)/8, $1
+DATA q4zfold<>+16(SB)/8, $8
+DATA q4zfold<>+24(SB)/8, $9
+DATA q4zfold<>+32(SB)/8, $4
+DATA q4zfold<>+40(SB)/8, $5
+DATA q4zfold<>+48(SB)/8, $12
+DATA q4zfold<>+56(SB)/8, $13
+DATA q4zfold<>+64(SB)/8, $2
+DATA q4zfold<>+72(SB)/8, $3
+DATA q4zfold<>+80(SB)/8, $10
+DATA q4zfold<>+88(SB)/8, $11
+DATA q4zfold<>+96(SB)/8, $6
+DATA q4zfold<>+104(SB)/8, $7
+DATA q4zfold<>+112(SB)/8, $14
+DATA q4zfold<>+120(SB)/8, $15
+GLOBL q4zfold<>(SB), RODATA|NOPTR, $128
+
 #define NIBBLES q4t2c<>+0(SB)
 #define ONES16 q4t2c<>+32(SB)
 #define IOTA q4t2c<>+64(SB)
@@ -731,22 +751,54 @@ b1part:
 	PREFETCHT0 192(R12) \
 	ADDQ $256, R12
 
+// The same for a pair of groups on Z registers (VNNI; AVX-512 F, BW):
+// 64 bytes of a row (groups g and g+1) against Z12 (the activations of
+// the low nibbles, g's then g+1's) and Z13 (of the high nibbles); I
+// receives g's 8 partial sums in its low half, g+1's in its high half.
+// Z10 holds the nibble mask.
+#define ZDOT(A, I) \
+	VPANDD A, Z10, Z9 \
+	VPSRLW $4, A, Z8 \
+	VPANDD Z10, Z8, Z8 \
+	VPXORD I, I, I \
+	VPDPBUSD Z12, Z9, I \
+	VPDPBUSD Z13, Z8, I
+
+// PF8 is PF4 for a pair of groups.
+#define PF8 \
+	PREFETCHT0 (R12) \
+	PREFETCHT0 64(R12) \
+	PREFETCHT0 128(R12) \
+	PREFETCHT0 192(R12) \
+	PREFETCHT0 256(R12) \
+	PREFETCHT0 320(R12) \
+	PREFETCHT0 384(R12) \
+	PREFETCHT0 448(R12) \
+	ADDQ $512, R12
+
 #define L_RACC 0               // the tile's accumulators while T2NET runs
 #define L_RG0 32
 #define L_RKG 40
 #define L_RB 48                // the tile's first bias
 #define L_RTILES 56            // tiles left
+#define L_RZ 64                // 1: pairs of groups on Z registers
 #define L_RST 192              // [KC] × (8 scales, 8 biases), aligned
-// Frame size 768 = L_RST + 64 + KC*64; L_KMASK (T2LOADH) lies below L_RST.
+#define ZNG 128                // the most groups the Z path takes (8192 columns)
+#define L_XSX 768              // [ZNG] × 8 copies of xs[g]
+#define L_XSUMX 4864           // [ZNG] × 8 copies of xsum[g]
+// Frame size 8960 = L_XSUMX + ZNG*32; L_RST + 64 + KC*64 = 768;
+// L_KMASK (T2LOADH) lies below L_RST.
 
 // func q4Rows(q *byte, qstride int, scales, biases *uint16, ng, n int, x8 *int8, xs, xsum *float32, out *float32, mode uint8, room *[]float32)
 //
 // n (a multiple of 8) consecutive weight rows from q (qstride bytes
 // apart; ng groups, their scales and biases halves) against one activation row; out[i] receives row i's
-// result, dotQ4I8's bit for bit. mode's bits (q4RowsVNNI and
-// q4RowsPrefetch in q4tile.go): 1 VPDPBUSD for the integer part, else
-// VPMADDUBSW; 4 software prefetch of the next tile.
-TEXT ·q4Rows(SB), 0, $768-96
+// result, dotQ4I8's bit for bit. mode's bits (q4RowsVNNI, q4RowsPrefetch
+// and q4RowsZMM in q4tile.go): 1 VPDPBUSD for the integer part, else
+// VPMADDUBSW; 4 software prefetch of the next tile; 8 (with 1 and 4) two
+// groups at a time on Z registers, for at most ZNG groups (more take the
+// Y path).
+TEXT ·q4Rows(SB), 0, $8960-96
 	MOVQ ng+32(FP), AX
 	TESTQ AX, AX
 	JEQ rdone
@@ -754,6 +806,34 @@ TEXT ·q4Rows(SB), 0, $768-96
 	SHRQ $3, AX
 	JEQ rdone
 	MOVQ AX, L_RTILES(SP)
+	MOVB $0, L_RZ(SP)
+	TESTB $8, mode+80(FP)
+	JEQ rzoff
+	MOVQ ng+32(FP), AX
+	CMPQ AX, $ZNG
+	JGT rzoff
+	MOVB $1, L_RZ(SP)
+	// xs and xsum with each group's value in 8 lanes, so that a pair of
+	// groups multiplies its 16 lanes by one operand.
+	MOVQ xs+56(FP), SI
+	MOVQ xsum+64(FP), DI
+	LEAQ L_XSX(SP), R8
+	LEAQ L_XSUMX(SP), R9
+rzexp:
+	VBROADCASTSS (SI), Y0
+	VMOVUPS Y0, (R8)
+	VBROADCASTSS (DI), Y1
+	VMOVUPS Y1, (R9)
+	ADDQ $4, SI
+	ADDQ $4, DI
+	ADDQ $32, R8
+	ADDQ $32, R9
+	DECQ AX
+	JNE rzexp
+	MOVQ $q4zfold<>(SB), AX
+	VMOVDQU64 (AX), Z16
+	VMOVDQU64 64(AX), Z17
+rzoff:
 	MOVQ q+0(FP), R13           // the tile's first row
 	MOVQ scales+16(FP), R14
 	MOVQ biases+24(FP), AX
@@ -889,6 +969,83 @@ rgroups:
 	LEAQ (SI)(BX*4), R8
 	ADDQ BX, R8
 	MOVQ L_RKG(SP), AX
+	CMPB L_RZ(SP), $0
+	JEQ rgroup
+	// Pairs of groups on Z registers; R11 and R10 walk the expanded xs
+	// and xsum, whose first float is the group's value, as the Y path
+	// reads it for an odd last group.
+	MOVQ L_RG0(SP), R11
+	SHLQ $5, R11
+	LEAQ L_XSUMX(SP)(R11*1), R10
+	LEAQ L_XSX(SP)(R11*1), R11
+	VBROADCASTI64X4 NIBBLES, Z10
+	SHRQ $1, AX
+	JEQ rzodd
+rzpair:
+	PF8
+	// The activations of g and g+1: low nibbles' halves, high nibbles'.
+	VMOVDQU64 (DI), Z14
+	VSHUFI64X2 $0x44, 64(DI), Z14, Z12
+	VSHUFI64X2 $0xEE, 64(DI), Z14, Z13
+	ZDOT((SI), Z0)
+	ZDOT((SI)(BX*1), Z1)
+	ZDOT((SI)(BX*2), Z2)
+	ZDOT((SI)(DX*1), Z3)
+	ZDOT((SI)(BX*4), Z4)
+	ZDOT((R8), Z5)
+	ZDOT((R8)(BX*1), Z6)
+	ZDOT((R8)(BX*2), Z7)
+	// rsum's folding in every 128-bit lane: lane k of Z0 holds rows 0-3's
+	// sums of dwords 4k..4k+3, of Z4 rows 4-7's; then lanes 0 and 1 add
+	// up to g's sums, 2 and 3 to g+1's: Z1 is g's 8 rows, then g+1's.
+	VPUNPCKLDQ Z1, Z0, Z8
+	VPUNPCKHDQ Z1, Z0, Z0
+	VPADDD Z8, Z0, Z0
+	VPUNPCKLDQ Z3, Z2, Z8
+	VPUNPCKHDQ Z3, Z2, Z2
+	VPADDD Z8, Z2, Z2
+	VPUNPCKLDQ Z5, Z4, Z8
+	VPUNPCKHDQ Z5, Z4, Z4
+	VPADDD Z8, Z4, Z4
+	VPUNPCKLDQ Z7, Z6, Z8
+	VPUNPCKHDQ Z7, Z6, Z6
+	VPADDD Z8, Z6, Z6
+	VPUNPCKLQDQ Z2, Z0, Z8
+	VPUNPCKHQDQ Z2, Z0, Z0
+	VPADDD Z8, Z0, Z0
+	VPUNPCKLQDQ Z6, Z4, Z8
+	VPUNPCKHQDQ Z6, Z4, Z4
+	VPADDD Z8, Z4, Z4
+	VMOVDQA64 Z0, Z1
+	VPERMT2Q Z4, Z16, Z0        // lanes 0 and 2 of Z0 and Z4
+	VPERMT2Q Z4, Z17, Z1        // lanes 1 and 3
+	VPADDD Z0, Z1, Z1
+	// The float part as in rsum, for both groups at once; the
+	// accumulators take g's results, then g+1's.
+	VCVTDQ2PS Z1, Z1
+	VMOVUPS (R9), Z14                   // g's scales and biases
+	VSHUFF64X2 $0x44, 64(R9), Z14, Z15  // g's and g+1's scales
+	VSHUFF64X2 $0xEE, 64(R9), Z14, Z14  // their biases
+	VMULPS (R11), Z15, Z15              // scale·xs
+	VMULPS Z15, Z1, Z1
+	VMULPS (R10), Z14, Z14              // bias·xsum
+	VADDPS Z14, Z1, Z1
+	VADDPS Y1, Y11, Y11
+	VEXTRACTF64X4 $1, Z1, Y1
+	VADDPS Y1, Y11, Y11
+	ADDQ $64, SI
+	ADDQ $64, R8
+	ADDQ $128, DI
+	ADDQ $64, R11
+	ADDQ $64, R10
+	ADDQ $128, R9
+	DECQ AX
+	JNE rzpair
+rzodd:
+	// An odd last group takes the Y path.
+	TESTB $1, L_RKG(SP)
+	JEQ rnext
+	MOVQ $1, AX
 rgroup:
 	TESTB $4, mode+80(FP)
 	JEQ rnopf
@@ -941,6 +1098,7 @@ rsum:
 	DECQ AX
 	JNE rgroup
 
+rnext:
 	MOVQ L_RG0(SP), AX
 	ADDQ $KC, AX
 	MOVQ AX, L_RG0(SP)

@@ -257,7 +257,7 @@ func BenchmarkQ4Paths(b *testing.B) {
 func q4RowsModes() []uint8 {
 	modes := []uint8{0, q4RowsPrefetch}
 	if useVNNI {
-		modes = append(modes, q4RowsVNNI, q4RowsVNNI|q4RowsPrefetch)
+		modes = append(modes, q4RowsVNNI, q4RowsVNNI|q4RowsPrefetch, q4RowsVNNI|q4RowsPrefetch|q4RowsZMM)
 	}
 	return modes
 }
@@ -270,7 +270,8 @@ func TestQ4RowsModes(t *testing.T) {
 		t.Skip("no AVX2/FMA")
 	}
 	r := rand.New(rand.NewPCG(47, 48))
-	for _, cols := range []int{64, 128, 192, 320, 512, 768, 1088, 2048} {
+	// 8192 columns are the most the 512-bit variant takes, 8256 more.
+	for _, cols := range []int{64, 128, 192, 320, 512, 768, 1088, 2048, 8192, 8256} {
 		for _, rows := range []int{8, 24} {
 			c := newQ4Case(r, rows, cols, 2)
 			ng := cols / format.GroupSize
