@@ -103,7 +103,7 @@ func cmdBench(ctx context.Context, args []string) error {
 		}
 		defer func() { fmt.Fprint(os.Stderr, p.Profile()) }()
 	}
-	var pre, dec, disp, launches []float64
+	var pre, dec, disp, launches, self, cpuUser, cpuSys, busy []float64
 	var trials []benchTrial
 	var diskBefore float64
 	if *disk && e.Stream != nil {
@@ -155,8 +155,17 @@ func cmdBench(ctx context.Context, args []string) error {
 			around := (bws[len(bws)-2] + bws[len(bws)-1]) / 2
 			shares = append(shares, s.DecodeTokS/(around*1e9/mem.tokenBytes))
 		}
-		disp = append(disp, float64(bt.dispatches)/float64(max(s.GeneratedTokens-1, 1)))
-		launches = append(launches, float64(bt.launches)/float64(max(s.GeneratedTokens-1, 1)))
+		steps := float64(max(s.GeneratedTokens-1, 1))
+		disp = append(disp, float64(bt.dispatches)/steps)
+		if parts := bt.dispatches * uint64(e.Runner.Pool.Threads()-1); parts > 0 {
+			self = append(self, float64(bt.selfRuns)/float64(parts))
+		}
+		if bt.cpuOK {
+			cpuUser = append(cpuUser, bt.cpuUser.Seconds()*1e3/steps)
+			cpuSys = append(cpuSys, bt.cpuSys.Seconds()*1e3/steps)
+			busy = append(busy, (bt.cpuUser+bt.cpuSys).Seconds()/bt.wall.Seconds())
+		}
+		launches = append(launches, float64(bt.launches)/steps)
 		if isTerminal(os.Stderr) && !*asJSON {
 			fmt.Fprintf(os.Stderr, "\rtrial %d/%d", t, *repeat)
 		}
@@ -193,6 +202,21 @@ func cmdBench(ctx context.Context, args []string) error {
 		lim.BandwidthAll, lim.Share, lim.ShareAll = bws, median(shares), shares
 		res["decode_limit"] = lim
 	}
+	if len(self) > 0 {
+		// The share of the workers' parts of those operations that the
+		// dispatching thread ran itself, its workers not having started
+		// them (kernels.Pool.SelfRuns): near 0 when every thread has a
+		// core, near 1 when the decode ran on one thread in effect.
+		res["decode_self_run_share"] = median(self)
+	}
+	if len(cpuUser) > 0 {
+		// The process's CPU time per decoded token, in user mode and in
+		// the kernel (with experts streamed, chiefly the reads), and the
+		// cores it kept busy on average.
+		res["decode_cpu_user_ms_per_token"] = median(cpuUser)
+		res["decode_cpu_sys_ms_per_token"] = median(cpuSys)
+		res["decode_cores_busy"] = median(busy)
+	}
 	if *asJSON {
 		return json.NewEncoder(os.Stdout).Encode(res)
 	}
@@ -204,6 +228,14 @@ func cmdBench(ctx context.Context, args []string) error {
 	}
 	fmt.Printf("%-40s %-12s %5s %8s %14s %14s  %s\n", "model", "family", "bits", "threads", "pp"+fmt.Sprint(*promptN)+" tok/s", "tg"+fmt.Sprint(*genN)+" tok/s", "device")
 	fmt.Printf("%-40s %-12s %5d %8d %14.1f %14.1f  %s\n", trim(e.Dir, 40), e.Model.Config.Family, e.Model.Manifest.Bits, e.Runner.Pool.Threads(), median(pre), median(dec), e.Device)
+	if len(cpuUser) > 0 {
+		fmt.Printf("decode CPU %.1f ms user + %.1f ms system per token, %.2f cores busy with %d threads",
+			median(cpuUser), median(cpuSys), median(busy), e.Runner.Pool.Threads())
+		if len(self) > 0 {
+			fmt.Printf("; the dispatching thread ran %.0f%% of the workers' parts itself", 100*median(self))
+		}
+		fmt.Println()
+	}
 	if lim != nil {
 		fmt.Printf("memory read bandwidth %.1f GB/s (%d threads, median around the trials; 1 thread %.1f); a token reads %.1f MB (%.1f MB per layer): decode limit %.1f tok/s; each trial reached %s of the limit its own bandwidth set (median %.0f%%)\n",
 			lim.BandwidthGBs, e.Runner.Pool.Threads(), lim.Bandwidth1GBs, lim.TokenMB, lim.LayerMB, lim.LimitTokS, percents(lim.ShareAll), 100*lim.Share)

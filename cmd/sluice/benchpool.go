@@ -23,6 +23,13 @@ type benchTrial struct {
 	dispatches uint64
 	// launches is the GPU kernels the decode launched (0 on the CPU).
 	launches uint64
+	// selfRuns is the workers' parts of those operations that the
+	// dispatching thread ran itself (kernels.Pool.SelfRuns).
+	selfRuns uint64
+	// cpuUser and cpuSys are the process's CPU time during the decode,
+	// over wall (cpuOK false where the platform gives none).
+	cpuUser, cpuSys, wall time.Duration
+	cpuOK                 bool
 	// trace is the records the decode's steps asked for.
 	trace experts.Trace
 }
@@ -59,7 +66,9 @@ func runTrial(ctx context.Context, e *engine.Engine, st *model.State, prompt, ct
 		before = e.Stream.Stats()
 		e.Stream.RecordTrace(true)
 	}
-	d0, l0 := e.Runner.Pool.Dispatches(), e.Launches()
+	d0, r0, l0 := e.Runner.Pool.Dispatches(), e.Runner.Pool.SelfRuns(), e.Launches()
+	u0, s0, ok0 := platform.CPUTime()
+	t0 := time.Now()
 	if p, ok := e.Fwd.(engine.Profiler); ok {
 		p.ResetProfile() // the phase profile covers the decode only
 	}
@@ -68,7 +77,12 @@ func runTrial(ctx context.Context, e *engine.Engine, st *model.State, prompt, ct
 			return bt, err
 		}
 	}
+	bt.wall = time.Since(t0)
+	if u1, s1, ok1 := platform.CPUTime(); ok0 && ok1 {
+		bt.cpuUser, bt.cpuSys, bt.cpuOK = u1-u0, s1-s0, true
+	}
 	bt.dispatches = e.Runner.Pool.Dispatches() - d0
+	bt.selfRuns = e.Runner.Pool.SelfRuns() - r0
 	bt.launches = e.Launches() - l0
 	if e.Stream != nil {
 		bt.decode = e.Stream.Stats().Sub(before)

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -323,6 +324,26 @@ func TestBench(t *testing.T) {
 		decode(t, out, &b)
 		if b.Prefill == nil || b.Decode == nil || !(*b.Prefill > 0) || !(*b.Decode > 0) || b.Depth != max(depth, 1) {
 			t.Errorf("bench --depth %d: %s", depth, out)
+		}
+	}
+	// The decode's CPU time per token and the cores it kept busy; with
+	// more than one thread, the share of the workers' parts the
+	// dispatching thread ran, a fraction.
+	for _, threads := range []int{1, 2} {
+		out, _ := ok(t, "bench", "--prompt", "4", "--gen", "16", "--repeat", "1", "--threads", fmt.Sprint(threads), "--json")
+		var b struct {
+			User *float64 `json:"decode_cpu_user_ms_per_token"`
+			Sys  *float64 `json:"decode_cpu_sys_ms_per_token"`
+			Busy *float64 `json:"decode_cores_busy"`
+			Self *float64 `json:"decode_self_run_share"`
+		}
+		decode(t, out, &b)
+		if b.User == nil || b.Sys == nil || b.Busy == nil || !(*b.User+*b.Sys > 0) || *b.Sys < 0 ||
+			!(*b.Busy > 0) || *b.Busy > float64(runtime.NumCPU())+0.5 {
+			t.Errorf("bench --threads %d: CPU figures: %s", threads, out)
+		}
+		if (b.Self != nil) != (threads > 1) || b.Self != nil && (*b.Self < 0 || *b.Self > 1) {
+			t.Errorf("bench --threads %d: self-run share: %s", threads, out)
 		}
 	}
 }

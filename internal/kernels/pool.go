@@ -58,11 +58,22 @@ type Pool struct {
 	// dispatches counts operations handed to the workers (Parallel calls
 	// that split), for the per-token figures of sluice bench.
 	dispatches uint64
+	// selfRuns counts the workers' parts the dispatcher ran itself because
+	// their worker had not started them: near zero when every thread has
+	// a core, and most of them when the workers sleep between operations
+	// or lose their cores (to other processes, or to the kernel's work for
+	// the expert reads).
+	selfRuns uint64
 }
 
 // Dispatches is the number of operations split across threads so far.
 // Read it between steps, on the dispatching goroutine.
 func (p *Pool) Dispatches() uint64 { return p.dispatches }
+
+// SelfRuns is the number of workers' parts the dispatching thread ran
+// itself so far, out of Dispatches × (Threads − 1) parts. Read it between
+// steps, on the dispatching goroutine.
+func (p *Pool) SelfRuns() uint64 { return p.selfRuns }
 
 // mainParkedBit in Pool.pending says the dispatcher is parked on mainWake.
 const mainParkedBit = 1 << 30
@@ -225,6 +236,7 @@ func (p *Pool) Parallel(n, grain int, t Task) {
 	for i := 1; i < p.n; i++ {
 		// A worker that has not started yet has probably lost its core.
 		if p.claims[i].CompareAndSwap(0, 1) {
+			p.selfRuns++
 			if s := p.spans[i]; s.hi > s.lo {
 				t.Run(s.lo, s.hi)
 			}

@@ -2,6 +2,7 @@ package kernels
 
 import (
 	"fmt"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -138,5 +139,44 @@ func TestPoolLateWorkerWake(t *testing.T) {
 		}
 	case <-time.After(time.Minute):
 		t.Fatal("the pool hung")
+	}
+}
+
+// waitTask's part 0 returns only once part 1 has run, so the dispatcher
+// (which runs part 0) can never find part 1 unclaimed.
+type waitTask struct{ ran atomic.Bool }
+
+func (t *waitTask) Run(lo, hi int) {
+	if lo > 0 {
+		t.ran.Store(true)
+		return
+	}
+	for !t.ran.Load() {
+		runtime.Gosched()
+	}
+}
+
+// TestPoolSelfRuns: SelfRuns counts exactly the workers' parts the
+// dispatcher ran: every one when the worker cannot run before the
+// dispatcher's own part ends (one processor), none when the dispatcher's
+// part waits for the worker's.
+func TestPoolSelfRuns(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	p := NewPool(2)
+	defer p.Close()
+	task := &countTask{hits: make([]atomic.Int32, 2)}
+	for range 50 {
+		p.Parallel(2, 1, task)
+	}
+	if d, s := p.Dispatches(), p.SelfRuns(); d != 50 || s != 50 {
+		t.Fatalf("one processor: %d dispatches, %d self-runs; want 50 and 50", d, s)
+	}
+	runtime.GOMAXPROCS(2)
+	for range 50 {
+		w := &waitTask{}
+		p.Parallel(2, 1, w)
+	}
+	if d, s := p.Dispatches(), p.SelfRuns(); d != 100 || s != 50 {
+		t.Fatalf("dispatcher waiting for the worker: %d dispatches, %d self-runs; want 100 and 50", d, s)
 	}
 }

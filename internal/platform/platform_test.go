@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"testing"
+	"time"
 	"unsafe"
 )
 
@@ -245,3 +246,35 @@ func TestUncachedName(t *testing.T) {
 		t.Fatalf("UncachedName = %q on %s, want %q", UncachedName, runtime.GOOS, want)
 	}
 }
+
+// TestCPUTime: the process's user time grows while it computes, and
+// neither figure goes backwards.
+func TestCPUTime(t *testing.T) {
+	u0, s0, ok := CPUTime()
+	if !ok {
+		if runtime.GOOS == "linux" || runtime.GOOS == "darwin" || runtime.GOOS == "windows" {
+			t.Fatalf("no CPU time on %s", runtime.GOOS)
+		}
+		t.Skipf("no CPU time on %s", runtime.GOOS)
+	}
+	x := uint64(1)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		for i := 0; i < 1<<20; i++ {
+			x = x*6364136223846793005 + 1442695040888963407
+		}
+		u1, s1, _ := CPUTime()
+		if u1 < u0 || s1 < s0 {
+			t.Fatalf("CPU time went backwards: user %v → %v, system %v → %v", u0, u1, s0, s1)
+		}
+		if u1 >= u0+20*time.Millisecond {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("user time grew from %v to %v in 5 s of computing", u0, u1)
+		}
+	}
+	sink = x
+}
+
+var sink uint64
