@@ -203,10 +203,11 @@ func cmdBench(ctx context.Context, args []string) error {
 		res["decode_limit"] = lim
 	}
 	if len(self) > 0 {
-		// The share of the workers' parts of those operations that the
-		// dispatching thread ran itself, its workers not having started
-		// them (kernels.Pool.SelfRuns): near 0 when every thread has a
-		// core, near 1 when the decode ran on one thread in effect.
+		// The share of the workers' parts of the decode's split
+		// operations that the dispatching thread ran itself, their
+		// workers not having started them (kernels.Pool.SelfRuns): near 0
+		// when every thread has a core, near 1 when the decode ran on one
+		// thread in effect.
 		res["decode_self_run_share"] = median(self)
 	}
 	if len(cpuUser) > 0 {

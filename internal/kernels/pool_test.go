@@ -166,6 +166,10 @@ func TestPoolSelfRuns(t *testing.T) {
 	defer p.Close()
 	task := &countTask{hits: make([]atomic.Int32, 2)}
 	for range 50 {
+		// Let the worker run until it parks: the dispatcher then runs
+		// from a fresh time slice, which the runtime does not preempt
+		// within the few microseconds the operation takes.
+		runtime.Gosched()
 		p.Parallel(2, 1, task)
 	}
 	if d, s := p.Dispatches(), p.SelfRuns(); d != 50 || s != 50 {
