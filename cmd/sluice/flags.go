@@ -54,13 +54,14 @@ type modelFlags struct {
 
 // expertFlags choose how routed experts are served (engine.ExpertOptions).
 type expertFlags struct {
-	poolMB    string
-	memoryGB  float64
-	lookahead bool
-	evict     string
-	missBits  int
-	cutWeak   float64
-	readers   int
+	poolMB     string
+	memoryGB   float64
+	lookahead  bool
+	evict      string
+	missBits   int
+	cutWeak    float64
+	readers    int
+	preReaders int
 }
 
 func (m *modelFlags) register(fs *flag.FlagSet) {
@@ -77,12 +78,13 @@ func (m *modelFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&x.missBits, "miss-bits", 0, "lossy: read missed experts from the 3- or 2-bit store (sluice pack --low-bits)")
 	fs.Float64Var(&x.cutWeak, "cut-weak", 0, "lossy: skip a late-arriving expert whose routing weight is below W in every row")
 	fs.IntVar(&x.readers, "readers", 0, "expert reader goroutines, i.e. read queue depth (0 = 8)")
+	fs.IntVar(&x.preReaders, "prefetch-readers", 0, "of the readers, how many also take lookahead prefetches (0 = 2; a fast disk may want all)")
 }
 
 // options converts the flags; verbose notes go to log.
 func (x *expertFlags) options(log io.Writer) (engine.ExpertOptions, error) {
 	o := engine.ExpertOptions{MemoryBytes: int64(x.memoryGB * (1 << 30)), NoLookahead: !x.lookahead,
-		Policy: experts.Policy(x.evict), MissBits: x.missBits, CutWeak: x.cutWeak, Readers: x.readers, Log: log}
+		Policy: experts.Policy(x.evict), MissBits: x.missBits, CutWeak: x.cutWeak, Readers: x.readers, PrefetchReaders: x.preReaders, Log: log}
 	if x.poolMB != "" {
 		if x.memoryGB > 0 {
 			return o, fmt.Errorf("give --pool-mb or --memory-gb, not both")

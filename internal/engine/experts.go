@@ -16,15 +16,16 @@ import (
 // memory size and enough memory, the store is mapped whole; otherwise
 // experts stream through a fixed pool.
 type ExpertOptions struct {
-	PoolBytes   int64          // --pool-mb: stream through a pool of this size
-	PoolShare   float64        // --pool-mb N%: a pool of this share (0..1] of the expert store
-	MemoryBytes int64          // --memory-gb: total budget; the pool gets what the rest leaves
-	NoLookahead bool           // --lookahead=false
-	Policy      experts.Policy // --evict; "" = experts.DefaultPolicy
-	MissBits    int            // --miss-bits 3|2 (lossy)
-	CutWeak     float64        // --cut-weak W (lossy)
-	Readers     int            // reader goroutines; 0 = default
-	Log         io.Writer      // notes (O_DIRECT refused); nil = silent
+	PoolBytes       int64          // --pool-mb: stream through a pool of this size
+	PoolShare       float64        // --pool-mb N%: a pool of this share (0..1] of the expert store
+	MemoryBytes     int64          // --memory-gb: total budget; the pool gets what the rest leaves
+	NoLookahead     bool           // --lookahead=false
+	Policy          experts.Policy // --evict; "" = experts.DefaultPolicy
+	MissBits        int            // --miss-bits 3|2 (lossy)
+	CutWeak         float64        // --cut-weak W (lossy)
+	Readers         int            // reader goroutines; 0 = default
+	PrefetchReaders int            // of which take prefetches too; 0 = default
+	Log             io.Writer      // notes (O_DIRECT refused); nil = silent
 }
 
 // memAvailable is experts.Available, replaced in tests.
@@ -99,7 +100,7 @@ func openExperts(ctx context.Context, m *model.Model, o Options, avail int64, av
 	if pol == "" {
 		pol = experts.DefaultPolicy
 	}
-	s, err := experts.Open(m.Dir, m.Manifest, experts.Options{Slots: plan.Slots, Readers: xo.Readers, Lookahead: !xo.NoLookahead,
+	s, err := experts.Open(m.Dir, m.Manifest, experts.Options{Slots: plan.Slots, Readers: xo.Readers, PrefetchReaders: xo.PrefetchReaders, Lookahead: !xo.NoLookahead,
 		Policy: pol, MissBits: xo.MissBits, CutWeak: float32(xo.CutWeak), Log: xo.Log})
 	if err != nil {
 		return nil, "", err

@@ -244,17 +244,45 @@ func TestStreamDelivers(t *testing.T) {
 		t.Fatal(err)
 	}
 	// One reader takes both kinds of read; three leave one for demand
-	// misses only (prefetchReaders).
-	for _, readers := range []int{1, 3} {
+	// misses only (prefetchReaders), or all three take prefetches too.
+	for _, rd := range [][2]int{{1, 0}, {3, 0}, {3, 3}} {
 		for _, pol := range Policies {
-			streamDelivers(t, dir, man, file, readers, pol)
+			streamDelivers(t, dir, man, file, rd[0], rd[1], pol)
 		}
 	}
 }
 
-func streamDelivers(t *testing.T, dir string, man *format.Manifest, file []byte, readers int, pol Policy) {
+// TestPrefetchReaders: the prefetch readers default to the smaller of 2
+// and the readers, may be all of them, and out of range are an error.
+func TestPrefetchReaders(t *testing.T) {
+	dir := testutil.Packed(t, "tiny-qwen3-moe", 4)
+	man, err := format.ReadManifest(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ readers, pre, want int }{{1, 0, 1}, {3, 0, 2}, {3, 3, 3}, {3, 1, 1}} {
+		s, err := Open(dir, man, Options{Slots: 9, Readers: c.readers, PrefetchReaders: c.pre})
+		if err != nil {
+			t.Fatalf("readers %d, prefetch readers %d: %v", c.readers, c.pre, err)
+		}
+		if got := s.Options().PrefetchReaders; got != c.want {
+			t.Errorf("readers %d, prefetch readers %d: %d in effect, want %d", c.readers, c.pre, got, c.want)
+		}
+		s.Close()
+	}
+	for _, pre := range []int{-1, 4} {
+		if s, err := Open(dir, man, Options{Slots: 9, Readers: 3, PrefetchReaders: pre}); err == nil || !strings.Contains(err.Error(), "prefetch readers") {
+			if s != nil {
+				s.Close()
+			}
+			t.Errorf("prefetch readers %d of 3: err %v, want one naming the prefetch readers", pre, err)
+		}
+	}
+}
+
+func streamDelivers(t *testing.T, dir string, man *format.Manifest, file []byte, readers, preReaders int, pol Policy) {
 	stride := man.Stores[0].Stride
-	s, err := Open(dir, man, Options{Slots: 9, Readers: readers, Lookahead: true, Policy: pol, Prefetch: 3})
+	s, err := Open(dir, man, Options{Slots: 9, Readers: readers, PrefetchReaders: preReaders, Lookahead: true, Policy: pol, Prefetch: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
