@@ -225,8 +225,8 @@ func Open(dir string, man *format.Manifest, o Options) (*Stream, error) {
 		o.PrefetchReaders = min(prefetchReaders, o.Readers)
 	}
 	if o.Prefetch <= 0 {
-		// Twice the readers: only prefetchReaders of them take
-		// prefetches, so the rest wait queued, in slots already
+		// Twice the readers: only PrefetchReaders of them (2 by
+		// default) take prefetches, so the rest wait queued, in slots already
 		// claimed, and a queued prefetch its step turns out not to need
 		// is cancelled before it is read. With 8 prefetches issued at
 		// most, a layer's predictions past the eighth were dropped while
