@@ -70,9 +70,10 @@ func readBytesPar(buf []byte, threads int) {
 
 // BenchmarkQ4DecodeDRAM runs matrix-vector products at the shapes of a
 // 30B-A3B expert (768×2048) over 1 GiB of distinct matrices, so that every
-// weight comes from memory: "pool" splits each product's rows across 2
-// threads (the dense layers), "whole" gives each thread whole matrices (the
-// routed experts); bytes/s counts the q4 weights, scales and biases.
+// weight comes from memory: "whole2" gives each of 2 threads whole
+// matrices in turn (the routed experts), "whole1" runs them all on one
+// thread, the rate one core reaches against BenchmarkMemBW/1 without the
+// other core's traffic; bytes/s counts the q4 weights, scales and biases.
 func BenchmarkQ4DecodeDRAM(b *testing.B) {
 	if !useAVX2 {
 		b.Skip("no AVX2")
@@ -91,6 +92,11 @@ func BenchmarkQ4DecodeDRAM(b *testing.B) {
 				defer func(m uint8) { q4RowsMode = m }(q4RowsMode)
 				q4RowsMode = mode
 				benchWhole2(b, ms, x, per)
+			})
+			b.Run(fmt.Sprintf("whole1/%s/mode%d", name, mode), func(b *testing.B) {
+				defer func(m uint8) { q4RowsMode = m }(q4RowsMode)
+				q4RowsMode = mode
+				benchWhole1(b, ms, x, per)
 			})
 		}
 	}
@@ -115,6 +121,18 @@ func benchWhole2(b *testing.B, ms []Mat, x []float32, per int64) {
 			}()
 		}
 		wg.Wait()
+	}
+}
+
+// benchWhole1 runs the matrices of ms one after another on one thread.
+func benchWhole1(b *testing.B, ms []Mat, x []float32, per int64) {
+	b.SetBytes(per * int64(len(ms)))
+	var sc Scratch
+	out := make([]float32, ms[0].Rows)
+	for b.Loop() {
+		for i := range ms {
+			sc.MatMul(out, &ms[i], x, 1)
+		}
 	}
 }
 
