@@ -93,9 +93,18 @@ const (
 // streamed 58 GB/s against 39 on a 2-core Zen 5; from memory
 // (BenchmarkQ4DecodeDRAM) both variants ran at 35-40 GB/s on 2 threads,
 // so there the memory's access pattern, not the instructions, sets the
-// pace.
+// pace. On a 2-core Zen 4, which issues each 512-bit operation as two
+// halves (splitZMM), the 512-bit variant streamed 30 GB/s in the L2 cache
+// where the Zen 5's did 58, and decoded the 40-layer qwen3.5-35b-a3b synth
+// more slowly than the 256-bit one (mode 5) in every one of nine
+// alternating pairs (sluice bench --gen 64 --repeat 3: 1.02-1.45x, median
+// 1.28x; the README's Zen 4 section), so there the decode keeps to 256-bit
+// registers.
 var q4RowsMode = func() uint8 {
-	if useVNNI {
+	switch {
+	case useVNNI && splitZMM:
+		return q4RowsVNNI | q4RowsPrefetch
+	case useVNNI:
 		return q4RowsVNNI | q4RowsPrefetch | q4RowsZMM
 	}
 	return q4RowsPrefetch

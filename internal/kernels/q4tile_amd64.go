@@ -16,6 +16,12 @@ var useVNNI = cpu.X86.HasAVX512F && cpu.X86.HasAVX512BW && cpu.X86.HasAVX512VL &
 	cpu.X86.HasAVX512VNNI && cpu.X86.HasAVX2 && cpu.X86.HasFMA &&
 	os.Getenv("SLUICE_NOAVX512") == "" && os.Getenv("SLUICE_NOSIMD") == ""
 
+// splitZMM is set on CPUs that issue each 512-bit operation as two
+// 256-bit halves (halfWideZMM), where the decode kernel's 512-bit variant
+// saves instructions but not cycles and reads memory more slowly than the
+// 256-bit one (q4RowsMode).
+var splitZMM = useVNNI && halfWideZMM()
+
 // q4TileVNNI computes a tile of 16 weight rows against nb activation rows
 // (see q4tile_amd64.s for the arguments); each result is dotQ4I8's.
 //

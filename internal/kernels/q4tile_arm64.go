@@ -11,6 +11,9 @@ import "unsafe"
 // useVNNI is amd64's AVX-512 tile kernel: never on arm64.
 var useVNNI = false
 
+// splitZMM is the amd64 flag of the same name, never set here.
+const splitZMM = false
+
 func q4TileVNNI(q *byte, qstride int, scales, biases *float32, ng, nrows, nout int, x8 *int8, xs, xsum *float32, nb int, out *float32, ostride int) {
 	panic("no AVX-512 on arm64")
 }

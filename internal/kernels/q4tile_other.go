@@ -4,6 +4,9 @@ package kernels
 
 var useVNNI = false
 
+// splitZMM is the amd64 flag of the same name, never set here.
+const splitZMM = false
+
 func q4TileVNNI(q *byte, qstride int, scales, biases *float32, ng, nrows, nout int, x8 *int8, xs, xsum *float32, nb int, out *float32, ostride int) {
 	panic("no AVX-512")
 }
