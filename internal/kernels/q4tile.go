@@ -96,9 +96,9 @@ const (
 // pace. On a 2-core Zen 4, which issues each 512-bit operation as two
 // halves (splitZMM), the 512-bit variant streamed 30 GB/s in the L2 cache
 // where the Zen 5's did 58, and decoded the 40-layer qwen3.5-35b-a3b synth
-// more slowly than the 256-bit one (mode 5) in every one of nine
-// alternating pairs (sluice bench --gen 64 --repeat 3: 1.02-1.45x, median
-// 1.28x; the README's Zen 4 section), so there the decode keeps to 256-bit
+// more slowly than the 256-bit one (mode 5) in all of seven alternating
+// pairs (sluice bench --gen 64 --repeat 3: 1.02-1.45x, median 1.28x; the
+// README's Zen 4 section), so there the decode keeps to 256-bit
 // registers.
 var q4RowsMode = func() uint8 {
 	switch {
