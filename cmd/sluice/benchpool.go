@@ -106,11 +106,21 @@ type poolBench struct {
 	PrefillMBTok float64 `json:"prefill_mb_per_token"`
 	IOWaitMSTok  float64 `json:"io_wait_ms_per_token"`
 	MSPerToken   float64 `json:"decode_ms_per_token"`
-	ReadMBs      float64 `json:"read_mb_s"` // achieved: bytes / wall time with reads in flight
-	DiskMBs      float64 `json:"disk_mb_s"` // --disk: O_DIRECT limit at the same record size and depth
-	LookRecall   float64 `json:"lookahead_recall"`
-	LookWaste    float64 `json:"lookahead_waste_per_useful"`
-	LookSkipped  float64 `json:"lookahead_skipped"` // share of predicted records not prefetched (their layer paused)
+	ReadMBs      float64 `json:"read_mb_s"`       // achieved: bytes / wall time with reads in flight
+	DiskMBs      float64 `json:"disk_mb_s"`       // --disk: O_DIRECT limit at the same record size and depth
+	ReadBusy     float64 `json:"read_busy_share"` // share of the decode's wall time with reads in flight
+	// The disk's throughput while 4 or more reads were in flight, and the
+	// share of it the decode's reads took over its wall time: what the
+	// prefetch readers' count follows.
+	LoadMBs  float64 `json:"disk_under_load_mb_s"`
+	LoadUtil float64 `json:"disk_under_load_share"`
+	// The readers taking prefetches at the end of each trial, and how
+	// often the count changed in all (--prefetch-readers 0 follows the disk).
+	PrefetchReaders  []int   `json:"prefetch_readers"`
+	PrefetchSwitches int64   `json:"prefetch_switches"`
+	LookRecall       float64 `json:"lookahead_recall"`
+	LookWaste        float64 `json:"lookahead_waste_per_useful"`
+	LookSkipped      float64 `json:"lookahead_skipped"` // share of predicted records not prefetched (their layer paused)
 	// The decode's requests replayed offline from an empty pool of the same
 	// size: under the optimal eviction (Belady's; no policy hits more),
 	// under the pool's own policy without lookahead, and under each policy.
@@ -131,7 +141,7 @@ func summarisePool(e *engine.Engine, trials []benchTrial) *poolBench {
 	man := e.Model.Manifest
 	pb := &poolBench{Slots: s.Slots(), PoolMB: float64(int64(s.Slots())*s.Stride()) / 1e6,
 		PoolShare: float64(s.Slots()) / float64(man.ExpertLayers*man.Experts)}
-	var hit, mbt, pmbt, iow, mst, rbw, rec, waste, skip, opt []float64
+	var hit, mbt, pmbt, iow, mst, rbw, busy, load, util, rec, waste, skip, opt []float64
 	sim := map[experts.Policy][]float64{}
 	nl := 0
 	for _, t := range trials {
@@ -154,6 +164,16 @@ func summarisePool(e *engine.Engine, trials []benchTrial) *poolBench {
 		if d.ReadBusyMS > 0 {
 			rbw = append(rbw, float64(d.BytesRead)/1e6/(d.ReadBusyMS/1e3))
 		}
+		if t.stats.DecodeMS > 0 {
+			busy = append(busy, d.ReadBusyMS/t.stats.DecodeMS)
+		}
+		if d.DeepMS > 0 && t.stats.DecodeMS > 0 {
+			l := float64(d.DeepBytes) / 1e6 / (d.DeepMS / 1e3)
+			load = append(load, l)
+			util = append(util, float64(d.BytesRead)/1e6/(t.stats.DecodeMS/1e3)/l)
+		}
+		pb.PrefetchReaders = append(pb.PrefetchReaders, d.PrefetchReaders)
+		pb.PrefetchSwitches += d.PrefetchSwitches
 		if u := d.LookUseful; u+d.Misses > 0 {
 			rec = append(rec, float64(u)/float64(u+d.Misses))
 			waste = append(waste, float64(d.LookWasted)/float64(max(u, 1)))
@@ -163,7 +183,7 @@ func summarisePool(e *engine.Engine, trials []benchTrial) *poolBench {
 		}
 	}
 	pb.HitRate, pb.MBPerToken, pb.PrefillMBTok, pb.IOWaitMSTok, pb.MSPerToken = median(hit), median(mbt), median(pmbt), median(iow), median(mst)
-	pb.ReadMBs, pb.LookRecall, pb.LookWaste, pb.LookSkipped = median(rbw), median(rec), median(waste), median(skip)
+	pb.ReadMBs, pb.ReadBusy, pb.LoadMBs, pb.LoadUtil, pb.LookRecall, pb.LookWaste, pb.LookSkipped = median(rbw), median(busy), median(load), median(util), median(rec), median(waste), median(skip)
 	pb.OptimalHitRate, pb.PolicyHitRate = median(opt), median(sim[s.Options().Policy])
 	pb.PolicyHitRates = map[string]float64{}
 	for p, r := range sim {
@@ -206,11 +226,14 @@ func (pb *poolBench) print(w io.Writer, e *engine.Engine) {
 		}
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintf(w, "reads achieved %.0f MB/s", pb.ReadMBs)
+	fmt.Fprintf(w, "reads in flight %.0f%% of the decode's time, at %.0f MB/s", 100*pb.ReadBusy, pb.ReadMBs)
 	if pb.DiskMBs > 0 {
 		fmt.Fprintf(w, " = %.0f%% of the disk's %.0f MB/s (%s, %s records, depth %d)", 100*pb.ReadMBs/pb.DiskMBs, pb.DiskMBs, platform.UncachedName, fmtMB(e.Stream.Stride()), e.Stream.Options().Readers)
 	}
-	fmt.Fprintln(w)
+	if pb.LoadMBs > 0 {
+		fmt.Fprintf(w, "; the decode read at %.0f%% of the %.0f MB/s the disk gave with 4 or more reads in flight", 100*pb.LoadUtil, pb.LoadMBs)
+	}
+	fmt.Fprintf(w, "; readers taking prefetches at each trial's end %v (%d changes)\n", pb.PrefetchReaders, pb.PrefetchSwitches)
 	if pb.PoolShare >= 1 {
 		fullResidencyMS = pb.MSPerToken
 	} else if fullResidencyMS > 0 && pb.DiskMBs > 0 {

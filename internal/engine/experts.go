@@ -24,7 +24,7 @@ type ExpertOptions struct {
 	MissBits        int            // --miss-bits 3|2 (lossy)
 	CutWeak         float64        // --cut-weak W (lossy)
 	Readers         int            // reader goroutines; 0 = default
-	PrefetchReaders int            // of which take prefetches too; 0 = default
+	PrefetchReaders int            // of which take prefetches too; 0 = follow the disk
 	Log             io.Writer      // notes (O_DIRECT refused); nil = silent
 }
 
@@ -128,7 +128,11 @@ func openExperts(ctx context.Context, m *model.Model, o Options, avail int64, av
 	if xo.NoLookahead {
 		la = "lookahead off"
 	}
-	why += fmt.Sprintf("; %s, %d readers, evict %s, %s", how, s.Options().Readers, pol, la)
+	pre := "prefetching as the disk allows"
+	if n := s.Options().PrefetchReaders; n > 0 {
+		pre = fmt.Sprintf("%d prefetching", n)
+	}
+	why += fmt.Sprintf("; %s, %d readers (%s), evict %s, %s", how, s.Options().Readers, pre, pol, la)
 	if xo.MissBits != 0 {
 		why += fmt.Sprintf(", misses read at %d bits (lossy)", xo.MissBits)
 	}

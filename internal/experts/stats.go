@@ -31,44 +31,78 @@ type Stats struct {
 	// Wall time with at least one read in flight: bytes over this is
 	// the bandwidth the reads achieved.
 	ReadBusyNs atomic.Int64
-	active     atomic.Int64
-	busySince  atomic.Int64
+	// Wall time with at least deepReads reads in flight, and the bytes of
+	// the reads that ended in it: the disk's throughput under load, which
+	// the reads' rate is set against (adaptReaders).
+	DeepNs    atomic.Int64
+	DeepBytes atomic.Int64
+	// PrefetchSwitches counts the changes of the prefetch readers' count
+	// (adaptReaders).
+	PrefetchSwitches atomic.Int64
+	active           atomic.Int64
+	busySince        atomic.Int64
+	deepSince        atomic.Int64
+	deepReads        int64
 }
 
-// readStart and readEnd bracket one read, accumulating ReadBusyNs.
+// readStart and readEnd bracket one read of n bytes, accumulating
+// ReadBusyNs, DeepNs and DeepBytes.
 func (s *Stats) readStart() {
-	if s.active.Add(1) == 1 {
-		s.busySince.Store(time.Now().UnixNano())
+	a := s.active.Add(1)
+	if a == 1 || a == s.deepReads {
+		now := time.Now().UnixNano()
+		if a == 1 {
+			s.busySince.Store(now)
+		}
+		if a == s.deepReads {
+			s.deepSince.Store(now)
+		}
 	}
 }
 
-func (s *Stats) readEnd() {
+func (s *Stats) readEnd(n int64) {
 	now := time.Now().UnixNano()
-	if s.active.Add(-1) == 0 {
+	a := s.active.Add(-1) + 1 // in flight with this one
+	if a >= s.deepReads {
+		s.DeepBytes.Add(n)
+		if a == s.deepReads {
+			s.DeepNs.Add(now - s.deepSince.Load())
+		}
+	}
+	if a == 1 {
 		s.ReadBusyNs.Add(now - s.busySince.Load())
 	}
 }
 
-func (s *Stats) init(layers, slots int) {
+func (s *Stats) init(layers, slots, readers int) {
 	s.Slots = slots
+	s.deepReads = int64(max(min(deepReads, readers), 1))
 	s.layers = make([]LayerStats, layers)
 }
 
 // Snapshot is a plain copy of the counters.
 type Snapshot struct {
-	PoolSlots  int             `json:"pool_slots"`
-	Hits       int64           `json:"hits"`
-	Misses     int64           `json:"misses"`
-	BytesRead  int64           `json:"bytes_read"`
-	IOWaitMS   float64         `json:"io_wait_ms"`
-	Evictions  int64           `json:"evictions"`
-	Cuts       int64           `json:"cuts,omitempty"`
-	ReadBusyMS float64         `json:"read_busy_ms"`
-	LookIssued int64           `json:"-"`
-	LookUseful int64           `json:"-"`
-	LookWasted int64           `json:"-"`
-	LookSkip   int64           `json:"-"`
-	Layers     []LayerSnapshot `json:"-"`
+	PoolSlots  int     `json:"pool_slots"`
+	Hits       int64   `json:"hits"`
+	Misses     int64   `json:"misses"`
+	BytesRead  int64   `json:"bytes_read"`
+	IOWaitMS   float64 `json:"io_wait_ms"`
+	Evictions  int64   `json:"evictions"`
+	Cuts       int64   `json:"cuts,omitempty"`
+	ReadBusyMS float64 `json:"read_busy_ms"`
+	// PrefetchReaders is how many readers took prefetches when the
+	// snapshot was taken; PrefetchSwitches how often that count changed.
+	PrefetchReaders int `json:"prefetch_readers"`
+	// The time with at least 4 reads in flight and the bytes of the reads
+	// that ended in it (Stats.DeepNs, DeepBytes).
+	DeepMS           float64         `json:"deep_ms"`
+	DeepBytes        int64           `json:"deep_bytes"`
+	PrefetchSwitches int64           `json:"prefetch_switches"`
+	LookIssued       int64           `json:"-"`
+	LookUseful       int64           `json:"-"`
+	LookWasted       int64           `json:"-"`
+	LookSkip         int64           `json:"-"`
+	Layers           []LayerSnapshot `json:"-"`
 }
 
 // LayerSnapshot is one layer's counters.
@@ -84,7 +118,9 @@ type LayerSnapshot struct {
 func (s *Stream) Stats() Snapshot {
 	st := &s.stats
 	o := Snapshot{PoolSlots: st.Slots, BytesRead: st.BytesRead.Load(), Evictions: st.Evictions.Load(), Cuts: st.Cuts.Load(),
-		LookIssued: st.LookIssued.Load(), LookUseful: st.LookUseful.Load(), LookWasted: st.LookWasted.Load(), LookSkip: st.LookSkipped.Load(), ReadBusyMS: float64(st.ReadBusyNs.Load()) / 1e6}
+		LookIssued: st.LookIssued.Load(), LookUseful: st.LookUseful.Load(), LookWasted: st.LookWasted.Load(), LookSkip: st.LookSkipped.Load(), ReadBusyMS: float64(st.ReadBusyNs.Load()) / 1e6,
+		PrefetchReaders: s.PrefetchReaders(), PrefetchSwitches: st.PrefetchSwitches.Load(),
+		DeepMS: float64(st.DeepNs.Load()) / 1e6, DeepBytes: st.DeepBytes.Load()}
 	o.Layers = make([]LayerSnapshot, len(st.layers))
 	for i := range st.layers {
 		l := &st.layers[i]
@@ -101,7 +137,9 @@ func (s *Stream) Stats() Snapshot {
 func (a Snapshot) Sub(b Snapshot) Snapshot {
 	o := Snapshot{PoolSlots: a.PoolSlots, Hits: a.Hits - b.Hits, Misses: a.Misses - b.Misses, BytesRead: a.BytesRead - b.BytesRead,
 		IOWaitMS: a.IOWaitMS - b.IOWaitMS, Evictions: a.Evictions - b.Evictions, Cuts: a.Cuts - b.Cuts,
-		LookIssued: a.LookIssued - b.LookIssued, LookUseful: a.LookUseful - b.LookUseful, LookWasted: a.LookWasted - b.LookWasted, LookSkip: a.LookSkip - b.LookSkip, ReadBusyMS: a.ReadBusyMS - b.ReadBusyMS}
+		LookIssued: a.LookIssued - b.LookIssued, LookUseful: a.LookUseful - b.LookUseful, LookWasted: a.LookWasted - b.LookWasted, LookSkip: a.LookSkip - b.LookSkip, ReadBusyMS: a.ReadBusyMS - b.ReadBusyMS,
+		PrefetchReaders: a.PrefetchReaders, PrefetchSwitches: a.PrefetchSwitches - b.PrefetchSwitches,
+		DeepMS: a.DeepMS - b.DeepMS, DeepBytes: a.DeepBytes - b.DeepBytes}
 	if len(a.Layers) == len(b.Layers) {
 		o.Layers = make([]LayerSnapshot, len(a.Layers))
 		for i := range a.Layers {

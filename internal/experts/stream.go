@@ -34,8 +34,9 @@ import (
 type Options struct {
 	Slots   int // pool slots; at least MinSlots
 	Readers int // reader goroutines, i.e. the queue depth of misses; 0 = DefaultReaders
-	// PrefetchReaders of the readers also take prefetches; 0 = the
-	// smaller of prefetchReaders and Readers.
+	// PrefetchReaders of the readers also take prefetches; 0 = follow
+	// the disk: the smaller of prefetchReaders and Readers while the reads
+	// keep the disk busy, all of them while it idles (adaptReaders).
 	PrefetchReaders int
 	Lookahead       bool    // accept next-layer predictions and prefetch them
 	Policy          Policy  // eviction policy; "" = LRU
@@ -71,8 +72,55 @@ const DefaultReaders = 8
 // on a 2-core Zen 5 whose disk read 5-7 GB/s, all 8 readers taking
 // prefetches decoded the 40-layer qwen3.5-35b-a3b synth under a 25% cap
 // faster in 8 of 10 alternating pairs (median 1.10x), with less io wait
-// in 9.
+// in 9. Which of the two a disk wants is what adaptReaders decides.
 const prefetchReaders = 2
+
+// With Options.PrefetchReaders 0, the prefetch readers follow the disk.
+// A prefetch is a guess: the next layer's 6th to 8th most likely experts
+// are used with a precision near one half. Where the reads already take
+// most of what the disk can deliver, a wasted read delays the demand
+// misses behind it, and a queue that cancels the guesses a step does not
+// reach in time (two prefetch readers) is the better filter: on a 2-core
+// Zen 4 whose decode read at 73-76% of the disk's bandwidth at depth 8
+// (25% and 10% caps), 2 prefetch readers decoded the 40-layer
+// qwen3.5-35b-a3b synth faster than 8 in every pair. Where the disk has
+// bandwidth to spare and each read waits on latency, the guesses cost
+// little: on a Zen 5 whose decode read at about a third of its 6 GB/s,
+// all 8 readers taking prefetches decoded faster (median 1.10x). So over
+// each window of adaptWindow of step time the stream sets the bytes it
+// read against the throughput the disk gave while deepReads or more reads
+// were in flight (the disk's bandwidth under load, learnt from the
+// stream's own reads, so no probe spends memory or time and a disk that
+// slows down is seen): below utilLow every reader takes prefetches, above
+// utilHigh prefetchReaders again, and between the two the count stays, so
+// that the extra reads of the wider count cannot flip it back and forth.
+const (
+	adaptWindow = int64(time.Second)
+	// adaptMaxGap: a longer gap between two steps is idle time (between
+	// requests, say), which would read as an idle disk; the window
+	// starts again after it.
+	adaptMaxGap = int64(time.Second)
+	deepReads   = 4
+	// deepMin is the least time under load a window needs for its
+	// estimate of the disk's bandwidth; a window with less keeps the
+	// estimate of the windows before.
+	deepMin  = int64(20 * time.Millisecond)
+	utilLow  = 0.5
+	utilHigh = 0.7
+)
+
+// nextPreLimit is the prefetch readers' count after a window whose reads
+// took the share util of the disk's bandwidth: all of them when the disk
+// had room, base when it had little, cur in between.
+func nextPreLimit(cur, base, all int, util float64) int {
+	switch {
+	case util < utilLow:
+		return all
+	case util > utilHigh:
+		return base
+	}
+	return cur
+}
 
 // slot states.
 const (
@@ -134,6 +182,17 @@ type Stream struct {
 	wg          sync.WaitGroup
 	inflight    int // reads issued and not yet completed
 	preInflight int
+
+	// The prefetch readers (adaptReaders): readers [0, preLimit) take
+	// prefetches; closing *wake tells the waiting readers it changed.
+	preAuto  bool
+	preLimit atomic.Int32
+	wake     atomic.Pointer[chan struct{}]
+	now      func() int64 // the clock, in ns; tests replace it
+	lastStep int64        // when the last step began
+	winWall  int64        // step time in the current window
+	win      adaptMark    // the counters when the window began
+	diskBW   float64      // the disk's bandwidth under load, bytes/ns; 0 = not known yet
 
 	// The current step.
 	clock   int64
@@ -221,8 +280,6 @@ func Open(dir string, man *format.Manifest, o Options) (*Stream, error) {
 	switch {
 	case o.PrefetchReaders < 0 || o.PrefetchReaders > o.Readers:
 		return nil, fmt.Errorf("prefetch readers %d outside [0, %d] (the readers)", o.PrefetchReaders, o.Readers)
-	case o.PrefetchReaders == 0:
-		o.PrefetchReaders = min(prefetchReaders, o.Readers)
 	}
 	if o.Prefetch <= 0 {
 		// Twice the readers: only PrefetchReaders of them (2 by
@@ -321,16 +378,25 @@ func Open(dir string, man *format.Manifest, o Options) (*Stream, error) {
 	// The ring a prefill chunk streams through (a queue depth of slots) is
 	// left out of the layers' shares.
 	s.share = max(c.TopK, (o.Slots-o.Readers)/max(c.Layers, 1))
-	s.stats.init(s.L, o.Slots)
+	s.stats.init(s.L, o.Slots, o.Readers)
 	// Every read ever outstanding fits in the channels, so no send blocks.
 	s.demand = make(chan request, o.Slots)
 	s.pre = make(chan request, o.Slots)
 	s.done = make(chan completion, o.Slots)
+	wake := make(chan struct{})
+	s.wake.Store(&wake)
+	s.now = func() int64 { return time.Now().UnixNano() }
+	s.preAuto = o.PrefetchReaders == 0
+	if s.preAuto {
+		s.preLimit.Store(int32(min(prefetchReaders, o.Readers)))
+	} else {
+		s.preLimit.Store(int32(o.PrefetchReaders))
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s.stop = cancel
 	for i := range o.Readers {
 		s.wg.Add(1)
-		go s.reader(ctx, i < o.PrefetchReaders)
+		go s.reader(ctx, int32(i))
 	}
 	return s, nil
 }
@@ -387,6 +453,7 @@ func (s *Stream) Begin(layer int, ids []int, hint model.Hint) error {
 	}
 	s.endStep()
 	s.drain() // endStep left no position waiting: no error to report
+	s.adaptReaders()
 	s.clock++
 	s.ev.tick(s.clock, layer)
 	if s.tracing {
@@ -844,9 +911,62 @@ func (s *Stream) isNeeded(rec int32, layer int) bool {
 	return false
 }
 
-// reader serves read requests: demand misses only, or, when pre is set,
-// demand misses before prefetches.
-func (s *Stream) reader(ctx context.Context, pre bool) {
+// PrefetchReaders returns how many readers take prefetches now.
+func (s *Stream) PrefetchReaders() int { return int(s.preLimit.Load()) }
+
+// adaptReaders, as each step begins, closes the window of step time once
+// it reaches adaptWindow and sets the prefetch readers' count from the
+// share of the disk's bandwidth the window's reads took (nextPreLimit).
+// Only with Options.PrefetchReaders 0.
+func (s *Stream) adaptReaders() {
+	if !s.preAuto || s.o.Readers <= prefetchReaders {
+		return
+	}
+	now := s.now()
+	gap := now - s.lastStep
+	s.lastStep = now
+	w := adaptMark{s.stats.BytesRead.Load(), s.stats.DeepNs.Load(), s.stats.DeepBytes.Load()}
+	if gap <= 0 || gap > adaptMaxGap {
+		s.winWall, s.win = 0, w
+		return
+	}
+	if s.winWall += gap; s.winWall < adaptWindow {
+		return
+	}
+	if dn := w.deepNs - s.win.deepNs; dn >= deepMin {
+		s.diskBW = float64(w.deepBytes-s.win.deepBytes) / float64(dn)
+	}
+	rate := float64(w.bytes-s.win.bytes) / float64(s.winWall)
+	s.winWall, s.win = 0, w
+	if s.diskBW <= 0 {
+		return // no estimate of the disk yet
+	}
+	cur := int(s.preLimit.Load())
+	next := nextPreLimit(cur, prefetchReaders, s.o.Readers, rate/s.diskBW)
+	if next == cur {
+		return
+	}
+	s.setPreLimit(next)
+	s.stats.PrefetchSwitches.Add(1)
+}
+
+// adaptMark is where a window of adaptReaders began: the stream's bytes
+// read, and the time and bytes with deepReads or more reads in flight.
+type adaptMark struct{ bytes, deepNs, deepBytes int64 }
+
+// setPreLimit lets readers [0, n) take prefetches and wakes the waiting
+// readers to look at their role again. The count is stored before the
+// channel is replaced and closed, and a reader loads the channel before
+// the count, so none waits under a count it did not see.
+func (s *Stream) setPreLimit(n int) {
+	s.preLimit.Store(int32(n))
+	wake := make(chan struct{})
+	close(*s.wake.Swap(&wake))
+}
+
+// reader i serves read requests: demand misses only, or, while i is
+// below preLimit, demand misses before prefetches.
+func (s *Stream) reader(ctx context.Context, i int32) {
 	defer s.wg.Done()
 	var stage []byte
 	if s.low != nil && s.o.widen {
@@ -855,9 +975,12 @@ func (s *Stream) reader(ctx context.Context, pre bool) {
 	}
 	for {
 		var r request
-		if !pre {
+		wake := *s.wake.Load()
+		if i >= s.preLimit.Load() {
 			select {
 			case r = <-s.demand:
+			case <-wake:
+				continue // preLimit changed: look again
 			case <-ctx.Done():
 				return
 			}
@@ -868,6 +991,8 @@ func (s *Stream) reader(ctx context.Context, pre bool) {
 				select {
 				case r = <-s.demand:
 				case r = <-s.pre:
+				case <-wake:
+					continue
 				case <-ctx.Done():
 					return
 				}
@@ -879,6 +1004,10 @@ func (s *Stream) reader(ctx context.Context, pre bool) {
 			continue
 		}
 		var err error
+		n := s.st.Stride
+		if r.low {
+			n = s.low.Stride
+		}
 		s.stats.readStart()
 		switch {
 		case r.low && s.o.widen:
@@ -890,7 +1019,7 @@ func (s *Stream) reader(ctx context.Context, pre bool) {
 		default:
 			err = preadFull(s.file, sl.buf, r.off)
 		}
-		s.stats.readEnd()
+		s.stats.readEnd(n)
 		s.done <- completion{slot: r.slot, err: err}
 	}
 }

@@ -252,8 +252,9 @@ func TestStreamDelivers(t *testing.T) {
 	}
 }
 
-// TestPrefetchReaders: the prefetch readers default to the smaller of 2
-// and the readers, may be all of them, and out of range are an error.
+// TestPrefetchReaders: the prefetch readers start at the smaller of 2
+// and the readers when they follow the disk (0), may be all of them, and
+// out of range are an error.
 func TestPrefetchReaders(t *testing.T) {
 	dir := testutil.Packed(t, "tiny-qwen3-moe", 4)
 	man, err := format.ReadManifest(dir)
@@ -265,7 +266,7 @@ func TestPrefetchReaders(t *testing.T) {
 		if err != nil {
 			t.Fatalf("readers %d, prefetch readers %d: %v", c.readers, c.pre, err)
 		}
-		if got := s.Options().PrefetchReaders; got != c.want {
+		if got := s.PrefetchReaders(); got != c.want {
 			t.Errorf("readers %d, prefetch readers %d: %d in effect, want %d", c.readers, c.pre, got, c.want)
 		}
 		s.Close()
@@ -626,5 +627,123 @@ func TestPopulate(t *testing.T) {
 	})
 	if err != nil || last != total || total != int64(s.Slots())*s.Stride() {
 		t.Fatalf("populate: %v, progress %d of %d, pool %d bytes", err, last, total, int64(s.Slots())*s.Stride())
+	}
+}
+
+// TestNextPreLimit: every reader below utilLow, the base above utilHigh,
+// the count unchanged in between.
+func TestNextPreLimit(t *testing.T) {
+	for _, c := range []struct {
+		cur  int
+		util float64
+		want int
+	}{{2, 0.1, 8}, {2, 0.49, 8}, {2, 0.5, 2}, {8, 0.5, 8}, {8, 0.7, 8}, {8, 0.71, 2}, {2, 0.9, 2}, {8, 1, 2}} {
+		if got := nextPreLimit(c.cur, 2, 8, c.util); got != c.want {
+			t.Errorf("%d prefetch readers, reads at %.2f of the disk: %d next, want %d", c.cur, c.util, got, c.want)
+		}
+	}
+}
+
+// TestAdaptReaders drives the window of adaptReaders with a fake clock and
+// fake counters: the count waits for an estimate of the disk, rises once a
+// second of steps has read at less than half of it, falls once one reads
+// at more than 70%, keeps the last estimate through windows without one,
+// ignores the idle time of a long gap between steps, and never moves when
+// the count was given.
+func TestAdaptReaders(t *testing.T) {
+	dir := testutil.Packed(t, "tiny-qwen3-moe", 4)
+	man, err := format.ReadManifest(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, given := range []int{0, 2} {
+		s, err := Open(dir, man, Options{Slots: 9, Readers: 8, PrefetchReaders: given})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var now int64
+		s.now = func() int64 { return now }
+		// step advances the clock by 100 ms, in which the stream read mb
+		// MB, and the disk gave 1 MB/ms for deep ms under load.
+		step := func(mb, deep int64) {
+			now += 100e6
+			s.stats.BytesRead.Add(mb * 1e6)
+			s.stats.DeepNs.Add(deep * 1e6)
+			s.stats.DeepBytes.Add(deep * 1e6)
+			s.adaptReaders()
+		}
+		steps := func(k int, mb, deep int64) {
+			for range k {
+				step(mb, deep)
+			}
+		}
+		want := func(n int, when string) {
+			t.Helper()
+			if given != 0 {
+				n = given
+			}
+			if got := s.PrefetchReaders(); got != n {
+				t.Errorf("given %d, %s: %d readers take prefetches, want %d", given, when, got, n)
+			}
+		}
+		now -= 100e6
+		step(0, 0) // the first step opens the window
+		steps(10, 30, 0)
+		want(2, "a second of reads, never 4 in flight")
+		steps(9, 30, 10)
+		want(2, "0.9 s of steps")
+		step(30, 10)
+		want(8, "a second at 30% of the disk")
+		steps(10, 60, 10)
+		want(8, "a second at 60%")
+		steps(10, 80, 0)
+		want(2, "a second at 80% of the last estimate")
+		steps(5, 80, 10)
+		now += 5000e6 // idle between requests: not an idle disk
+		step(0, 0)
+		want(2, "half a second at 80%, then a 5 s gap")
+		steps(10, 80, 10)
+		want(2, "a second at 80% after the gap")
+		s.Close()
+	}
+}
+
+// TestPrefetchReadersWake: a prefetch waits while no reader takes
+// prefetches, and is read once the count rises, by a reader that was
+// waiting for demand misses alone.
+func TestPrefetchReadersWake(t *testing.T) {
+	dir := testutil.Packed(t, "tiny-qwen3-moe", 4)
+	man, err := format.ReadManifest(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(dir, man, Options{Slots: 9, Readers: 3, Lookahead: true, Buffered: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	s.setPreLimit(0)
+	time.Sleep(10 * time.Millisecond) // the readers back in their loops
+	s.Prefetch(0, []int{0, 1})
+	if s.preInflight != 2 {
+		t.Fatalf("%d prefetches in flight, want 2", s.preInflight)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if s.drain(); s.preInflight != 2 {
+		t.Fatalf("%d of 2 prefetches landed with no reader taking prefetches", 2-s.preInflight)
+	}
+	s.setPreLimit(3)
+	deadline := time.Now().Add(10 * time.Second)
+	for s.preInflight > 0 && time.Now().Before(deadline) {
+		select {
+		case c := <-s.done:
+			if err := s.complete(c); err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(time.Until(deadline)):
+		}
+	}
+	if s.preInflight != 0 {
+		t.Fatalf("%d prefetches still in flight 10 s after every reader may take them", s.preInflight)
 	}
 }
