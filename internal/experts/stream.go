@@ -83,7 +83,8 @@ const prefetchReaders = 2
 // reach in time (two prefetch readers) is the better filter: on a 2-core
 // Zen 4 whose decode read at 73-76% of the disk's bandwidth at depth 8
 // (25% and 10% caps), 2 prefetch readers decoded the 40-layer
-// qwen3.5-35b-a3b synth faster than 8 in every pair. Where the disk has
+// qwen3.5-35b-a3b synth under the 25% cap faster than 8 in each of three
+// alternating pairs. Where the disk has
 // bandwidth to spare and each read waits on latency, the guesses cost
 // little: on a Zen 5 whose decode read at about a third of its 6 GB/s,
 // all 8 readers taking prefetches decoded faster (median 1.10x). So over
