@@ -78,7 +78,7 @@ func (m *modelFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&x.missBits, "miss-bits", 0, "lossy: read missed experts from the 3- or 2-bit store (sluice pack --low-bits)")
 	fs.Float64Var(&x.cutWeak, "cut-weak", 0, "lossy: skip a late-arriving expert whose routing weight is below W in every row")
 	fs.IntVar(&x.readers, "readers", 0, "expert reader goroutines, i.e. read queue depth (0 = 8)")
-	fs.IntVar(&x.preReaders, "prefetch-readers", 0, "of the readers, how many also take lookahead prefetches (0 = follow the disk: 2 while the reads keep it busy, all while it idles)")
+	fs.IntVar(&x.preReaders, "prefetch-readers", 0, "of the readers, how many also take lookahead prefetches (0 = follow the disk: 2 while the reads take most of its bandwidth, all while it has room)")
 }
 
 // options converts the flags; verbose notes go to log.

@@ -36,7 +36,8 @@ type Options struct {
 	Readers int // reader goroutines, i.e. the queue depth of misses; 0 = DefaultReaders
 	// PrefetchReaders of the readers also take prefetches; 0 = follow
 	// the disk: the smaller of prefetchReaders and Readers while the reads
-	// keep the disk busy, all of them while it idles (adaptReaders).
+	// take most of its bandwidth, all of them while it has room
+	// (adaptReaders).
 	PrefetchReaders int
 	Lookahead       bool    // accept next-layer predictions and prefetch them
 	Policy          Policy  // eviction policy; "" = LRU
@@ -84,9 +85,8 @@ const prefetchReaders = 2
 // Zen 4 whose decode read at 73-76% of the disk's bandwidth at depth 8
 // (25% and 10% caps), 2 prefetch readers decoded the 40-layer
 // qwen3.5-35b-a3b synth under the 25% cap faster than 8 in each of three
-// alternating pairs. Where the disk has
-// bandwidth to spare and each read waits on latency, the guesses cost
-// little: on a Zen 5 whose decode read at about a third of its 6 GB/s,
+// alternating pairs. Where the disk has bandwidth to spare and each read
+// waits on latency, the guesses cost little: on a Zen 5 whose decode read at about a third of its 6 GB/s,
 // all 8 readers taking prefetches decoded faster (median 1.10x). So over
 // each window of adaptWindow of step time the stream sets the bytes it
 // read against the throughput the disk gave while deepReads or more reads
