@@ -227,6 +227,8 @@ func (s *Server) writeMetrics(w io.Writer) {
 		counter("sluice_expert_lookahead_issued_total", "Next-layer expert prefetches issued.", x.LookIssued)
 		counter("sluice_expert_lookahead_useful_total", "Prefetches used by the layer they were issued for.", x.LookUseful)
 		counter("sluice_expert_lookahead_wasted_total", "Prefetches read for nothing.", x.LookWasted)
+		gauge("sluice_expert_prefetch_readers", "Expert readers that take lookahead prefetches now (the count follows the disk unless --prefetch-readers fixes it).", float64(x.PrefetchReaders))
+		counter("sluice_expert_prefetch_reader_changes_total", "Changes of the prefetch readers' count as it followed the disk.", x.PrefetchSwitches)
 	} else {
 		// Every expert is mapped whole: every use is a hit, nothing is read.
 		counter("sluice_expert_hits_total", "Routed-expert uses served from memory (all of them: the experts are mapped whole).", m.forwardTokens.Load()*m.expertsPerToken)

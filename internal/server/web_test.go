@@ -139,6 +139,12 @@ func TestReplyStats(t *testing.T) {
 		t.Errorf("figures %+v; usage %+v", last, u)
 	}
 	hits, misses, read := metric("sluice_expert_hits_total")-hits0, metric("sluice_expert_misses_total")-misses0, metric("sluice_expert_bytes_read_total")-bytes0
+	if n, all := metric("sluice_expert_prefetch_readers"), float64(eng.Stream.Options().Readers); n < 1 || n > all {
+		t.Errorf("%v readers take prefetches, want 1 to the %v readers", n, all)
+	}
+	if c := metric("sluice_expert_prefetch_reader_changes_total"); c < 0 {
+		t.Errorf("%v changes of the prefetch readers' count", c)
+	}
 	if last.ExpertsResident || last.ExpertMisses == 0 || float64(last.BytesRead+last.PrefillBytesRead) != read {
 		t.Errorf("figures %+v; the pool read %v bytes", last, read)
 	}
