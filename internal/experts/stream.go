@@ -186,7 +186,6 @@ type Stream struct {
 
 	// The prefetch readers (adaptReaders): readers [0, preLimit) take
 	// prefetches; closing *wake tells the waiting readers it changed.
-	preAuto  bool
 	preLimit atomic.Int32
 	wake     atomic.Pointer[chan struct{}]
 	now      func() int64 // the clock, in ns; tests replace it
@@ -387,12 +386,11 @@ func Open(dir string, man *format.Manifest, o Options) (*Stream, error) {
 	wake := make(chan struct{})
 	s.wake.Store(&wake)
 	s.now = func() int64 { return time.Now().UnixNano() }
-	s.preAuto = o.PrefetchReaders == 0
-	if s.preAuto {
-		s.preLimit.Store(int32(min(prefetchReaders, o.Readers)))
-	} else {
-		s.preLimit.Store(int32(o.PrefetchReaders))
+	pre := o.PrefetchReaders
+	if pre == 0 { // following the disk, from prefetchReaders
+		pre = min(prefetchReaders, o.Readers)
 	}
+	s.preLimit.Store(int32(pre))
 	ctx, cancel := context.WithCancel(context.Background())
 	s.stop = cancel
 	for i := range o.Readers {
@@ -920,7 +918,7 @@ func (s *Stream) PrefetchReaders() int { return int(s.preLimit.Load()) }
 // share of the disk's bandwidth the window's reads took (nextPreLimit).
 // Only with Options.PrefetchReaders 0.
 func (s *Stream) adaptReaders() {
-	if !s.preAuto || s.o.Readers <= prefetchReaders {
+	if s.o.PrefetchReaders != 0 || s.o.Readers <= prefetchReaders {
 		return
 	}
 	now := s.now()
@@ -1005,10 +1003,7 @@ func (s *Stream) reader(ctx context.Context, i int32) {
 			continue
 		}
 		var err error
-		n := s.st.Stride
-		if r.low {
-			n = s.low.Stride
-		}
+		n := s.recStride(r.low)
 		s.stats.readStart()
 		switch {
 		case r.low && s.o.widen:
