@@ -181,6 +181,9 @@ func cmdBench(ctx context.Context, args []string) error {
 		// GPU kernels a decode step launches (0 on the CPU).
 		"decode_launches_per_token": median(launches),
 		"device":                    e.Device,
+		// Whether the dense q4 matrices are tiled in memory for the
+		// CPU's decode kernel (kernels.TiledQ4; SLUICE_FLATQ4=1 not).
+		"q4_tiled": e.Model.Tiled,
 	}
 	var xs *poolBench
 	if e.Stream != nil {

@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicelm/sluice/internal/kernels"
+	"github.com/sluicelm/sluice/internal/platform"
 	"github.com/sluicelm/sluice/internal/testutil"
 )
 
@@ -336,8 +338,13 @@ func TestBench(t *testing.T) {
 			Sys  *float64 `json:"decode_cpu_sys_ms_per_token"`
 			Busy *float64 `json:"decode_cores_busy"`
 			Self *float64 `json:"decode_self_run_share"`
+			// The bundled model's dense weights are read, not mapped.
+			Tiled *bool `json:"q4_tiled"`
 		}
 		decode(t, out, &b)
+		if b.Tiled == nil || *b.Tiled != (kernels.TiledQ4() && platform.LoadCopies()) {
+			t.Errorf("bench: q4_tiled missing or not what this CPU asks for (%v): %s", kernels.TiledQ4(), out)
+		}
 		if b.User == nil || b.Sys == nil || b.Busy == nil || !(*b.User+*b.Sys > 0) || *b.Sys < 0 ||
 			!(*b.Busy > 0) || *b.Busy > float64(runtime.NumCPU())+0.5 {
 			t.Errorf("bench --threads %d: CPU figures: %s", threads, out)

@@ -46,6 +46,13 @@ type Options struct {
 	CutWeak         float32 // 0 = off; else cut late misses whose weight is below this in every row (lossy)
 	Buffered        bool    // never use O_DIRECT (tests; filesystems without it are detected anyway)
 	Log             io.Writer
+	// Tile rearranges each main-kind record as it lands into the tiled
+	// layout that this CPU's decode kernel reads faster
+	// (kernels.TiledQ4, model.TileRecord): the readers do it, one pass
+	// over a record they just read, while the forward computes. That
+	// pass costs more than the faster reads of a record that is soon
+	// evicted save, so it is for a pool that keeps what it reads.
+	Tile bool
 
 	// widen makes a low-bit miss widen into the main kind before use,
 	// sluice's original path, which tests compare the direct one with.
@@ -345,6 +352,9 @@ func Open(dir string, man *format.Manifest, o Options) (*Stream, error) {
 		if sl.ex, err = model.ExpertFromRecord(sl.buf, &s.st); err != nil {
 			s.Close()
 			return nil, err
+		}
+		if o.Tile {
+			sl.ex.MarkTiled()
 		}
 		if s.low != nil {
 			// A low-bit miss lands at the start of its slot and is
@@ -967,7 +977,7 @@ func (s *Stream) setPreLimit(n int) {
 // below preLimit, demand misses before prefetches.
 func (s *Stream) reader(ctx context.Context, i int32) {
 	defer s.wg.Done()
-	var stage []byte
+	var stage, tmp []byte
 	if s.low != nil && s.o.widen {
 		stage = alignedBuf(s.low.Stride)
 		defer platform.Free(stage)
@@ -1016,6 +1026,9 @@ func (s *Stream) reader(ctx context.Context, i int32) {
 			err = preadFull(s.file, sl.buf, r.off)
 		}
 		s.stats.readEnd(n)
+		if err == nil && s.o.Tile && (!r.low || s.o.widen) {
+			tmp, err = model.TileRecord(sl.buf, &s.st, tmp)
+		}
 		s.done <- completion{slot: r.slot, err: err}
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"unsafe"
 
 	"github.com/sluicelm/sluice/internal/format"
+	"github.com/sluicelm/sluice/internal/kernels"
 	"github.com/sluicelm/sluice/internal/model"
 	"github.com/sluicelm/sluice/internal/testutil"
 )
@@ -247,9 +248,12 @@ func TestStreamDelivers(t *testing.T) {
 	// misses only (prefetchReaders), or all three take prefetches too.
 	for _, rd := range [][2]int{{1, 0}, {3, 0}, {3, 3}} {
 		for _, pol := range Policies {
-			streamDelivers(t, dir, man, file, rd[0], rd[1], pol)
+			streamDelivers(t, dir, man, file, rd[0], rd[1], pol, false)
 		}
 	}
+	// Records tiled as they land: the views are marked, and their rows
+	// are the file's.
+	streamDelivers(t, dir, man, file, 3, 0, DefaultPolicy, true)
 }
 
 // TestPrefetchReaders: the prefetch readers start at the smaller of 2
@@ -281,9 +285,9 @@ func TestPrefetchReaders(t *testing.T) {
 	}
 }
 
-func streamDelivers(t *testing.T, dir string, man *format.Manifest, file []byte, readers, preReaders int, pol Policy) {
+func streamDelivers(t *testing.T, dir string, man *format.Manifest, file []byte, readers, preReaders int, pol Policy, tile bool) {
 	stride := man.Stores[0].Stride
-	s, err := Open(dir, man, Options{Slots: 9, Readers: readers, PrefetchReaders: preReaders, Lookahead: true, Policy: pol, Prefetch: 3})
+	s, err := Open(dir, man, Options{Slots: 9, Readers: readers, PrefetchReaders: preReaders, Lookahead: true, Policy: pol, Prefetch: 3, Tile: tile})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -311,9 +315,15 @@ func streamDelivers(t *testing.T, dir string, man *format.Manifest, file []byte,
 			}
 			seen[i] = true
 			rec := int64(layer*E + ids[i])
-			want := file[rec*stride+man.Stores[0].Gate.Offset:][:len(ex.Gate.Q)]
-			if !slices.Equal(ex.Gate.Q, want) {
-				t.Fatalf("%s step %d: layer %d expert %d: wrong bytes", pol, step, layer, ids[i])
+			st := &man.Stores[0]
+			for _, m := range []struct {
+				w *kernels.Mat
+				t *format.Tensor
+			}{{&ex.Gate, &st.Gate}, {&ex.Up, &st.Up}, {&ex.Down, &st.Down}} {
+				want := file[rec*stride+m.t.Offset:][:len(m.w.Q)]
+				if m.w.Tiled != tile || !slices.Equal(m.w.FlatQ(), want) {
+					t.Fatalf("%s step %d: layer %d expert %d: wrong bytes (tiled %v)", pol, step, layer, ids[i], m.w.Tiled)
+				}
 			}
 		}
 		for got := 0; got < len(ids); {

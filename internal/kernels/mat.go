@@ -32,6 +32,13 @@ type Mat struct {
 	E8         []byte    // MXFP4: [rows][cols/32] block scales (E8M0)
 	Scales     []uint16  // quantised: [rows][cols/64] halves (format 3), see widen
 	Biases     []uint16
+	// Tiled (Q4 only) says that Q holds each whole tile of TileRows rows
+	// with its groups one after another, each group's rows side by side
+	// (TileQ4), rather than row after row; the last Rows%TileRows rows
+	// stay row-major. The decode kernel then reads a tile as one
+	// sequential stream instead of TileRows streams a row apart. Scales
+	// and biases keep their layout.
+	Tiled bool
 }
 
 // MatFrom builds a view of tensor t inside buf (dense.bin, or an expert
@@ -102,7 +109,8 @@ func (m *Mat) Row(dst []float32, r int) {
 		}
 	case format.Q4:
 		G := format.GroupSize
-		src := m.Q[r*m.Cols/2 : (r+1)*m.Cols/2]
+		var qb [rowQRoom]byte
+		src := m.rowQ4(r, qb[:])
 		for g := 0; g < m.Cols/G; g++ {
 			s, b := quant.F16ToF32(m.Scales[r*m.Cols/G+g]), quant.F16ToF32(m.Biases[r*m.Cols/G+g])
 			q := src[g*G/2 : g*G/2+G/2]
@@ -164,12 +172,14 @@ func (m *Mat) dotRow(r int, x, xsum []float32) float32 {
 			return dotQ8AVX2(&m.Q[r*C], &s[0], &b[0], &x[0], &xsum[0], ng)
 		case format.Q4:
 			ng := C / format.GroupSize
-			_ = m.Q[(r+1)*C/2-1]
+			var qb [rowQRoom]byte
+			q := m.rowQ4(r, qb[:])
+			_ = q[C/2-1]
 			_ = xsum[ng-1]
 			var a [rowRoom]float32
 			room := a[:]
 			s, b := m.widen(&room, r, r+1)
-			return dotQ4AVX2(&m.Q[r*C/2], &s[0], &b[0], &x[0], &xsum[0], ng)
+			return dotQ4AVX2(&q[0], &s[0], &b[0], &x[0], &xsum[0], ng)
 		}
 	}
 	return m.dotRowGo(r, x, xsum)
@@ -192,7 +202,8 @@ func (m *Mat) dotRowGo(r int, x, xsum []float32) float32 {
 		var a [rowRoom]float32
 		room := a[:]
 		s, b := m.widen(&room, r, r+1)
-		return dotQ4(m.Q[r*C/2:(r+1)*C/2], s, b, x, xsum)
+		var qb [rowQRoom]byte
+		return dotQ4(m.rowQ4(r, qb[:]), s, b, x, xsum)
 	}
 	panic("kernels: unknown matrix kind " + string(m.Kind))
 }

@@ -84,7 +84,8 @@ func readBytesPar(buf []byte, threads int) {
 }
 
 // BenchmarkQ4DecodeDRAM runs matrix-vector products at the shapes of a
-// 30B-A3B expert (768×2048) over 1 GiB of distinct matrices, so that every
+// 30B-A3B expert (768×2048) and a qwen3.5-35B-A3B one (512×2048) over
+// 1 GiB of distinct matrices, row-major and then tiled (TileQ4), so that every
 // weight comes from memory: "whole2" gives each of 2 threads whole
 // matrices in turn (the routed experts), "whole1" runs them all on one
 // thread, the rate one core reaches against BenchmarkMemBW/1 without the
@@ -93,10 +94,10 @@ func BenchmarkQ4DecodeDRAM(b *testing.B) {
 	if !useAVX2 {
 		b.Skip("no AVX2")
 	}
-	// Qwen3's expert shapes, then rows of gpt-oss's 2880 and GLM-4.5's 4096
-	// columns: the kernel streams rows of 1 or 2 KB faster than rows of
-	// other sizes.
-	for _, sh := range [][2]int{{768, 2048}, {2048, 768}, {2048, 2880}, {2048, 4096}} {
+	// Qwen3's and Qwen3.5's expert shapes, then rows of gpt-oss's 2880
+	// and GLM-4.5's 4096 columns: the kernel streams rows of 1 or 2 KB
+	// faster than rows of other sizes.
+	for _, sh := range [][2]int{{768, 2048}, {2048, 768}, {512, 2048}, {2048, 512}, {2048, 2880}, {2048, 4096}} {
 		ms, free := dramMats(b, sh[0], sh[1], 1<<30)
 		cols := sh[1]
 		x := randVec(rand.New(rand.NewPCG(1, 1)), cols)
@@ -109,6 +110,27 @@ func BenchmarkQ4DecodeDRAM(b *testing.B) {
 				benchWhole2(b, ms, x, per)
 			})
 			b.Run(fmt.Sprintf("whole1/%s/mode%d", name, mode), func(b *testing.B) {
+				defer func(m uint8) { q4RowsMode = m }(q4RowsMode)
+				q4RowsMode = mode
+				benchWhole1(b, ms, x, per)
+			})
+		}
+		// The same weights tiled (TileQ4), for the 256-bit variants.
+		var tmp []byte
+		for i := range ms {
+			tmp = TileQ4(ms[i].Q, ms[i].Rows, ms[i].Cols, tmp)
+			ms[i].Tiled = true
+		}
+		for _, mode := range q4RowsModes() {
+			if mode&q4RowsZMM != 0 {
+				continue
+			}
+			b.Run(fmt.Sprintf("whole2/%s/mode%d-tiled", name, mode), func(b *testing.B) {
+				defer func(m uint8) { q4RowsMode = m }(q4RowsMode)
+				q4RowsMode = mode
+				benchWhole2(b, ms, x, per)
+			})
+			b.Run(fmt.Sprintf("whole1/%s/mode%d-tiled", name, mode), func(b *testing.B) {
 				defer func(m uint8) { q4RowsMode = m }(q4RowsMode)
 				q4RowsMode = mode
 				benchWhole1(b, ms, x, per)

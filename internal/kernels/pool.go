@@ -348,15 +348,20 @@ func (t *matmulTask) Run(lo, hi int) {
 		// The Go twins (the kernels took these kinds above): each row's
 		// scales widened once for all its activation rows.
 		room := t.room(lo)
+		var qb [rowQRoom]byte
 		for o := lo; o < hi; o++ {
 			s, b := w.widen(room, o, o+1)
+			var q []byte
+			if w.Kind == format.Q4 {
+				q = w.rowQ4(o, qb[:])
+			}
 			for r := 0; r < t.nb; r++ {
 				xsum := t.xsum[r*ng : (r+1)*ng]
 				if w.Kind == format.Q8 {
 					t.out[r*w.Rows+o] = dotQ8(w.Q[o*C:(o+1)*C], s, b, t.x[r*C:(r+1)*C], xsum)
 					continue
 				}
-				t.out[r*w.Rows+o] = dotQ4I8(w.Q[o*C/2:(o+1)*C/2], s, b,
+				t.out[r*w.Rows+o] = dotQ4I8(q, s, b,
 					t.x8[r*C:(r+1)*C], t.xs[r*ng:(r+1)*ng], xsum)
 			}
 		}

@@ -1,6 +1,10 @@
 package kernels
 
-import "github.com/sluicelm/sluice/internal/format"
+import (
+	"os"
+
+	"github.com/sluicelm/sluice/internal/format"
+)
 
 // runQ4 computes rows [lo,hi) of a q4 product with the tile kernels: one
 // call per tile of consecutive weight rows (16 with AVX-512, 8 with AVX2,
@@ -33,43 +37,87 @@ func (t *matmulTask) runQ4(lo, hi int) {
 	}
 	room := t.room(lo)
 	step := rowsPerWiden(ng, T)
+	var flat *[]byte
+	if w.Tiled {
+		flat = flatTiles.Get().(*[]byte)
+		defer flatTiles.Put(flat)
+	}
 	for c0 := lo; c0 < hi; c0 += step {
 		c1 := min(c0+step, hi)
 		// A tile reads whole tiles of rows, past c1 within the matrix.
 		s, b := w.widen(room, c0, min(c0+(c1-c0+T-1)/T*T, w.Rows))
 		for w0 := c0; w0 < c1; w0 += T {
 			i := (w0 - c0) * ng
+			q := &w.Q[w0*C/2]
+			if w.Tiled {
+				q = flatTile(w, w0, min(T, w.Rows-w0), flat)
+			}
 			if useVNNI {
-				q4TileVNNI(&w.Q[w0*C/2], C/2, &s[i], &b[i], ng, min(T, w.Rows-w0), min(T, c1-w0),
+				q4TileVNNI(q, C/2, &s[i], &b[i], ng, min(T, w.Rows-w0), min(T, c1-w0),
 					&t.x8[0], &t.xs[0], &t.xsum[0], nb, &t.out[w0], 4*w.Rows)
 			} else {
-				q4TileAVX2(&w.Q[w0*C/2], C/2, &s[i], &b[i], ng, min(T, w.Rows-w0), min(T, c1-w0),
+				q4TileAVX2(q, C/2, &s[i], &b[i], ng, min(T, w.Rows-w0), min(T, c1-w0),
 					&t.x8[0], &t.xs[0], &t.xsum[0], nb, &t.out[w0], 4*w.Rows)
 			}
 		}
 	}
 }
 
+// flatTile gathers rows [w0, w0+n) of the tiled matrix w row-major into
+// *buf (grown when short) for the prefill kernels, which rearrange a tile
+// from rows a stride apart; a copy of the rows they read anyway, against
+// the nb activation rows each weight then meets.
+func flatTile(w *Mat, w0, n int, buf *[]byte) *byte {
+	rb := w.Cols / 2
+	if cap(*buf) < n*rb {
+		*buf = make([]byte, n*rb)
+	}
+	b := (*buf)[:n*rb]
+	for i := range n {
+		if q := w.rowQ4(w0+i, b[i*rb:(i+1)*rb]); &q[0] != &b[i*rb] {
+			copy(b[i*rb:], q)
+		}
+	}
+	return &b[0]
+}
+
 // rowsQ4 computes rows [lo,hi) for activation row r with q4Rows, 8 rows
-// per step, and the single-row kernel for the last few.
+// per step, and the single-row kernel for the rest: the last few, and of
+// a tiled matrix those of a tile the part shares with another (a part
+// that does not start on a tile's first row), gathered row-major.
 func (t *matmulTask) rowsQ4(lo, hi, r int) {
 	w := t.w
 	C := w.Cols
 	ng := C / format.GroupSize
-	n8 := (hi - lo) &^ 7
+	a, n8 := lo, (hi-lo)&^7
+	mode := q4RowsMode
+	if !useVNNI {
+		mode &^= q4RowsVNNI | q4RowsZMM
+	}
+	if w.Tiled {
+		// q4Rows takes the whole tiles inside [lo,hi).
+		mode = mode&^q4RowsZMM | q4RowsTiled
+		a = min((lo+TileRows-1)/TileRows*TileRows, hi)
+		n8 = max(min(hi, w.Rows/TileRows*TileRows)/TileRows*TileRows-a, 0)
+		if !q4RowsTiles {
+			n8 = 0
+		}
+	}
 	out := t.out[r*w.Rows:]
 	room := t.room(lo)
 	if n8 > 0 {
-		mode := q4RowsMode
-		if !useVNNI {
-			mode &^= q4RowsVNNI | q4RowsZMM
-		}
-		q4Rows(&w.Q[lo*C/2], C/2, &w.Scales[lo*ng], &w.Biases[lo*ng], ng, n8,
-			&t.x8[r*C], &t.xs[r*ng], &t.xsum[r*ng], &out[lo], mode, room)
+		q4Rows(&w.Q[a*C/2], C/2, &w.Scales[a*ng], &w.Biases[a*ng], ng, n8,
+			&t.x8[r*C], &t.xs[r*ng], &t.xsum[r*ng], &out[a], mode, room)
 	}
-	for o := lo + n8; o < hi; o++ {
+	var qb [rowQRoom]byte
+	for o := lo; o < hi; o++ {
+		if o == a && n8 > 0 {
+			o += n8 - 1
+			continue
+		}
 		s, b := w.widen(room, o, o+1)
-		out[o] = dotQ4I8AVX2(&w.Q[o*C/2], &s[0], &b[0], &t.x8[r*C], &t.xs[r*ng], &t.xsum[r*ng], ng)
+		q := w.rowQ4(o, qb[:])
+		out[o] = dotQ4I8AVX2(&q[0], &s[0], &b[0], &t.x8[r*C], &t.xs[r*ng], &t.xsum[r*ng], ng)
 	}
 }
 
@@ -78,7 +126,33 @@ const (
 	q4RowsVNNI     = 1 // VPDPBUSD for the integer part, else VPMADDUBSW
 	q4RowsPrefetch = 4 // software prefetch of the next tile of rows
 	q4RowsZMM      = 8 // with both others: two groups at a time on 512-bit registers
+	// q4RowsTiled reads the tiled layout (Mat.Tiled) on 256-bit registers:
+	// each group's 8 rows side by side, so that a tile is one sequential
+	// stream (not with q4RowsZMM, whose pairs of groups a row's bytes
+	// would have to hold contiguously).
+	q4RowsTiled = 16
 )
+
+// TiledQ4 reports whether the loaders should tile the q4 matrices they own
+// (TileQ4, Mat.Tiled): where the decode kernel runs on 256-bit registers.
+// On a 2-core Zen 4, the 256-bit VNNI variant on 2 threads over 1 GiB of
+// distinct 512×2048 matrices (an expert's gate, 1 KB rows) streamed
+// 27.5-31.6 GB/s tiled against 20.2-29.7 row-major, ahead in six of six
+// alternating rounds (1.06-1.44x; BenchmarkQ4DecodeDRAM's tiled cases):
+// the hardware prefetchers follow one stream where they follow 8 streams
+// 1 KB apart poorly, which the software prefetch of the next tile only
+// partly made up for. The resident 40-layer qwen3.5-35b-a3b synth then
+// decoded faster in six of seven alternating pairs (median 1.09x; the
+// README's Zen 4 section). Where the
+// 512-bit variant runs (q4RowsZMM) the matrices stay row-major: there the
+// tiled layout, read on 256-bit registers, is unmeasured. For comparison,
+// SLUICE_FLATQ4 in the environment keeps them row-major everywhere, and
+// SLUICE_TILEQ4 tiles them wherever the amd64 kernels run (the decode
+// then on 256-bit registers).
+func TiledQ4() bool { return tiledQ4 }
+
+var tiledQ4 = q4RowsTiles && useAVX2 && os.Getenv("SLUICE_FLATQ4") == "" &&
+	(q4RowsMode&q4RowsZMM == 0 || os.Getenv("SLUICE_TILEQ4") != "")
 
 // q4RowsMode is the decode kernel's variant on this CPU. With the weights
 // in memory rather than cache (a decode step at real shapes), the prefetch

@@ -41,3 +41,6 @@ func q4TileAVX2(q *byte, qstride int, scales, biases *float32, ng, nrows, nout i
 //
 //go:noescape
 func q4Rows(q *byte, qstride int, scales, biases *uint16, ng, n int, x8 *int8, xs, xsum *float32, out *float32, mode uint8, room *[]float32)
+
+// q4RowsTiles says q4Rows reads the tiled layout (mode q4RowsTiled).
+const q4RowsTiles = true

@@ -84,3 +84,8 @@ func q4RowsOne(q *byte, qstride int, scales, biases *float32, ng, lo, hi int, x8
 		}
 	}
 }
+
+// q4RowsTiles is false: this q4Rows reads row-major weights only, so a
+// tiled matrix's rows are gathered one at a time (TiledQ4 never asks for
+// one here).
+const q4RowsTiles = false

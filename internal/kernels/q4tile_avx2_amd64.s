@@ -782,6 +782,8 @@ b1part:
 #define L_RB 48                // the tile's first bias
 #define L_RTILES 56            // tiles left
 #define L_RZ 64                // 1: pairs of groups on Z registers
+#define L_RQG 72               // bytes from a row's group to its next
+#define L_RQS 80               // bytes from a tile's row to the next
 #define L_RST 192              // [KC] × (8 scales, 8 biases), aligned
 #define ZNG 128                // the most groups the Z path takes (8192 columns)
 #define L_XSX 768              // [ZNG] × 8 copies of xs[g]
@@ -797,7 +799,9 @@ b1part:
 // and q4RowsZMM in q4tile.go): 1 VPDPBUSD for the integer part, else
 // VPMADDUBSW; 4 software prefetch of the next tile; 8 (with 1 and 4) two
 // groups at a time on Z registers, for at most ZNG groups (more take the
-// Y path).
+// Y path); 16 (not with 8) the tiled layout (Mat.Tiled): a tile's group g
+// of row r at g·256 + r·32 bytes from its start, qstride still the bytes
+// of a row, so that a tile is 8·qstride bytes in either layout.
 TEXT ·q4Rows(SB), 0, $8960-96
 	MOVQ ng+32(FP), AX
 	TESTQ AX, AX
@@ -807,6 +811,17 @@ TEXT ·q4Rows(SB), 0, $8960-96
 	JEQ rdone
 	MOVQ AX, L_RTILES(SP)
 	MOVB $0, L_RZ(SP)
+	MOVQ $32, L_RQG(SP)
+	MOVQ qstride+8(FP), AX
+	MOVQ AX, L_RQS(SP)
+	TESTB $16, mode+80(FP)
+	JEQ rflat
+	// Tiled rows: a tile's groups one after another, each with its 8
+	// rows' 32 bytes side by side.
+	MOVQ $256, L_RQG(SP)
+	MOVQ $32, L_RQS(SP)
+	JMP rzoff
+rflat:
 	TESTB $8, mode+80(FP)
 	JEQ rzoff
 	MOVQ ng+32(FP), AX
@@ -954,9 +969,10 @@ rgroups:
 	VMOVDQU NIBBLES, Y10
 	MOVQ L_RG0(SP), AX
 	MOVQ AX, BX
-	SHLQ $5, AX
+	IMULQ L_RQG(SP), AX
 	LEAQ (R13)(AX*1), SI        // row 0, group g0
-	SHLQ $1, AX
+	MOVQ BX, AX
+	SHLQ $6, AX
 	MOVQ x8+48(FP), DI
 	ADDQ AX, DI
 	SHLQ $2, BX
@@ -964,7 +980,7 @@ rgroups:
 	ADDQ BX, R11
 	MOVQ xsum+64(FP), R10
 	ADDQ BX, R10
-	MOVQ qstride+8(FP), BX
+	MOVQ L_RQS(SP), BX
 	LEAQ (BX)(BX*2), DX
 	LEAQ (SI)(BX*4), R8
 	ADDQ BX, R8
@@ -1089,8 +1105,8 @@ rsum:
 	VMULPS 32(R9), Y13, Y13     // bias·xsum
 	VADDPS Y13, Y1, Y1
 	VADDPS Y1, Y11, Y11
-	ADDQ $32, SI
-	ADDQ $32, R8
+	ADDQ L_RQG(SP), SI
+	ADDQ L_RQG(SP), R8
 	ADDQ $64, DI
 	ADDQ $4, R11
 	ADDQ $4, R10

@@ -22,3 +22,8 @@ func q4TileAVX2(q *byte, qstride int, scales, biases *float32, ng, nrows, nout i
 func q4Rows(q *byte, qstride int, scales, biases *uint16, ng, n int, x8 *int8, xs, xsum *float32, out *float32, mode uint8, room *[]float32) {
 	panic("no AVX2")
 }
+
+// q4RowsTiles is false: this q4Rows reads row-major weights only, so a
+// tiled matrix's rows are gathered one at a time (TiledQ4 never asks for
+// one here).
+const q4RowsTiles = false

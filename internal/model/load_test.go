@@ -7,13 +7,18 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sluicelm/sluice/internal/format"
+	"github.com/sluicelm/sluice/internal/kernels"
+	"github.com/sluicelm/sluice/internal/platform"
 	"github.com/sluicelm/sluice/internal/testutil"
 )
 
 // TestLoadMapsWhenShort: with less memory available than the weights
 // need, Load maps them instead of copying them, says so, and computes the
 // same logits; OpenResident does the same for the expert store, and both
-// read whole otherwise, silently for files under a GiB.
+// read whole otherwise, silently for files under a GiB. A copy's q4
+// matrices are tiled where the CPU reads that layout faster
+// (kernels.TiledQ4), a mapping's never: the same logits, bit for bit.
 func TestLoadMapsWhenShort(t *testing.T) {
 	name := testutil.Models[0]
 	dir := testutil.Packed(t, name, 4)
@@ -34,6 +39,12 @@ func TestLoadMapsWhenShort(t *testing.T) {
 			t.Fatal(err)
 		}
 		m.Experts = p
+		tiled := !short && platform.LoadCopies() && kernels.TiledQ4()
+		if head := &m.Arch.LMHead.Mat; head.Kind != format.Q4 {
+			t.Fatalf("the output head is %s, want q4", head.Kind)
+		} else if m.Tiled != tiled || head.Tiled != tiled || p.experts[0].Gate.Tiled != tiled {
+			t.Errorf("loaded in short memory %v: dense tiled %v, output head %v, expert %v; want %v", short, m.Tiled, head.Tiled, p.experts[0].Gate.Tiled, tiled)
+		}
 		r := NewRunner(m, 2, 64)
 		defer r.Close()
 		st, _ := m.NewState(len(prompt))

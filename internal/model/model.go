@@ -15,6 +15,7 @@ import (
 	"github.com/sluicelm/sluice/internal/block"
 	"github.com/sluicelm/sluice/internal/family"
 	"github.com/sluicelm/sluice/internal/format"
+	"github.com/sluicelm/sluice/internal/kernels"
 	"github.com/sluicelm/sluice/internal/platform"
 )
 
@@ -31,6 +32,11 @@ type Model struct {
 	// a sliding-window layer's ring holds window + MaxBatch rows.
 	// NewRunner raises it; a state made before then errs on wider steps.
 	MaxBatch int
+
+	// Tiled says that the dense weights' q4 matrices are in the tiled
+	// layout (kernels.TileQ4): they are the process's own copy, and this
+	// CPU's decode kernel reads that layout faster (kernels.TiledQ4).
+	Tiled bool
 
 	dense []byte
 }
@@ -50,11 +56,12 @@ func LoadContext(ctx context.Context, dir string, w io.Writer) (*Model, error) {
 	if err != nil {
 		return nil, err
 	}
-	dense, err := loadWeights(ctx, filepath.Join(dir, "dense.bin"), w)
+	dense, own, err := loadWeights(ctx, filepath.Join(dir, "dense.bin"), w)
 	if err != nil {
 		return nil, fmt.Errorf("packed model %s: %w", dir, err)
 	}
 	m := &Model{Dir: dir, Manifest: man, Config: man.Config, dense: dense, MaxBatch: DefaultMaxBatch}
+	m.Tiled = own && kernels.TiledQ4()
 	if int64(len(dense)) < man.DenseBytes {
 		m.Close()
 		return nil, fmt.Errorf("packed model %s: dense.bin has %d bytes, manifest says %d (truncated?)", dir, len(dense), man.DenseBytes)
@@ -71,18 +78,20 @@ func LoadContext(ctx context.Context, dir string, w io.Writer) (*Model, error) {
 // mapping), telling w how far it got when the file is a GiB or more. A
 // file larger than the memory available (less the budget's headroom) is
 // mapped instead, and w told why: pages the kernel may drop and read
-// again run slowly, where a copy would run out of memory.
-func loadWeights(ctx context.Context, path string, w io.Writer) ([]byte, error) {
+// again run slowly, where a copy would run out of memory. own reports
+// whether the memory is the process's own copy, which it may rearrange.
+func loadWeights(ctx context.Context, path string, w io.Writer) (b []byte, own bool, err error) {
 	st, err := os.Stat(path)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if avail, src := availableMemory(); avail > 0 && st.Size() > avail-max(avail/10, 256<<20) {
 		if w != nil {
 			fmt.Fprintf(w, "%s (%.1f GiB) is larger than the memory available (%s): mapping it, to be paged from disk\n",
 				filepath.Base(path), float64(st.Size())/(1<<30), src)
 		}
-		return platform.MapFile(path)
+		b, err := platform.MapFile(path)
+		return b, false, err
 	}
 	var progress func(done, total int64)
 	if w != nil && st.Size() >= 1<<30 {
@@ -94,8 +103,8 @@ func loadWeights(ctx context.Context, path string, w io.Writer) ([]byte, error) 
 			}
 		}
 	}
-	b, _, err := platform.LoadFile(ctx, path, progress)
-	return b, err
+	b, _, err = platform.LoadFile(ctx, path, progress)
+	return b, err == nil && platform.LoadCopies(), err
 }
 
 // availableMemory is platform.Available, replaced in tests.
@@ -123,6 +132,9 @@ func (m *Model) bind() error {
 		return err
 	}
 	t := block.Bind(m.Manifest, m.dense)
+	if m.Tiled {
+		t.Tile()
+	}
 	a, err := f.Build(&m.Config, t)
 	if err != nil {
 		return err

@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
+	"runtime"
+	"sync"
+	"sync/atomic"
 
 	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/kernels"
@@ -129,11 +132,82 @@ func NewResidentProvider(m *Model) (*Resident, error) {
 // (nil: silent) while a store of a GiB or more is read.
 func OpenResident(ctx context.Context, m *Model, w io.Writer) (*Resident, error) {
 	st := &m.Manifest.Stores[0]
-	data, err := loadWeights(ctx, filepath.Join(m.Dir, st.File), w)
+	data, own, err := loadWeights(ctx, filepath.Join(m.Dir, st.File), w)
 	if err != nil {
 		return nil, fmt.Errorf("packed model %s: %w", m.Dir, err)
 	}
-	return newResident(m, data)
+	r, err := newResident(m, data)
+	if err != nil || !own || !kernels.TiledQ4() {
+		return r, err
+	}
+	if err := r.tile(ctx); err != nil {
+		r.Close()
+		return nil, err
+	}
+	return r, nil
+}
+
+// tile rearranges every record into the tiled layout (TileRecord) on as
+// many threads as the process may run, a record at a time, and marks the
+// views.
+func (r *Resident) tile(ctx context.Context) error {
+	n := runtime.GOMAXPROCS(0)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var tmp []byte
+			for i := int(next.Add(1) - 1); i < len(r.experts); i = int(next.Add(1) - 1) {
+				if ctx.Err() != nil {
+					return
+				}
+				tmp = r.experts[i].tile(tmp)
+			}
+		}()
+	}
+	wg.Wait()
+	return ctx.Err()
+}
+
+// tile rearranges the q4 matrices of e's record that span a whole tile
+// into the tiled layout (kernels.TileQ4) in place and marks their views;
+// tmp is scratch, returned for the next call. A record's bytes must be
+// rearranged once, however many views they have.
+func (e *Expert) tile(tmp []byte) []byte {
+	for _, m := range []*kernels.Mat{&e.Gate, &e.Up, &e.Down} {
+		if tiles(m) {
+			tmp = kernels.TileQ4(m.Q, m.Rows, m.Cols, tmp)
+			m.Tiled = true
+		}
+	}
+	return tmp
+}
+
+// tiles reports whether the tiled layout applies to m: a q4 matrix of a
+// whole tile of rows or more.
+func tiles(m *kernels.Mat) bool { return m.Kind == format.Q4 && m.Rows >= kernels.TileRows }
+
+// TileRecord rearranges one expert record laid out as st says into the
+// tiled layout in place (the q4 matrices that span a whole tile), for
+// views that MarkTiled marked; tmp is scratch, returned for the next call.
+func TileRecord(rec []byte, st *format.ExpertStore, tmp []byte) ([]byte, error) {
+	e, err := ExpertFromRecord(rec, st)
+	if err != nil {
+		return tmp, err
+	}
+	return e.tile(tmp), nil
+}
+
+// MarkTiled marks e's views as views of a record that TileRecord
+// rearranged.
+func (e *Expert) MarkTiled() {
+	for _, m := range []*kernels.Mat{&e.Gate, &e.Up, &e.Down} {
+		if tiles(m) {
+			m.Tiled = true
+		}
+	}
 }
 
 // newResident checks the store's size and builds the experts' views of

@@ -75,6 +75,9 @@ func allocHuge(n int) (b []byte, huge bool, err error) {
 
 // loadFile reads path into allocHuge's memory, 64 MiB at a time, checking
 // ctx between reads.
+// loadCopies: see LoadCopies.
+const loadCopies = true
+
 func loadFile(ctx context.Context, path string, progress func(done, total int64)) ([]byte, bool, error) {
 	f, err := os.Open(path)
 	if err != nil {

@@ -23,6 +23,9 @@ func free(b []byte) error { return syscall.Munmap(b) }
 // loadFile maps the file: only Linux offers transparent huge pages for
 // anonymous memory, so elsewhere a mapping serves as well and costs no
 // read up front.
+// loadCopies: see LoadCopies.
+const loadCopies = false
+
 func loadFile(_ context.Context, path string, _ func(done, total int64)) ([]byte, bool, error) {
 	b, err := MapFile(path)
 	return b, false, err

@@ -51,6 +51,11 @@ func LoadFile(ctx context.Context, path string, progress func(done, total int64)
 	return loadFile(ctx, path, progress)
 }
 
+// LoadCopies reports whether LoadFile reads a file into the process's own
+// memory (Linux), which its caller may then rearrange in place; elsewhere
+// LoadFile's memory is a read-only mapping of the file.
+func LoadCopies() bool { return loadCopies }
+
 // Alloc returns n bytes of zeroed, page-aligned memory outside the Go heap,
 // as uncached reads need (their buffers must be aligned to the device's
 // block size). Release it with Free.

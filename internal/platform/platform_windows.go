@@ -174,6 +174,9 @@ func bytesAt(addr uintptr, n int) []byte {
 
 // loadFile maps the file: Windows gives large pages only to accounts
 // holding SeLockMemoryPrivilege, so a mapping serves as well.
+// loadCopies: see LoadCopies.
+const loadCopies = false
+
 func loadFile(_ context.Context, path string, _ func(done, total int64)) ([]byte, bool, error) {
 	b, err := MapFile(path)
 	return b, false, err

@@ -226,6 +226,10 @@ type arena struct {
 type piece struct {
 	off int
 	b   []byte
+	// tiled, when set, is a tiled q4 matrix (the CPU's layout) whose
+	// weights b are: they go up row-major, through a copy made as the
+	// piece is committed, one matrix at a time.
+	tiled *kernels.Mat
 }
 
 func bytesOf[T any](s []T) []byte {
@@ -239,7 +243,7 @@ func bytesOf[T any](s []T) []byte {
 // put reserves room for b (256-byte aligned) and returns its offset.
 func (a *arena) put(b []byte) int {
 	off := a.size
-	a.srcs = append(a.srcs, piece{off, b})
+	a.srcs = append(a.srcs, piece{off: off, b: b})
 	a.size += (len(b) + 255) &^ 255
 	return off
 }
@@ -251,6 +255,9 @@ func (a *arena) commit(d *cuda.Device) (cuda.Buf, error) {
 		return buf, err
 	}
 	for _, p := range a.srcs {
+		if p.tiled != nil {
+			p.b = p.tiled.FlatQ()
+		}
 		if len(p.b) > 0 {
 			if err := cuda.Upload(d, buf, p.off, p.b); err != nil {
 				d.Free(buf)
@@ -273,6 +280,10 @@ func putMat(a *arena, km *kernels.Mat) matOffsets {
 	switch km.Kind {
 	case format.Q4, format.Q8:
 		o.q, o.s, o.b = a.put(km.Q), a.put(bytesOf(km.Scales)), a.put(bytesOf(km.Biases))
+		if km.Tiled {
+			// The device's kernels read rows in place.
+			a.srcs[len(a.srcs)-3].tiled = km
+		}
 	case format.BF16:
 		o.p = a.put(bytesOf(km.BF16))
 	default:

@@ -1,0 +1,180 @@
+package kernels
+
+import (
+	"bytes"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/sluicelm/sluice/internal/format"
+)
+
+// tiledCopy is a copy of m (q4) with its weights tiled.
+func tiledCopy(m Mat) Mat {
+	m.Q = slices.Clone(m.Q)
+	TileQ4(m.Q, m.Rows, m.Cols, nil)
+	m.Tiled = true
+	return m
+}
+
+// TestTileQ4Layout: TileQ4 puts group g of a tile's row r at
+// (g·8 + r)·32 bytes from the tile's start and leaves the rows after the
+// last whole tile alone; rowQ4 and FlatQ give the rows back.
+func TestTileQ4Layout(t *testing.T) {
+	r := rand.New(rand.NewPCG(61, 62))
+	for _, rows := range []int{3, 8, 13, 24} {
+		for _, cols := range []int{64, 192, 2048} {
+			c := newQ4Case(r, rows, cols, 1)
+			flat := c.w
+			m := tiledCopy(flat)
+			rb := cols / 2
+			for row := range rows {
+				want := flat.Q[row*rb : (row+1)*rb]
+				for g := range cols / format.GroupSize {
+					at := row*rb + g*32 // row-major, after the last tile
+					if row < rows/8*8 {
+						at = row/8*8*rb + (g*8+row%8)*32
+					}
+					if !bytes.Equal(m.Q[at:at+32], want[g*32:g*32+32]) {
+						t.Fatalf("%d×%d: row %d group %d is not at byte %d", rows, cols, row, g, at)
+					}
+				}
+				if got := m.rowQ4(row, nil); !bytes.Equal(got, want) {
+					t.Fatalf("%d×%d: rowQ4(%d) differs from the row", rows, cols, row)
+				}
+			}
+			if !bytes.Equal(m.FlatQ(), flat.Q) {
+				t.Fatalf("%d×%d: FlatQ differs from the row-major weights", rows, cols)
+			}
+		}
+	}
+}
+
+// TestQ4RowsTiled: the decode kernel on tiled weights gives the Go twin's
+// bits in every 256-bit variant.
+func TestQ4RowsTiled(t *testing.T) {
+	if !useAVX2 || !q4RowsTiles {
+		t.Skip("no tiled decode kernel")
+	}
+	r := rand.New(rand.NewPCG(63, 64))
+	for _, cols := range []int{64, 128, 192, 320, 768, 1088, 2048, 8256} {
+		for _, rows := range []int{8, 24} {
+			c := newQ4Case(r, rows, cols, 2)
+			m := tiledCopy(c.w)
+			ng := cols / format.GroupSize
+			for _, mode := range q4RowsModes() {
+				if mode&q4RowsZMM != 0 {
+					continue
+				}
+				for b := 0; b < c.nb; b++ {
+					out := make([]float32, rows)
+					for i := range out {
+						out[i] = float32(math.NaN())
+					}
+					q4Rows(&m.Q[0], cols/2, &m.Scales[0], &m.Biases[0], ng, rows, &c.x8[b*cols], &c.xs[b*ng], &c.xsum[b*ng], &out[0], mode|q4RowsTiled, new([]float32))
+					for o := range out {
+						if want := c.want(b, o); math.Float32bits(out[o]) != math.Float32bits(want) {
+							t.Fatalf("mode %d cols %d rows %d: out[%d][%d] = %v, Go twin %v", mode, cols, rows, b, o, out[o], want)
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestTiledMatMul: products and rows of a tiled matrix are those of the
+// row-major one bit for bit, for decode and prefill batches, on parts
+// that start inside a tile (3 threads over 100 rows), with chunks taken
+// from a slow part, in the Go twins, and in every kernel variant.
+func TestTiledMatMul(t *testing.T) {
+	r := rand.New(rand.NewPCG(65, 66))
+	type shape struct{ rows, cols int }
+	shapes := []shape{{8, 64}, {21, 128}, {100, 512}, {777, 512}, {64, 2048}}
+	modes := []uint8{q4RowsMode}
+	if useAVX2 {
+		modes = nil
+		for _, m := range q4RowsModes() {
+			if m&q4RowsZMM == 0 {
+				modes = append(modes, m)
+			}
+		}
+	}
+	check := func(name string, p *Pool, flat, m *Mat, nb int) {
+		t.Helper()
+		x := randVec(r, nb*flat.Cols)
+		want := make([]float32, nb*flat.Rows)
+		var sc Scratch
+		sc.MatMul(want, flat, x, nb)
+		got := make([]float32, nb*flat.Rows)
+		p.MatMul(got, m, x, nb)
+		if i := firstDiff(got, want); i >= 0 {
+			t.Fatalf("%s, %d×%d, %d rows: element %d is %v, row-major %v", name, flat.Rows, flat.Cols, nb, i, got[i], want[i])
+		}
+	}
+	for _, sh := range shapes {
+		w := randVec(r, sh.rows*sh.cols)
+		flat, _ := encodeMat(t, w, sh.rows, sh.cols, format.Q4)
+		m := tiledCopy(flat)
+		for _, mode := range modes {
+			old := q4RowsMode
+			q4RowsMode = mode
+			for _, threads := range []int{1, 2, 3} {
+				p := NewPool(threads)
+				for _, nb := range []int{1, 2, 3, 17} {
+					check(fmt.Sprintf("mode %d, %d threads", mode, threads), p, &flat, &m, nb)
+				}
+				p.Close()
+			}
+			q4RowsMode = old
+		}
+		if sh.rows == 777 {
+			// A slow part whose chunks (224 rows) the others take; the
+			// parts (259 rows) end inside a tile.
+			p := NewPool(3)
+			var before uint64
+			stallUntilStolen(p.crew, &before)
+			for _, nb := range []int{1, 3} {
+				before = p.crew.Stolen()
+				check("slow part", p, &flat, &m, nb)
+				if p.crew.Stolen() == before {
+					t.Errorf("%d rows: no chunk was taken from the slow part", nb)
+				}
+			}
+			p.Close()
+		}
+		a, v := useAVX2, useVNNI
+		useAVX2, useVNNI = false, false
+		p := NewPool(2)
+		for _, nb := range []int{1, 3} {
+			check("Go twins", p, &flat, &m, nb)
+		}
+		p.Close()
+		useAVX2, useVNNI = a, v
+		got, want := make([]float32, sh.cols), make([]float32, sh.cols)
+		for row := range sh.rows {
+			flat.Row(want, row)
+			m.Row(got, row)
+			if i := firstDiff(got, want); i >= 0 {
+				t.Fatalf("%d×%d: Row(%d)[%d] = %v, row-major %v", sh.rows, sh.cols, row, i, got[i], want[i])
+			}
+		}
+	}
+}
+
+// BenchmarkTileQ4 is the rate at which TileQ4 rearranges weights in place
+// (the loaders' cost: a resident expert store once at load, a streamed
+// record as it lands), over 256 MiB of 512×2048 matrices.
+func BenchmarkTileQ4(b *testing.B) {
+	ms, free := dramMats(b, 512, 2048, 256<<20)
+	defer free()
+	var tmp []byte
+	b.SetBytes(int64(len(ms) * len(ms[0].Q)))
+	for b.Loop() {
+		for i := range ms {
+			tmp = TileQ4(ms[i].Q, 512, 2048, tmp)
+		}
+	}
+}
