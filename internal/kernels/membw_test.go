@@ -103,40 +103,38 @@ func BenchmarkQ4DecodeDRAM(b *testing.B) {
 		x := randVec(rand.New(rand.NewPCG(1, 1)), cols)
 		per := int64(len(ms[0].Q) + 4*len(ms[0].Scales))
 		name := fmt.Sprintf("%dx%d", sh[0], sh[1])
-		for _, mode := range q4RowsModes() {
-			b.Run(fmt.Sprintf("whole2/%s/mode%d", name, mode), func(b *testing.B) {
-				defer func(m uint8) { q4RowsMode = m }(q4RowsMode)
-				q4RowsMode = mode
-				benchWhole2(b, ms, x, per)
-			})
-			b.Run(fmt.Sprintf("whole1/%s/mode%d", name, mode), func(b *testing.B) {
-				defer func(m uint8) { q4RowsMode = m }(q4RowsMode)
-				q4RowsMode = mode
-				benchWhole1(b, ms, x, per)
-			})
-		}
+		benchModes(b, ms, x, per, name, "", q4RowsModes())
 		// The same weights tiled (TileQ4), for the 256-bit variants.
 		var tmp []byte
 		for i := range ms {
 			tmp = TileQ4(ms[i].Q, ms[i].Rows, ms[i].Cols, tmp)
 			ms[i].Tiled = true
 		}
+		var ymm []uint8
 		for _, mode := range q4RowsModes() {
-			if mode&q4RowsZMM != 0 {
-				continue
+			if mode&q4RowsZMM == 0 {
+				ymm = append(ymm, mode)
 			}
-			b.Run(fmt.Sprintf("whole2/%s/mode%d-tiled", name, mode), func(b *testing.B) {
-				defer func(m uint8) { q4RowsMode = m }(q4RowsMode)
-				q4RowsMode = mode
-				benchWhole2(b, ms, x, per)
-			})
-			b.Run(fmt.Sprintf("whole1/%s/mode%d-tiled", name, mode), func(b *testing.B) {
-				defer func(m uint8) { q4RowsMode = m }(q4RowsMode)
-				q4RowsMode = mode
-				benchWhole1(b, ms, x, per)
-			})
 		}
+		benchModes(b, ms, x, per, name, "-tiled", ymm)
 		free()
+	}
+}
+
+// benchModes runs whole2 and whole1 for each of the decode kernel's
+// variants in modes, suffix naming the weights' layout.
+func benchModes(b *testing.B, ms []Mat, x []float32, per int64, name, suffix string, modes []uint8) {
+	for _, mode := range modes {
+		b.Run(fmt.Sprintf("whole2/%s/mode%d%s", name, mode, suffix), func(b *testing.B) {
+			defer func(m uint8) { q4RowsMode = m }(q4RowsMode)
+			q4RowsMode = mode
+			benchWhole2(b, ms, x, per)
+		})
+		b.Run(fmt.Sprintf("whole1/%s/mode%d%s", name, mode, suffix), func(b *testing.B) {
+			defer func(m uint8) { q4RowsMode = m }(q4RowsMode)
+			q4RowsMode = mode
+			benchWhole1(b, ms, x, per)
+		})
 	}
 }
 

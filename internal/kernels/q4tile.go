@@ -2,6 +2,7 @@ package kernels
 
 import (
 	"os"
+	"unsafe"
 
 	"github.com/sluicelm/sluice/internal/format"
 )
@@ -37,10 +38,11 @@ func (t *matmulTask) runQ4(lo, hi int) {
 	}
 	room := t.room(lo)
 	step := rowsPerWiden(ng, T)
-	var flat *[]byte
+	var flat []byte
 	if w.Tiled {
-		flat = flatTiles.Get().(*[]byte)
-		defer flatTiles.Put(flat)
+		// Room for a tile's rows gathered row-major, after the widened
+		// scales and biases of a step's rows.
+		flat = roomTail(room, 2*step*ng, T*C/2)
 	}
 	for c0 := lo; c0 < hi; c0 += step {
 		c1 := min(c0+step, hi)
@@ -64,21 +66,31 @@ func (t *matmulTask) runQ4(lo, hi int) {
 }
 
 // flatTile gathers rows [w0, w0+n) of the tiled matrix w row-major into
-// *buf (grown when short) for the prefill kernels, which rearrange a tile
-// from rows a stride apart; a copy of the rows they read anyway, against
-// the nb activation rows each weight then meets.
-func flatTile(w *Mat, w0, n int, buf *[]byte) *byte {
+// buf for the prefill kernels, which rearrange a tile from rows a stride
+// apart; a copy of the rows they read anyway, against the nb activation
+// rows each weight then meets.
+func flatTile(w *Mat, w0, n int, buf []byte) *byte {
 	rb := w.Cols / 2
-	if cap(*buf) < n*rb {
-		*buf = make([]byte, n*rb)
-	}
-	b := (*buf)[:n*rb]
+	b := buf[:n*rb]
 	for i := range n {
 		if q := w.rowQ4(w0+i, b[i*rb:(i+1)*rb]); &q[0] != &b[i*rb] {
 			copy(b[i*rb:], q)
 		}
 	}
 	return &b[0]
+}
+
+// roomTail returns n bytes of *room past its first used floats (where
+// widen puts a step's scales and biases), enlarging *room where it is
+// short: once per part's room, so that products allocate nothing after
+// their first.
+func roomTail(room *[]float32, used, n int) []byte {
+	need := used + (n+3)/4
+	if len(*room) < need {
+		*room = make([]float32, need)
+	}
+	r := (*room)[used:need]
+	return unsafe.Slice((*byte)(unsafe.Pointer(&r[0])), n)
 }
 
 // rowsQ4 computes rows [lo,hi) for activation row r with q4Rows, 8 rows

@@ -1,10 +1,6 @@
 package kernels
 
-import (
-	"sync"
-
-	"github.com/sluicelm/sluice/internal/format"
-)
+import "github.com/sluicelm/sluice/internal/format"
 
 // TileRows is the rows of a tile in the tiled q4 layout (Mat.Tiled): the
 // decode kernel's 8 rows a step.
@@ -80,8 +76,3 @@ func (m *Mat) FlatQ() []byte {
 	}
 	return out
 }
-
-// flatTiles holds the buffers into which the prefill kernels gather a
-// tile of a tiled matrix row-major (they rearrange a tile themselves, from
-// rows a stride apart).
-var flatTiles = sync.Pool{New: func() any { return new([]byte) }}
