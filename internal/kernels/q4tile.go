@@ -150,10 +150,13 @@ const (
 // On a 2-core Zen 4, the 256-bit VNNI variant on 2 threads over 1 GiB of
 // distinct 512×2048 matrices (an expert's gate, 1 KB rows) streamed
 // 27.5-31.6 GB/s tiled against 20.2-29.7 row-major, ahead in six of six
-// alternating rounds (1.06-1.44x; BenchmarkQ4DecodeDRAM's tiled cases):
-// the hardware prefetchers follow one stream where they follow 8 streams
+// alternating rounds (1.06-1.44x); BenchmarkQ4DecodeDRAM's whole2 cases
+// for mode 5, 4 runs each, gave 22.0-26.7 against 14.4-27.9 GB/s there,
+// and 28.6-33.9 against 25.1-31.7 for 2048×512 (plain reads 31-33): the
+// hardware prefetchers follow one stream where they follow 8 streams
 // 1 KB apart poorly, which the software prefetch of the next tile only
-// partly made up for. The resident 40-layer qwen3.5-35b-a3b synth then
+// partly made up for. On an Intel Xeon with AVX-512 VNNI the tiled
+// 256-bit decode gained nothing (19.7-20.1 GB/s against 20.5-24.7). The resident 40-layer qwen3.5-35b-a3b synth then
 // decoded faster in six of seven alternating pairs (median 1.09x; the
 // README's Zen 4 section). Where the
 // 512-bit variant runs (q4RowsZMM) the matrices stay row-major: there the
