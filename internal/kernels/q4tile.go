@@ -121,13 +121,15 @@ func (t *matmulTask) rowsQ4(lo, hi, r int) {
 		q4Rows(&w.Q[a*C/2], C/2, &w.Scales[a*ng], &w.Biases[a*ng], ng, n8,
 			&t.x8[r*C], &t.xs[r*ng], &t.xsum[r*ng], &out[a], mode, room)
 	}
-	var qb [rowQRoom]byte
 	for o := lo; o < hi; o++ {
 		if o == a && n8 > 0 {
 			o += n8 - 1
 			continue
 		}
 		s, b := w.widen(room, o, o+1)
+		// Declared here, the buffer is zeroed only for the few rows that
+		// take this path, not on every call of the decode's hot loop.
+		var qb [rowQRoom]byte
 		q := w.rowQ4(o, qb[:])
 		out[o] = dotQ4I8AVX2(&q[0], &s[0], &b[0], &t.x8[r*C], &t.xs[r*ng], &t.xsum[r*ng], ng)
 	}

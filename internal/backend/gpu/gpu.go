@@ -279,10 +279,11 @@ func putMat(a *arena, km *kernels.Mat) matOffsets {
 	o := matOffsets{m: mat{kind: km.Kind, rows: km.Rows, cols: km.Cols}}
 	switch km.Kind {
 	case format.Q4, format.Q8:
+		q := len(a.srcs)
 		o.q, o.s, o.b = a.put(km.Q), a.put(bytesOf(km.Scales)), a.put(bytesOf(km.Biases))
 		if km.Tiled {
 			// The device's kernels read rows in place.
-			a.srcs[len(a.srcs)-3].tiled = km
+			a.srcs[q].tiled = km
 		}
 	case format.BF16:
 		o.p = a.put(bytesOf(km.BF16))
