@@ -15,6 +15,7 @@ import (
 	"github.com/sluicelm/sluice/internal/engine"
 	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/kernels"
+	"github.com/sluicelm/sluice/internal/model"
 	"github.com/sluicelm/sluice/internal/platform"
 )
 
@@ -134,11 +135,11 @@ func cmdBench(ctx context.Context, args []string) error {
 				return err
 			}
 		}
+		prompt, ctxToks := inputs(t)
 		if t == 1 && *membw {
-			mem = newMemMeter(e)
+			mem = newMemMeter(e, decodeSteps{depth: len(ctxToks), gen: *genN})
 			bws = append(bws, mem.measure())
 		}
-		prompt, ctxToks := inputs(t)
 		depthUsed = len(ctxToks)
 		bt, err := runTrial(ctx, e, st, prompt, ctxToks, *genN)
 		if err != nil {
@@ -205,6 +206,7 @@ func cmdBench(ctx context.Context, args []string) error {
 		lim = mem.limit(median(bws))
 		mem.close()
 		lim.BandwidthAll, lim.Share, lim.ShareAll = bws, median(shares), shares
+		lim.WeightsShare = lim.Share * lim.TokenMB / (lim.TokenMB + lim.StateMB)
 		res["decode_limit"] = lim
 	}
 	if len(self) > 0 {
@@ -243,28 +245,38 @@ func cmdBench(ctx context.Context, args []string) error {
 		fmt.Println()
 	}
 	if lim != nil {
-		fmt.Printf("memory read bandwidth %.1f GB/s (%d threads, median around the trials; 1 thread %.1f); a token reads %.1f MB (%.1f MB per layer): decode limit %.1f tok/s; each trial reached %s of the limit its own bandwidth set (median %.0f%%)\n",
-			lim.BandwidthGBs, e.Runner.Pool.Threads(), lim.Bandwidth1GBs, lim.TokenMB, lim.LayerMB, lim.LimitTokS, percents(lim.ShareAll), 100*lim.Share)
+		fmt.Printf("memory read bandwidth %.1f GB/s (%d threads, median around the trials; 1 thread %.1f); a token reads %.1f MB of weights (%.1f MB per layer) and moves %.1f MB of state: decode limit %.1f tok/s (%.1f over the weights alone); each trial reached %s of the limit its own bandwidth set (median %.0f%%, %.0f%% over the weights alone)\n",
+			lim.BandwidthGBs, e.Runner.Pool.Threads(), lim.Bandwidth1GBs, lim.TokenMB, lim.LayerMB, lim.StateMB, lim.LimitTokS, lim.WeightsLimitTokS, percents(lim.ShareAll), 100*lim.Share, 100*lim.WeightsShare)
 	}
 	return nil
 }
 
 // decodeLimit is the physical bound of a decode step: every weight it
-// uses is read from memory once, so tokens/s cannot exceed the memory's
-// read bandwidth over the bytes a token reads.
+// uses is read from memory once, and the sequence's state it touches read
+// or written once, so tokens/s cannot exceed the memory's bandwidth over
+// the bytes a token moves.
 type decodeLimit struct {
 	BandwidthGBs  float64 `json:"bandwidth_gb_s"`   // with the engine's threads
 	Bandwidth1GBs float64 `json:"bandwidth_1_gb_s"` // with one thread
 	TokenMB       float64 `json:"token_mb"`         // weights read per token: dense (less the embedding) and top-k experts per layer
 	LayerMB       float64 `json:"layer_mb"`         // of which per layer
 	LayerMBQ4_0   float64 `json:"layer_mb_q4_0"`    // a layer in GGUF's Q4_0 (18 bytes per 32 quantised weights), for comparisons with llama.cpp
-	LimitTokS     float64 `json:"limit_tok_s"`
+	// State moved per token, on average over the trial's decode steps
+	// (model.StepStateBytes): the KV rows attended to, the new rows, and
+	// DeltaNet's recurrent state, read and written back.
+	StateMB float64 `json:"state_mb"`
+	// The limit over the weights and the state; WeightsLimitTokS over the
+	// weights alone.
+	LimitTokS        float64 `json:"limit_tok_s"`
+	WeightsLimitTokS float64 `json:"weights_limit_tok_s"`
 	// With bench's trials: the bandwidth measured before the first trial
 	// and after each, and each trial's decode over the limit set by the
 	// mean of the measurements on either side of it (their median Share).
 	BandwidthAll []float64 `json:"bandwidth_all_gb_s,omitempty"`
 	ShareAll     []float64 `json:"decode_share_all,omitempty"`
 	Share        float64   `json:"decode_share,omitempty"`
+	// Share against the limit the weights alone set.
+	WeightsShare float64 `json:"decode_share_weights,omitempty"`
 }
 
 // memMeter measures the memory's read bandwidth with the engine's threads
@@ -273,7 +285,8 @@ type memMeter struct {
 	e          *engine.Engine
 	buf        []byte
 	mapped     bool // buf is platform.Alloc's, for close to free
-	tokenBytes float64
+	steps      decodeSteps
+	tokenBytes float64 // weights and state
 }
 
 // newMemMeter reads memory like the weights': the engine keeps them in
@@ -281,8 +294,8 @@ type memMeter struct {
 // plain reads of 4 KiB pages ran slower, so a buffer of those set the limit
 // too low: on the 2-core Zen 4, six alternating pairs read 1 GiB at a
 // median 1.04x (one thread) and 1.03x (two) from huge pages.
-func newMemMeter(e *engine.Engine) *memMeter {
-	m := &memMeter{e: e}
+func newMemMeter(e *engine.Engine, steps decodeSteps) *memMeter {
+	m := &memMeter{e: e, steps: steps}
 	var err error
 	if m.buf, err = platform.Alloc(1 << 30); err == nil {
 		m.mapped = true
@@ -292,7 +305,8 @@ func newMemMeter(e *engine.Engine) *memMeter {
 	for i := range m.buf {
 		m.buf[i] = byte(i) // touch every page before timing
 	}
-	m.tokenBytes = decodeBytes(e).TokenMB * 1e6
+	d := decodeBytes(e, steps)
+	m.tokenBytes = (d.TokenMB + d.StateMB) * 1e6
 	return m
 }
 
@@ -311,9 +325,10 @@ func (m *memMeter) measure() float64 {
 
 // limit is the decode limit at bw GB/s, with a one-thread measurement.
 func (m *memMeter) limit(bw float64) *decodeLimit {
-	d := decodeBytes(m.e)
+	d := decodeBytes(m.e, m.steps)
 	d.BandwidthGBs, d.Bandwidth1GBs = bw, kernels.ReadBandwidth(m.buf, 1, 3)/1e9
-	d.LimitTokS = d.BandwidthGBs * 1e9 / (d.TokenMB * 1e6)
+	d.LimitTokS = d.BandwidthGBs * 1e9 / ((d.TokenMB + d.StateMB) * 1e6)
+	d.WeightsLimitTokS = d.BandwidthGBs * 1e9 / (d.TokenMB * 1e6)
 	return d
 }
 
@@ -328,14 +343,30 @@ func percents(v []float64) string {
 
 // measureDecodeLimit reads 1 GiB (far beyond the last-level cache) with the
 // engine's thread count and with one thread.
-func measureDecodeLimit(e *engine.Engine) *decodeLimit {
-	m := newMemMeter(e)
+func measureDecodeLimit(e *engine.Engine, steps decodeSteps) *decodeLimit {
+	m := newMemMeter(e, steps)
 	defer m.close()
 	return m.limit(m.measure())
 }
 
-// decodeBytes is the weights a decode step reads, in total and per layer.
-func decodeBytes(e *engine.Engine) *decodeLimit {
+// decodeSteps are the positions a trial's timed decode steps run at: the
+// first generated token comes from the context's prefill, each later one
+// from a step at positions depth, depth+1, ... (depth at least 1).
+type decodeSteps struct{ depth, gen int }
+
+// stateBytes is the mean over the steps of model.StepStateBytes.
+func (s decodeSteps) stateBytes(m *model.Model) float64 {
+	n := max(s.gen-1, 1)
+	var sum float64
+	for i := range n {
+		sum += float64(m.StepStateBytes(max(s.depth, 1) + i))
+	}
+	return sum / float64(n)
+}
+
+// decodeBytes is the weights a decode step reads, in total and per layer,
+// and the state it moves on average over steps.
+func decodeBytes(e *engine.Engine, steps decodeSteps) *decodeLimit {
 	d := &decodeLimit{}
 	m := e.Model.Manifest
 	size := func(t *format.Tensor) int64 {
@@ -375,6 +406,7 @@ func decodeBytes(e *engine.Engine) *decodeLimit {
 	d.TokenMB = float64(tok) / 1e6
 	d.LayerMB = float64(layers/L+int64(c.TopK)*expert) / 1e6
 	d.LayerMBQ4_0 = float64(layers40/L+int64(c.TopK)*expert40) / 1e6
+	d.StateMB = steps.stateBytes(e.Model) / 1e6
 	return d
 }
 

@@ -366,8 +366,11 @@ func TestBenchMemBW(t *testing.T) {
 			BW      float64   `json:"bandwidth_gb_s"`
 			BWAll   []float64 `json:"bandwidth_all_gb_s"`
 			TokenMB float64   `json:"token_mb"`
+			StateMB float64   `json:"state_mb"`
 			Limit   float64   `json:"limit_tok_s"`
+			WLimit  float64   `json:"weights_limit_tok_s"`
 			Share   float64   `json:"decode_share"`
+			WShare  float64   `json:"decode_share_weights"`
 			Shares  []float64 `json:"decode_share_all"`
 		} `json:"decode_limit"`
 	}
@@ -376,17 +379,33 @@ func TestBenchMemBW(t *testing.T) {
 	if len(b.Decode) != 2 || len(l.BWAll) != 3 || len(l.Shares) != 2 || !(l.TokenMB > 0) {
 		t.Fatalf("bench --membw --repeat 2: %s", out)
 	}
+	// The bundled model (tiny Qwen3.5: 4 DeltaNet layers of 4 value heads
+	// of 64×64 floats and a conv history of 3×512, 2 attention layers of
+	// 2×64-wide keys and values) decodes 7 steps after one token of
+	// context (depth 0), at positions 1 to 7: each reads its DeltaNet
+	// state and writes it back, reads pos+1 rows of keys and values and
+	// writes one.
+	var state float64
+	for pos := 1; pos <= 7; pos++ {
+		state += 4 * float64(4*2*(3*512+4*64*64)+2*2*(pos+2)*2*64)
+	}
+	state /= 7
 	near := func(a, b float64) bool { return math.Abs(a-b) <= 1e-9*math.Abs(b) }
+	if !near(l.StateMB*1e6, state) {
+		t.Errorf("state %v MB a token, want %v", l.StateMB, state/1e6)
+	}
+	moved := (l.TokenMB + l.StateMB) * 1e6
 	for i, d := range b.Decode {
-		want := d / ((l.BWAll[i] + l.BWAll[i+1]) / 2 * 1e9 / (l.TokenMB * 1e6))
+		want := d / ((l.BWAll[i] + l.BWAll[i+1]) / 2 * 1e9 / moved)
 		if !near(l.Shares[i], want) {
 			t.Errorf("trial %d's share %v, want %v from its decode %v and the bandwidths %v", i, l.Shares[i], want, d, l.BWAll)
 		}
 	}
 	mid := append([]float64(nil), l.BWAll...)
 	slices.Sort(mid)
-	if !near(l.Share, (l.Shares[0]+l.Shares[1])/2) || !near(l.BW, mid[1]) || !near(l.Limit, l.BW*1e9/(l.TokenMB*1e6)) {
-		t.Errorf("bench --membw: median share %v of %v, bandwidth %v of %v, limit %v: %s", l.Share, l.Shares, l.BW, l.BWAll, l.Limit, out)
+	if !near(l.Share, (l.Shares[0]+l.Shares[1])/2) || !near(l.BW, mid[1]) || !near(l.Limit, l.BW*1e9/moved) ||
+		!near(l.WLimit, l.BW*1e9/(l.TokenMB*1e6)) || !near(l.WShare, l.Share*l.Limit/l.WLimit) {
+		t.Errorf("bench --membw: median share %v of %v (%v over the weights), bandwidth %v of %v, limit %v (%v over the weights): %s", l.Share, l.Shares, l.WShare, l.BW, l.BWAll, l.Limit, l.WLimit, out)
 	}
 }
 

@@ -249,7 +249,7 @@ func cmdSweep(ctx context.Context, args []string) error {
 		mf.device = "cpu" // say once, not per pool, why auto chose the CPU
 	}
 	if specs[0].slots < records {
-		lim := measureDecodeLimit(e0)
+		lim := measureDecodeLimit(e0, decodeSteps{depth: max(*depth, 1), gen: *genN})
 		res.ComputeMSTok, res.ComputeSource = 1e3/lim.LimitTokS, "memory bandwidth"
 	}
 	e0.Close()

@@ -369,6 +369,9 @@ type StateSpec struct {
 	KVWidth    int // KV, Ring: kv_heads·head_dim per position; Latent: the latent's width
 	IndexWidth int // Latent: the indexer key's width
 	Window     int // Ring
+	// Latent with an indexer: the positions a step attends to at most
+	// (the indexer's top-k); 0 for every position.
+	Attend int
 	// Recurrent: conv history and matrix sizes in floats.
 	ConvFloats, RecFloats int
 }

@@ -284,11 +284,11 @@ func buildDeepSeek(c *format.Config, t *block.Tensors) (*Arch, error) {
 			}
 			L.FFN = moe
 		}
-		iw := 0
+		iw, attend := 0, 0
 		if m.Index != nil {
-			iw = ac.IndexHeadDim
+			iw, attend = ac.IndexHeadDim, m.Index.TopK
 		}
-		return L, block.StateSpec{Kind: block.Latent, KVWidth: ac.KVLora + ac.RopeDim, IndexWidth: iw}
+		return L, block.StateSpec{Kind: block.Latent, KVWidth: ac.KVLora + ac.RopeDim, IndexWidth: iw, Attend: attend}
 	}
 	for l := 0; l < c.Layers; l++ {
 		L, s := layer(l)

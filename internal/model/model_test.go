@@ -404,3 +404,61 @@ func TestStateCopy(t *testing.T) {
 		}
 	}
 }
+
+// A decode step's state traffic, from each model's config.json: a full
+// attention layer reads every position's keys and values and writes its
+// own, a sliding one its window's, DeepSeek's sparse attention the latents
+// of the indexer's top-k (and, past it, every indexer key), and a DeltaNet
+// layer reads and writes its conv history and recurrent matrix.
+func TestStepStateBytes(t *testing.T) {
+	for _, name := range []string{"tiny-qwen3-5-moe", "tiny-qwen3-moe", "tiny-gpt-oss", "tiny-deepseek-v32"} {
+		t.Run(name, func(t *testing.T) {
+			m := load(t, name, 4)
+			c := testutil.ReadJSON(t, filepath.Join(testutil.ModelDir(t, name), "config.json"))
+			if tc, ok := c["text_config"].(map[string]any); ok {
+				c = tc
+			}
+			num := func(k string) int64 {
+				v, ok := c[k].(float64)
+				if !ok {
+					t.Fatalf("config.json has no %s", k)
+				}
+				return int64(v)
+			}
+			layers := num("num_hidden_layers")
+			types := make([]string, layers)
+			if lt, ok := c["layer_types"].([]any); ok {
+				for i := range types {
+					types[i] = lt[i].(string)
+				}
+			}
+			for _, pos := range []int{0, 31, 32, 63, 64, 200} {
+				n := int64(pos + 1)
+				var f int64
+				for _, typ := range types {
+					switch typ {
+					case "", "full_attention":
+						f += 2 * (n + 1) * num("num_key_value_heads") * num("head_dim")
+					case "sliding_attention":
+						f += 2 * (min(n, num("sliding_window")) + 1) * num("num_key_value_heads") * num("head_dim")
+					case "deepseek_sparse_attention":
+						lat, keys := n, int64(0)
+						if n > num("index_topk") {
+							lat, keys = num("index_topk"), n
+						}
+						f += (lat+1)*(num("kv_lora_rank")+num("qk_rope_head_dim")) + (keys+1)*num("index_head_dim")
+					case "linear_attention":
+						conv := 2*num("linear_num_key_heads")*num("linear_key_head_dim") + num("linear_num_value_heads")*num("linear_value_head_dim")
+						rec := num("linear_num_value_heads") * num("linear_key_head_dim") * num("linear_value_head_dim")
+						f += 2 * ((num("linear_conv_kernel_dim")-1)*conv + rec)
+					default:
+						t.Fatalf("layer type %q", typ)
+					}
+				}
+				if got := m.StepStateBytes(pos); got != 4*f {
+					t.Errorf("position %d: %d bytes, want %d", pos, got, 4*f)
+				}
+			}
+		})
+	}
+}

@@ -120,6 +120,37 @@ func (s *State) Reset() {
 	}
 }
 
+// StepStateBytes is the state a decode step at position pos moves
+// through memory, in bytes: the cached rows it attends to, read (every
+// position's keys and values; a ring's window; a latent layer's latents
+// of the indexer's top-k and, past it, every position's indexer key, which
+// the indexer scores), the rows it adds, written, and each DeltaNet layer's
+// conv history and recurrent matrix, read and written back. The MTP
+// layer's cache is left out: a step uses it only when drafting. Like a
+// weight, each byte counts once a step, wherever the caches keep it.
+func (m *Model) StepStateBytes(pos int) int64 {
+	n := int64(pos) + 1
+	var f int64
+	for _, sp := range m.Arch.States {
+		w := int64(sp.KVWidth)
+		switch sp.Kind {
+		case block.KV:
+			f += 2 * (n + 1) * w
+		case block.Ring:
+			f += 2 * (min(n, int64(sp.Window)) + 1) * w
+		case block.Latent:
+			lat, keys := n, int64(0) // within the top-k the indexer scores nothing
+			if sp.Attend > 0 && n > int64(sp.Attend) {
+				lat, keys = int64(sp.Attend), n
+			}
+			f += (lat+1)*w + (keys+1)*int64(sp.IndexWidth)
+		case block.Recurrent:
+			f += 2 * int64(sp.ConvFloats+sp.RecFloats)
+		}
+	}
+	return 4 * f
+}
+
 // Bytes is the memory the state holds.
 func (s *State) Bytes() int64 {
 	var n int
