@@ -179,13 +179,13 @@ func BenchmarkQ4RowsModes(b *testing.B) {
 	if !useAVX2 {
 		b.Skip("no AVX2")
 	}
-	for _, sh := range [][2]int{{768, 2048}, {2048, 768}} {
+	for _, sh := range [][2]int{{768, 2048}, {2048, 768}, {512, 2048}, {2048, 512}} {
 		ms, free := dramMats(b, sh[0], sh[1], 1)
 		m := ms[0]
 		x := randVec(rand.New(rand.NewPCG(1, 1)), sh[1])
 		out := make([]float32, sh[0])
-		for _, mode := range q4RowsModes() {
-			b.Run(fmt.Sprintf("%dx%d/mode%d", sh[0], sh[1], mode), func(b *testing.B) {
+		run := func(mode uint8, suffix string) {
+			b.Run(fmt.Sprintf("%dx%d/mode%d%s", sh[0], sh[1], mode, suffix), func(b *testing.B) {
 				defer func(m uint8) { q4RowsMode = m }(q4RowsMode)
 				q4RowsMode = mode
 				var sc Scratch
@@ -194,6 +194,18 @@ func BenchmarkQ4RowsModes(b *testing.B) {
 					sc.MatMul(out, &m, x, 1)
 				}
 			})
+		}
+		for _, mode := range q4RowsModes() {
+			run(mode, "")
+		}
+		// The same matrix tiled (TileQ4), for the 256-bit variants.
+		m.Q = append([]byte(nil), m.Q...)
+		TileQ4(m.Q, m.Rows, m.Cols, nil)
+		m.Tiled = true
+		for _, mode := range q4RowsModes() {
+			if mode&q4RowsZMM == 0 {
+				run(mode, "-tiled")
+			}
 		}
 		free()
 	}
