@@ -284,9 +284,9 @@ type decodeLimit struct {
 type memMeter struct {
 	e          *engine.Engine
 	buf        []byte
-	mapped     bool // buf is platform.Alloc's, for close to free
-	steps      decodeSteps
-	tokenBytes float64 // weights and state
+	mapped     bool        // buf is platform.Alloc's, for close to free
+	bytes      decodeLimit // the bytes a token moves (decodeBytes), the bandwidths unset
+	tokenBytes float64     // weights and state
 }
 
 // newMemMeter reads memory like the weights': the engine keeps them in
@@ -295,7 +295,7 @@ type memMeter struct {
 // too low: on the 2-core Zen 4, six alternating pairs read 1 GiB at a
 // median 1.04x (one thread) and 1.03x (two) from huge pages.
 func newMemMeter(e *engine.Engine, steps decodeSteps) *memMeter {
-	m := &memMeter{e: e, steps: steps}
+	m := &memMeter{e: e, bytes: *decodeBytes(e, steps)}
 	var err error
 	if m.buf, err = platform.Alloc(1 << 30); err == nil {
 		m.mapped = true
@@ -305,8 +305,7 @@ func newMemMeter(e *engine.Engine, steps decodeSteps) *memMeter {
 	for i := range m.buf {
 		m.buf[i] = byte(i) // touch every page before timing
 	}
-	d := decodeBytes(e, steps)
-	m.tokenBytes = (d.TokenMB + d.StateMB) * 1e6
+	m.tokenBytes = (m.bytes.TokenMB + m.bytes.StateMB) * 1e6
 	return m
 }
 
@@ -325,11 +324,11 @@ func (m *memMeter) measure() float64 {
 
 // limit is the decode limit at bw GB/s, with a one-thread measurement.
 func (m *memMeter) limit(bw float64) *decodeLimit {
-	d := decodeBytes(m.e, m.steps)
+	d := m.bytes
 	d.BandwidthGBs, d.Bandwidth1GBs = bw, kernels.ReadBandwidth(m.buf, 1, 3)/1e9
 	d.LimitTokS = d.BandwidthGBs * 1e9 / ((d.TokenMB + d.StateMB) * 1e6)
 	d.WeightsLimitTokS = d.BandwidthGBs * 1e9 / (d.TokenMB * 1e6)
-	return d
+	return &d
 }
 
 // percents formats shares as percentages.
