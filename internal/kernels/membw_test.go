@@ -172,6 +172,51 @@ func benchWhole1(b *testing.B, ms []Mat, x []float32, per int64) {
 	}
 }
 
+// BenchmarkQ4RowsInCache runs the decode kernel (this CPU's variant, on
+// the layout the loaders give it) on 1 and then 2 threads, each on its own
+// matrix, small enough to stay in its core's L2 cache: the rate the kernel
+// computes at with no wait for memory, which a decode from memory
+// (BenchmarkQ4DecodeDRAM) cannot pass. On the 2-core Zen 4 two threads
+// computed at 37-64 GB/s (four runs) while plain reads of memory ran at
+// 31-35 and, idle, up to 55: there the two cores, not the memory, bound a
+// decode whenever other tenants leave the memory idle.
+func BenchmarkQ4RowsInCache(b *testing.B) {
+	if !useAVX2 {
+		b.Skip("no AVX2")
+	}
+	for _, sh := range [][2]int{{512, 2048}, {2048, 512}} {
+		ms, free := dramMats(b, sh[0], sh[1], 1)
+		if TiledQ4() {
+			for i := range ms {
+				TileQ4(ms[i].Q, ms[i].Rows, ms[i].Cols, nil)
+				ms[i].Tiled = true
+			}
+		}
+		x := randVec(rand.New(rand.NewPCG(1, 1)), sh[1])
+		for _, threads := range []int{1, 2} {
+			b.Run(fmt.Sprintf("%dx%d/threads%d", sh[0], sh[1], threads), func(b *testing.B) {
+				b.SetBytes(int64(threads) * int64(len(ms[0].Q)+4*len(ms[0].Scales)))
+				n := b.N
+				b.ResetTimer()
+				var wg sync.WaitGroup
+				for t := range threads {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						var sc Scratch
+						out := make([]float32, ms[t].Rows)
+						for range n {
+							sc.MatMul(out, &ms[t], x, 1)
+						}
+					}()
+				}
+				wg.Wait()
+			})
+		}
+		free()
+	}
+}
+
 // BenchmarkQ4RowsModes runs the decode kernel's variants on one thread on
 // matrices that stay in the L2 cache: the kernel's own speed, without the
 // memory's.
