@@ -9,7 +9,6 @@ package gguf
 import (
 	"bufio"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -91,12 +90,22 @@ func (t *Tensor) Size() (int64, error) {
 	if len(t.Dims) == 0 {
 		return 0, fmt.Errorf("gguf: tensor %s has no dimensions", t.Name)
 	}
+	// Dimensions read from a file may be anything; a product that
+	// overflows would wrap to a small or negative size that passes the
+	// bounds checks.
+	overflow := fmt.Errorf("gguf: tensor %s: dimensions %v overflow", t.Name, t.Dims)
+	if t.Dims[0] > math.MaxInt64/8 {
+		return 0, overflow
+	}
 	rb, err := t.Type.RowBytes(int(t.Dims[0]))
 	if err != nil {
 		return 0, fmt.Errorf("tensor %s: %w", t.Name, err)
 	}
 	n := rb
 	for _, d := range t.Dims[1:] {
+		if d != 0 && uint64(n) > math.MaxInt64/d {
+			return 0, overflow
+		}
 		n *= int64(d)
 	}
 	return n, nil
@@ -293,9 +302,14 @@ func (f *File) Get(key string) any {
 
 // Read parses the header of a GGUF file (metadata and tensor
 // descriptions, with absolute offsets); size is the file's length, against
-// which every tensor is checked.
+// which every length, count and tensor is checked. As llama.cpp does, it
+// requires the tensors to follow each other in order, each aligned, so that
+// no two share bytes.
 func Read(r io.ReaderAt, size int64) (*File, error) {
-	d := &decoder{r: bufio.NewReaderSize(io.NewSectionReader(r, 0, size), 1<<16)}
+	if size < 0 {
+		return nil, fmt.Errorf("gguf: negative file size %d", size)
+	}
+	d := &decoder{r: bufio.NewReaderSize(io.NewSectionReader(r, 0, size), 1<<16), size: size}
 	if m := d.bytes(4); d.err == nil && string(m) != Magic {
 		return nil, fmt.Errorf("gguf: bad magic %q", m)
 	}
@@ -304,20 +318,35 @@ func Read(r io.ReaderAt, size int64) (*File, error) {
 		return nil, fmt.Errorf("gguf: version %d not supported", f.Version)
 	}
 	nt, nkv := d.u64(), d.u64()
-	if d.err == nil && (nt > 1<<24 || nkv > 1<<24) {
-		return nil, fmt.Errorf("gguf: %d tensors, %d keys: corrupt header", nt, nkv)
+	// A key takes at least 13 bytes (length, type, one byte of value) and a
+	// tensor description 24 (name length, dimension count, type, offset).
+	if d.err == nil && (nt > 1<<24 || nkv > 1<<24 || 24*nt+13*nkv > uint64(size-d.n)) {
+		return nil, fmt.Errorf("gguf: %d tensors, %d keys: corrupt header (the file has %d bytes)", nt, nkv, size)
 	}
 	align := int64(Alignment)
+	keys := map[string]bool{}
 	for i := uint64(0); i < nkv && d.err == nil; i++ {
 		k := d.str()
 		v := d.value(d.u32())
+		if d.err != nil {
+			return nil, fmt.Errorf("gguf: header: key %q: %w", k, d.err)
+		}
+		if keys[k] {
+			return nil, fmt.Errorf("gguf: key %q appears twice", k)
+		}
+		keys[k] = true
 		f.KV = append(f.KV, KV{k, v})
 		if k == "general.alignment" {
-			if a, ok := v.(uint32); ok && a > 0 {
-				align = int64(a)
+			// llama.cpp rejects any other alignment; silently using the
+			// default would misplace every tensor.
+			a, ok := v.(uint32)
+			if !ok || a == 0 || a&(a-1) != 0 {
+				return nil, fmt.Errorf("gguf: general.alignment %v (%T) is not a power of two uint32", v, v)
 			}
+			align = int64(a)
 		}
 	}
+	names := map[string]bool{}
 	for i := uint64(0); i < nt && d.err == nil; i++ {
 		t := Tensor{Name: d.str()}
 		nd := d.u32()
@@ -329,38 +358,51 @@ func Read(r io.ReaderAt, size int64) (*File, error) {
 		}
 		t.Type = Type(d.u32())
 		t.Offset = int64(d.u64())
+		if d.err == nil && names[t.Name] {
+			return nil, fmt.Errorf("gguf: tensor %s appears twice", t.Name)
+		}
+		names[t.Name] = true
 		f.Tensors = append(f.Tensors, t)
 	}
 	if d.err != nil {
 		return nil, fmt.Errorf("gguf: header: %w", d.err)
 	}
 	base := alignUp(d.n, align)
+	var next int64 // where the next tensor must start, from base
 	for i := range f.Tensors {
 		t := &f.Tensors[i]
-		t.Offset += base
 		n, err := t.Size()
 		if err != nil {
 			return nil, err
 		}
-		if t.Offset+n > size {
-			return nil, fmt.Errorf("gguf: tensor %s ends at %d, past the file's %d bytes", t.Name, t.Offset+n, size)
+		if t.Offset != next {
+			return nil, fmt.Errorf("gguf: tensor %s at data offset %d, want %d (tensors follow each other in order, each aligned to %d)", t.Name, uint64(t.Offset), next, align)
 		}
+		t.Offset += base
+		if t.Offset > size || n > size-t.Offset {
+			return nil, fmt.Errorf("gguf: tensor %s of %d bytes at %d ends past the file's %d bytes", t.Name, n, t.Offset, size)
+		}
+		next = alignUp(next+n, align)
 	}
 	return f, nil
 }
 
+// decoder reads the header's values in order; n counts the bytes read and
+// size is the file's, which bounds every length and count before anything
+// is allocated for it.
 type decoder struct {
-	r   *bufio.Reader
-	n   int64
-	err error
+	r    *bufio.Reader
+	n    int64
+	size int64
+	err  error
 }
 
 func (d *decoder) bytes(n uint64) []byte {
 	if d.err != nil {
 		return nil
 	}
-	if n > 1<<30 {
-		d.err = errors.New("length out of range")
+	if n > 1<<30 || n > uint64(d.size-d.n) {
+		d.err = fmt.Errorf("length %d at offset %d runs past the end of the file (%d bytes)", n, d.n, d.size)
 		return nil
 	}
 	b := make([]byte, n)
@@ -423,8 +465,28 @@ func (d *decoder) value(t uint32) any {
 		return d.str()
 	case tArray:
 		et, n := d.u32(), d.u64()
-		if n > 1<<26 {
-			d.err = fmt.Errorf("array of %d elements", n)
+		if d.err != nil {
+			return nil
+		}
+		// The smallest an element can be, to bound n by the bytes left
+		// before allocating n elements. Arrays of arrays are refused, as
+		// llama.cpp does.
+		var elem uint64
+		switch et {
+		case tUint8, tInt8, tBool:
+			elem = 1
+		case tUint16, tInt16:
+			elem = 2
+		case tUint32, tInt32, tFloat32:
+			elem = 4
+		case tUint64, tInt64, tFloat64, tString:
+			elem = 8
+		default:
+			d.err = fmt.Errorf("array of unknown element type %d", et)
+			return nil
+		}
+		if n > 1<<26 || n > uint64(d.size-d.n)/elem {
+			d.err = fmt.Errorf("array of %d elements of type %d at offset %d runs past the end of the file (%d bytes)", n, et, d.n, d.size)
 			return nil
 		}
 		switch et {
