@@ -19,8 +19,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
+	"slices"
 )
 
 // Version is bumped whenever the bytes written by the packer change meaning.
@@ -396,7 +398,155 @@ func ReadManifest(dir string) (*Manifest, error) {
 	if len(m.Stores) == 0 {
 		return nil, fmt.Errorf("packed model %s: manifest lists no expert store", dir)
 	}
+	if err := m.check(); err != nil {
+		return nil, fmt.Errorf("packed model %s: %s: %v", dir, ManifestFile, err)
+	}
 	return &m, nil
+}
+
+// maxElems bounds a tensor's element count, far above any real tensor
+// (2^48 values), so that its byte sizes and Rows*Cols cannot overflow.
+const maxElems = 1 << 48
+
+// check verifies what the loaders take on trust from the manifest: they
+// slice every tensor out of its weight file or record and index records
+// by layer*Experts + e, so a tensor outside its bytes, a size that
+// disagrees with its shape, or counts that disagree with the config
+// would panic or compute with the wrong bytes. The files' lengths are
+// checked where they are opened.
+func (m *Manifest) check() error {
+	c := &m.Config
+	if m.Family != c.Family {
+		return fmt.Errorf("family %q, but its config says %q", m.Family, c.Family)
+	}
+	if m.GroupSize != GroupSize {
+		// The kernels use GroupSize whatever the manifest says.
+		return fmt.Errorf("group_size %d, this sluice reads %d", m.GroupSize, GroupSize)
+	}
+	if m.Experts != c.Experts || m.ExpertLayers != c.ExpertLayers() {
+		return fmt.Errorf("experts %d, expert_layers %d, but the config has %d experts in %d layers (%d trunk + %d MTP)",
+			m.Experts, m.ExpertLayers, c.Experts, c.ExpertLayers(), c.Layers, c.MTPLayers)
+	}
+	if m.DenseBytes < 0 {
+		return fmt.Errorf("dense_bytes = %d, want >= 0", m.DenseBytes)
+	}
+	for i := range m.Dense {
+		t := &m.Dense[i]
+		if err := t.check(m.DenseBytes); err != nil {
+			return fmt.Errorf("dense.bin tensor %q: %v", t.Name, err)
+		}
+	}
+	records, ok := mul(int64(m.ExpertLayers), int64(m.Experts))
+	if !ok {
+		return fmt.Errorf("%d expert layers of %d experts overflow", m.ExpertLayers, m.Experts)
+	}
+	for i := range m.Stores {
+		st := &m.Stores[i]
+		if err := st.check(c, records); err != nil {
+			return fmt.Errorf("expert store %q: %v", st.File, err)
+		}
+	}
+	return nil
+}
+
+// check verifies a store's file name, stride and record layout against
+// the config, for records records.
+func (st *ExpertStore) check(c *Config, records int64) error {
+	if !filepath.IsLocal(st.File) {
+		return fmt.Errorf("file name must be local to the packed directory")
+	}
+	if st.Kind.Bits() == 0 {
+		return fmt.Errorf("kind %q unknown", st.Kind)
+	}
+	if st.Stride <= 0 || st.Stride%RecordAlign != 0 {
+		return fmt.Errorf("stride %d, want a positive multiple of %d", st.Stride, RecordAlign)
+	}
+	if _, ok := mul(records, st.Stride); !ok {
+		return fmt.Errorf("%d records of stride %d overflow", records, st.Stride)
+	}
+	for _, p := range []struct {
+		name string
+		t    *Tensor
+		kind Kind
+		want []int
+	}{{"gate", &st.Gate, st.Kind, []int{c.MoEInter, c.Hidden}}, {"up", &st.Up, st.Kind, []int{c.MoEInter, c.Hidden}},
+		{"down", &st.Down, st.Kind, []int{c.Hidden, c.MoEInter}},
+		{"gate_bias", st.GateBias, F32, []int{c.MoEInter}}, {"up_bias", st.UpBias, F32, []int{c.MoEInter}},
+		{"down_bias", st.DownBias, F32, []int{c.Hidden}}} {
+		bias := p.kind == F32
+		switch {
+		case bias && p.t == nil && c.ExpertBias:
+			return fmt.Errorf("%s missing, but the config has expert biases", p.name)
+		case bias && p.t != nil && !c.ExpertBias:
+			// The runtime would add it: the config is the authority.
+			return fmt.Errorf("%s present, but the config has no expert biases", p.name)
+		case p.t == nil:
+			continue
+		}
+		if p.t.Kind != p.kind {
+			return fmt.Errorf("%s is %s, want %s", p.name, p.t.Kind, p.kind)
+		}
+		if !slices.Equal(p.t.Shape, p.want) {
+			return fmt.Errorf("%s is %v, want %v for the config", p.name, p.t.Shape, p.want)
+		}
+		if err := p.t.check(st.Stride); err != nil {
+			return fmt.Errorf("%s: %v", p.name, err)
+		}
+	}
+	return nil
+}
+
+// check verifies that t's shape, kind and size agree, and that every part
+// of it (values, and the scales and biases of a quantised kind) lies
+// inside [0, limit).
+func (t *Tensor) check(limit int64) error {
+	if len(t.Shape) == 0 {
+		return fmt.Errorf("no shape")
+	}
+	n := int64(1)
+	for _, d := range t.Shape {
+		if d <= 0 || n > maxElems/int64(d) {
+			return fmt.Errorf("shape %v invalid", t.Shape)
+		}
+		n *= int64(d)
+	}
+	if t.Kind.Bits() == 0 {
+		return fmt.Errorf("kind %q unknown", t.Kind)
+	}
+	g := GroupSize // a quantised kind's group; MXFP4's block is smaller
+	if t.Kind == MXFP4 {
+		g = MXBlock
+	}
+	if (t.Kind.Quantised() || t.Kind == MXFP4) && t.Cols()%g != 0 {
+		return fmt.Errorf("%s shape %v: %d columns not a multiple of %d", t.Kind, t.Shape, t.Cols(), g)
+	}
+	v, s := t.Kind.Sizes(t.Rows(), t.Cols())
+	if t.Size != v {
+		return fmt.Errorf("size %d, want %d for %s %v", t.Size, v, t.Kind, t.Shape)
+	}
+	type part struct {
+		name   string
+		off, n int64
+	}
+	parts := []part{{"offset", t.Offset, v}}
+	if t.Kind.Quantised() {
+		parts = append(parts, part{"scale_offset", t.ScaleOffset, s}, part{"bias_offset", t.BiasOffset, s})
+	}
+	for _, p := range parts {
+		// Compared without adding, which could overflow.
+		if p.off < 0 || p.n > limit || p.off > limit-p.n {
+			return fmt.Errorf("%s %d + %d bytes lies outside the %d bytes available", p.name, p.off, p.n, limit)
+		}
+	}
+	return nil
+}
+
+// mul is a*b for non-negative a and b, and whether it fits in an int64.
+func mul(a, b int64) (int64, bool) {
+	if a < 0 || b < 0 || (a != 0 && b > math.MaxInt64/a) {
+		return 0, false
+	}
+	return a * b, true
 }
 
 // Find returns the dense tensor of that name.
