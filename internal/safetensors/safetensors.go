@@ -10,10 +10,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"math"
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 
 	"github.com/sluicelm/sluice/internal/platform"
 	"github.com/sluicelm/sluice/internal/quant"
@@ -101,49 +103,155 @@ func (c *Checkpoint) Close() error {
 	return first
 }
 
+// IndexFile is the name of the shard index of a sharded checkpoint.
+const IndexFile = "model.safetensors.index.json"
+
 // OpenDir opens model.safetensors.index.json and its shards, or a lone
 // model.safetensors, or every *.safetensors file of dir.
+//
+// With an index, the index is authoritative for which files are read, and
+// every tensor it names must be in the shard it names: a checkpoint whose
+// index and shards disagree was copied or converted wrongly, and reading it
+// anyway would pack whatever the shards happen to hold. Tensors a shard
+// holds beyond the index are kept, as transformers loads whole shards.
 func OpenDir(dir string) (*Checkpoint, error) {
 	var files []string
-	idx := filepath.Join(dir, "model.safetensors.index.json")
+	var wm map[string]string // tensor → shard, from the index
+	idx := filepath.Join(dir, IndexFile)
 	if b, err := os.ReadFile(idx); err == nil {
-		var ix struct {
-			WeightMap map[string]string `json:"weight_map"`
-		}
-		if err := json.Unmarshal(b, &ix); err != nil {
+		if wm, err = parseIndex(b); err != nil {
 			return nil, fmt.Errorf("safetensors: %s: %v", idx, err)
 		}
 		seen := map[string]bool{}
-		for _, f := range ix.WeightMap {
+		for _, f := range wm {
 			if !seen[f] {
 				seen[f] = true
 				files = append(files, f)
 			}
 		}
 		sort.Strings(files)
-		if len(files) == 0 {
-			return nil, fmt.Errorf("safetensors: %s: empty weight_map", idx)
-		}
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		// An index that exists but cannot be read (permissions, a
+		// directory) must not silently fall back to every shard on disk.
+		return nil, fmt.Errorf("safetensors: %v", err)
 	} else {
-		m, _ := filepath.Glob(filepath.Join(dir, "*.safetensors"))
-		for _, f := range m {
-			files = append(files, filepath.Base(f))
+		// ReadDir, not Glob: dir is a path, not a pattern, and Glob would
+		// read a sibling directory's shards when dir holds '*' or '['.
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			return nil, fmt.Errorf("safetensors: %v", err)
+		}
+		for _, e := range ents {
+			if strings.HasSuffix(e.Name(), ".safetensors") {
+				files = append(files, e.Name())
+			}
 		}
 		if len(files) == 0 {
-			return nil, fmt.Errorf("safetensors: no model.safetensors.index.json or *.safetensors in %s", dir)
+			return nil, fmt.Errorf("safetensors: no %s or *.safetensors in %s", IndexFile, dir)
 		}
 	}
 	c := &Checkpoint{Tensors: map[string]*Tensor{}}
 	for _, f := range files {
-		if err := c.openFile(filepath.Join(dir, f)); err != nil {
+		path := filepath.Join(dir, f)
+		if wm != nil {
+			if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+				c.Close()
+				return nil, fmt.Errorf("safetensors: %s: shard %s, which the index lists for %s, is missing", idx, f, tensorsOf(wm, f))
+			}
+		}
+		if err := c.openFile(path); err != nil {
 			c.Close()
 			return nil, err
+		}
+	}
+	if wm != nil {
+		names := make([]string, 0, len(wm))
+		for n := range wm {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		for _, n := range names {
+			want := filepath.Join(dir, wm[n])
+			t, ok := c.Tensors[n]
+			if !ok {
+				c.Close()
+				return nil, fmt.Errorf("safetensors: %s: tensor %s: the index maps it to shard %s, which does not hold it", idx, n, wm[n])
+			}
+			if t.File != want {
+				c.Close()
+				return nil, fmt.Errorf("safetensors: %s: tensor %s: the index maps it to shard %s, but it is in %s", idx, n, wm[n], filepath.Base(t.File))
+			}
 		}
 	}
 	return c, nil
 }
 
+// parseIndex returns the weight_map of an index file, tensor → shard file
+// name relative to the checkpoint directory, cleaned. It refuses what would
+// otherwise be read silently wrong: a repeated key (json.Unmarshal keeps the
+// last), a shard path outside the directory (an index is data from the
+// hub, and "../../x" or "/etc/x" must not make sluice read other files), a
+// missing or empty weight_map.
+func parseIndex(b []byte) (map[string]string, error) {
+	top, err := decodeObject(b)
+	if err != nil {
+		return nil, fmt.Errorf("not a JSON index: %v", err)
+	}
+	var raw json.RawMessage
+	for _, e := range top {
+		if e.name == "weight_map" {
+			raw = e.raw
+		}
+	}
+	if raw == nil {
+		return nil, fmt.Errorf("no weight_map")
+	}
+	ents, err := decodeObject(raw)
+	if err != nil {
+		return nil, fmt.Errorf("weight_map: %v", err)
+	}
+	if len(ents) == 0 {
+		return nil, fmt.Errorf("empty weight_map")
+	}
+	wm := make(map[string]string, len(ents))
+	for _, e := range ents {
+		var f string
+		if err := json.Unmarshal(e.raw, &f); err != nil || bytes.Equal(e.raw, []byte("null")) {
+			return nil, fmt.Errorf("weight_map: tensor %s: shard %s is not a file name", e.name, e.raw)
+		}
+		if !filepath.IsLocal(f) {
+			return nil, fmt.Errorf("weight_map: tensor %s: shard %q is not a file inside the checkpoint directory", e.name, f)
+		}
+		// Cleaned, so "./a" and "a" are one shard, opened once.
+		wm[e.name] = filepath.Clean(f)
+	}
+	return wm, nil
+}
+
+// tensorsOf names the tensors wm maps to shard f, for an error message:
+// the first in sorted order and how many more.
+func tensorsOf(wm map[string]string, f string) string {
+	var names []string
+	for n, s := range wm {
+		if s == f {
+			names = append(names, n)
+		}
+	}
+	sort.Strings(names)
+	if len(names) == 1 {
+		return "tensor " + names[0]
+	}
+	return fmt.Sprintf("tensor %s and %d more", names[0], len(names)-1)
+}
+
 func (c *Checkpoint) openFile(path string) error {
+	// Stat before opening: opening a FIFO or a device blocks or reads
+	// something that is not a file's bytes.
+	if st, err := os.Stat(path); err != nil {
+		return fmt.Errorf("safetensors: %v", err)
+	} else if !st.Mode().IsRegular() {
+		return fmt.Errorf("safetensors: %s: not a regular file", path)
+	}
 	f, err := os.Open(path)
 	if err != nil {
 		return fmt.Errorf("safetensors: %v", err)
@@ -188,7 +296,7 @@ func (c *Checkpoint) parse(path string, data []byte) error {
 	if hlen > uint64(size-8) || hlen > 100<<20 {
 		return fmt.Errorf("safetensors: %s: header length %d exceeds file size %d (truncated or not safetensors)", path, hlen, size)
 	}
-	hdr, err := decodeHeader(data[8 : 8+hlen])
+	hdr, err := decodeObject(data[8 : 8+hlen])
 	if err != nil {
 		return fmt.Errorf("safetensors: %s: bad header: %v", path, err)
 	}
@@ -262,22 +370,23 @@ func (c *Checkpoint) parse(path string, data []byte) error {
 	return nil
 }
 
-// headerEntry is one key of a header and its undecoded value.
+// headerEntry is one key of a JSON object and its undecoded value.
 type headerEntry struct {
 	name string
 	raw  json.RawMessage
 }
 
-// decodeHeader splits the JSON header object into its entries in file
-// order. Unlike json.Unmarshal into a map it rejects a repeated key, which
-// would otherwise silently keep only the last of two tensor descriptions.
-func decodeHeader(b []byte) ([]headerEntry, error) {
+// decodeObject splits a JSON object (a shard's header, an index or its
+// weight_map) into its entries in file order. Unlike json.Unmarshal into a
+// map it rejects a repeated key, which would otherwise silently keep only
+// the last of two tensor descriptions or shard names.
+func decodeObject(b []byte) ([]headerEntry, error) {
 	r := bytes.NewReader(b)
 	dec := json.NewDecoder(r)
 	if tok, err := dec.Token(); err != nil {
 		return nil, err
 	} else if tok != json.Delim('{') {
-		return nil, fmt.Errorf("header is not a JSON object")
+		return nil, fmt.Errorf("not a JSON object")
 	}
 	var out []headerEntry
 	seen := map[string]bool{}
