@@ -8,6 +8,7 @@ package hf
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -52,13 +53,16 @@ type topConfig struct {
 
 // ReadConfig parses dir/config.json (and generation_config.json for the EOS
 // ids) into the normalised configuration, through the family its
-// model_type names.
+// model_type names. Every error names the file and the key at fault.
 func ReadConfig(dir string) (format.Config, bool, error) {
 	var c format.Config
 	p := filepath.Join(dir, "config.json")
 	b, err := os.ReadFile(p)
 	if err != nil {
 		return c, false, fmt.Errorf("checkpoint: %v", err)
+	}
+	if err := checkObject(b); err != nil {
+		return c, false, fmt.Errorf("checkpoint: %s: %v", p, err)
 	}
 	var top topConfig
 	if err := json.Unmarshal(b, &top); err != nil {
@@ -67,6 +71,9 @@ func ReadConfig(dir string) (format.Config, bool, error) {
 	r, raw := top, []byte(b)
 	if top.TextConfig != nil {
 		raw = *top.TextConfig
+		if err := checkObject(raw); err != nil {
+			return c, false, fmt.Errorf("checkpoint: %s: text_config: %v", p, err)
+		}
 		r = topConfig{}
 		if err := json.Unmarshal(raw, &r); err != nil {
 			return c, false, fmt.Errorf("checkpoint: %s: text_config: %v", p, err)
@@ -80,45 +87,188 @@ func ReadConfig(dir string) (format.Config, bool, error) {
 	if mt == "" {
 		mt = top.ModelType
 	}
+	if mt == "" {
+		return c, false, fmt.Errorf("checkpoint: %s: no model_type (architectures %v): cannot tell the model family", p, top.Architectures)
+	}
 	f, err := family.Lookup(mt)
 	if err != nil {
-		return c, false, fmt.Errorf("checkpoint %s: %v (architectures %v)", dir, err, top.Architectures)
+		return c, false, fmt.Errorf("checkpoint: %s: %v (architectures %v)", p, err, top.Architectures)
+	}
+	// Before the family parses: it allocates per layer from these numbers,
+	// and a corrupt num_hidden_layers must not be a huge allocation.
+	if err := checkSizes(raw); err != nil {
+		return c, false, fmt.Errorf("checkpoint: %s: %v", p, err)
 	}
 	if c, err = f.Parse(raw); err != nil {
-		return c, false, fmt.Errorf("checkpoint %s: %v", dir, err)
+		return c, false, fmt.Errorf("checkpoint: %s: %v", p, err)
 	}
-	c.EOS = eosIDs(r.EOS)
-	if gb, err := os.ReadFile(filepath.Join(dir, "generation_config.json")); err == nil {
+	if c.EOS, err = eosIDs(r.EOS); err != nil {
+		return c, false, fmt.Errorf("checkpoint: %s: %v", p, err)
+	}
+	gp := filepath.Join(dir, "generation_config.json")
+	if gb, err := os.ReadFile(gp); err == nil {
 		var g struct {
 			EOS any `json:"eos_token_id"`
 		}
 		if err := json.Unmarshal(gb, &g); err != nil {
-			return c, false, fmt.Errorf("checkpoint %s: generation_config.json: %v", dir, err)
+			return c, false, fmt.Errorf("checkpoint: %s: %v", gp, err)
 		}
-		if ids := eosIDs(g.EOS); len(ids) > 0 {
+		ids, err := eosIDs(g.EOS)
+		if err != nil {
+			return c, false, fmt.Errorf("checkpoint: %s: %v", gp, err)
+		}
+		if len(ids) > 0 {
 			c.EOS = ids
 		}
 	}
+	// Before Validate, whose rotary-dim message would blame the truncated
+	// head_dim rather than its cause.
+	if err := checkHeadDim(raw, &c); err != nil {
+		return c, false, fmt.Errorf("checkpoint: %s: %v", p, err)
+	}
 	if err := c.Validate(); err != nil {
-		return c, false, fmt.Errorf("checkpoint %s: %v", dir, err)
+		return c, false, fmt.Errorf("checkpoint: %s: %v", p, err)
 	}
 	return c, r.TieEmbeddings, nil
 }
 
-func eosIDs(v any) []int {
+// checkObject refuses a config that is not a JSON object: null decodes
+// into an empty struct without error and would surface as a confusing
+// "model_type is missing".
+func checkObject(b []byte) error {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(b, &m); err != nil {
+		return fmt.Errorf("not a JSON object: %v", err)
+	}
+	if m == nil {
+		return fmt.Errorf("not a JSON object (null)")
+	}
+	return nil
+}
+
+// sizeKey is a config.json size that must be an integer in [min, max]
+// when present.
+type sizeKey struct {
+	name     string
+	min, max int64
+	nullOK   bool // transformers reads null as "derive it" (head_dim, KV heads)
+}
+
+// maxDim bounds every size: far above any released model (vocabularies
+// are below 2^18, hidden sizes below 2^15), low enough that nothing sized
+// from it before the tensors are checked can exhaust memory.
+const maxDim = 1 << 24
+
+// sizeKeys are the sizes of every family's config.json. A family copies
+// them into format.Config and may allocate from them (one entry per
+// layer) before Validate runs; json.Unmarshal reads null as "absent".
+var sizeKeys = []sizeKey{
+	{name: "hidden_size", min: 1, max: maxDim},
+	{name: "num_hidden_layers", min: 1, max: 1 << 16},
+	{name: "num_attention_heads", min: 1, max: maxDim},
+	{name: "num_key_value_heads", min: 1, max: maxDim, nullOK: true},
+	{name: "head_dim", min: 1, max: maxDim, nullOK: true},
+	{name: "vocab_size", min: 1, max: maxDim},
+	{name: "num_experts", min: 1, max: 1 << 16},
+	{name: "num_local_experts", min: 1, max: 1 << 16},
+	{name: "n_routed_experts", min: 1, max: 1 << 16},
+	{name: "num_experts_per_tok", min: 1, max: 1 << 16},
+	{name: "experts_per_token", min: 1, max: 1 << 16},
+	{name: "moe_intermediate_size", min: 1, max: maxDim},
+	{name: "intermediate_size", min: 1, max: maxDim},
+	{name: "shared_expert_intermediate_size", min: 0, max: maxDim},
+}
+
+// checkSizes checks the sizes of the config object raw: each present one
+// an integer within its bounds, so that zero, negative, fractional, string
+// or absurd values are an error naming the key rather than a wrong
+// division, a silent default or a huge allocation later.
+func checkSizes(raw []byte) error {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return err
+	}
+	for _, k := range sizeKeys {
+		v, ok := m[k.name]
+		if !ok {
+			continue
+		}
+		if string(v) == "null" {
+			if k.nullOK {
+				continue
+			}
+			return fmt.Errorf("%s is null, want an integer ≥ %d", k.name, k.min)
+		}
+		// json.Number also takes a quoted number; a string is refused.
+		var num json.Number
+		if len(v) == 0 || v[0] == '"' || json.Unmarshal(v, &num) != nil {
+			return fmt.Errorf("%s = %s, want an integer ≥ %d", k.name, v, k.min)
+		}
+		n, err := strconv.ParseInt(string(num), 10, 64)
+		if err != nil {
+			return fmt.Errorf("%s = %s, want an integer ≥ %d", k.name, v, k.min)
+		}
+		if n < k.min || n > k.max {
+			return fmt.Errorf("%s = %d, want %d ≤ %s ≤ %d", k.name, n, k.min, k.name, k.max)
+		}
+	}
+	return nil
+}
+
+// checkHeadDim refuses a derived head_dim that truncates: the families
+// that read an absent head_dim as hidden_size / num_attention_heads would
+// otherwise build heads that do not tile the hidden state.
+func checkHeadDim(raw []byte, c *format.Config) error {
+	if c.Family != family.NameQwen3MoE && c.Family != family.NameQwen35MoE && c.Family != family.NameGPTOSS {
+		return nil // head_dim required, defaulted, or not hidden / heads
+	}
+	if c.Heads <= 0 {
+		return nil // Validate reports it
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return err
+	}
+	if v, ok := m["head_dim"]; ok && string(v) != "null" {
+		return nil
+	}
+	if c.Hidden%c.Heads != 0 {
+		return fmt.Errorf("no head_dim, and hidden_size %d is not a multiple of num_attention_heads %d", c.Hidden, c.Heads)
+	}
+	return nil
+}
+
+// eosIDs reads eos_token_id: absent or null, one token id, or a list of
+// them. Anything else (a string, a fraction, a negative id) is an error:
+// dropped silently it would leave generation without a stop token.
+func eosIDs(v any) ([]int, error) {
+	id := func(x any) (int, error) {
+		f, ok := x.(float64)
+		if !ok || f != math.Trunc(f) || f < 0 || f >= 1<<31 {
+			return 0, fmt.Errorf("eos_token_id %v is not a token id", x)
+		}
+		return int(f), nil
+	}
 	switch x := v.(type) {
-	case float64:
-		return []int{int(x)}
+	case nil:
+		return nil, nil
 	case []any:
 		var out []int
 		for _, e := range x {
-			if f, ok := e.(float64); ok {
-				out = append(out, int(f))
+			i, err := id(e)
+			if err != nil {
+				return nil, err
 			}
+			out = append(out, i)
 		}
-		return out
+		return out, nil
+	default:
+		i, err := id(x)
+		if err != nil {
+			return nil, err
+		}
+		return []int{i}, nil
 	}
-	return nil
 }
 
 var mtpLayer = regexp.MustCompile(`^mtp\.layers\.(\d+)\.`)
