@@ -2,7 +2,6 @@ package engine_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -11,6 +10,7 @@ import (
 
 	"github.com/sluicelm/sluice/internal/engine"
 	"github.com/sluicelm/sluice/internal/format"
+	"github.com/sluicelm/sluice/internal/testutil"
 	"github.com/sluicelm/sluice/models"
 )
 
@@ -20,21 +20,9 @@ import (
 func editManifest(t *testing.T, dir string, edit func(m map[string]any)) {
 	t.Helper()
 	p := filepath.Join(dir, format.ManifestFile)
-	b, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var m map[string]any
-	if err := json.Unmarshal(b, &m); err != nil {
-		t.Fatal(err)
-	}
+	m := testutil.ReadJSON(t, p)
 	edit(m)
-	if b, err = json.Marshal(m); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(p, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testutil.WriteJSON(t, p, m)
 }
 
 // truncate cuts dir/name to n bytes (negative: that many bytes short).

@@ -61,7 +61,8 @@ func ReadConfig(dir string) (format.Config, bool, error) {
 	if err != nil {
 		return c, false, fmt.Errorf("checkpoint: %v", err)
 	}
-	if err := checkObject(b); err != nil {
+	keys, err := object(b)
+	if err != nil {
 		return c, false, fmt.Errorf("checkpoint: %s: %v", p, err)
 	}
 	var top topConfig
@@ -71,7 +72,7 @@ func ReadConfig(dir string) (format.Config, bool, error) {
 	r, raw := top, []byte(b)
 	if top.TextConfig != nil {
 		raw = *top.TextConfig
-		if err := checkObject(raw); err != nil {
+		if keys, err = object(raw); err != nil {
 			return c, false, fmt.Errorf("checkpoint: %s: text_config: %v", p, err)
 		}
 		r = topConfig{}
@@ -96,7 +97,7 @@ func ReadConfig(dir string) (format.Config, bool, error) {
 	}
 	// Before the family parses: it allocates per layer from these numbers,
 	// and a corrupt num_hidden_layers must not be a huge allocation.
-	if err := checkSizes(raw); err != nil {
+	if err := checkSizes(keys); err != nil {
 		return c, false, fmt.Errorf("checkpoint: %s: %v", p, err)
 	}
 	if c, err = f.Parse(raw); err != nil {
@@ -123,7 +124,7 @@ func ReadConfig(dir string) (format.Config, bool, error) {
 	}
 	// Before Validate, whose rotary-dim message would blame the truncated
 	// head_dim rather than its cause.
-	if err := checkHeadDim(raw, &c); err != nil {
+	if err := checkHeadDim(keys, &c); err != nil {
 		return c, false, fmt.Errorf("checkpoint: %s: %v", p, err)
 	}
 	if err := c.Validate(); err != nil {
@@ -132,18 +133,19 @@ func ReadConfig(dir string) (format.Config, bool, error) {
 	return c, r.TieEmbeddings, nil
 }
 
-// checkObject refuses a config that is not a JSON object: null decodes
-// into an empty struct without error and would surface as a confusing
-// "model_type is missing".
-func checkObject(b []byte) error {
+// object returns the keys of a config that must be a JSON object, their
+// values undecoded, for the checks below; null decodes into an empty
+// struct without error and would surface as a confusing "model_type is
+// missing", so it is refused here.
+func object(b []byte) (map[string]json.RawMessage, error) {
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(b, &m); err != nil {
-		return fmt.Errorf("not a JSON object: %v", err)
+		return nil, fmt.Errorf("not a JSON object: %v", err)
 	}
 	if m == nil {
-		return fmt.Errorf("not a JSON object (null)")
+		return nil, fmt.Errorf("not a JSON object (null)")
 	}
-	return nil
+	return m, nil
 }
 
 // sizeKey is a config.json size that must be an integer in [min, max]
@@ -179,15 +181,11 @@ var sizeKeys = []sizeKey{
 	{name: "shared_expert_intermediate_size", min: 0, max: maxDim},
 }
 
-// checkSizes checks the sizes of the config object raw: each present one
+// checkSizes checks the sizes among the config's keys m: each present one
 // an integer within its bounds, so that zero, negative, fractional, string
 // or absurd values are an error naming the key rather than a wrong
 // division, a silent default or a huge allocation later.
-func checkSizes(raw []byte) error {
-	var m map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &m); err != nil {
-		return err
-	}
+func checkSizes(m map[string]json.RawMessage) error {
 	for _, k := range sizeKeys {
 		v, ok := m[k.name]
 		if !ok {
@@ -218,16 +216,12 @@ func checkSizes(raw []byte) error {
 // checkHeadDim refuses a derived head_dim that truncates: the families
 // that read an absent head_dim as hidden_size / num_attention_heads would
 // otherwise build heads that do not tile the hidden state.
-func checkHeadDim(raw []byte, c *format.Config) error {
+func checkHeadDim(m map[string]json.RawMessage, c *format.Config) error {
 	if c.Family != family.NameQwen3MoE && c.Family != family.NameQwen35MoE && c.Family != family.NameGPTOSS {
 		return nil // head_dim required, defaulted, or not hidden / heads
 	}
 	if c.Heads <= 0 {
 		return nil // Validate reports it
-	}
-	var m map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &m); err != nil {
-		return err
 	}
 	if v, ok := m["head_dim"]; ok && string(v) != "null" {
 		return nil

@@ -152,15 +152,11 @@ func OpenDir(dir string) (*Checkpoint, error) {
 	}
 	c := &Checkpoint{Tensors: map[string]*Tensor{}}
 	for _, f := range files {
-		path := filepath.Join(dir, f)
-		if wm != nil {
-			if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
-				c.Close()
+		if err := c.openFile(filepath.Join(dir, f)); err != nil {
+			c.Close()
+			if wm != nil && errors.Is(err, fs.ErrNotExist) {
 				return nil, fmt.Errorf("safetensors: %s: shard %s, which the index lists for %s, is missing", idx, f, tensorsOf(wm, f))
 			}
-		}
-		if err := c.openFile(path); err != nil {
-			c.Close()
 			return nil, err
 		}
 	}
@@ -248,7 +244,7 @@ func (c *Checkpoint) openFile(path string) error {
 	// Stat before opening: opening a FIFO or a device blocks or reads
 	// something that is not a file's bytes.
 	if st, err := os.Stat(path); err != nil {
-		return fmt.Errorf("safetensors: %v", err)
+		return fmt.Errorf("safetensors: %w", err)
 	} else if !st.Mode().IsRegular() {
 		return fmt.Errorf("safetensors: %s: not a regular file", path)
 	}
