@@ -201,6 +201,12 @@ func cmdBench(ctx context.Context, args []string) error {
 		res["experts"] = xs
 	}
 	res["experts_plan"] = e.ExpertPlan
+	if p, ok := e.DevicePool(); ok && p.Slots > 0 {
+		// The GPU's expert pool over the whole bench, warm-up included.
+		res["gpu_pool"] = map[string]any{"slots": p.Slots, "records": p.Records, "record_mb": float64(p.RecordBytes) / 1e6,
+			"hits": p.Hits, "misses": p.Misses, "hit_rate": float64(p.Hits) / float64(max(p.Hits+p.Misses, 1)),
+			"mb_copied": float64(p.BytesUp) / 1e6}
+	}
 	var lim *decodeLimit
 	if mem != nil {
 		lim = mem.limit(median(bws))

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -55,6 +56,7 @@ type modelFlags struct {
 // expertFlags choose how routed experts are served (engine.ExpertOptions).
 type expertFlags struct {
 	poolMB     string
+	gpuPoolMB  string
 	memoryGB   float64
 	lookahead  bool
 	evict      string
@@ -72,6 +74,7 @@ func (m *modelFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&m.device, "device", "auto", "where the forward pass runs: auto (the GPU when one is usable, else the CPU), cpu, cuda or cuda:N")
 	x := &m.experts
 	fs.StringVar(&x.poolMB, "pool-mb", "", "stream experts through a pool of N MiB, or N% of the expert store (default: map them whole if they fit, else auto-size)")
+	fs.StringVar(&x.gpuPoolMB, "gpu-pool-mb", "", "on the GPU, stream experts through a device pool of N MiB, or N% of the expert store, filled from host memory (default: every expert on the GPU if they fit, else a pool of the memory left)")
 	fs.Float64Var(&x.memoryGB, "memory-gb", 0, "total memory budget in GiB (dense + state + scratch + expert pool); experts stream when they do not fit")
 	fs.BoolVar(&x.lookahead, "lookahead", true, "prefetch the next layer's predicted experts while this layer computes")
 	fs.StringVar(&x.evict, "evict", "", "expert pool eviction: markov (each layer's expert-to-expert transitions), lrfu (recency-weighted use counts, by layer order), flru (frequency-weighted LRU) or lru; default markov")
@@ -89,18 +92,15 @@ func (x *expertFlags) options(log io.Writer) (engine.ExpertOptions, error) {
 		if x.memoryGB > 0 {
 			return o, fmt.Errorf("give --pool-mb or --memory-gb, not both")
 		}
-		if p, ok := strings.CutSuffix(x.poolMB, "%"); ok {
-			v, err := strconv.ParseFloat(p, 64)
-			if err != nil || v <= 0 || v > 100 {
-				return o, fmt.Errorf("--pool-mb %q: want a percentage in (0,100]", x.poolMB)
-			}
-			o.PoolShare = v / 100
-		} else {
-			v, err := strconv.ParseFloat(x.poolMB, 64)
-			if err != nil || v <= 0 {
-				return o, fmt.Errorf("--pool-mb %q: want a positive size in MiB or a percentage", x.poolMB)
-			}
-			o.PoolBytes = int64(v * (1 << 20))
+		var err error
+		if o.PoolBytes, o.PoolShare, err = poolSize("--pool-mb", x.poolMB); err != nil {
+			return o, err
+		}
+	}
+	if x.gpuPoolMB != "" {
+		var err error
+		if o.GPUPoolBytes, o.GPUPoolShare, err = poolSize("--gpu-pool-mb", x.gpuPoolMB); err != nil {
+			return o, err
 		}
 	}
 	if x.memoryGB < 0 {
@@ -113,6 +113,23 @@ func (x *expertFlags) options(log io.Writer) (engine.ExpertOptions, error) {
 		return o, fmt.Errorf("--cut-weak %g: want a routing weight in [0,1)", x.cutWeak)
 	}
 	return o, nil
+}
+
+// poolSize reads a pool flag's value: a size in MiB, or a percentage of
+// the expert store ("25%").
+func poolSize(name, v string) (bytes int64, share float64, err error) {
+	if p, ok := strings.CutSuffix(v, "%"); ok {
+		f, err := strconv.ParseFloat(p, 64)
+		if err != nil || !(f > 0 && f <= 100) {
+			return 0, 0, fmt.Errorf("%s %q: want a percentage in (0,100]", name, v)
+		}
+		return 0, f / 100, nil
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || !(f > 0) || math.IsInf(f, 1) || f*(1<<20) >= math.MaxInt64 {
+		return 0, 0, fmt.Errorf("%s %q: want a positive size in MiB or a percentage", name, v)
+	}
+	return int64(f * (1 << 20)), 0, nil
 }
 
 func (m *modelFlags) open(ctx context.Context) (*engine.Engine, error) {
@@ -145,10 +162,15 @@ func (m *modelFlags) open(ctx context.Context) (*engine.Engine, error) {
 	return e, nil
 }
 
-// deviceNote says on stderr why auto chose the CPU, when it did.
+// deviceNote says on stderr why auto chose the CPU, when it did, and how
+// the GPU holds the experts when they stream through its pool.
 func deviceNote(e *engine.Engine) {
 	if e.DeviceNote != "" {
 		fmt.Fprintln(os.Stderr, e.DeviceNote)
+	}
+	if p, ok := e.DevicePool(); ok && p.Slots > 0 {
+		fmt.Fprintf(os.Stderr, "device: experts stream through a GPU pool of %d of %d records (%.1f MiB)\n",
+			p.Slots, p.Records, float64(p.Slots)*float64(p.RecordBytes)/(1<<20))
 	}
 }
 

@@ -72,7 +72,13 @@ func (e *Engine) selectDevice(o Options, rows int) error {
 		e.DeviceNote = "device: cpu (replayed routes run on the CPU only)"
 		return nil
 	}
-	f, name, err := openCUDA(e.Model, ds.ordinal, rows, e.Ctx)
+	if xo := o.Experts; xo.MissBits != 0 || xo.CutWeak > 0 {
+		// The GPU computes every expert at the store's own bits (an
+		// explicit cuda was refused before the experts opened).
+		e.DeviceNote = "device: cpu (--miss-bits and --cut-weak apply on the CPU only)"
+		return nil
+	}
+	f, name, err := openCUDA(e.Model, ds.ordinal, rows, e.Ctx, o.Experts)
 	if err != nil {
 		if ds.kind == "cuda" {
 			return fmt.Errorf("device cuda: %v", err)
@@ -81,6 +87,23 @@ func (e *Engine) selectDevice(o Options, rows int) error {
 		return nil
 	}
 	e.Fwd, e.Device = f, name
+	return nil
+}
+
+// checkDevice refuses, before anything loads, the options the chosen
+// device cannot honour.
+func checkDevice(o Options) error {
+	ds, err := parseDevice(o.Device)
+	if err != nil {
+		return err
+	}
+	xo := o.Experts
+	if ds.kind == "cuda" && (xo.MissBits != 0 || xo.CutWeak > 0) {
+		return fmt.Errorf("device cuda: --miss-bits and --cut-weak apply on the CPU only")
+	}
+	if ds.kind == "cpu" && (xo.GPUPoolBytes != 0 || xo.GPUPoolShare != 0) {
+		return fmt.Errorf("--gpu-pool-mb sizes the GPU's expert pool; the forward runs on the CPU here (--device %s)", o.Device)
+	}
 	return nil
 }
 
@@ -93,6 +116,26 @@ func (e *Engine) Launches() uint64 {
 		return l.Launches()
 	}
 	return 0
+}
+
+// DevicePool is what a GPU's expert pool holds and did so far: Slots
+// records of the model's Records (0 slots: every expert resident on the
+// device), the experts found in a slot (Hits) or copied into one from the
+// host (Misses), and the bytes those copies moved.
+type DevicePool struct {
+	Slots, Records, RecordBytes int
+	Hits, Misses, BytesUp       uint64
+}
+
+// devicePooler is a GPU forward with an expert pool.
+type devicePooler interface{ devicePool() DevicePool }
+
+// DevicePool reports the GPU's expert pool; ok is false on the CPU.
+func (e *Engine) DevicePool() (p DevicePool, ok bool) {
+	if d, is := e.Fwd.(devicePooler); is {
+		return d.devicePool(), true
+	}
+	return p, false
 }
 
 // Profiler is a forward with a phase profile (the GPU backend).

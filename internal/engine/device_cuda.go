@@ -21,10 +21,16 @@ func (g gpuForwarder) Close() {
 	g.Runner.Dev.Close()
 }
 
-// openCUDA opens GPU ordinal and uploads m for steps of rows rows, or says
-// why the GPU is not usable (no driver, no GPU, too old, model not
-// supported or too large).
-func openCUDA(m *model.Model, ordinal, rows, ctx int) (Forwarder, string, error) {
+// devicePool implements devicePooler.
+func (g gpuForwarder) devicePool() DevicePool {
+	ps := g.Runner.Pool()
+	return DevicePool{Slots: ps.Slots, Records: ps.Records, RecordBytes: ps.RecordBytes, Hits: ps.Hits, Misses: ps.Misses, BytesUp: ps.BytesUp}
+}
+
+// openCUDA opens GPU ordinal and uploads m for steps of rows rows, its
+// experts whole or through a device pool (xo), or says why the GPU is not
+// usable (no driver, no GPU, too old, model not supported or too large).
+func openCUDA(m *model.Model, ordinal, rows, ctx int, xo ExpertOptions) (Forwarder, string, error) {
 	if err := gpu.Supported(m); err != nil {
 		return nil, "", err
 	}
@@ -43,7 +49,7 @@ func openCUDA(m *model.Model, ordinal, rows, ctx int) (Forwarder, string, error)
 		dev.Close()
 		return nil, "", fmt.Errorf("GPU %d (%s) has compute capability %d.%d; sluice's kernels need 8.0 (Ampere) or later", ordinal, dev.Name, dev.Major, dev.Minor)
 	}
-	r, err := gpu.New(dev, m, rows, ctx)
+	r, err := gpu.New(dev, m, gpu.Config{Rows: rows, Ctx: ctx, PoolBytes: xo.GPUPoolBytes, PoolShare: xo.GPUPoolShare})
 	if err != nil {
 		dev.Close()
 		return nil, "", err

@@ -58,6 +58,9 @@ type Engine struct {
 // Open loads a packed directory, or packs a Hugging Face checkpoint
 // directory into the cache first (once) and loads that.
 func Open(ctx context.Context, dir string, o Options) (*Engine, error) {
+	if err := checkDevice(o); err != nil {
+		return nil, err
+	}
 	st, err := os.Stat(dir)
 	if err != nil {
 		return nil, fmt.Errorf("model: %v", err)

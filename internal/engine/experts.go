@@ -27,6 +27,12 @@ type ExpertOptions struct {
 	Readers         int            // reader goroutines; 0 = default
 	PrefetchReaders int            // of which take prefetches too; 0 = follow the disk
 	Log             io.Writer      // notes (O_DIRECT refused); nil = silent
+	// GPUPoolBytes or GPUPoolShare (--gpu-pool-mb) stream the experts on
+	// the GPU through a device pool of that size, filled from the host's
+	// (the resident store, or the pool above); unset, the GPU holds every
+	// expert when they fit and a pool of what is left when they do not.
+	GPUPoolBytes int64
+	GPUPoolShare float64
 }
 
 // memAvailable is experts.Available, replaced in tests.

@@ -70,9 +70,26 @@ func (m *Mat) FlatQ() []byte {
 		return m.Q
 	}
 	out := make([]byte, len(m.Q))
-	rb := m.Cols / 2
-	for r := range m.Rows {
-		copy(out[r*rb:], m.rowQ4(r, out[r*rb:(r+1)*rb]))
-	}
+	m.FlatQInto(out)
 	return out
+}
+
+// FlatQInto writes m's quantised weights row-major into dst (len(m.Q)
+// bytes), without allocating: the GPU's expert pool stages records so.
+func (m *Mat) FlatQInto(dst []byte) {
+	dst = dst[:len(m.Q)]
+	if !m.Tiled {
+		copy(dst, m.Q)
+		return
+	}
+	rb := m.Cols / 2
+	if rb == 0 {
+		return
+	}
+	for r := range m.Rows {
+		row := dst[r*rb : (r+1)*rb]
+		if src := m.rowQ4(r, row); &src[0] != &row[0] {
+			copy(row, src)
+		}
+	}
 }

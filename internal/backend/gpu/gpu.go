@@ -63,8 +63,12 @@ type Runner struct {
 
 	mats    map[*block.Weight]mat
 	vecs    map[*float32]uintptr
-	experts []expert // [layer*E + e]
-	weights []cuda.Buf
+	experts []expert // [layer*E + e]; nil when they stream through pool
+	// pool, when the experts do not all live in device memory, holds the
+	// ones the router asked for lately (pool.go); waveSlot is its scratch.
+	pool     *vpool
+	waveSlot []int
+	weights  []cuda.Buf
 	// Per expert layer, the device tables of expert addresses [E][3]
 	// (gate, up, down) that a recorded decode step reads the router's
 	// choice through; exKind is their kind ("" when a recorded step cannot
@@ -175,15 +179,33 @@ func NeedBytes(m *model.Model) (dense, experts int64) {
 	return dense, experts
 }
 
-// New uploads m to dev and prepares scratch for steps of up to maxRows
-// rows over sequences of up to ctx positions. Experts must fit in device memory: streaming them on the GPU is not
-// available yet, and New says how much memory was needed.
-func New(dev *cuda.Device, m *model.Model, maxRows, ctx int) (*Runner, error) {
+// Config says how a Runner is laid out on its device.
+type Config struct {
+	Rows int // the most rows a step takes
+	Ctx  int // the most positions a sequence state may hold
+	// PoolBytes or PoolShare (of the expert store), when set, stream the
+	// routed experts through a device pool of that size, filled from the
+	// model's host provider (m.Experts) as the router asks for them. When
+	// neither is set every expert is uploaded if they fit in device
+	// memory, else the pool takes what the rest leaves.
+	PoolBytes int64
+	PoolShare float64
+}
+
+// scratchReserve is what New keeps free beside the weights for scratch,
+// sequence states and the driver.
+const scratchReserve = 256 << 20
+
+// New uploads m to dev and prepares scratch for steps of up to c.Rows
+// rows over sequences of up to c.Ctx positions. The routed experts are
+// uploaded whole or stream through a pool (Config); a pool smaller than
+// one token's experts of a layer is refused, saying what is needed.
+func New(dev *cuda.Device, m *model.Model, cfg Config) (*Runner, error) {
 	if err := Supported(m); err != nil {
 		return nil, err
 	}
 	c := &m.Config
-	r := &Runner{M: m, Dev: dev, maxRows: max(maxRows, 1), ctx: max(ctx, 1), H: c.Hidden, V: c.Vocab, E: c.Experts, K: c.TopK,
+	r := &Runner{M: m, Dev: dev, maxRows: max(cfg.Rows, 1), ctx: max(cfg.Ctx, 1), H: c.Hidden, V: c.Vocab, E: c.Experts, K: c.TopK,
 		I: c.MoEInter, mats: map[*block.Weight]mat{}, vecs: map[*float32]uintptr{},
 		states: map[weak.Pointer[model.State]]*dstate{}}
 	r.fwdFn = r.doForward
@@ -192,16 +214,20 @@ func New(dev *cuda.Device, m *model.Model, maxRows, ctx int) (*Runner, error) {
 		if err != nil {
 			return err
 		}
-		dense, exps := NeedBytes(m)
-		if need := dense + exps + 256<<20; need > free {
-			return fmt.Errorf("the model needs %.2f GiB of GPU memory (dense %.2f GiB, experts %.2f GiB, plus scratch) and %s has %.2f GiB free; expert streaming on the GPU is not available yet (use --device cpu)",
-				gib(need), gib(dense), gib(exps), dev.Name, gib(free))
+		slots, lay, rec, err := r.poolPlan(cfg, free)
+		if err != nil {
+			return err
 		}
 		if r.k, err = cuda.LoadKernels(dev); err != nil {
 			return err
 		}
 		if r.s, err = dev.NewStream(); err != nil {
 			return err
+		}
+		if slots > 0 {
+			if err := r.newPool(slots, lay, rec); err != nil {
+				return err
+			}
 		}
 		if err := r.upload(); err != nil {
 			return err
@@ -216,6 +242,62 @@ func New(dev *cuda.Device, m *model.Model, maxRows, ctx int) (*Runner, error) {
 }
 
 func gib(n int64) float64 { return float64(n) / (1 << 30) }
+
+// poolPlan chooses between uploading every expert (0 slots) and a pool of
+// slots records of rec bytes laid out as lay, given free device memory.
+func (r *Runner) poolPlan(cfg Config, free int64) (slots int, lay [3]matOffsets, rec int, err error) {
+	dense, exps := NeedBytes(r.M)
+	if cfg.PoolBytes < 0 || cfg.PoolShare < 0 || cfg.PoolShare > 1 {
+		return 0, lay, 0, fmt.Errorf("GPU expert pool: %d bytes or a share of %g: want a positive size or a share in (0,1]", cfg.PoolBytes, cfg.PoolShare)
+	}
+	if cfg.PoolBytes == 0 && cfg.PoolShare == 0 && dense+exps+scratchReserve <= free {
+		return 0, lay, 0, nil
+	}
+	if lay, rec, err = recordLayout(r.M); err != nil {
+		return 0, lay, 0, err
+	}
+	records := len(r.M.Arch.Layers) * r.E
+	switch {
+	case cfg.PoolShare > 0:
+		slots = int(cfg.PoolShare * float64(records))
+	case cfg.PoolBytes > 0:
+		slots = int(cfg.PoolBytes / int64(rec))
+	default:
+		slots = int(max(free-dense-scratchReserve-int64(max(r.K, 16)*rec), 0) / int64(rec))
+	}
+	slots = min(slots, records)
+	if slots < r.K {
+		return 0, lay, 0, fmt.Errorf("a GPU expert pool needs at least %d records (one token's experts of a layer, %.2f GiB) and got room or a request for %d; "+
+			"dense weights take %.2f GiB and %s has %.2f GiB free (use --device cpu to stream experts on the CPU)",
+			r.K, gib(int64(r.K*rec)), slots, gib(dense), r.Dev.Name, gib(free))
+	}
+	if need := dense + int64(slots)*int64(rec) + scratchReserve; need > free {
+		return 0, lay, 0, fmt.Errorf("a GPU expert pool of %d records needs %.2f GiB with the dense weights (%.2f GiB) and scratch, and %s has %.2f GiB free; ask for a smaller --gpu-pool-mb",
+			slots, gib(need), gib(dense), r.Dev.Name, gib(free))
+	}
+	return slots, lay, rec, nil
+}
+
+// PoolStats is what the device's expert pool did so far; Slots is 0 when
+// every expert is resident on the device.
+type PoolStats struct {
+	Slots, Records int
+	RecordBytes    int
+	Hits, Misses   uint64 // experts found in a slot or copied into one
+	BytesUp        uint64 // bytes copied from the host into slots
+}
+
+// Pool reports the expert pool's figures.
+func (r *Runner) Pool() PoolStats {
+	ps := PoolStats{Records: len(r.M.Arch.Layers) * r.E}
+	r.Dev.Do(func() error {
+		if p := r.pool; p != nil {
+			ps.Slots, ps.RecordBytes, ps.Hits, ps.Misses, ps.BytesUp = p.slots, p.rec, p.Hits, p.Misses, p.BytesUp
+		}
+		return nil
+	})
+	return ps
+}
 
 // arena lays out host slices in one device buffer.
 type arena struct {
@@ -368,6 +450,9 @@ func (r *Runner) upload() error {
 		r.vecs[k] = buf.Ptr + uintptr(o)
 	}
 
+	if r.pool != nil {
+		return nil // experts stream; a recorded step needs them resident
+	}
 	// Experts: every record of the trunk's layers, through the resident
 	// provider's views of experts.bin.
 	prov, err := model.NewResidentProvider(r.M)
@@ -566,6 +651,7 @@ func (r *Runner) alloc() error {
 		return err
 	}
 	r.slot = make([]int, r.E)
+	r.waveSlot = make([]int, r.E)
 	for i := range r.slot {
 		r.slot[i] = -1
 	}
@@ -601,6 +687,7 @@ func (r *Runner) Close() {
 		r.scratch = cuda.Buf{}
 		r.Dev.FreeHost(r.pin)
 		r.Dev.FreeHost(r.plog)
+		r.closePool()
 		r.pin, r.plog = cuda.Host{}, cuda.Host{}
 		r.Dev.DestroyStream(r.s)
 		r.s = cuda.Stream{}
@@ -1173,6 +1260,11 @@ func (r *Runner) Experts(m *block.MoE) error {
 	r.check(r.Dev.UploadAsync(r.gidx, r.pin, r.offGidx, 4*n, r.s))
 	r.check(r.Dev.UploadAsync(r.posd, r.pin, r.offPos, 4*n, r.s))
 	r.check(r.k.GatherRows(r.s, r.gin, r.h, r.gidx, n, H))
+	if r.pool != nil {
+		r.pooledExperts(m.Layer)
+		r.shared1(m)
+		return r.err
+	}
 	exps := r.experts[m.Layer*r.E:]
 	kind := exps[r.distinct[0]].gate.kind
 	a := r.prepare(r.gin, n, H, kind)

@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 
@@ -482,4 +483,105 @@ func TestGPUDecodeAllocs(t *testing.T) {
 			t.Errorf("graphs %v: a decode step allocates %.1f times", graphs, allocs)
 		}
 	}
+}
+
+// TestGPUExpertPool streams the experts through device pools of one
+// token's experts of a layer (top-k records, so a prefill chunk runs in
+// many waves), a quarter of the store and all of it, and requires the
+// logits of a prompt (in one chunk and token by token) and the greedy
+// tokens after it to be the resident upload's bits; the pool's counts
+// must add up, and a pool below top-k records is refused.
+func TestGPUExpertPool(t *testing.T) {
+	needGPU(t)
+	for _, name := range gpuModels {
+		for _, bits := range []int{4, 16} {
+			t.Run(fmt.Sprintf("%s/%d", name, bits), func(t *testing.T) {
+				dir := packed(t, name, bits)
+				c := refs(t, name).Cases[0]
+				res := open(t, dir, "cuda", 64)
+				if p, ok := res.DevicePool(); !ok || p.Slots != 0 {
+					t.Fatalf("resident upload reports a pool: %+v, %v", p, ok)
+				}
+				want := all(t, res, c.Prompt)
+				wantGen := greedy(t, res, c.Prompt, 16)
+				quarter := openPool(t, dir, 64, engine.ExpertOptions{GPUPoolShare: 0.25})
+				p, _ := quarter.DevicePool()
+				K := res.Model.Config.TopK
+				if p.Slots != p.Records/4 || p.RecordBytes <= 0 {
+					t.Fatalf("a quarter pool: %+v", p)
+				}
+				pools := map[string]engine.ExpertOptions{
+					"topk":    {GPUPoolBytes: int64(K * p.RecordBytes)},
+					"quarter": {GPUPoolShare: 0.25},
+					"all":     {GPUPoolShare: 1},
+				}
+				for pname, xo := range pools {
+					for _, rows := range []int{64, 1} {
+						e := openPool(t, dir, rows, xo)
+						got := all(t, e, c.Prompt)
+						V := len(want) / len(c.Prompt)
+						for i := range want {
+							if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+								t.Fatalf("pool %s, rows %d: logit %d (pos %d) = %v, resident %v", pname, rows, i, i/V, got[i], want[i])
+							}
+						}
+						gen := greedy(t, e, c.Prompt, 16)
+						if d := firstDiff(gen, wantGen); d >= 0 {
+							t.Fatalf("pool %s, rows %d: greedy tokens differ at %d\n got %v\nwant %v", pname, rows, d, gen, wantGen)
+						}
+						ps, _ := e.DevicePool()
+						t.Logf("pool %s (%d of %d records), rows %d: %d hits, %d misses, %.1f MB copied",
+							pname, ps.Slots, ps.Records, rows, ps.Hits, ps.Misses, float64(ps.BytesUp)/1e6)
+						if ps.Misses == 0 || ps.BytesUp != ps.Misses*uint64(ps.RecordBytes) {
+							t.Errorf("pool %s: %d misses moved %d bytes of %d-byte records", pname, ps.Misses, ps.BytesUp, ps.RecordBytes)
+						}
+						if pname == "topk" && ps.Slots != K {
+							t.Errorf("pool topk has %d slots, want %d", ps.Slots, K)
+						}
+						if pname == "all" && ps.Misses > uint64(ps.Records) {
+							t.Errorf("a pool of every record missed %d times (%d records)", ps.Misses, ps.Records)
+						}
+						// top-k slots hold one layer's experts, which the next
+						// layer replaces: only the larger pools can hit.
+						if pname != "topk" && ps.Hits == 0 {
+							t.Errorf("pool %s: no hits", pname)
+						}
+					}
+				}
+				_, err := engine.Open(context.Background(), dir, engine.Options{Device: "cuda", ChunkRows: 64,
+					Experts: engine.ExpertOptions{GPUPoolBytes: int64((K - 1) * p.RecordBytes)}})
+				if err == nil || !strings.Contains(err.Error(), "at least") {
+					t.Errorf("a pool of top-k − 1 records: %v", err)
+				}
+			})
+		}
+	}
+}
+
+func openPool(t testing.TB, dir string, rows int, xo engine.ExpertOptions) *engine.Engine {
+	t.Helper()
+	e, err := engine.Open(context.Background(), dir, engine.Options{Device: "cuda", ChunkRows: rows, Experts: xo})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	if !e.OnGPU() {
+		t.Fatalf("device cuda gave %s", e.Device)
+	}
+	return e
+}
+
+// greedy decodes n tokens after prompt through the engine (argmax on the
+// device).
+func greedy(t testing.TB, e *engine.Engine, prompt []int, n int) []int {
+	t.Helper()
+	st, err := e.NewState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _, err := e.Generate(context.Background(), st, prompt, engine.GenOptions{MaxTokens: n, IgnoreEOS: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
 }
