@@ -202,10 +202,13 @@ func cmdBench(ctx context.Context, args []string) error {
 	}
 	res["experts_plan"] = e.ExpertPlan
 	if p, ok := e.DevicePool(); ok && p.Slots > 0 {
-		// The GPU's expert pool over the whole bench, warm-up included.
+		// The GPU's expert pool over the whole bench, warm-up included,
+		// and over its decode steps alone.
+		rate := func(h, m uint64) float64 { return float64(h) / float64(max(h+m, 1)) }
 		res["gpu_pool"] = map[string]any{"slots": p.Slots, "records": p.Records, "record_mb": float64(p.RecordBytes) / 1e6,
-			"hits": p.Hits, "misses": p.Misses, "hit_rate": float64(p.Hits) / float64(max(p.Hits+p.Misses, 1)),
-			"mb_copied": float64(p.BytesUp) / 1e6}
+			"hits": p.Hits, "misses": p.Misses, "hit_rate": rate(p.Hits, p.Misses), "mb_copied": float64(p.BytesUp) / 1e6,
+			"decode_hit_rate": rate(p.DecodeHits, p.DecodeMisses), "decode_mb_copied": float64(p.DecodeBytesUp) / 1e6,
+			"host_pinned": p.HostPinned}
 	}
 	var lim *decodeLimit
 	if mem != nil {

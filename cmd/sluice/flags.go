@@ -171,6 +171,9 @@ func deviceNote(e *engine.Engine) {
 	if p, ok := e.DevicePool(); ok && p.Slots > 0 {
 		fmt.Fprintf(os.Stderr, "device: experts stream through a GPU pool of %d of %d records (%.1f MiB)\n",
 			p.Slots, p.Records, float64(p.Slots)*float64(p.RecordBytes)/(1<<20))
+		if p.PinNote != "" {
+			fmt.Fprintf(os.Stderr, "device: the host's expert store could not be page-locked (%s; see ulimit -l): misses are copied through staging\n", p.PinNote)
+		}
 	}
 }
 

@@ -384,6 +384,32 @@ func (d *Device) DownloadAsync(h Host, hoff int, src uintptr, n int, s Stream) e
 	return d.call("cuMemcpyDtoHAsync", fns.memcpyDtoHAsync, h.Ptr+uintptr(hoff), src, uintptr(n), s.h)
 }
 
+// Register page-locks n bytes of host memory at p that Go did not
+// allocate from the driver (cuMemHostRegister), so that UploadFromAsync
+// copies from it by DMA, overlapping compute, with no staging copy on the
+// host. The memory must stay mapped until Unregister.
+func (d *Device) Register(p uintptr, n int) error {
+	return d.call("cuMemHostRegister", fns.memHostRegister, p, uintptr(n), 0)
+}
+
+// Unregister undoes Register.
+func (d *Device) Unregister(p uintptr) error {
+	return d.call("cuMemHostUnregister", fns.memHostUnregister, p)
+}
+
+// UploadFromAsync copies n bytes from host memory at src, page-locked by
+// Register or AllocHost, to the device address dst on stream s.
+func (d *Device) UploadFromAsync(dst, src uintptr, n int, s Stream) error {
+	return d.call("cuMemcpyHtoDAsync", fns.memcpyHtoDAsync, dst, src, uintptr(n), s.h)
+}
+
+// StreamWait makes the work queued on s after it wait until e, recorded
+// on another stream, has completed (cuStreamWaitEvent); the host does not
+// wait.
+func (d *Device) StreamWait(s Stream, e Event) error {
+	return d.call("cuStreamWaitEvent", fns.streamWaitEvent, s.h, e.h, 0)
+}
+
 // Stream is a CUDA stream; the zero Stream is the legacy default stream
 // (which cannot be captured into a graph).
 type Stream struct{ h uintptr }

@@ -54,6 +54,7 @@ var fns struct {
 	memcpyHtoD, memcpyDtoH, memcpyDtoD                         uintptr
 	memcpyHtoDAsync, memcpyDtoHAsync, memcpyDtoDAsync          uintptr
 	memsetD32, memsetD32Async                                  uintptr
+	memHostRegister, memHostUnregister, streamWaitEvent        uintptr
 	streamCreate, streamDestroy, streamSynchronize             uintptr
 	eventCreate, eventDestroy, eventRecord, eventSynchronize   uintptr
 	eventElapsedTime                                           uintptr
@@ -122,6 +123,7 @@ func loadDriver() error {
 		{&fns.memcpyHtoD, "cuMemcpyHtoD"}, {&fns.memcpyDtoH, "cuMemcpyDtoH"}, {&fns.memcpyDtoD, "cuMemcpyDtoD"},
 		{&fns.memcpyHtoDAsync, "cuMemcpyHtoDAsync"}, {&fns.memcpyDtoHAsync, "cuMemcpyDtoHAsync"}, {&fns.memcpyDtoDAsync, "cuMemcpyDtoDAsync"},
 		{&fns.memsetD32, "cuMemsetD32"}, {&fns.memsetD32Async, "cuMemsetD32Async"},
+		{&fns.memHostRegister, "cuMemHostRegister"}, {&fns.memHostUnregister, "cuMemHostUnregister"}, {&fns.streamWaitEvent, "cuStreamWaitEvent"},
 		{&fns.streamCreate, "cuStreamCreate"}, {&fns.streamDestroy, "cuStreamDestroy"}, {&fns.streamSynchronize, "cuStreamSynchronize"},
 		{&fns.eventCreate, "cuEventCreate"}, {&fns.eventDestroy, "cuEventDestroy"}, {&fns.eventRecord, "cuEventRecord"},
 		{&fns.eventSynchronize, "cuEventSynchronize"}, {&fns.eventElapsedTime, "cuEventElapsedTime"},

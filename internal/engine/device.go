@@ -121,10 +121,15 @@ func (e *Engine) Launches() uint64 {
 // DevicePool is what a GPU's expert pool holds and did so far: Slots
 // records of the model's Records (0 slots: every expert resident on the
 // device), the experts found in a slot (Hits) or copied into one from the
-// host (Misses), and the bytes those copies moved.
+// host (Misses) and the bytes those copies moved, in all steps and in
+// one-row (decode) steps; whether the copies come straight from the
+// page-locked host store (HostPinned), and if not why (PinNote).
 type DevicePool struct {
-	Slots, Records, RecordBytes int
-	Hits, Misses, BytesUp       uint64
+	Slots, Records, RecordBytes             int
+	Hits, Misses, BytesUp                   uint64
+	DecodeHits, DecodeMisses, DecodeBytesUp uint64
+	HostPinned                              bool
+	PinNote                                 string
 }
 
 // devicePooler is a GPU forward with an expert pool.

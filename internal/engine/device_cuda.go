@@ -24,7 +24,8 @@ func (g gpuForwarder) Close() {
 // devicePool implements devicePooler.
 func (g gpuForwarder) devicePool() DevicePool {
 	ps := g.Runner.Pool()
-	return DevicePool{Slots: ps.Slots, Records: ps.Records, RecordBytes: ps.RecordBytes, Hits: ps.Hits, Misses: ps.Misses, BytesUp: ps.BytesUp}
+	return DevicePool{Slots: ps.Slots, Records: ps.Records, RecordBytes: ps.RecordBytes, Hits: ps.Hits, Misses: ps.Misses, BytesUp: ps.BytesUp,
+		DecodeHits: ps.DecodeHits, DecodeMisses: ps.DecodeMisses, DecodeBytesUp: ps.DecodeBytesUp, HostPinned: ps.HostPinned, PinNote: ps.PinNote}
 }
 
 // openCUDA opens GPU ordinal and uploads m for steps of rows rows, its

@@ -20,6 +20,11 @@ type Expert struct {
 	Down     kernels.Mat // [hidden][moe_inter]
 	// Biases after each projection, nil when the family has none.
 	GateBias, UpBias, DownBias []float32
+	// Record is the record the views are of, its bytes as the store lays
+	// them out (row-major, except the matrices marked Tiled): a consumer
+	// that keeps records in that layout (the GPU's expert pool) copies it
+	// whole.
+	Record []byte
 }
 
 // Provider gives the forward pass the routed experts of one layer. The
@@ -98,6 +103,7 @@ func ExpertFromRecord(rec []byte, st *format.ExpertStore) (Expert, error) {
 		}
 		*b.dst = m.F32
 	}
+	e.Record = rec
 	return e, nil
 }
 
@@ -115,6 +121,10 @@ type Resident struct {
 
 // StableExperts reports that every Expert stays valid for the whole step.
 func (r *Resident) StableExperts() bool { return true }
+
+// Bytes is the whole store, in which every Expert's Record lies: the GPU
+// page-locks it once so that its copies to the device need no staging.
+func (r *Resident) Bytes() []byte { return r.data }
 
 // NewResidentProvider maps the packed model's expert store whole, for a
 // reader that passes over it once (the GPU backend's upload).

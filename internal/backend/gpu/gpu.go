@@ -253,7 +253,7 @@ func (r *Runner) poolPlan(cfg Config, free int64) (slots int, lay [3]matOffsets,
 	if cfg.PoolBytes == 0 && cfg.PoolShare == 0 && dense+exps+scratchReserve <= free {
 		return 0, lay, 0, nil
 	}
-	if lay, rec, err = recordLayout(r.M); err != nil {
+	if lay, rec, err = storeLayout(r.M); err != nil {
 		return 0, lay, 0, err
 	}
 	records := len(r.M.Arch.Layers) * r.E
@@ -285,17 +285,42 @@ type PoolStats struct {
 	RecordBytes    int
 	Hits, Misses   uint64 // experts found in a slot or copied into one
 	BytesUp        uint64 // bytes copied from the host into slots
+	// The same over one-row steps (decoding) alone.
+	DecodeHits, DecodeMisses, DecodeBytesUp uint64
+	// HostPinned: misses are copied straight from the page-locked host
+	// store; else through pinned staging, PinNote saying why when the
+	// store could not be locked.
+	HostPinned bool
+	PinNote    string
+}
+
+func (ps *PoolStats) count(decode bool, hits, misses int) {
+	ps.Hits += uint64(hits)
+	ps.Misses += uint64(misses)
+	if decode {
+		ps.DecodeHits += uint64(hits)
+		ps.DecodeMisses += uint64(misses)
+	}
+}
+
+func (ps *PoolStats) add(decode bool, bytes uint64) {
+	ps.BytesUp += bytes
+	if decode {
+		ps.DecodeBytesUp += bytes
+	}
 }
 
 // Pool reports the expert pool's figures.
 func (r *Runner) Pool() PoolStats {
-	ps := PoolStats{Records: len(r.M.Arch.Layers) * r.E}
+	var ps PoolStats
 	r.Dev.Do(func() error {
 		if p := r.pool; p != nil {
-			ps.Slots, ps.RecordBytes, ps.Hits, ps.Misses, ps.BytesUp = p.slots, p.rec, p.Hits, p.Misses, p.BytesUp
+			ps = p.stats
+			ps.Slots, ps.RecordBytes = p.slots, p.rec
 		}
 		return nil
 	})
+	ps.Records = len(r.M.Arch.Layers) * r.E
 	return ps
 }
 

@@ -514,6 +514,9 @@ func TestGPUExpertPool(t *testing.T) {
 					"topk":    {GPUPoolBytes: int64(K * p.RecordBytes)},
 					"quarter": {GPUPoolShare: 0.25},
 					"all":     {GPUPoolShare: 1},
+					// Three tiers: a tenth in the GPU's pool, a quarter in
+					// the host's, the rest read from experts.bin.
+					"tiers": {GPUPoolShare: 0.1, PoolShare: 0.25},
 				}
 				for pname, xo := range pools {
 					for _, rows := range []int{64, 1} {
@@ -530,8 +533,15 @@ func TestGPUExpertPool(t *testing.T) {
 							t.Fatalf("pool %s, rows %d: greedy tokens differ at %d\n got %v\nwant %v", pname, rows, d, gen, wantGen)
 						}
 						ps, _ := e.DevicePool()
-						t.Logf("pool %s (%d of %d records), rows %d: %d hits, %d misses, %.1f MB copied",
-							pname, ps.Slots, ps.Records, rows, ps.Hits, ps.Misses, float64(ps.BytesUp)/1e6)
+						t.Logf("pool %s (%d of %d records), rows %d: %d hits, %d misses, %.1f MB copied; decode %d hits, %d misses; host pinned %v %s",
+							pname, ps.Slots, ps.Records, rows, ps.Hits, ps.Misses, float64(ps.BytesUp)/1e6,
+							ps.DecodeHits, ps.DecodeMisses, ps.HostPinned, ps.PinNote)
+						if (pname == "tiers") != (e.Stream != nil) {
+							t.Errorf("pool %s: host stream %v", pname, e.Stream != nil)
+						}
+						if ps.DecodeHits+ps.DecodeMisses == 0 || ps.DecodeBytesUp != ps.DecodeMisses*uint64(ps.RecordBytes) {
+							t.Errorf("pool %s: decode counts %d hits, %d misses, %d bytes", pname, ps.DecodeHits, ps.DecodeMisses, ps.DecodeBytesUp)
+						}
 						if ps.Misses == 0 || ps.BytesUp != ps.Misses*uint64(ps.RecordBytes) {
 							t.Errorf("pool %s: %d misses moved %d bytes of %d-byte records", pname, ps.Misses, ps.BytesUp, ps.RecordBytes)
 						}

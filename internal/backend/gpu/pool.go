@@ -4,6 +4,7 @@ package gpu
 
 import (
 	"fmt"
+	"unsafe"
 
 	"github.com/sluicelm/sluice/internal/cuda"
 	"github.com/sluicelm/sluice/internal/format"
@@ -12,35 +13,48 @@ import (
 )
 
 // vpool is the device's expert pool when the routed experts do not all
-// live in device memory: fixed slots of one record each (an expert's
-// gate, up and down matrices, laid out as the resident upload lays them
-// out), filled from the host's provider (the engine's resident store or
-// its streaming pool over experts.bin) as the router asks for them.
+// live in device memory: fixed slots of one record each, laid out as the
+// store lays a record out (experts.bin's stride and offsets), filled from
+// the host's provider (the engine's resident store or its streaming pool
+// over experts.bin) as the router asks for them.
 //
 // Per MoE layer the host learns the router's choice (the step's one round
-// trip), resolves each chosen expert to a slot, copies the misses through
-// pinned staging into the slots the least recently used experts held, and
-// queues the products on the slots' addresses. Copies and products run in
-// order on the runner's one stream, so a slot is overwritten only after
-// the products that read its old record; the outputs land where the
-// resident path puts them and are combined in the router's order, so the
-// logits do not depend on the pool's size.
+// trip) and resolves each chosen expert to a slot. The misses are copied
+// into the slots the least recently used experts held, on a copy stream
+// that first waits for the products already queued (which may read those
+// slots' old records): straight from the host store when it is page-locked
+// (Register), else through pinned staging. The hits' products are queued
+// at once and overlap the copies; the misses' wait for an event after
+// their copies. The outputs land where the resident path puts them and
+// are combined in the router's order, so the logits do not depend on the
+// pool's size.
 type vpool struct {
 	prov  model.Provider
 	slots int
-	rec   int           // bytes of a slot
-	lay   [3]matOffsets // gate, up, down within a slot
+	rec   int           // bytes of a slot: the store's stride
+	lay   [3]matOffsets // gate, up, down within a record
 	buf   cuda.Buf      // slots × rec
 	stage cuda.Host     // pinned staging: wave records
 	wave  int           // the most experts resolved at once (≤ slots)
+	share int           // slots per layer: a prefill keeps this many of a layer's experts
+
+	// host is the provider's store when it is page-locked: records in it
+	// are copied by DMA with no staging.
+	host []byte
+
+	cs            cuda.Stream // copies
+	computed, got cuda.Event  // the products queued so far; a wave's copies
 
 	tab slotTable
 
 	// A wave's scratch: its misses (ids and their positions in the wave),
-	// the rows each one has, for the provider's hint.
+	// the rows each one has, for the provider's hint, and which of the
+	// wave's experts are misses.
 	missIDs, missAt, missRows []int
+	isMiss                    []bool
+	demote                    []int
 
-	Hits, Misses, BytesUp uint64
+	stats PoolStats
 }
 
 // slotTable maps records (layer·E + expert) to slots with least-recently
@@ -103,35 +117,44 @@ func (t *slotTable) take(rec int) int {
 	return best
 }
 
-// recordLayout lays out one expert as a slot holds it, from the host
-// provider's views of expert 0 of the first layer (mapped, not read).
-func recordLayout(m *model.Model) (lay [3]matOffsets, bytes int, err error) {
-	prov, err := model.NewResidentProvider(m)
-	if err != nil {
-		return lay, 0, err
-	}
-	defer prov.Close()
-	if err := prov.Begin(0, []int{0}, model.Hint{}); err != nil {
-		return lay, 0, err
-	}
-	_, ex, err := prov.Next()
-	if err != nil {
-		return lay, 0, err
-	}
-	if ex.GateBias != nil {
-		return lay, 0, fmt.Errorf("experts with biases are not supported on the GPU")
-	}
-	var a arena
-	lay = [3]matOffsets{putMat(&a, &ex.Gate), putMat(&a, &ex.Up), putMat(&a, &ex.Down)}
-	return lay, a.size, nil
+// storeLayout is a record's matrices at the store's offsets, and the
+// stride: a slot holds a record exactly as experts.bin does (each part
+// 64-byte aligned, which the products' 16-byte loads need).
+func storeLayout(m *model.Model) (lay [3]matOffsets, stride int, err error) {
+	return layoutOf(&m.Manifest.Stores[0])
 }
 
-// newPool allocates slots records of rec bytes and the pinned staging.
+// layoutOf is storeLayout for one store's record layout.
+func layoutOf(st *format.ExpertStore) (lay [3]matOffsets, stride int, err error) {
+	if st.GateBias != nil {
+		return lay, 0, fmt.Errorf("experts with biases are not supported on the GPU")
+	}
+	for i, t := range []*format.Tensor{&st.Gate, &st.Up, &st.Down} {
+		if len(t.Shape) != 2 {
+			return lay, 0, fmt.Errorf("expert store: a matrix of shape %v", t.Shape)
+		}
+		for _, off := range []int64{t.Offset, t.ScaleOffset, t.BiasOffset} {
+			if off%16 != 0 {
+				return lay, 0, fmt.Errorf("expert store: a part at offset %d, not 16-byte aligned", off)
+			}
+		}
+		lay[i] = matOffsets{m: mat{kind: t.Kind, rows: t.Shape[0], cols: t.Shape[1]},
+			q: int(t.Offset), s: int(t.ScaleOffset), b: int(t.BiasOffset), p: int(t.Offset)}
+	}
+	return lay, int(st.Stride), nil
+}
+
+// newPool allocates slots records of rec bytes, the staging, the copy
+// stream and its events, and page-locks the host store when the provider
+// holds one whole.
 func (r *Runner) newPool(slots int, lay [3]matOffsets, rec int) error {
-	p := &vpool{prov: r.M.Experts, slots: slots, rec: rec, lay: lay, wave: min(slots, max(r.K, 16))}
+	nl := len(r.M.Arch.Layers)
+	p := &vpool{prov: r.M.Experts, slots: slots, rec: rec, lay: lay, wave: min(slots, max(r.K, 16)),
+		share: max(slots/nl, 1), tab: newSlotTable(nl*r.E, slots)}
 	if p.prov == nil {
 		return fmt.Errorf("expert pool: the model has no host provider of experts")
 	}
+	r.pool = p // Close frees what is allocated below, whatever fails
 	var err error
 	if p.buf, err = r.Dev.Alloc(slots * rec); err != nil {
 		return fmt.Errorf("expert pool of %d records (%.2f GiB): %w", slots, gib(int64(slots)*int64(rec)), err)
@@ -140,17 +163,54 @@ func (r *Runner) newPool(slots int, lay [3]matOffsets, rec int) error {
 	if p.stage, err = r.Dev.AllocHost(p.wave * rec); err != nil {
 		return fmt.Errorf("expert pool staging (%d records, %.2f GiB pinned): %w", p.wave, gib(int64(p.wave)*int64(rec)), err)
 	}
-	nl := len(r.M.Arch.Layers)
-	p.tab = newSlotTable(nl*r.E, slots)
-	r.pool = p
+	if p.cs, err = r.Dev.NewStream(); err != nil {
+		return err
+	}
+	if p.computed, err = r.Dev.NewEvent(); err != nil {
+		return err
+	}
+	if p.got, err = r.Dev.NewEvent(); err != nil {
+		return err
+	}
+	p.isMiss = make([]bool, p.wave)
+	if h, ok := p.prov.(interface{ Bytes() []byte }); ok {
+		if b := h.Bytes(); len(b) > 0 {
+			// Page-locking fails where the locked-memory limit is low (ulimit
+			// -l) or the store is a mapping of a file the system will not
+			// lock; the copies then go through the staging.
+			if err := r.Dev.Register(uintptr(unsafe.Pointer(&b[0])), len(b)); err == nil {
+				p.host = b
+				p.stats.HostPinned = true
+			} else {
+				p.stats.PinNote = err.Error()
+			}
+		}
+	}
 	return nil
 }
 
-// closePool frees the staging (the slots are among r.weights).
+// closePool unregisters the host store and frees the staging, the copy
+// stream and its events (the slots are among r.weights).
 func (r *Runner) closePool() {
-	if r.pool != nil {
-		r.Dev.FreeHost(r.pool.stage)
-		r.pool.stage = cuda.Host{}
+	p := r.pool
+	if p == nil {
+		return
+	}
+	if p.host != nil {
+		r.Dev.Unregister(uintptr(unsafe.Pointer(&p.host[0])))
+		p.host = nil
+	}
+	r.Dev.FreeHost(p.stage)
+	p.stage = cuda.Host{}
+	if p.cs != (cuda.Stream{}) {
+		r.Dev.DestroyStream(p.cs)
+		p.cs = cuda.Stream{}
+	}
+	for _, e := range []*cuda.Event{&p.computed, &p.got} {
+		if *e != (cuda.Event{}) {
+			r.Dev.DestroyEvent(*e)
+			*e = cuda.Event{}
+		}
 	}
 }
 
@@ -163,7 +223,7 @@ func (p *vpool) slotExpert(s int) expert {
 // pooledExperts multiplies the n grouped rows in gin by their experts
 // (r.distinct, r.base, r.nrows, as Experts grouped them), a wave of at
 // most p.wave experts at a time: each wave resolves its experts to slots,
-// uploads its misses, and computes its rows' gate, up, SwiGLU and down.
+// copies its misses in, and computes its rows' gate, up, SwiGLU and down.
 // A wave's rows are consecutive in gin, so each wave prepares and
 // multiplies exactly the rows one pass over all of them would, and the
 // products are batch-invariant: the outputs are the resident path's bits.
@@ -171,24 +231,39 @@ func (r *Runner) pooledExperts(layer int) {
 	p := r.pool
 	H, I := r.H, r.I
 	kind := p.lay[0].m.kind
+	decode := r.nb == 1
+	p.demote = p.demote[:0]
 	for w0 := 0; w0 < len(r.distinct); w0 += p.wave {
 		w1 := min(w0+p.wave, len(r.distinct))
-		if w0 > 0 && len(p.missIDs) > 0 {
-			// The staging of the last wave's misses may still be copying.
-			r.check(r.Dev.SyncStream(r.s))
+		if w0 > 0 && len(p.missIDs) > 0 && p.host == nil {
+			// The last wave's staging may still be copying.
+			r.check(r.Dev.SyncStream(p.cs))
 		}
-		slots := r.waveSlots(layer, w0, w1)
+		slots, misses := r.waveSlots(layer, w0, w1, decode)
 		if r.err != nil {
 			return
 		}
 		b0 := r.base[w0]
 		b1 := r.base[w1-1] + r.nrows[w1-1]
 		a := r.prepare(r.gin+uintptr(4*b0*H), b1-b0, H, kind)
-		for di := w0; di < w1; di++ {
-			ex := p.slotExpert(slots[di-w0])
-			b, rows := r.base[di], r.nrows[di]
-			r.mulPrepared(r.g+uintptr(4*b*I), ex.gate, a, b-b0, rows)
-			r.mulPrepared(r.u+uintptr(4*b*I), ex.up, a, b-b0, rows)
+		// The hits first, while the misses copy; then the misses, once
+		// their copies are done.
+		for pass := range 2 {
+			if pass == 1 {
+				if misses == 0 {
+					break
+				}
+				r.check(r.Dev.StreamWait(r.s, p.got))
+			}
+			for di := w0; di < w1; di++ {
+				if p.isMiss[di-w0] != (pass == 1) {
+					continue
+				}
+				ex := p.slotExpert(slots[di-w0])
+				b, rows := r.base[di], r.nrows[di]
+				r.mulPrepared(r.g+uintptr(4*b*I), ex.gate, a, b-b0, rows)
+				r.mulPrepared(r.u+uintptr(4*b*I), ex.up, a, b-b0, rows)
+			}
 		}
 		r.check(r.k.SwiGLU(r.s, r.g+uintptr(4*b0*I), r.g+uintptr(4*b0*I), r.u+uintptr(4*b0*I), (b1-b0)*I))
 		a = r.prepare(r.g+uintptr(4*b0*I), b1-b0, I, kind)
@@ -197,12 +272,20 @@ func (r *Runner) pooledExperts(layer int) {
 			r.mulPrepared(r.outk+uintptr(4*b*H), p.slotExpert(slots[di-w0]).down, a, b-b0, rows)
 		}
 	}
+	// A prefill keeps only the layer's most used experts recent (its
+	// share of the slots), as the host's pool does, so that a long
+	// prompt does not flush what decoding will ask for; the products that
+	// read the rest are queued before any copy can replace them.
+	for _, s := range p.demote {
+		p.tab.used[s] = 0
+	}
 }
 
 // waveSlots resolves the experts r.distinct[w0:w1] of layer to slots
-// (into r.waveSlot), fetching the misses from the host provider into the
-// staging and queueing their copies into the slots they take.
-func (r *Runner) waveSlots(layer, w0, w1 int) []int {
+// (into r.waveSlot, p.isMiss), and queues the misses' copies on the copy
+// stream after the products queued so far, then an event after them. It
+// returns the slots and the number of misses.
+func (r *Runner) waveSlots(layer, w0, w1 int, decode bool) ([]int, int) {
 	p := r.pool
 	p.tab.begin()
 	ids := r.distinct[w0:w1]
@@ -210,22 +293,29 @@ func (r *Runner) waveSlots(layer, w0, w1 int) []int {
 	p.missIDs, p.missAt, p.missRows = p.missIDs[:0], p.missAt[:0], p.missRows[:0]
 	for i, e := range ids {
 		slots[i] = p.tab.lookup(layer*r.E + e)
+		p.isMiss[i] = slots[i] < 0
 		if slots[i] < 0 {
 			p.missIDs = append(p.missIDs, e)
 			p.missAt = append(p.missAt, i)
 			p.missRows = append(p.missRows, r.nrows[w0+i])
-		} else {
-			p.Hits++
 		}
 	}
+	p.stats.count(decode, len(ids)-len(p.missIDs), len(p.missIDs))
 	if len(p.missIDs) == 0 {
-		return slots
+		return slots, 0
 	}
-	p.Misses += uint64(len(p.missIDs))
+	thresh := 0
+	if !decode {
+		thresh = r.keepRows()
+	}
 	if err := p.prov.Begin(layer, p.missIDs, model.Hint{Rows: p.missRows}); err != nil {
 		r.check(fmt.Errorf("expert pool: layer %d: %w", layer, err))
-		return slots
+		return slots, 0
 	}
+	// Copies wait for every product queued so far: some read the records
+	// of the slots these copies take.
+	r.check(r.Dev.Record(p.computed, r.s))
+	r.check(r.Dev.StreamWait(p.cs, p.computed))
 	stage := p.stage.Slice()
 	for range p.missIDs {
 		j, ex, err := p.prov.Next()
@@ -234,28 +324,82 @@ func (r *Runner) waveSlots(layer, w0, w1 int) []int {
 		}
 		if err != nil {
 			r.check(fmt.Errorf("expert pool: layer %d: %w", layer, err))
-			return slots
-		}
-		dst := stage[j*p.rec : (j+1)*p.rec]
-		if err := fillRecord(dst, p.lay, ex); err != nil {
-			r.check(err)
-			return slots
+			return slots, 0
 		}
 		s := p.tab.take(layer*r.E + p.missIDs[j])
 		if s < 0 {
 			r.check(fmt.Errorf("expert pool: no free slot among %d for a wave of %d", p.slots, len(ids)))
-			return slots
+			return slots, 0
 		}
 		slots[p.missAt[j]] = s
-		r.check(r.Dev.UploadAsync(p.buf.Ptr+uintptr(s*p.rec), p.stage, j*p.rec, p.rec, r.s))
-		p.BytesUp += uint64(p.rec)
+		dst := p.buf.Ptr + uintptr(s*p.rec)
+		if src, ok := p.hostRecord(ex); ok {
+			r.check(r.Dev.UploadFromAsync(dst, src, p.rec, p.cs))
+		} else {
+			if err := fillRecord(stage[j*p.rec:(j+1)*p.rec], p.lay, ex); err != nil {
+				r.check(err)
+				return slots, 0
+			}
+			r.check(r.Dev.UploadAsync(dst, p.stage, j*p.rec, p.rec, p.cs))
+		}
+		p.stats.add(decode, uint64(p.rec))
+		if p.missRows[j] < thresh {
+			p.demote = append(p.demote, s)
+		}
 	}
-	return slots
+	r.check(r.Dev.Record(p.got, p.cs))
+	return slots, len(p.missIDs)
+}
+
+// hostRecord is the address of ex's record in the page-locked host store,
+// when it lies there whole and row-major.
+func (p *vpool) hostRecord(ex *model.Expert) (uintptr, bool) {
+	if p.host == nil || len(ex.Record) < p.rec || ex.Gate.Tiled || ex.Up.Tiled || ex.Down.Tiled {
+		return 0, false
+	}
+	lo := uintptr(unsafe.Pointer(&p.host[0]))
+	a := uintptr(unsafe.Pointer(&ex.Record[0]))
+	if a < lo || a+uintptr(p.rec) > lo+uintptr(len(p.host)) {
+		return 0, false
+	}
+	return a, true
+}
+
+// keepRows is the row count a prefill's expert needs to stay recent in the
+// pool: the share-th largest of the layer's experts' row counts (0 when
+// the layer asks for no more experts than its share).
+func (r *Runner) keepRows() int {
+	p := r.pool
+	n := r.nrows[:len(r.distinct)]
+	if len(n) <= p.share {
+		return 0
+	}
+	mx := 0
+	for _, v := range n {
+		mx = max(mx, v)
+	}
+	for t := mx; t > 1; t-- {
+		c := 0
+		for _, v := range n {
+			if v >= t {
+				c++
+			}
+		}
+		if c >= p.share {
+			return t
+		}
+	}
+	return 0
 }
 
 // fillRecord copies an expert's matrices from the host views into dst at
 // the slot layout lay, rows in order (a tiled host matrix is untiled).
 func fillRecord(dst []byte, lay [3]matOffsets, ex *model.Expert) error {
+	if len(ex.Record) >= len(dst) && !ex.Gate.Tiled && !ex.Up.Tiled && !ex.Down.Tiled &&
+		sameKinds(lay, ex) {
+		copy(dst, ex.Record)
+		return nil
+	}
 	for i, km := range [3]*kernels.Mat{&ex.Gate, &ex.Up, &ex.Down} {
 		o := lay[i]
 		if km.Kind != o.m.kind || km.Rows != o.m.rows || km.Cols != o.m.cols {
@@ -274,4 +418,15 @@ func fillRecord(dst []byte, lay [3]matOffsets, ex *model.Expert) error {
 		}
 	}
 	return nil
+}
+
+// sameKinds reports whether ex's matrices have the slot layout's kinds and
+// shapes.
+func sameKinds(lay [3]matOffsets, ex *model.Expert) bool {
+	for i, km := range [3]*kernels.Mat{&ex.Gate, &ex.Up, &ex.Down} {
+		if o := lay[i].m; km.Kind != o.kind || km.Rows != o.rows || km.Cols != o.cols {
+			return false
+		}
+	}
+	return true
 }

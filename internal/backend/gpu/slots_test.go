@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/sluicelm/sluice/internal/format"
-	"github.com/sluicelm/sluice/internal/kernels"
 	"github.com/sluicelm/sluice/internal/model"
 )
 
@@ -55,55 +54,58 @@ func TestSlotTable(t *testing.T) {
 	}
 }
 
-// TestFillRecord stages an expert the way a slot holds it: each matrix's
-// codes row-major (untiled when the host tiled them), scales and biases,
-// at the offsets of the slot layout; a matrix of another shape is refused.
+// TestFillRecord stages an expert the way a slot holds it, the store's
+// record layout: a row-major record is copied whole, and a record whose
+// matrices the host tiled gives the same bytes, untiled piece by piece; a
+// matrix of another shape is refused.
 func TestFillRecord(t *testing.T) {
-	const rows, cols = 16, 128
-	mk := func(seed byte) kernels.Mat {
-		m := kernels.Mat{Kind: format.Q4, Rows: rows, Cols: cols, Q: make([]byte, rows*cols/2),
-			Scales: make([]uint16, rows*cols/format.GroupSize), Biases: make([]uint16, rows*cols/format.GroupSize)}
-		for i := range m.Q {
-			m.Q[i] = seed + byte(i*7)
-		}
-		for i := range m.Scales {
-			m.Scales[i], m.Biases[i] = uint16(seed)<<8|uint16(i), uint16(i)*3
-		}
-		return m
-	}
-	ex := &model.Expert{Gate: mk(1), Up: mk(2), Down: mk(3)}
-	var a arena
-	lay := [3]matOffsets{putMat(&a, &ex.Gate), putMat(&a, &ex.Up), putMat(&a, &ex.Down)}
-	flat := make([]byte, a.size)
-	if err := fillRecord(flat, lay, ex); err != nil {
+	c := &format.Config{Hidden: 256, MoEInter: 128}
+	st := format.ExpertRecordLayout(c, format.Q4, "experts.bin")
+	lay, stride, err := layoutOf(&st)
+	if err != nil {
 		t.Fatal(err)
 	}
-	for i, km := range []*kernels.Mat{&ex.Gate, &ex.Up, &ex.Down} {
-		o := lay[i]
-		if string(flat[o.q:o.q+len(km.Q)]) != string(km.Q) || string(flat[o.s:o.s+2*len(km.Scales)]) != string(bytesOf(km.Scales)) ||
-			string(flat[o.b:o.b+2*len(km.Biases)]) != string(bytesOf(km.Biases)) {
-			t.Fatalf("matrix %d not staged at its offsets", i)
+	rec := make([]byte, stride)
+	for _, tt := range []*format.Tensor{&st.Gate, &st.Up, &st.Down} {
+		v, sb := format.Q4.Sizes(tt.Shape[0], tt.Shape[1])
+		for i := range v {
+			rec[tt.Offset+i] = byte(i*7 + tt.Offset)
+		}
+		for i := range sb {
+			rec[tt.ScaleOffset+i] = byte(i*3 + 1)
+			rec[tt.BiasOffset+i] = byte(i*5 + 2)
 		}
 	}
-	tiled := *ex
-	for _, km := range []*kernels.Mat{&tiled.Gate, &tiled.Up, &tiled.Down} {
-		km.Q = append([]byte(nil), km.Q...)
-		kernels.TileQ4(km.Q, km.Rows, km.Cols, nil)
-		km.Tiled = true
-	}
-	if string(tiled.Gate.Q) == string(ex.Gate.Q) {
-		t.Fatal("tiling left the codes in place: the test would prove nothing")
-	}
-	got := make([]byte, a.size)
-	if err := fillRecord(got, lay, &tiled); err != nil {
+	ex, err := model.ExpertFromRecord(rec, &st)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if string(got) != string(flat) {
-		t.Fatal("a tiled host record staged differently from its row-major copy")
+	got := make([]byte, stride)
+	if err := fillRecord(got, lay, &ex); err != nil || string(got) != string(rec) {
+		t.Fatalf("row-major record not staged as it is (err %v)", err)
 	}
-	bad := *ex
-	bad.Down.Rows, bad.Down.Cols = cols, rows
-	if err := fillRecord(flat, lay, &bad); err == nil {
+
+	tiledRec := append([]byte(nil), rec...)
+	if _, err := model.TileRecord(tiledRec, &st, nil); err != nil {
+		t.Fatal(err)
+	}
+	tiled, err := model.ExpertFromRecord(tiledRec, &st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tiled.MarkTiled()
+	if string(tiledRec) == string(rec) || !tiled.Gate.Tiled {
+		t.Fatal("tiling left the record as it was: the test would prove nothing")
+	}
+	got = make([]byte, stride)
+	if err := fillRecord(got, lay, &tiled); err != nil || string(got) != string(rec) {
+		t.Fatalf("a tiled host record staged differently from its row-major copy (err %v)", err)
+	}
+
+	bad := ex
+	bad.Record = nil
+	bad.Down.Rows, bad.Down.Cols = bad.Down.Cols, bad.Down.Rows
+	if err := fillRecord(got, lay, &bad); err == nil {
 		t.Fatal("a matrix of another shape was staged")
 	}
 }
