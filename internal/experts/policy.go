@@ -221,3 +221,34 @@ func PolicyBytes(p Policy, layers, experts int) int64 {
 	}
 	return evictorBytes(p, layers, experts)
 }
+
+// Evictor is a policy's state and ranking for a pool kept outside this
+// package (the GPU's expert pool), driven as the Stream drives its own:
+// Tick at every layer step, Use for each record the step asks for, and
+// Score to rank the resident records when one must go.
+type Evictor struct{ v evictor }
+
+// NewEvictor returns policy p's state ("" is DefaultPolicy) for layers
+// expert layers of experts experts.
+func NewEvictor(p Policy, layers, experts int) (*Evictor, error) {
+	if p == "" {
+		p = DefaultPolicy
+	}
+	if err := p.valid(); err != nil {
+		return nil, err
+	}
+	return &Evictor{newEvictor(p, layers, experts)}, nil
+}
+
+// Tick moves the policy to layer step clock (counted from 1), a step of
+// layer.
+func (e *Evictor) Tick(clock int64, layer int) { e.v.tick(clock, layer) }
+
+// Use counts rows uses of record rec (layer·experts + expert) by the
+// current step; recent is false for a prefill's expert outside its
+// layer's share of the pool, to be recycled first.
+func (e *Evictor) Use(rec int32, rows int, recent bool) { e.v.use(rec, rows, recent) }
+
+// Score ranks resident record rec, last used at step last (0: recycle
+// first), for eviction during the current step: the lowest goes first.
+func (e *Evictor) Score(rec int32, last int64) float64 { return e.v.score(rec, last, false) }

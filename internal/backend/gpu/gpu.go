@@ -21,6 +21,7 @@ import (
 
 	"github.com/sluicelm/sluice/internal/block"
 	"github.com/sluicelm/sluice/internal/cuda"
+	"github.com/sluicelm/sluice/internal/experts"
 	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/kernels"
 	"github.com/sluicelm/sluice/internal/model"
@@ -190,6 +191,9 @@ type Config struct {
 	// memory, else the pool takes what the rest leaves.
 	PoolBytes int64
 	PoolShare float64
+	// Policy is the pool's eviction policy ("" is the host pool's
+	// default).
+	Policy experts.Policy
 }
 
 // scratchReserve is what New keeps free beside the weights for scratch,
@@ -225,7 +229,7 @@ func New(dev *cuda.Device, m *model.Model, cfg Config) (*Runner, error) {
 			return err
 		}
 		if slots > 0 {
-			if err := r.newPool(slots, lay, rec); err != nil {
+			if err := r.newPool(slots, lay, rec, cfg.Policy); err != nil {
 				return err
 			}
 		}

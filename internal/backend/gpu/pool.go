@@ -7,6 +7,7 @@ import (
 	"unsafe"
 
 	"github.com/sluicelm/sluice/internal/cuda"
+	"github.com/sluicelm/sluice/internal/experts"
 	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/kernels"
 	"github.com/sluicelm/sluice/internal/model"
@@ -52,23 +53,27 @@ type vpool struct {
 	// wave's experts are misses.
 	missIDs, missAt, missRows []int
 	isMiss                    []bool
-	demote                    []int
 
 	stats PoolStats
 }
 
-// slotTable maps records (layer·E + expert) to slots with least-recently
-// used replacement; it holds no device memory, so the choice of slots is
-// testable without a GPU.
+// slotTable maps records (layer·E + expert) to slots and picks the slot a
+// miss replaces by the host pool's eviction policy (experts.Evictor,
+// driven as the host's pool drives it); it holds no device memory, so
+// the choice of slots is testable without a GPU.
 type slotTable struct {
 	slotOf []int32  // [record] → slot, or -1
 	owner  []int32  // [slot] → record, or -1 (free)
-	used   []uint64 // [slot] the wave that last used it (0: never)
+	used   []uint64 // [slot] the wave that last used it: held while it runs
+	last   []int64  // [slot] the layer step that last used it (0: recycle first)
 	now    uint64   // the current wave
+	clock  int64    // the current layer step
+	ev     *experts.Evictor
 }
 
-func newSlotTable(records, slots int) slotTable {
-	t := slotTable{slotOf: make([]int32, records), owner: make([]int32, slots), used: make([]uint64, slots)}
+func newSlotTable(records, slots int, ev *experts.Evictor) slotTable {
+	t := slotTable{slotOf: make([]int32, records), owner: make([]int32, slots), used: make([]uint64, slots),
+		last: make([]int64, slots), ev: ev}
 	for i := range t.slotOf {
 		t.slotOf[i] = -1
 	}
@@ -78,23 +83,46 @@ func newSlotTable(records, slots int) slotTable {
 	return t
 }
 
-// begin starts a wave: slots used from here on are held until the next.
+// step starts a layer step of layer and its first wave; the caller then
+// counts the step's uses (use).
+func (t *slotTable) step(layer int) {
+	t.clock++
+	t.ev.Tick(t.clock, layer)
+	t.now++
+}
+
+// use counts rows uses of rec by this step (recent: see experts.Evictor).
+func (t *slotTable) use(rec, rows int, recent bool) { t.ev.Use(int32(rec), rows, recent) }
+
+// begin starts another wave of the step: slots used from here on are held
+// until the next.
 func (t *slotTable) begin() { t.now++ }
 
+// stamp is the step a use by this step records: old for a prefill's
+// expert the pool should not keep.
+func (t *slotTable) stamp(recent bool) int64 {
+	if recent {
+		return t.clock
+	}
+	return 0
+}
+
 // lookup returns rec's slot and marks it used by this wave, or -1.
-func (t *slotTable) lookup(rec int) int {
+func (t *slotTable) lookup(rec int, recent bool) int {
 	s := t.slotOf[rec]
 	if s >= 0 {
-		t.used[s] = t.now
+		t.used[s], t.last[s] = t.now, t.stamp(recent)
 	}
 	return int(s)
 }
 
-// take gives rec a slot: a free one, else the least recently used one
-// that this wave does not hold (the caller keeps a wave within the slot
-// count, so there always is one). It returns -1 if every slot is held.
-func (t *slotTable) take(rec int) int {
+// take gives rec a slot: the lowest free one, else the one the policy
+// ranks lowest among those this wave does not hold (ties to the lowest
+// slot); the caller keeps a wave within the slot count, so there always
+// is one. It returns -1 if every slot is held.
+func (t *slotTable) take(rec int, recent bool) int {
 	best := -1
+	var bestScore float64
 	for s, u := range t.used {
 		if u == t.now {
 			continue
@@ -103,8 +131,8 @@ func (t *slotTable) take(rec int) int {
 			best = s
 			break
 		}
-		if best < 0 || u < t.used[best] {
-			best = s
+		if sc := t.ev.Score(t.owner[s], t.last[s]); best < 0 || sc < bestScore {
+			best, bestScore = s, sc
 		}
 	}
 	if best < 0 {
@@ -113,7 +141,8 @@ func (t *slotTable) take(rec int) int {
 	if o := t.owner[best]; o >= 0 {
 		t.slotOf[o] = -1
 	}
-	t.owner[best], t.slotOf[rec], t.used[best] = int32(rec), int32(best), t.now
+	t.owner[best], t.slotOf[rec] = int32(rec), int32(best)
+	t.used[best], t.last[best] = t.now, t.stamp(recent)
 	return best
 }
 
@@ -147,15 +176,18 @@ func layoutOf(st *format.ExpertStore) (lay [3]matOffsets, stride int, err error)
 // newPool allocates slots records of rec bytes, the staging, the copy
 // stream and its events, and page-locks the host store when the provider
 // holds one whole.
-func (r *Runner) newPool(slots int, lay [3]matOffsets, rec int) error {
+func (r *Runner) newPool(slots int, lay [3]matOffsets, rec int, policy experts.Policy) error {
 	nl := len(r.M.Arch.Layers)
+	ev, err := experts.NewEvictor(policy, nl, r.E)
+	if err != nil {
+		return err
+	}
 	p := &vpool{prov: r.M.Experts, slots: slots, rec: rec, lay: lay, wave: min(slots, max(r.K, 16)),
-		share: max(slots/nl, 1), tab: newSlotTable(nl*r.E, slots)}
+		share: max(slots/nl, 1), tab: newSlotTable(nl*r.E, slots, ev)}
 	if p.prov == nil {
 		return fmt.Errorf("expert pool: the model has no host provider of experts")
 	}
 	r.pool = p // Close frees what is allocated below, whatever fails
-	var err error
 	if p.buf, err = r.Dev.Alloc(slots * rec); err != nil {
 		return fmt.Errorf("expert pool of %d records (%.2f GiB): %w", slots, gib(int64(slots)*int64(rec)), err)
 	}
@@ -232,14 +264,27 @@ func (r *Runner) pooledExperts(layer int) {
 	H, I := r.H, r.I
 	kind := p.lay[0].m.kind
 	decode := r.nb == 1
-	p.demote = p.demote[:0]
+	// A prefill keeps only the layer's most used experts recent (its
+	// share of the slots), as the host's pool does, so that a long prompt
+	// does not flush what decoding will ask for.
+	thresh := 0
+	if !decode {
+		thresh = r.keepRows()
+	}
+	p.tab.step(layer)
+	for di, e := range r.distinct {
+		p.tab.use(layer*r.E+e, r.nrows[di], r.nrows[di] >= thresh)
+	}
 	for w0 := 0; w0 < len(r.distinct); w0 += p.wave {
 		w1 := min(w0+p.wave, len(r.distinct))
 		if w0 > 0 && len(p.missIDs) > 0 && p.host == nil {
 			// The last wave's staging may still be copying.
 			r.check(r.Dev.SyncStream(p.cs))
 		}
-		slots, misses := r.waveSlots(layer, w0, w1, decode)
+		if w0 > 0 {
+			p.tab.begin()
+		}
+		slots, misses := r.waveSlots(layer, w0, w1, decode, thresh)
 		if r.err != nil {
 			return
 		}
@@ -272,27 +317,19 @@ func (r *Runner) pooledExperts(layer int) {
 			r.mulPrepared(r.outk+uintptr(4*b*H), p.slotExpert(slots[di-w0]).down, a, b-b0, rows)
 		}
 	}
-	// A prefill keeps only the layer's most used experts recent (its
-	// share of the slots), as the host's pool does, so that a long
-	// prompt does not flush what decoding will ask for; the products that
-	// read the rest are queued before any copy can replace them.
-	for _, s := range p.demote {
-		p.tab.used[s] = 0
-	}
 }
 
 // waveSlots resolves the experts r.distinct[w0:w1] of layer to slots
 // (into r.waveSlot, p.isMiss), and queues the misses' copies on the copy
 // stream after the products queued so far, then an event after them. It
 // returns the slots and the number of misses.
-func (r *Runner) waveSlots(layer, w0, w1 int, decode bool) ([]int, int) {
+func (r *Runner) waveSlots(layer, w0, w1 int, decode bool, thresh int) ([]int, int) {
 	p := r.pool
-	p.tab.begin()
 	ids := r.distinct[w0:w1]
 	slots := r.waveSlot[:len(ids)]
 	p.missIDs, p.missAt, p.missRows = p.missIDs[:0], p.missAt[:0], p.missRows[:0]
 	for i, e := range ids {
-		slots[i] = p.tab.lookup(layer*r.E + e)
+		slots[i] = p.tab.lookup(layer*r.E+e, r.nrows[w0+i] >= thresh)
 		p.isMiss[i] = slots[i] < 0
 		if slots[i] < 0 {
 			p.missIDs = append(p.missIDs, e)
@@ -303,10 +340,6 @@ func (r *Runner) waveSlots(layer, w0, w1 int, decode bool) ([]int, int) {
 	p.stats.count(decode, len(ids)-len(p.missIDs), len(p.missIDs))
 	if len(p.missIDs) == 0 {
 		return slots, 0
-	}
-	thresh := 0
-	if !decode {
-		thresh = r.keepRows()
 	}
 	if err := p.prov.Begin(layer, p.missIDs, model.Hint{Rows: p.missRows}); err != nil {
 		r.check(fmt.Errorf("expert pool: layer %d: %w", layer, err))
@@ -326,7 +359,7 @@ func (r *Runner) waveSlots(layer, w0, w1 int, decode bool) ([]int, int) {
 			r.check(fmt.Errorf("expert pool: layer %d: %w", layer, err))
 			return slots, 0
 		}
-		s := p.tab.take(layer*r.E + p.missIDs[j])
+		s := p.tab.take(layer*r.E+p.missIDs[j], p.missRows[j] >= thresh)
 		if s < 0 {
 			r.check(fmt.Errorf("expert pool: no free slot among %d for a wave of %d", p.slots, len(ids)))
 			return slots, 0
@@ -343,9 +376,6 @@ func (r *Runner) waveSlots(layer, w0, w1 int, decode bool) ([]int, int) {
 			r.check(r.Dev.UploadAsync(dst, p.stage, j*p.rec, p.rec, p.cs))
 		}
 		p.stats.add(decode, uint64(p.rec))
-		if p.missRows[j] < thresh {
-			p.demote = append(p.demote, s)
-		}
 	}
 	r.check(r.Dev.Record(p.got, p.cs))
 	return slots, len(p.missIDs)

@@ -5,52 +5,64 @@ package gpu
 import (
 	"testing"
 
+	"github.com/sluicelm/sluice/internal/experts"
 	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/model"
 )
 
 // TestSlotTable drives the device pool's slot choice (no GPU needed):
-// free slots first, then the least recently used one, never a slot the
-// current wave holds, and a record found again is a hit in its old slot.
+// free slots first, then the one the policy ranks lowest (least recently
+// used, for LRU), never a slot the current wave holds, and a record found
+// again is a hit in its old slot; a prefill's unkept expert goes first.
 func TestSlotTable(t *testing.T) {
-	tab := newSlotTable(10, 3)
-	tab.begin()
+	ev, err := experts.NewEvictor(experts.LRU, 2, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tab := newSlotTable(10, 3, ev)
+	tab.step(0)
 	for rec, want := range []int{0, 1, 2} {
-		if tab.lookup(rec) != -1 {
+		if tab.lookup(rec, true) != -1 {
 			t.Fatalf("record %d: hit in an empty table", rec)
 		}
-		if s := tab.take(rec); s != want {
+		if s := tab.take(rec, true); s != want {
 			t.Fatalf("record %d took slot %d, want free slot %d", rec, s, want)
 		}
 	}
-	tab.begin()
-	if tab.lookup(1) != 1 { // 1 is now the most recent
+	tab.step(1)
+	if tab.lookup(1, true) != 1 { // 1 is now the most recent
 		t.Fatal("record 1 not found in slot 1")
 	}
-	if s := tab.take(5); s != 0 { // 0 and 2 are older; 0 first
+	if s := tab.take(5, true); s != 0 { // 0 and 2 are older; ties go low
 		t.Fatalf("record 5 took slot %d, want 0 (least recently used)", s)
 	}
-	if tab.lookup(0) != -1 {
+	if tab.lookup(0, true) != -1 {
 		t.Fatal("record 0 still found after its slot was taken")
 	}
-	if s := tab.take(6); s != 2 {
-		t.Fatalf("record 6 took slot %d, want 2", s)
+	tab.begin() // the step's next wave: its first wave's slots may go now
+	if s := tab.take(6, false); s != 2 {
+		t.Fatalf("record 6 took slot %d, want 2 (the oldest)", s)
+	}
+	tab.step(0)
+	// 6 came in as a prefill's unkept expert: it goes first, though it
+	// arrived last.
+	if s := tab.take(7, true); s != 2 {
+		t.Fatalf("record 7 took slot %d, want 2 (record 6's, stamped old)", s)
+	}
+	if s0, s1 := tab.take(8, true), tab.take(9, true); s0 != 0 || s1 != 1 {
+		t.Fatalf("records 8 and 9 took slots %d and %d, want 0 and 1", s0, s1)
 	}
 	// Every slot is held by this wave now: nothing may be evicted.
-	if s := tab.take(7); s != -1 {
-		t.Fatalf("record 7 took slot %d of a wave that holds all three", s)
-	}
-	tab.begin()
-	if tab.lookup(6) != 2 || tab.lookup(5) != 0 {
-		t.Fatal("records 5 and 6 lost their slots")
-	}
-	if s := tab.take(7); s != 1 { // the only slot this wave does not hold
-		t.Fatalf("record 7 took slot %d, want 1", s)
+	if s := tab.take(3, true); s != -1 {
+		t.Fatalf("record 3 took slot %d of a wave that holds all three", s)
 	}
 	for rec, s := range tab.slotOf {
 		if s >= 0 && tab.owner[s] != int32(rec) {
 			t.Fatalf("record %d maps to slot %d, owned by %d", rec, s, tab.owner[s])
 		}
+	}
+	if _, err := experts.NewEvictor("mru", 2, 5); err == nil {
+		t.Error("an unknown policy was accepted")
 	}
 }
 
