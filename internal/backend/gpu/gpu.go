@@ -2,13 +2,16 @@
 
 // Package gpu runs the forward pass of a loaded model on an NVIDIA GPU:
 // the family's block order drives Runner (a block.Backend) exactly as it
-// drives the CPU's model.Runner. Dense weights, experts, each sequence's
-// KV cache and DeltaNet state and all scratch live in device memory,
-// allocated when the model loads (a sequence's state when it first runs);
-// a step allocates nothing on the device. The host does what is cheap and
-// sequential: the embedding rows and rotary tables of the step's tokens,
-// and, once per MoE layer, the grouping of rows by expert (the chosen
-// experts come back to the host, which picks the weights to multiply).
+// drives the CPU's model.Runner. Dense weights, each sequence's KV cache
+// and DeltaNet state and all scratch live in device memory, allocated when
+// the model loads (a sequence's state when it first runs); a step
+// allocates nothing on the device. The routed experts live there too when
+// they fit, else they stream through a device pool filled from the host's
+// experts (pool.go). The host does what is cheap and sequential: the
+// embedding rows and rotary tables of the step's tokens, and, once per
+// MoE layer, the grouping of rows by expert (the chosen experts come back
+// to the host, which picks the weights to multiply and, with a pool,
+// their slots).
 package gpu
 
 import (

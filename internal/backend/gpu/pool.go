@@ -284,6 +284,7 @@ func (r *Runner) pooledExperts(layer int) {
 		if w0 > 0 {
 			p.tab.begin()
 		}
+		r.mark("pool_host") // the device idles while the host resolves slots
 		slots, misses := r.waveSlots(layer, w0, w1, decode, thresh)
 		if r.err != nil {
 			return
@@ -293,12 +294,15 @@ func (r *Runner) pooledExperts(layer int) {
 		a := r.prepare(r.gin+uintptr(4*b0*H), b1-b0, H, kind)
 		// The hits first, while the misses copy; then the misses, once
 		// their copies are done.
+		r.mark("pool_hits")
 		for pass := range 2 {
 			if pass == 1 {
 				if misses == 0 {
 					break
 				}
+				r.mark("pool_copy_wait")
 				r.check(r.Dev.StreamWait(r.s, p.got))
+				r.mark("pool_misses")
 			}
 			for di := w0; di < w1; di++ {
 				if p.isMiss[di-w0] != (pass == 1) {
@@ -310,6 +314,7 @@ func (r *Runner) pooledExperts(layer int) {
 				r.mulPrepared(r.u+uintptr(4*b*I), ex.up, a, b-b0, rows)
 			}
 		}
+		r.mark("pool_down")
 		r.check(r.k.SwiGLU(r.s, r.g+uintptr(4*b0*I), r.g+uintptr(4*b0*I), r.u+uintptr(4*b0*I), (b1-b0)*I))
 		a = r.prepare(r.g+uintptr(4*b0*I), b1-b0, I, kind)
 		for di := w0; di < w1; di++ {
