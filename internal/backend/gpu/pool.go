@@ -53,6 +53,7 @@ type vpool struct {
 	// wave's experts are misses.
 	missIDs, missAt, missRows []int
 	isMiss                    []bool
+	victims                   []int
 
 	stats PoolStats
 }
@@ -69,6 +70,7 @@ type slotTable struct {
 	now    uint64   // the current wave
 	clock  int64    // the current layer step
 	ev     *experts.Evictor
+	best   []float64 // victims' scratch
 }
 
 func newSlotTable(records, slots int, ev *experts.Evictor) slotTable {
@@ -121,29 +123,65 @@ func (t *slotTable) lookup(rec int, recent bool) int {
 // slot); the caller keeps a wave within the slot count, so there always
 // is one. It returns -1 if every slot is held.
 func (t *slotTable) take(rec int, recent bool) int {
-	best := -1
-	var bestScore float64
-	for s, u := range t.used {
-		if u == t.now {
-			continue
-		}
-		if t.owner[s] < 0 {
-			best = s
-			break
-		}
-		if sc := t.ev.Score(t.owner[s], t.last[s]); best < 0 || sc < bestScore {
-			best, bestScore = s, sc
-		}
-	}
-	if best < 0 {
+	var one [1]int
+	v := t.victims(one[:0], 1)
+	if len(v) == 0 {
 		return -1
 	}
-	if o := t.owner[best]; o >= 0 {
+	t.assign(rec, v[0], recent)
+	return v[0]
+}
+
+// victims appends the n slots that n misses of this wave replace, in
+// order: the free ones from the lowest, then those the policy ranks
+// lowest among the slots this wave does not hold (ties to the lowest
+// slot), each slot scored once for the whole wave. Fewer than n when the
+// wave holds the rest.
+func (t *slotTable) victims(out []int, n int) []int {
+	base := len(out)
+	for s, o := range t.owner {
+		if len(out)-base == n {
+			return out
+		}
+		if o < 0 && t.used[s] != t.now {
+			out = append(out, s)
+		}
+	}
+	free := len(out) - base
+	// The lowest scores among the rest, kept sorted by (score, slot) in
+	// out[base+free:] with their scores in t.best.
+	t.best = t.best[:0]
+	for s, u := range t.used {
+		if u == t.now || t.owner[s] < 0 {
+			continue
+		}
+		sc := t.ev.Score(t.owner[s], t.last[s])
+		k := len(t.best)
+		if k == n-free {
+			if sc >= t.best[k-1] {
+				continue
+			}
+			k--
+		} else {
+			t.best = append(t.best, 0)
+			out = append(out, 0)
+		}
+		for k > 0 && t.best[k-1] > sc {
+			t.best[k], out[base+free+k] = t.best[k-1], out[base+free+k-1]
+			k--
+		}
+		t.best[k], out[base+free+k] = sc, s
+	}
+	return out
+}
+
+// assign gives rec slot s (from victims), held by this wave.
+func (t *slotTable) assign(rec, s int, recent bool) {
+	if o := t.owner[s]; o >= 0 {
 		t.slotOf[o] = -1
 	}
-	t.owner[best], t.slotOf[rec] = int32(rec), int32(best)
-	t.used[best], t.last[best] = t.now, t.stamp(recent)
-	return best
+	t.owner[s], t.slotOf[rec] = int32(rec), int32(s)
+	t.used[s], t.last[s] = t.now, t.stamp(recent)
 }
 
 // storeLayout is a record's matrices at the store's offsets, and the
@@ -354,8 +392,13 @@ func (r *Runner) waveSlots(layer, w0, w1 int, decode bool, thresh int) ([]int, i
 	// of the slots these copies take.
 	r.check(r.Dev.Record(p.computed, r.s))
 	r.check(r.Dev.StreamWait(p.cs, p.computed))
+	p.victims = p.tab.victims(p.victims[:0], len(p.missIDs))
+	if len(p.victims) < len(p.missIDs) {
+		r.check(fmt.Errorf("expert pool: no free slot among %d for a wave of %d", p.slots, len(ids)))
+		return slots, 0
+	}
 	stage := p.stage.Slice()
-	for range p.missIDs {
+	for k := range p.missIDs {
 		j, ex, err := p.prov.Next()
 		if err == nil && ex == nil {
 			err = fmt.Errorf("the host provider cut expert %d (lossy options do not apply on the GPU)", p.missIDs[j])
@@ -364,11 +407,8 @@ func (r *Runner) waveSlots(layer, w0, w1 int, decode bool, thresh int) ([]int, i
 			r.check(fmt.Errorf("expert pool: layer %d: %w", layer, err))
 			return slots, 0
 		}
-		s := p.tab.take(layer*r.E+p.missIDs[j], p.missRows[j] >= thresh)
-		if s < 0 {
-			r.check(fmt.Errorf("expert pool: no free slot among %d for a wave of %d", p.slots, len(ids)))
-			return slots, 0
-		}
+		s := p.victims[k]
+		p.tab.assign(layer*r.E+p.missIDs[j], s, p.missRows[j] >= thresh)
 		slots[p.missAt[j]] = s
 		dst := p.buf.Ptr + uintptr(s*p.rec)
 		if src, ok := p.hostRecord(ex); ok {

@@ -3,6 +3,7 @@
 package gpu
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/sluicelm/sluice/internal/experts"
@@ -60,6 +61,22 @@ func TestSlotTable(t *testing.T) {
 		if s >= 0 && tab.owner[s] != int32(rec) {
 			t.Fatalf("record %d maps to slot %d, owned by %d", rec, s, tab.owner[s])
 		}
+	}
+	// A wave's victims, chosen at once: the free slot, then the oldest in
+	// order; a slot the wave holds is never among them.
+	ev2, _ := experts.NewEvictor(experts.LRU, 1, 8)
+	t2 := newSlotTable(8, 5, ev2)
+	for _, rec := range []int{4, 3, 2, 1} { // slot i gets record 4-i at step i+1
+		t2.step(0)
+		t2.take(rec, true)
+	}
+	t2.step(0)
+	t2.lookup(3, true) // slot 1: held, and now the most recent
+	if v := t2.victims(nil, 4); fmt.Sprint(v) != "[4 0 2 3]" {
+		t.Fatalf("victims %v, want [4 0 2 3]", v)
+	}
+	if v := t2.victims(nil, 9); len(v) != 4 {
+		t.Fatalf("victims %v: the wave holds one of five slots", v)
 	}
 	if _, err := experts.NewEvictor("mru", 2, 5); err == nil {
 		t.Error("an unknown policy was accepted")
