@@ -208,7 +208,7 @@ func cmdBench(ctx context.Context, args []string) error {
 		res["gpu_pool"] = map[string]any{"slots": p.Slots, "records": p.Records, "record_mb": float64(p.RecordBytes) / 1e6,
 			"hits": p.Hits, "misses": p.Misses, "hit_rate": rate(p.Hits, p.Misses), "mb_copied": float64(p.BytesUp) / 1e6,
 			"decode_hit_rate": rate(p.DecodeHits, p.DecodeMisses), "decode_mb_copied": float64(p.DecodeBytesUp) / 1e6,
-			"host_pinned": p.HostPinned}
+			"prefetched": p.Prefetched, "prefetch_used": p.PrefetchUsed, "host_pinned": p.HostPinned}
 	}
 	var lim *decodeLimit
 	if mem != nil {

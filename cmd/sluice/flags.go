@@ -172,7 +172,7 @@ func deviceNote(e *engine.Engine) {
 		fmt.Fprintf(os.Stderr, "device: experts stream through a GPU pool of %d of %d records (%.1f MiB)\n",
 			p.Slots, p.Records, float64(p.Slots)*float64(p.RecordBytes)/(1<<20))
 		if p.PinNote != "" {
-			fmt.Fprintf(os.Stderr, "device: the host's expert store could not be page-locked (%s; see ulimit -l): misses are copied through staging\n", p.PinNote)
+			fmt.Fprintf(os.Stderr, "device: misses are copied to the GPU through staging, with no lookahead: %s\n", p.PinNote)
 		}
 	}
 }

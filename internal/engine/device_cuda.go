@@ -25,7 +25,8 @@ func (g gpuForwarder) Close() {
 func (g gpuForwarder) devicePool() DevicePool {
 	ps := g.Runner.Pool()
 	return DevicePool{Slots: ps.Slots, Records: ps.Records, RecordBytes: ps.RecordBytes, Hits: ps.Hits, Misses: ps.Misses, BytesUp: ps.BytesUp,
-		DecodeHits: ps.DecodeHits, DecodeMisses: ps.DecodeMisses, DecodeBytesUp: ps.DecodeBytesUp, HostPinned: ps.HostPinned, PinNote: ps.PinNote}
+		DecodeHits: ps.DecodeHits, DecodeMisses: ps.DecodeMisses, DecodeBytesUp: ps.DecodeBytesUp,
+		Prefetched: ps.Prefetched, PrefetchUsed: ps.PrefetchUsed, HostPinned: ps.HostPinned, PinNote: ps.PinNote}
 }
 
 // openCUDA opens GPU ordinal and uploads m for steps of rows rows, its

@@ -97,6 +97,7 @@ type Runner struct {
 	q, kk, v, o, attS        uintptr
 	qkv, z, db, da, dno      uintptr
 	rl, ids, w, gidx, posd   uintptr
+	rl2, ids2, w2            uintptr // the next layer's router on this layer's input (the pool's lookahead)
 	gin, g, u, outk          uintptr
 	sg, su, shared, sgate    uintptr
 	logits, am               uintptr
@@ -106,11 +107,13 @@ type Runner struct {
 	pin                    cuda.Host
 	px, pcos, psin         []float32
 	pids, pgidx, ppos, pam []int32
+	pids2                  []int32 // the lookahead's ids
 	pw                     []float32
 	plog                   cuda.Host
 	offX, offCos, offSin   int
 	offIds, offW, offGidx  int
 	offPos, offAm, offPosW int
+	offIds2                int
 
 	// Host grouping of a step's rows by expert.
 	slot, distinct, base, nrows []int
@@ -294,9 +297,12 @@ type PoolStats struct {
 	BytesUp        uint64 // bytes copied from the host into slots
 	// The same over one-row steps (decoding) alone.
 	DecodeHits, DecodeMisses, DecodeBytesUp uint64
+	// Records the decode's lookahead copied in (counted in BytesUp), and
+	// those a step then used.
+	Prefetched, PrefetchUsed uint64
 	// HostPinned: misses are copied straight from the page-locked host
-	// store; else through pinned staging, PinNote saying why when the
-	// store could not be locked.
+	// store, and the decode looks a layer ahead; else they go through
+	// pinned staging, with no lookahead, and PinNote says why.
 	HostPinned bool
 	PinNote    string
 }
@@ -635,6 +641,9 @@ func (r *Runner) alloc() error {
 	add(&r.da, R*c.LinearValueHeads)
 	add(&r.dno, R*vd)
 	add(&r.rl, R*r.E)
+	add(&r.rl2, r.E)
+	add(&r.ids2, K)
+	add(&r.w2, K)
 	add(&r.ids, R*K)
 	add(&r.w, R*K)
 	add(&r.gidx, R*K)
@@ -666,6 +675,7 @@ func (r *Runner) alloc() error {
 	h := func(words int) int { off := hw; hw += (words + 15) &^ 15; return off * 4 }
 	r.offX, r.offCos, r.offSin = h(R*H), h(R*rh), h(R*rh)
 	r.offIds, r.offW, r.offGidx, r.offPos, r.offAm, r.offPosW = h(R*K), h(R*K), h(R*K), h(R*K), h(R), h(1)
+	r.offIds2 = h(K)
 	if r.pin, err = r.Dev.AllocHost(hw * 4); err != nil {
 		return err
 	}
@@ -679,6 +689,7 @@ func (r *Runner) alloc() error {
 	r.pgidx = i32[r.offGidx/4 : r.offGidx/4+R*K]
 	r.ppos = i32[r.offPos/4 : r.offPos/4+R*K]
 	r.pam = i32[r.offAm/4 : r.offAm/4+R]
+	r.pids2 = i32[r.offIds2/4 : r.offIds2/4+K]
 	if r.plog, err = r.Dev.AllocHost(4 * R * r.V); err != nil {
 		return err
 	}
@@ -1257,8 +1268,12 @@ func (r *Runner) Experts(m *block.MoE) error {
 		}
 		return r.err
 	}
+	next := r.lookahead(m)
 	r.mark("route_sync")
 	r.check(r.Dev.DownloadAsync(r.pin, r.offIds, r.ids, 4*nb*K, r.s))
+	if next >= 0 {
+		r.check(r.Dev.DownloadAsync(r.pin, r.offIds2, r.ids2, 4*K, r.s))
+	}
 	if err := r.Dev.SyncStream(r.s); err != nil {
 		return err
 	}
@@ -1294,6 +1309,9 @@ func (r *Runner) Experts(m *block.MoE) error {
 	r.check(r.k.GatherRows(r.s, r.gin, r.h, r.gidx, n, H))
 	if r.pool != nil {
 		r.pooledExperts(m.Layer)
+		if next >= 0 {
+			r.prefetch(next)
+		}
 		r.shared1(m)
 		return r.err
 	}

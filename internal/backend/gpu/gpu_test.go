@@ -536,14 +536,22 @@ func TestGPUExpertPool(t *testing.T) {
 						t.Logf("pool %s (%d of %d records), rows %d: %d hits, %d misses, %.1f MB copied; decode %d hits, %d misses; host pinned %v %s",
 							pname, ps.Slots, ps.Records, rows, ps.Hits, ps.Misses, float64(ps.BytesUp)/1e6,
 							ps.DecodeHits, ps.DecodeMisses, ps.HostPinned, ps.PinNote)
+						t.Logf("  lookahead: %d prefetched, %d used", ps.Prefetched, ps.PrefetchUsed)
 						if (pname == "tiers") != (e.Stream != nil) {
 							t.Errorf("pool %s: host stream %v", pname, e.Stream != nil)
 						}
-						if ps.DecodeHits+ps.DecodeMisses == 0 || ps.DecodeBytesUp != ps.DecodeMisses*uint64(ps.RecordBytes) {
+						if ps.DecodeHits+ps.DecodeMisses == 0 || ps.DecodeBytesUp != (ps.DecodeMisses+ps.Prefetched)*uint64(ps.RecordBytes) {
 							t.Errorf("pool %s: decode counts %d hits, %d misses, %d bytes", pname, ps.DecodeHits, ps.DecodeMisses, ps.DecodeBytesUp)
 						}
-						if ps.Misses == 0 || ps.BytesUp != ps.Misses*uint64(ps.RecordBytes) {
-							t.Errorf("pool %s: %d misses moved %d bytes of %d-byte records", pname, ps.Misses, ps.BytesUp, ps.RecordBytes)
+						if ps.Misses == 0 || ps.BytesUp != (ps.Misses+ps.Prefetched)*uint64(ps.RecordBytes) {
+							t.Errorf("pool %s: %d misses and %d prefetches moved %d bytes of %d-byte records", pname, ps.Misses, ps.Prefetched, ps.BytesUp, ps.RecordBytes)
+						}
+						// The decode's lookahead copies from a page-locked host
+						// store (not a tiled one) into slots the step does not
+						// hold: a quarter pool has some, top-k slots none.
+						none := !ps.HostPinned || pname == "topk"
+						if none && ps.Prefetched > 0 || !none && pname == "quarter" && ps.Prefetched == 0 || ps.PrefetchUsed > ps.Prefetched {
+							t.Errorf("pool %s, rows %d: %d prefetched, %d used (host pinned %v)", pname, rows, ps.Prefetched, ps.PrefetchUsed, ps.HostPinned)
 						}
 						if pname == "topk" && ps.Slots != K {
 							t.Errorf("pool topk has %d slots, want %d", ps.Slots, K)

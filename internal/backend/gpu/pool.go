@@ -4,8 +4,10 @@ package gpu
 
 import (
 	"fmt"
+	"slices"
 	"unsafe"
 
+	"github.com/sluicelm/sluice/internal/block"
 	"github.com/sluicelm/sluice/internal/cuda"
 	"github.com/sluicelm/sluice/internal/experts"
 	"github.com/sluicelm/sluice/internal/format"
@@ -43,8 +45,10 @@ type vpool struct {
 	// are copied by DMA with no staging.
 	host []byte
 
-	cs            cuda.Stream // copies
-	computed, got cuda.Event  // the products queued so far; a wave's copies
+	cs                 cuda.Stream // copies
+	computed, got, pre cuda.Event  // the products queued so far; a wave's copies; the lookahead's
+	prePending         bool        // the lookahead copied: the next layer's products wait for pre
+	preIDs             []int
 
 	tab slotTable
 
@@ -71,11 +75,12 @@ type slotTable struct {
 	clock  int64    // the current layer step
 	ev     *experts.Evictor
 	best   []float64 // victims' scratch
+	pre    []bool    // [slot] filled by the lookahead and not yet used
 }
 
 func newSlotTable(records, slots int, ev *experts.Evictor) slotTable {
 	t := slotTable{slotOf: make([]int32, records), owner: make([]int32, slots), used: make([]uint64, slots),
-		last: make([]int64, slots), ev: ev}
+		last: make([]int64, slots), ev: ev, pre: make([]bool, slots)}
 	for i := range t.slotOf {
 		t.slotOf[i] = -1
 	}
@@ -182,6 +187,7 @@ func (t *slotTable) assign(rec, s int, recent bool) {
 	}
 	t.owner[s], t.slotOf[rec] = int32(rec), int32(s)
 	t.used[s], t.last[s] = t.now, t.stamp(recent)
+	t.pre[s] = false
 }
 
 // storeLayout is a record's matrices at the store's offsets, and the
@@ -242,21 +248,42 @@ func (r *Runner) newPool(slots int, lay [3]matOffsets, rec int, policy experts.P
 	if p.got, err = r.Dev.NewEvent(); err != nil {
 		return err
 	}
+	if p.pre, err = r.Dev.NewEvent(); err != nil {
+		return err
+	}
 	p.isMiss = make([]bool, p.wave)
-	if h, ok := p.prov.(interface{ Bytes() []byte }); ok {
+	h, whole := p.prov.(interface{ Bytes() []byte })
+	switch {
+	case !whole:
+		p.stats.PinNote = "the host's experts stream from disk through its own pool"
+	case hostTiled(p.prov):
+		// Its records are not in the slots' layout: each miss is untiled
+		// through the staging, and locking gains nothing.
+		p.stats.PinNote = "the host's store is tiled for the CPU's decode kernel"
+	default:
+		// Page-locking fails where the locked-memory limit is low (ulimit
+		// -l) or the store is a mapping of a file the system will not
+		// lock; the copies then go through the staging.
 		if b := h.Bytes(); len(b) > 0 {
-			// Page-locking fails where the locked-memory limit is low (ulimit
-			// -l) or the store is a mapping of a file the system will not
-			// lock; the copies then go through the staging.
 			if err := r.Dev.Register(uintptr(unsafe.Pointer(&b[0])), len(b)); err == nil {
 				p.host = b
 				p.stats.HostPinned = true
 			} else {
-				p.stats.PinNote = err.Error()
+				p.stats.PinNote = fmt.Sprintf("the host's store could not be page-locked (%v; see ulimit -l)", err)
 			}
 		}
 	}
 	return nil
+}
+
+// hostTiled reports whether a provider holding the store whole keeps its
+// records tiled (kernels.TiledQ4), from its first record.
+func hostTiled(prov model.Provider) bool {
+	if prov.Begin(0, []int{0}, model.Hint{}) != nil {
+		return false
+	}
+	_, ex, err := prov.Next()
+	return err == nil && ex != nil && (ex.Gate.Tiled || ex.Up.Tiled || ex.Down.Tiled)
 }
 
 // closePool unregisters the host store and frees the staging, the copy
@@ -276,7 +303,7 @@ func (r *Runner) closePool() {
 		r.Dev.DestroyStream(p.cs)
 		p.cs = cuda.Stream{}
 	}
-	for _, e := range []*cuda.Event{&p.computed, &p.got} {
+	for _, e := range []*cuda.Event{&p.computed, &p.got, &p.pre} {
 		if *e != (cuda.Event{}) {
 			r.Dev.DestroyEvent(*e)
 			*e = cuda.Event{}
@@ -332,6 +359,11 @@ func (r *Runner) pooledExperts(layer int) {
 		a := r.prepare(r.gin+uintptr(4*b0*H), b1-b0, H, kind)
 		// The hits first, while the misses copy; then the misses, once
 		// their copies are done.
+		if p.prePending {
+			// Some hits may be the lookahead's records.
+			r.check(r.Dev.StreamWait(r.s, p.pre))
+			p.prePending = false
+		}
 		r.mark("pool_hits")
 		for pass := range 2 {
 			if pass == 1 {
@@ -371,9 +403,17 @@ func (r *Runner) waveSlots(layer, w0, w1 int, decode bool, thresh int) ([]int, i
 	ids := r.distinct[w0:w1]
 	slots := r.waveSlot[:len(ids)]
 	p.missIDs, p.missAt, p.missRows = p.missIDs[:0], p.missAt[:0], p.missRows[:0]
+	// Copies into this wave's victims, and the lookahead's after it, wait
+	// for every product queued so far: some read the records of the slots
+	// they take.
+	r.check(r.Dev.Record(p.computed, r.s))
 	for i, e := range ids {
 		slots[i] = p.tab.lookup(layer*r.E+e, r.nrows[w0+i] >= thresh)
 		p.isMiss[i] = slots[i] < 0
+		if s := slots[i]; s >= 0 && p.tab.pre[s] {
+			p.tab.pre[s] = false
+			p.stats.PrefetchUsed++
+		}
 		if slots[i] < 0 {
 			p.missIDs = append(p.missIDs, e)
 			p.missAt = append(p.missAt, i)
@@ -388,9 +428,6 @@ func (r *Runner) waveSlots(layer, w0, w1 int, decode bool, thresh int) ([]int, i
 		r.check(fmt.Errorf("expert pool: layer %d: %w", layer, err))
 		return slots, 0
 	}
-	// Copies wait for every product queued so far: some read the records
-	// of the slots these copies take.
-	r.check(r.Dev.Record(p.computed, r.s))
 	r.check(r.Dev.StreamWait(p.cs, p.computed))
 	p.victims = p.tab.victims(p.victims[:0], len(p.missIDs))
 	if len(p.victims) < len(p.missIDs) {
@@ -424,6 +461,75 @@ func (r *Runner) waveSlots(layer, w0, w1 int, decode bool, thresh int) ([]int, i
 	}
 	r.check(r.Dev.Record(p.got, p.cs))
 	return slots, len(p.missIDs)
+}
+
+// lookahead queues, in a decode step of a pool whose host store is
+// page-locked, the next MoE layer's router on this layer's input and its
+// top-k choice (into ids2), and returns that layer; -1 for none.
+func (r *Runner) lookahead(m *block.MoE) int {
+	p := r.pool
+	if p == nil || p.host == nil || r.nb != 1 || m.Layer+1 >= len(r.M.Arch.Layers) {
+		return -1
+	}
+	nm := r.M.Arch.Layers[m.Layer+1].MoE()
+	if nm == nil {
+		return -1
+	}
+	r.mark("pool_lookahead")
+	r.mul(r.rl2, r.wmat(&nm.Router), r.h, 1, r.H)
+	r.check(r.k.Route(r.s, r.rl2, r.rl2, r.ids2, r.w2, 1, r.E, r.K, nm.NormTopK))
+	return m.Layer + 1
+}
+
+// prefetch copies the experts lookahead predicted for layer that are not
+// in a slot, from the page-locked host store, into the slots the policy
+// gives up (never one this step holds), behind this step's copies on the
+// copy stream: they land while the rest of this layer and the next one's
+// attention compute. The next layer's products wait for them (pre).
+func (r *Runner) prefetch(layer int) {
+	p := r.pool
+	p.preIDs = p.preIDs[:0]
+	for _, id := range r.pids2[:r.K] {
+		e := int(id)
+		if e < 0 || e >= r.E {
+			return // the next layer's own routing reports a bad id
+		}
+		if p.tab.slotOf[layer*r.E+e] < 0 && !slices.Contains(p.preIDs, e) {
+			p.preIDs = append(p.preIDs, e)
+		}
+	}
+	if len(p.preIDs) == 0 {
+		return
+	}
+	p.victims = p.tab.victims(p.victims[:0], len(p.preIDs))
+	ids := p.preIDs[:len(p.victims)]
+	if len(ids) == 0 {
+		return
+	}
+	if err := p.prov.Begin(layer, ids, model.Hint{}); err != nil {
+		r.check(fmt.Errorf("expert pool: lookahead for layer %d: %w", layer, err))
+		return
+	}
+	r.check(r.Dev.StreamWait(p.cs, p.computed))
+	for k := range ids {
+		j, ex, err := p.prov.Next()
+		if err != nil || ex == nil {
+			r.check(fmt.Errorf("expert pool: lookahead for layer %d: expert %d: %v", layer, ids[max(j, 0)], err))
+			return
+		}
+		src, ok := p.hostRecord(ex)
+		if !ok {
+			continue // not in the locked store: the step will copy it if asked
+		}
+		s := p.victims[k]
+		p.tab.assign(layer*r.E+ids[j], s, true)
+		p.tab.pre[s] = true
+		r.check(r.Dev.UploadFromAsync(p.buf.Ptr+uintptr(s*p.rec), src, p.rec, p.cs))
+		p.stats.Prefetched++
+		p.stats.add(true, uint64(p.rec))
+	}
+	r.check(r.Dev.Record(p.pre, p.cs))
+	p.prePending = true
 }
 
 // hostRecord is the address of ex's record in the page-locked host store,
