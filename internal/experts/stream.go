@@ -565,22 +565,33 @@ func (s *Stream) stamp(i int32) int64 {
 // rowThreshold is the row count an expert needs in a multi-row step to be
 // among the layer's pool share, or 0 when every expert qualifies.
 func (s *Stream) rowThreshold(h model.Hint) int {
-	if h.Rows == nil || len(h.Rows) <= s.share {
+	if h.Rows == nil {
 		return 0
 	}
-	// The share-th largest row count, by counting (rows ≤ chunk size).
+	return ShareThreshold(h.Rows, s.share)
+}
+
+// ShareThreshold is the row count an expert of a multi-row step needs to
+// be among the share experts of its layer with the most rows (the ones a
+// pool keeps recent through a prefill), or 0 when there are no more than
+// share: the share-th largest of rows, by counting (rows are at most a
+// chunk's size).
+func ShareThreshold(rows []int, share int) int {
+	if len(rows) <= share {
+		return 0
+	}
 	mx := 0
-	for _, r := range h.Rows {
+	for _, r := range rows {
 		mx = max(mx, r)
 	}
 	for t := mx; t > 1; t-- {
 		n := 0
-		for _, r := range h.Rows {
+		for _, r := range rows {
 			if r >= t {
 				n++
 			}
 		}
-		if n >= s.share {
+		if n >= share {
 			return t
 		}
 	}

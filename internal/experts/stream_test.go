@@ -757,3 +757,17 @@ func TestPrefetchReadersWake(t *testing.T) {
 		t.Fatalf("%d prefetches still in flight 10 s after every reader may take them", s.preInflight)
 	}
 }
+
+// TestShareThreshold: the row count that keeps an expert among its
+// layer's share with the most rows.
+func TestShareThreshold(t *testing.T) {
+	rows := []int{5, 1, 3, 3, 2}
+	for share, want := range map[int]int{1: 5, 2: 3, 3: 3, 4: 2, 5: 0, 9: 0} {
+		if got := ShareThreshold(rows, share); got != want {
+			t.Errorf("share %d: threshold %d, want %d", share, got, want)
+		}
+	}
+	if got := ShareThreshold([]int{1, 1, 1}, 1); got != 0 {
+		t.Errorf("single rows: threshold %d, want 0 (every expert alike)", got)
+	}
+}

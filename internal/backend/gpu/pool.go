@@ -547,30 +547,9 @@ func (p *vpool) hostRecord(ex *model.Expert) (uintptr, bool) {
 }
 
 // keepRows is the row count a prefill's expert needs to stay recent in the
-// pool: the share-th largest of the layer's experts' row counts (0 when
-// the layer asks for no more experts than its share).
+// pool: that of the layer's share of experts with the most rows.
 func (r *Runner) keepRows() int {
-	p := r.pool
-	n := r.nrows[:len(r.distinct)]
-	if len(n) <= p.share {
-		return 0
-	}
-	mx := 0
-	for _, v := range n {
-		mx = max(mx, v)
-	}
-	for t := mx; t > 1; t-- {
-		c := 0
-		for _, v := range n {
-			if v >= t {
-				c++
-			}
-		}
-		if c >= p.share {
-			return t
-		}
-	}
-	return 0
+	return experts.ShareThreshold(r.nrows[:len(r.distinct)], r.pool.share)
 }
 
 // fillRecord copies an expert's matrices from the host views into dst at
