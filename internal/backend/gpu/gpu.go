@@ -273,6 +273,8 @@ func (r *Runner) poolPlan(cfg Config, free int64) (slots int, lay [3]matOffsets,
 	case cfg.PoolBytes > 0:
 		slots = int(cfg.PoolBytes / int64(rec))
 	default:
+		// What the rest leaves, less a margin of a wave's records for
+		// the sequences' states, which come later.
 		slots = int(max(free-dense-scratchReserve-int64(max(r.K, 16)*rec), 0) / int64(rec))
 	}
 	slots = min(slots, records)

@@ -58,6 +58,7 @@ type vpool struct {
 	missIDs, missAt, missRows []int
 	isMiss                    []bool
 	victims                   []int
+	staged                    bool // the last wave copied through the staging
 
 	stats PoolStats
 }
@@ -342,9 +343,10 @@ func (r *Runner) pooledExperts(layer int) {
 	}
 	for w0 := 0; w0 < len(r.distinct); w0 += p.wave {
 		w1 := min(w0+p.wave, len(r.distinct))
-		if w0 > 0 && len(p.missIDs) > 0 && p.host == nil {
+		if p.staged {
 			// The last wave's staging may still be copying.
 			r.check(r.Dev.SyncStream(p.cs))
+			p.staged = false
 		}
 		if w0 > 0 {
 			p.tab.begin()
@@ -425,13 +427,13 @@ func (r *Runner) waveSlots(layer, w0, w1 int, decode bool, thresh int) ([]int, i
 		return slots, 0
 	}
 	if err := p.prov.Begin(layer, p.missIDs, model.Hint{Rows: p.missRows}); err != nil {
-		r.check(fmt.Errorf("expert pool: layer %d: %w", layer, err))
+		r.poolFail(fmt.Errorf("expert pool: layer %d: %w", layer, err))
 		return slots, 0
 	}
 	r.check(r.Dev.StreamWait(p.cs, p.computed))
 	p.victims = p.tab.victims(p.victims[:0], len(p.missIDs))
 	if len(p.victims) < len(p.missIDs) {
-		r.check(fmt.Errorf("expert pool: no free slot among %d for a wave of %d", p.slots, len(ids)))
+		r.poolFail(fmt.Errorf("expert pool: no free slot among %d for a wave of %d", p.slots, len(ids)))
 		return slots, 0
 	}
 	stage := p.stage.Slice()
@@ -441,7 +443,7 @@ func (r *Runner) waveSlots(layer, w0, w1 int, decode bool, thresh int) ([]int, i
 			err = fmt.Errorf("the host provider cut expert %d (lossy options do not apply on the GPU)", p.missIDs[j])
 		}
 		if err != nil {
-			r.check(fmt.Errorf("expert pool: layer %d: %w", layer, err))
+			r.poolFail(fmt.Errorf("expert pool: layer %d: %w", layer, err))
 			return slots, 0
 		}
 		s := p.victims[k]
@@ -452,15 +454,30 @@ func (r *Runner) waveSlots(layer, w0, w1 int, decode bool, thresh int) ([]int, i
 			r.check(r.Dev.UploadFromAsync(dst, src, p.rec, p.cs))
 		} else {
 			if err := fillRecord(stage[j*p.rec:(j+1)*p.rec], p.lay, ex); err != nil {
-				r.check(err)
+				r.poolFail(err)
 				return slots, 0
 			}
 			r.check(r.Dev.UploadAsync(dst, p.stage, j*p.rec, p.rec, p.cs))
+			p.staged = true
 		}
 		p.stats.add(decode, uint64(p.rec))
 	}
 	r.check(r.Dev.Record(p.got, p.cs))
 	return slots, len(p.missIDs)
+}
+
+// poolFail fails the step with err and forgets every slot's record: a
+// slot may have been given to a record whose copy was never queued, and
+// no later step may read it as that record.
+func (r *Runner) poolFail(err error) {
+	r.check(err)
+	t := &r.pool.tab
+	for i := range t.slotOf {
+		t.slotOf[i] = -1
+	}
+	for i := range t.owner {
+		t.owner[i], t.pre[i] = -1, false
+	}
 }
 
 // lookahead queues, in a decode step of a pool whose host store is
@@ -507,14 +524,14 @@ func (r *Runner) prefetch(layer int) {
 		return
 	}
 	if err := p.prov.Begin(layer, ids, model.Hint{}); err != nil {
-		r.check(fmt.Errorf("expert pool: lookahead for layer %d: %w", layer, err))
+		r.poolFail(fmt.Errorf("expert pool: lookahead for layer %d: %w", layer, err))
 		return
 	}
 	r.check(r.Dev.StreamWait(p.cs, p.computed))
 	for k := range ids {
 		j, ex, err := p.prov.Next()
 		if err != nil || ex == nil {
-			r.check(fmt.Errorf("expert pool: lookahead for layer %d: expert %d: %v", layer, ids[max(j, 0)], err))
+			r.poolFail(fmt.Errorf("expert pool: lookahead for layer %d: expert %d: %v", layer, ids[max(j, 0)], err))
 			return
 		}
 		src, ok := p.hostRecord(ex)

@@ -138,3 +138,28 @@ func TestFillRecord(t *testing.T) {
 		t.Fatal("a matrix of another shape was staged")
 	}
 }
+
+// TestPoolFailForgets: a failed step forgets every slot's record, so that
+// no later step reads a slot whose copy was never queued as a hit.
+func TestPoolFailForgets(t *testing.T) {
+	ev, _ := experts.NewEvictor(experts.LRU, 1, 4)
+	r := &Runner{pool: &vpool{tab: newSlotTable(4, 2, ev)}}
+	tab := &r.pool.tab
+	tab.step(0)
+	tab.take(1, true)
+	tab.take(3, true)
+	tab.pre[1] = true
+	r.poolFail(fmt.Errorf("disk gone"))
+	if r.err == nil || r.err.Error() != "disk gone" {
+		t.Fatalf("step error %v", r.err)
+	}
+	tab.step(0)
+	for rec := range 4 {
+		if s := tab.lookup(rec, true); s != -1 {
+			t.Errorf("record %d still in slot %d after the failure", rec, s)
+		}
+	}
+	if tab.pre[1] || tab.owner[0] != -1 || tab.owner[1] != -1 {
+		t.Error("slots still owned or marked prefetched")
+	}
+}
