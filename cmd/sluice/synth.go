@@ -28,6 +28,14 @@ var synthShapes = map[string]format.Config{
 	"qwen3.5-35b-a3b": {Family: family.NameQwen35MoE, Hidden: 2048, Layers: 40, Vocab: 248320, Heads: 16, KVHeads: 2, HeadDim: 256,
 		RotaryDim: 64, RopeTheta: 1e7, RMSEps: 1e-6, MaxPos: 262144, Experts: 256, TopK: 8, MoEInter: 512, SharedInter: 512, NormTopK: true,
 		LinearKeyHeads: 16, LinearValueHeads: 32, LinearKeyDim: 128, LinearValueDim: 128, ConvKernel: 4, MTPLayers: 1},
+	// Qwen3.5-397B-A17B as public descriptions of the release give it
+	// (hidden 4096, 60 layers of 512 experts of 1024, top-10, a shared
+	// expert of 1024, 64 value and 16 key heads in the DeltaNet layers, 32
+	// query and 2 key-value heads of 256 with a quarter of them rotated);
+	// not checked against its config.json here.
+	"qwen3.5-397b-a17b": {Family: family.NameQwen35MoE, Hidden: 4096, Layers: 60, Vocab: 248320, Heads: 32, KVHeads: 2, HeadDim: 256,
+		RotaryDim: 64, RopeTheta: 1e7, RMSEps: 1e-6, MaxPos: 262144, Experts: 512, TopK: 10, MoEInter: 1024, SharedInter: 1024, NormTopK: true,
+		LinearKeyHeads: 16, LinearValueHeads: 64, LinearKeyDim: 128, LinearValueDim: 128, ConvKernel: 4, MTPLayers: 1},
 	"qwen3-next-80b-a3b": {Family: family.NameQwen3Next, Hidden: 2048, Layers: 48, Vocab: 151936, Heads: 16, KVHeads: 2, HeadDim: 256,
 		RotaryDim: 64, RopeTheta: 1e7, RMSEps: 1e-6, MaxPos: 262144, Experts: 512, TopK: 10, MoEInter: 512, SharedInter: 512, NormTopK: true,
 		LinearKeyHeads: 16, LinearValueHeads: 32, LinearKeyDim: 128, LinearValueDim: 128, ConvKernel: 4, MTPLayers: 1},
@@ -78,7 +86,7 @@ func synthLike(like string) (format.Config, bool, error) {
 }
 
 // synthLikes lists the names --like takes.
-const synthLikes = "qwen3.5-35b-a3b, qwen3-next-80b-a3b, qwen3-30b-a3b, gpt-oss-120b, deepseek-v3 or glm-4.5-air"
+const synthLikes = "qwen3.5-35b-a3b, qwen3.5-397b-a17b, qwen3-next-80b-a3b, qwen3-30b-a3b, gpt-oss-120b, deepseek-v3 or glm-4.5-air"
 
 // cmdSynth writes a packed model with a real model's shapes and random
 // weights, for benchmarks at real record sizes, and optionally the same
