@@ -51,7 +51,8 @@ func openCUDA(m *model.Model, ordinal, rows, ctx int, xo ExpertOptions) (Forward
 		dev.Close()
 		return nil, "", fmt.Errorf("GPU %d (%s) has compute capability %d.%d; sluice's kernels need 8.0 (Ampere) or later", ordinal, dev.Name, dev.Major, dev.Minor)
 	}
-	r, err := gpu.New(dev, m, gpu.Config{Rows: rows, Ctx: ctx, PoolBytes: xo.GPUPoolBytes, PoolShare: xo.GPUPoolShare, Policy: xo.Policy})
+	r, err := gpu.New(dev, m, gpu.Config{Rows: rows, Ctx: ctx, PoolBytes: xo.GPUPoolBytes, PoolShare: xo.GPUPoolShare,
+		Policy: xo.Policy, NoLookahead: xo.NoLookahead})
 	if err != nil {
 		dev.Close()
 		return nil, "", err

@@ -198,8 +198,10 @@ type Config struct {
 	PoolBytes int64
 	PoolShare float64
 	// Policy is the pool's eviction policy ("" is the host pool's
-	// default).
-	Policy experts.Policy
+	// default); NoLookahead turns off the decode's copies of the next
+	// layer's predicted experts (--lookahead=false, as on the CPU).
+	Policy      experts.Policy
+	NoLookahead bool
 }
 
 // scratchReserve is what New keeps free beside the weights for scratch,
@@ -238,6 +240,7 @@ func New(dev *cuda.Device, m *model.Model, cfg Config) (*Runner, error) {
 			if err := r.newPool(slots, lay, rec, cfg.Policy); err != nil {
 				return err
 			}
+			r.pool.noLookahead = cfg.NoLookahead
 		}
 		if err := r.upload(); err != nil {
 			return err

@@ -517,6 +517,8 @@ func TestGPUExpertPool(t *testing.T) {
 					// Three tiers: a tenth in the GPU's pool, a quarter in
 					// the host's, the rest read from experts.bin.
 					"tiers": {GPUPoolShare: 0.1, PoolShare: 0.25},
+					// --lookahead=false turns the GPU's lookahead off too.
+					"quarter, no lookahead": {GPUPoolShare: 0.25, NoLookahead: true},
 				}
 				for pname, xo := range pools {
 					for _, rows := range []int{64, 1} {
@@ -549,7 +551,7 @@ func TestGPUExpertPool(t *testing.T) {
 						// The decode's lookahead copies from a page-locked host
 						// store (not a tiled one) into slots the step does not
 						// hold: a quarter pool has some, top-k slots none.
-						none := !ps.HostPinned || pname == "topk"
+						none := !ps.HostPinned || pname == "topk" || xo.NoLookahead
 						if none && ps.Prefetched > 0 || !none && pname == "quarter" && ps.Prefetched == 0 || ps.PrefetchUsed > ps.Prefetched {
 							t.Errorf("pool %s, rows %d: %d prefetched, %d used (host pinned %v)", pname, rows, ps.Prefetched, ps.PrefetchUsed, ps.HostPinned)
 						}

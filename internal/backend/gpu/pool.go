@@ -49,6 +49,7 @@ type vpool struct {
 	computed, got, pre cuda.Event  // the products queued so far; a wave's copies; the lookahead's
 	prePending         bool        // the lookahead copied: the next layer's products wait for pre
 	preIDs             []int
+	noLookahead        bool
 
 	tab slotTable
 
@@ -485,7 +486,7 @@ func (r *Runner) poolFail(err error) {
 // top-k choice (into ids2), and returns that layer; -1 for none.
 func (r *Runner) lookahead(m *block.MoE) int {
 	p := r.pool
-	if p == nil || p.host == nil || r.nb != 1 || m.Layer+1 >= len(r.M.Arch.Layers) {
+	if p == nil || p.host == nil || p.noLookahead || r.nb != 1 || m.Layer+1 >= len(r.M.Arch.Layers) {
 		return -1
 	}
 	nm := r.M.Arch.Layers[m.Layer+1].MoE()
