@@ -135,13 +135,14 @@ type DevicePool struct {
 	PinNote                                 string
 }
 
-// devicePooler is a GPU forward with an expert pool.
-type devicePooler interface{ devicePool() DevicePool }
+// DevicePooler is a forward whose device holds an expert pool (the GPU
+// backend; tests stand in for it).
+type DevicePooler interface{ DevicePool() DevicePool }
 
 // DevicePool reports the GPU's expert pool; ok is false on the CPU.
 func (e *Engine) DevicePool() (p DevicePool, ok bool) {
-	if d, is := e.Fwd.(devicePooler); is {
-		return d.devicePool(), true
+	if d, is := e.Fwd.(DevicePooler); is {
+		return d.DevicePool(), true
 	}
 	return p, false
 }

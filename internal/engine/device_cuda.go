@@ -21,8 +21,8 @@ func (g gpuForwarder) Close() {
 	g.Runner.Dev.Close()
 }
 
-// devicePool implements devicePooler.
-func (g gpuForwarder) devicePool() DevicePool {
+// DevicePool implements DevicePooler.
+func (g gpuForwarder) DevicePool() DevicePool {
 	ps := g.Runner.Pool()
 	return DevicePool{Slots: ps.Slots, Records: ps.Records, RecordBytes: ps.RecordBytes, Hits: ps.Hits, Misses: ps.Misses, BytesUp: ps.BytesUp,
 		DecodeHits: ps.DecodeHits, DecodeMisses: ps.DecodeMisses, DecodeBytesUp: ps.DecodeBytesUp,

@@ -235,6 +235,20 @@ func (s *Server) writeMetrics(w io.Writer) {
 		counter("sluice_expert_misses_total", "Routed-expert uses that had to be read from disk.", 0)
 		counter("sluice_expert_bytes_read_total", "Bytes of expert records read from disk.", 0)
 	}
+	if p, ok := s.e.DevicePool(); ok && p.Slots > 0 {
+		// The GPU's own pool, filled from the host's experts above.
+		pinned := 0.0
+		if p.HostPinned {
+			pinned = 1
+		}
+		gauge("sluice_gpu_pool_slots", "Expert records the GPU's pool holds.", float64(p.Slots))
+		counter("sluice_gpu_pool_hits_total", "Routed-expert uses found in the GPU's pool.", int64(p.Hits))
+		counter("sluice_gpu_pool_misses_total", "Routed-expert uses copied into the GPU's pool from host memory.", int64(p.Misses))
+		counter("sluice_gpu_pool_bytes_copied_total", "Bytes copied from host memory into the GPU's pool (misses and lookahead).", int64(p.BytesUp))
+		counter("sluice_gpu_pool_lookahead_copied_total", "Experts the decode's lookahead copied into the GPU's pool.", int64(p.Prefetched))
+		counter("sluice_gpu_pool_lookahead_used_total", "Lookahead copies a step then used.", int64(p.PrefetchUsed))
+		gauge("sluice_gpu_pool_host_pinned", "1 when misses are copied straight from the page-locked host store, 0 when through staging.", pinned)
+	}
 	gauge("sluice_state_bytes", "Bytes of one sequence state (a slot).", float64(s.stateBytes))
 	gauge("sluice_process_resident_memory_bytes", "Resident set size of the server process.", float64(rssBytes()))
 	gauge("sluice_uptime_seconds", "Seconds since the server started.", time.Since(m.start).Seconds())

@@ -1,0 +1,70 @@
+package server
+
+import (
+	"context"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicelm/sluice/internal/engine"
+	"github.com/sluicelm/sluice/internal/model"
+)
+
+// pooledForward is the CPU runner standing in for a GPU forward with an
+// expert pool, whose figures it reports.
+type pooledForward struct {
+	*model.Runner
+	pool engine.DevicePool
+}
+
+func (p pooledForward) DevicePool() engine.DevicePool { return p.pool }
+
+// TestMetricsGPUPool: /metrics carries the GPU pool's figures when the
+// forward has one, and none of them when it does not.
+func TestMetricsGPUPool(t *testing.T) {
+	e, err := engine.Open(context.Background(), testModelDir, engine.Options{Ctx: testCtx, Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	pool := engine.DevicePool{Slots: 96, Records: 384, RecordBytes: 28672, Hits: 4185, Misses: 879,
+		BytesUp: 41200000, Prefetched: 966, PrefetchUsed: 436, HostPinned: true}
+	metrics := func() string {
+		s, err := New(Config{Engine: e, ModelID: "tiny"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ts := httptest.NewServer(s)
+		defer func() {
+			s.Abort()
+			ts.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := s.Wait(ctx); err != nil {
+				t.Errorf("scheduler did not stop: %v", err)
+			}
+		}()
+		_, m := get(t, ts.URL+"/metrics")
+		return m
+	}
+	if m := metrics(); strings.Contains(m, "sluice_gpu_pool") {
+		t.Fatalf("the CPU's forward reports a GPU pool:\n%s", grepLines(m, "sluice_gpu_pool"))
+	}
+	e.Fwd = pooledForward{e.Runner, pool}
+	m := metrics()
+	for name, want := range map[string]float64{
+		"sluice_gpu_pool_slots": 96, "sluice_gpu_pool_hits_total": 4185, "sluice_gpu_pool_misses_total": 879,
+		"sluice_gpu_pool_bytes_copied_total": 41200000, "sluice_gpu_pool_lookahead_copied_total": 966,
+		"sluice_gpu_pool_lookahead_used_total": 436, "sluice_gpu_pool_host_pinned": 1,
+	} {
+		if got := metricValue(t, m, name); got != want {
+			t.Errorf("%s = %v, want %v", name, got, want)
+		}
+	}
+	// A GPU holding every expert has no pool to report.
+	e.Fwd = pooledForward{e.Runner, engine.DevicePool{Records: 384}}
+	if m := metrics(); strings.Contains(m, "sluice_gpu_pool") {
+		t.Errorf("a resident GPU reports a pool:\n%s", grepLines(m, "sluice_gpu_pool"))
+	}
+}
