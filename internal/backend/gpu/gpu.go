@@ -70,9 +70,10 @@ type Runner struct {
 	experts []expert // [layer*E + e]; nil when they stream through pool
 	// pool, when the experts do not all live in device memory, holds the
 	// ones the router asked for lately (pool.go); waveSlot is its scratch.
-	pool     *vpool
-	waveSlot []int
-	weights  []cuda.Buf
+	pool      *vpool
+	streaming bool // the experts stream through pool
+	waveSlot  []int
+	weights   []cuda.Buf
 	// Per expert layer, the device tables of expert addresses [E][3]
 	// (gate, up, down) that a recorded decode step reads the router's
 	// choice through; exKind is their kind ("" when a recorded step cannot
@@ -226,8 +227,7 @@ func New(dev *cuda.Device, m *model.Model, cfg Config) (*Runner, error) {
 		if err != nil {
 			return err
 		}
-		slots, lay, rec, err := r.poolPlan(cfg, free)
-		if err != nil {
+		if r.streaming, err = r.wantPool(cfg, free); err != nil {
 			return err
 		}
 		if r.k, err = cuda.LoadKernels(dev); err != nil {
@@ -236,16 +236,26 @@ func New(dev *cuda.Device, m *model.Model, cfg Config) (*Runner, error) {
 		if r.s, err = dev.NewStream(); err != nil {
 			return err
 		}
-		if slots > 0 {
-			if err := r.newPool(slots, lay, rec, cfg.Policy); err != nil {
-				return err
-			}
-			r.pool.noLookahead = cfg.NoLookahead
-		}
 		if err := r.upload(); err != nil {
 			return err
 		}
-		return r.alloc()
+		if err := r.alloc(); err != nil || !r.streaming {
+			return err
+		}
+		// The pool takes what the dense weights, the kernels and the
+		// scratch left.
+		if free, _, err = dev.MemInfo(); err != nil {
+			return err
+		}
+		slots, lay, rec, err := r.poolPlan(cfg, free)
+		if err != nil {
+			return err
+		}
+		if err := r.newPool(slots, lay, rec, cfg.Policy); err != nil {
+			return err
+		}
+		r.pool.noLookahead = cfg.NoLookahead
+		return nil
 	})
 	if err != nil {
 		r.Close()
@@ -256,39 +266,51 @@ func New(dev *cuda.Device, m *model.Model, cfg Config) (*Runner, error) {
 
 func gib(n int64) float64 { return float64(n) / (1 << 30) }
 
-// poolPlan chooses between uploading every expert (0 slots) and a pool of
-// slots records of rec bytes laid out as lay, given free device memory.
-func (r *Runner) poolPlan(cfg Config, free int64) (slots int, lay [3]matOffsets, rec int, err error) {
-	dense, exps := NeedBytes(r.M)
+// wantPool reports whether the experts stream through a pool: when one
+// is asked for, or when they do not fit beside the dense weights, scratch
+// and a sequence's state in free bytes.
+func (r *Runner) wantPool(cfg Config, free int64) (bool, error) {
 	if cfg.PoolBytes < 0 || cfg.PoolShare < 0 || cfg.PoolShare > 1 {
-		return 0, lay, 0, fmt.Errorf("GPU expert pool: %d bytes or a share of %g: want a positive size or a share in (0,1]", cfg.PoolBytes, cfg.PoolShare)
+		return false, fmt.Errorf("GPU expert pool: %d bytes or a share of %g: want a positive size or a share in (0,1]", cfg.PoolBytes, cfg.PoolShare)
 	}
-	if cfg.PoolBytes == 0 && cfg.PoolShare == 0 && dense+exps+scratchReserve <= free {
-		return 0, lay, 0, nil
-	}
+	dense, exps := NeedBytes(r.M)
+	return cfg.PoolBytes > 0 || cfg.PoolShare > 0 || dense+exps+r.reserve() > free, nil
+}
+
+// reserve is what the device must keep free beside the weights: scratch
+// and the driver's margin (scratchReserve), and one sequence's state at
+// the runner's context length.
+func (r *Runner) reserve() int64 {
+	return scratchReserve + experts.StateBytes(&r.M.Config, r.ctx)
+}
+
+// poolPlan sizes the pool, given the device memory free once the dense
+// weights and the scratch are in place: slots records of rec bytes laid
+// out as lay, as asked, or what the free memory holds beside a
+// sequence's state.
+func (r *Runner) poolPlan(cfg Config, free int64) (slots int, lay [3]matOffsets, rec int, err error) {
 	if lay, rec, err = storeLayout(r.M); err != nil {
 		return 0, lay, 0, err
 	}
 	records := len(r.M.Arch.Layers) * r.E
+	state := r.reserve() - scratchReserve
 	switch {
 	case cfg.PoolShare > 0:
 		slots = int(cfg.PoolShare * float64(records))
 	case cfg.PoolBytes > 0:
 		slots = int(cfg.PoolBytes / int64(rec))
 	default:
-		// What the rest leaves, less a margin of a wave's records for
-		// the sequences' states, which come later.
-		slots = int(max(free-dense-scratchReserve-int64(max(r.K, 16)*rec), 0) / int64(rec))
+		slots = int(max(free-state-scratchReserve, 0) / int64(rec))
 	}
 	slots = min(slots, records)
 	if slots < r.K {
 		return 0, lay, 0, fmt.Errorf("a GPU expert pool needs at least %d records (one token's experts of a layer, %.2f GiB) and got room or a request for %d; "+
-			"dense weights take %.2f GiB and %s has %.2f GiB free (use --device cpu to stream experts on the CPU)",
-			r.K, gib(int64(r.K*rec)), slots, gib(dense), r.Dev.Name, gib(free))
+			"with the dense weights and scratch in place %s has %.2f GiB free, and a sequence's state needs %.2f GiB (use --device cpu to stream experts on the CPU)",
+			r.K, gib(int64(r.K*rec)), slots, r.Dev.Name, gib(free), gib(state))
 	}
-	if need := dense + int64(slots)*int64(rec) + scratchReserve; need > free {
-		return 0, lay, 0, fmt.Errorf("a GPU expert pool of %d records needs %.2f GiB with the dense weights (%.2f GiB) and scratch, and %s has %.2f GiB free; ask for a smaller --gpu-pool-mb",
-			slots, gib(need), gib(dense), r.Dev.Name, gib(free))
+	if need := int64(slots)*int64(rec) + state + scratchReserve; need > free {
+		return 0, lay, 0, fmt.Errorf("a GPU expert pool of %d records (%.2f GiB) and a sequence's state (%.2f GiB) need %.2f GiB, and with the dense weights and scratch in place %s has %.2f GiB free; ask for a smaller --gpu-pool-mb",
+			slots, gib(int64(slots)*int64(rec)), gib(state), gib(need), r.Dev.Name, gib(free))
 	}
 	return slots, lay, rec, nil
 }
@@ -493,7 +515,7 @@ func (r *Runner) upload() error {
 		r.vecs[k] = buf.Ptr + uintptr(o)
 	}
 
-	if r.pool != nil {
+	if r.streaming {
 		return nil // experts stream; a recorded step needs them resident
 	}
 	// Experts: every record of the trunk's layers, through the resident
@@ -904,8 +926,11 @@ func (r *Runner) doForward() error {
 		case last:
 			dst = out[:V]
 		}
+		// Unknown until the step completes (step sets it): after an error,
+		// or a panic the device thread turned into one, the next step must
+		// start the sequence over.
+		ds.pos = -2
 		if err := r.step(ds, st, tokens[done:done+nb], dst, all, argmax && last); err != nil {
-			ds.pos = -2 // unknown: the next step must start a sequence over
 			return err
 		}
 		done += nb
@@ -1315,7 +1340,12 @@ func (r *Runner) Experts(m *block.MoE) error {
 	if r.pool != nil {
 		r.pooledExperts(m.Layer)
 		if next >= 0 {
-			r.prefetch(next)
+			r.prefetch(next) // nothing after an error
+		}
+		if r.err != nil {
+			// Whatever failed, some copies may be queued that no product
+			// waits for: forget every slot's record.
+			r.poolFail(r.err)
 		}
 		r.shared1(m)
 		return r.err

@@ -155,6 +155,9 @@ func (t *slotTable) victims(out []int, n int) []int {
 		}
 	}
 	free := len(out) - base
+	if free == n {
+		return out // the last free slot was the n-th
+	}
 	// The lowest scores among the rest, kept sorted by (score, slot) in
 	// out[base+free:] with their scores in t.best.
 	t.best = t.best[:0]
@@ -301,6 +304,7 @@ func (r *Runner) closePool() {
 	}
 	r.Dev.FreeHost(p.stage)
 	p.stage = cuda.Host{}
+	p.buf = cuda.Buf{} // freed among r.weights
 	if p.cs != (cuda.Stream{}) {
 		r.Dev.DestroyStream(p.cs)
 		p.cs = cuda.Stream{}
@@ -328,6 +332,9 @@ func (p *vpool) slotExpert(s int) expert {
 // products are batch-invariant: the outputs are the resident path's bits.
 func (r *Runner) pooledExperts(layer int) {
 	p := r.pool
+	if r.err != nil {
+		return // the step failed: queue no copies that nothing would wait for
+	}
 	H, I := r.H, r.I
 	kind := p.lay[0].m.kind
 	decode := r.nb == 1
@@ -346,7 +353,7 @@ func (r *Runner) pooledExperts(layer int) {
 		w1 := min(w0+p.wave, len(r.distinct))
 		if p.staged {
 			// The last wave's staging may still be copying.
-			r.check(r.Dev.SyncStream(p.cs))
+			r.poolCheck(r.Dev.SyncStream(p.cs))
 			p.staged = false
 		}
 		if w0 > 0 {
@@ -364,7 +371,7 @@ func (r *Runner) pooledExperts(layer int) {
 		// their copies are done.
 		if p.prePending {
 			// Some hits may be the lookahead's records.
-			r.check(r.Dev.StreamWait(r.s, p.pre))
+			r.poolCheck(r.Dev.StreamWait(r.s, p.pre))
 			p.prePending = false
 		}
 		r.mark("pool_hits")
@@ -374,7 +381,7 @@ func (r *Runner) pooledExperts(layer int) {
 					break
 				}
 				r.mark("pool_copy_wait")
-				r.check(r.Dev.StreamWait(r.s, p.got))
+				r.poolCheck(r.Dev.StreamWait(r.s, p.got))
 				r.mark("pool_misses")
 			}
 			for di := w0; di < w1; di++ {
@@ -409,7 +416,7 @@ func (r *Runner) waveSlots(layer, w0, w1 int, decode bool, thresh int) ([]int, i
 	// Copies into this wave's victims, and the lookahead's after it, wait
 	// for every product queued so far: some read the records of the slots
 	// they take.
-	r.check(r.Dev.Record(p.computed, r.s))
+	r.poolCheck(r.Dev.Record(p.computed, r.s))
 	for i, e := range ids {
 		slots[i] = p.tab.lookup(layer*r.E+e, r.nrows[w0+i] >= thresh)
 		p.isMiss[i] = slots[i] < 0
@@ -431,7 +438,10 @@ func (r *Runner) waveSlots(layer, w0, w1 int, decode bool, thresh int) ([]int, i
 		r.poolFail(fmt.Errorf("expert pool: layer %d: %w", layer, err))
 		return slots, 0
 	}
-	r.check(r.Dev.StreamWait(p.cs, p.computed))
+	if err := r.Dev.StreamWait(p.cs, p.computed); err != nil {
+		r.poolFail(err)
+		return slots, 0
+	}
 	p.victims = p.tab.victims(p.victims[:0], len(p.missIDs))
 	if len(p.victims) < len(p.missIDs) {
 		r.poolFail(fmt.Errorf("expert pool: no free slot among %d for a wave of %d", p.slots, len(ids)))
@@ -452,24 +462,29 @@ func (r *Runner) waveSlots(layer, w0, w1 int, decode bool, thresh int) ([]int, i
 		slots[p.missAt[j]] = s
 		dst := p.buf.Ptr + uintptr(s*p.rec)
 		if src, ok := p.hostRecord(ex); ok {
-			r.check(r.Dev.UploadFromAsync(dst, src, p.rec, p.cs))
-		} else {
-			if err := fillRecord(stage[j*p.rec:(j+1)*p.rec], p.lay, ex); err != nil {
-				r.poolFail(err)
-				return slots, 0
-			}
-			r.check(r.Dev.UploadAsync(dst, p.stage, j*p.rec, p.rec, p.cs))
+			err = r.Dev.UploadFromAsync(dst, src, p.rec, p.cs)
+		} else if err = fillRecord(stage[j*p.rec:(j+1)*p.rec], p.lay, ex); err == nil {
+			err = r.Dev.UploadAsync(dst, p.stage, j*p.rec, p.rec, p.cs)
 			p.staged = true
+		}
+		if err != nil {
+			r.poolFail(err)
+			return slots, 0
 		}
 		p.stats.add(decode, uint64(p.rec))
 	}
-	r.check(r.Dev.Record(p.got, p.cs))
+	if err := r.Dev.Record(p.got, p.cs); err != nil {
+		r.poolFail(err)
+		return slots, 0
+	}
 	return slots, len(p.missIDs)
 }
 
 // poolFail fails the step with err and forgets every slot's record: a
-// slot may have been given to a record whose copy was never queued, and
-// no later step may read it as that record.
+// slot may have been given to a record whose copy was never queued, or
+// whose copy nothing waits for, and no later step may read it as that
+// record. (A later step's copies queue behind any still in flight, and
+// its products wait for its own.)
 func (r *Runner) poolFail(err error) {
 	r.check(err)
 	t := &r.pool.tab
@@ -478,6 +493,13 @@ func (r *Runner) poolFail(err error) {
 	}
 	for i := range t.owner {
 		t.owner[i], t.pre[i] = -1, false
+	}
+}
+
+// poolCheck is poolFail for a failed stream or event call, else nothing.
+func (r *Runner) poolCheck(err error) {
+	if err != nil {
+		r.poolFail(err)
 	}
 }
 
@@ -506,6 +528,9 @@ func (r *Runner) lookahead(m *block.MoE) int {
 // attention compute. The next layer's products wait for them (pre).
 func (r *Runner) prefetch(layer int) {
 	p := r.pool
+	if r.err != nil {
+		return
+	}
 	p.preIDs = p.preIDs[:0]
 	for _, id := range r.pids2[:r.K] {
 		e := int(id)
@@ -528,7 +553,7 @@ func (r *Runner) prefetch(layer int) {
 		r.poolFail(fmt.Errorf("expert pool: lookahead for layer %d: %w", layer, err))
 		return
 	}
-	r.check(r.Dev.StreamWait(p.cs, p.computed))
+	r.poolCheck(r.Dev.StreamWait(p.cs, p.computed))
 	for k := range ids {
 		j, ex, err := p.prov.Next()
 		if err != nil || ex == nil {
@@ -542,11 +567,17 @@ func (r *Runner) prefetch(layer int) {
 		s := p.victims[k]
 		p.tab.assign(layer*r.E+ids[j], s, true)
 		p.tab.pre[s] = true
-		r.check(r.Dev.UploadFromAsync(p.buf.Ptr+uintptr(s*p.rec), src, p.rec, p.cs))
+		if err := r.Dev.UploadFromAsync(p.buf.Ptr+uintptr(s*p.rec), src, p.rec, p.cs); err != nil {
+			r.poolFail(err)
+			return
+		}
 		p.stats.Prefetched++
 		p.stats.add(true, uint64(p.rec))
 	}
-	r.check(r.Dev.Record(p.pre, p.cs))
+	if err := r.Dev.Record(p.pre, p.cs); err != nil {
+		r.poolFail(err)
+		return
+	}
 	p.prePending = true
 }
 

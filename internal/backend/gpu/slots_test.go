@@ -4,6 +4,7 @@ package gpu
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"testing"
 
 	"github.com/sluicelm/sluice/internal/experts"
@@ -161,5 +162,56 @@ func TestPoolFailForgets(t *testing.T) {
 	}
 	if tab.pre[1] || tab.owner[0] != -1 || tab.owner[1] != -1 {
 		t.Error("slots still owned or marked prefetched")
+	}
+}
+
+// TestVictimsLastFreeSlot: a wave whose misses take exactly the free
+// slots, the last of them the table's last slot, gets them (this once
+// read past the start of the scores), and victims agrees with choosing
+// one slot at a time on every pool filling.
+func TestVictimsLastFreeSlot(t *testing.T) {
+	for _, p := range experts.Policies {
+		ev, _ := experts.NewEvictor(p, 2, 8)
+		tab := newSlotTable(16, 4, ev)
+		tab.step(0)
+		for rec := range 2 {
+			tab.take(rec, true)
+		}
+		tab.step(1)
+		if v := tab.victims(nil, 2); fmt.Sprint(v) != "[2 3]" {
+			t.Fatalf("%s: victims %v, want the free slots [2 3]", p, v)
+		}
+		if v := tab.victims(nil, 3); len(v) != 3 || v[0] != 2 || v[1] != 3 {
+			t.Fatalf("%s: victims %v, want [2 3 x]", p, v)
+		}
+	}
+	// Random waves: victims(n) picks the slots n single takes would.
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, p := range experts.Policies {
+		evA, _ := experts.NewEvictor(p, 4, 8)
+		evB, _ := experts.NewEvictor(p, 4, 8)
+		a, b := newSlotTable(32, 6, evA), newSlotTable(32, 6, evB)
+		for step := range 400 {
+			layer := step % 4
+			a.step(layer)
+			b.step(layer)
+			var miss []int
+			for _, e := range rng.Perm(8)[:1+rng.IntN(4)] {
+				rec := layer*8 + e
+				a.use(rec, 1, true)
+				b.use(rec, 1, true)
+				if a.lookup(rec, true) < 0 {
+					miss = append(miss, rec)
+				}
+				b.lookup(rec, true)
+			}
+			v := a.victims(nil, len(miss))
+			for i, rec := range miss {
+				a.assign(rec, v[i], true)
+				if s := b.take(rec, true); s != v[i] {
+					t.Fatalf("%s step %d: victims %v, one at a time slot %d for the %d-th", p, step, v, s, i)
+				}
+			}
+		}
 	}
 }
