@@ -2,9 +2,7 @@ package server
 
 import (
 	"context"
-	"net/http/httptest"
 	"testing"
-	"time"
 
 	"github.com/sluicelm/sluice/internal/engine"
 	"github.com/sluicelm/sluice/internal/testutil"
@@ -21,22 +19,11 @@ func TestServesEveryFamily(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer e.Close()
-			s, err := New(Config{Engine: e, ModelID: name})
-			if err != nil {
-				t.Fatal(err)
-			}
-			ts := httptest.NewServer(s)
-			defer func() {
-				s.Abort()
-				ts.Close()
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				defer cancel()
-				s.Wait(ctx)
-			}()
+			t.Cleanup(e.Close) // after the server stops
+			_, url := start(t, Config{Engine: e, ModelID: name})
 			c := testutil.LoadRefs(t, name).Cases[0]
 			const n = 16
-			r := post(t, ts.URL, "/v1/completions", "", msg{"prompt": c.Prompt, "max_tokens": n, "temperature": 0, "ignore_eos": true})
+			r := post(t, url, "/v1/completions", "", msg{"prompt": c.Prompt, "max_tokens": n, "temperature": 0, "ignore_eos": true})
 			if r.Status != 200 {
 				t.Fatalf("status %d: %s", r.Status, r.RawBody)
 			}

@@ -2,10 +2,8 @@ package server
 
 import (
 	"context"
-	"net/http/httptest"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/sluicelm/sluice/internal/engine"
 	"github.com/sluicelm/sluice/internal/model"
@@ -27,25 +25,12 @@ func TestMetricsGPUPool(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer e.Close()
+	t.Cleanup(e.Close) // after the servers stop
 	pool := engine.DevicePool{Slots: 96, Records: 384, RecordBytes: 28672, Hits: 4185, Misses: 879,
 		BytesUp: 41200000, Prefetched: 966, PrefetchUsed: 436, HostPinned: true}
 	metrics := func() string {
-		s, err := New(Config{Engine: e, ModelID: "tiny"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ts := httptest.NewServer(s)
-		defer func() {
-			s.Abort()
-			ts.Close()
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			if err := s.Wait(ctx); err != nil {
-				t.Errorf("scheduler did not stop: %v", err)
-			}
-		}()
-		_, m := get(t, ts.URL+"/metrics")
+		_, url := start(t, Config{Engine: e})
+		_, m := get(t, url+"/metrics")
 		return m
 	}
 	if m := metrics(); strings.Contains(m, "sluice_gpu_pool") {

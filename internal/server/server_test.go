@@ -62,10 +62,14 @@ func testMain(m *testing.M) int {
 	return m.Run()
 }
 
-// start serves cfg over 127.0.0.1 until the test ends.
+// start serves cfg over 127.0.0.1 until the test ends, on the shared
+// server engine unless cfg names one (which must outlive the test's
+// cleanups: register its Close with t.Cleanup before calling start).
 func start(t *testing.T, cfg Config) (*Server, string) {
 	t.Helper()
-	cfg.Engine = srvEng
+	if cfg.Engine == nil {
+		cfg.Engine = srvEng
+	}
 	if cfg.ModelID == "" {
 		cfg.ModelID = "tiny"
 	}
