@@ -65,17 +65,25 @@ func (e *Engine) selectDevice(o Options, rows int) error {
 	if ds.kind == "cpu" {
 		return nil
 	}
+	// fallback is auto's choice of the CPU, said with the reason and with
+	// any GPU-only option it leaves unused.
+	fallback := func(why string) {
+		e.DeviceNote = "device: cpu (" + why + ")"
+		if xo := o.Experts; xo.GPUPoolBytes != 0 || xo.GPUPoolShare != 0 {
+			e.DeviceNote += "; --gpu-pool-mb is unused"
+		}
+	}
 	if e.Runner.Routes != nil {
 		if ds.kind == "cuda" {
 			return fmt.Errorf("device cuda: replayed routes (a synthetic model) run on the CPU only")
 		}
-		e.DeviceNote = "device: cpu (replayed routes run on the CPU only)"
+		fallback("replayed routes run on the CPU only")
 		return nil
 	}
 	if xo := o.Experts; xo.MissBits != 0 || xo.CutWeak > 0 {
 		// The GPU computes every expert at the store's own bits (an
 		// explicit cuda was refused before the experts opened).
-		e.DeviceNote = "device: cpu (--miss-bits and --cut-weak apply on the CPU only)"
+		fallback("--miss-bits and --cut-weak apply on the CPU only")
 		return nil
 	}
 	f, name, err := openCUDA(e.Model, ds.ordinal, rows, e.Ctx, o.Experts)
@@ -83,7 +91,7 @@ func (e *Engine) selectDevice(o Options, rows int) error {
 		if ds.kind == "cuda" {
 			return fmt.Errorf("device cuda: %v", err)
 		}
-		e.DeviceNote = "device: cpu (" + err.Error() + ")"
+		fallback(err.Error())
 		return nil
 	}
 	e.Fwd, e.Device = f, name

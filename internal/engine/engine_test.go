@@ -454,9 +454,14 @@ func TestDeviceOptionRefusals(t *testing.T) {
 			t.Errorf("%+v: err %v, want one saying %q", c.o, err, c.want)
 		}
 	}
-	// Device auto with a lossy option runs on the CPU and says why.
+	// Device auto with a lossy option runs on the CPU and says why, and
+	// that a GPU pool size goes unused.
 	e := open(t, testutil.Models[0], engine.Options{Device: "auto", Experts: engine.ExpertOptions{CutWeak: 0.05}})
-	if e.OnGPU() || !strings.Contains(e.DeviceNote, "--cut-weak apply on the CPU only") {
+	if e.OnGPU() || !strings.Contains(e.DeviceNote, "--cut-weak apply on the CPU only") || strings.Contains(e.DeviceNote, "gpu-pool") {
 		t.Errorf("auto with --cut-weak: device %q, note %q", e.Device, e.DeviceNote)
+	}
+	e = open(t, testutil.Models[0], engine.Options{Device: "auto", Experts: engine.ExpertOptions{CutWeak: 0.05, GPUPoolShare: 0.25}})
+	if e.OnGPU() || !strings.HasSuffix(e.DeviceNote, "; --gpu-pool-mb is unused") {
+		t.Errorf("auto with --cut-weak and --gpu-pool-mb: device %q, note %q", e.Device, e.DeviceNote)
 	}
 }
