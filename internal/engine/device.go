@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/sluicelm/sluice/internal/experts"
 	"github.com/sluicelm/sluice/internal/model"
 )
 
@@ -126,22 +127,9 @@ func (e *Engine) Launches() uint64 {
 	return 0
 }
 
-// DevicePool is what a GPU's expert pool holds and did so far: Slots
-// records of the model's Records (0 slots: every expert resident on the
-// device); the experts found in a slot (Hits) or copied into one from the
-// host (Misses) and the bytes those copies moved, in all steps and in
-// one-row (decode) steps; the records the decode's lookahead copied in
-// (counted in BytesUp) and those a step then used; whether the copies
-// come straight from the page-locked host store (HostPinned), and if not
-// why (PinNote).
-type DevicePool struct {
-	Slots, Records, RecordBytes             int
-	Hits, Misses, BytesUp                   uint64
-	DecodeHits, DecodeMisses, DecodeBytesUp uint64
-	Prefetched, PrefetchUsed                uint64
-	HostPinned                              bool
-	PinNote                                 string
-}
+// DevicePool is what a GPU's expert pool holds and did so far
+// (experts.DevicePool).
+type DevicePool = experts.DevicePool
 
 // DevicePooler is a forward whose device holds an expert pool (the GPU
 // backend; tests stand in for it).

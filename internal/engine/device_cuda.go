@@ -22,12 +22,7 @@ func (g gpuForwarder) Close() {
 }
 
 // DevicePool implements DevicePooler.
-func (g gpuForwarder) DevicePool() DevicePool {
-	ps := g.Runner.Pool()
-	return DevicePool{Slots: ps.Slots, Records: ps.Records, RecordBytes: ps.RecordBytes, Hits: ps.Hits, Misses: ps.Misses, BytesUp: ps.BytesUp,
-		DecodeHits: ps.DecodeHits, DecodeMisses: ps.DecodeMisses, DecodeBytesUp: ps.DecodeBytesUp,
-		Prefetched: ps.Prefetched, PrefetchUsed: ps.PrefetchUsed, HostPinned: ps.HostPinned, PinNote: ps.PinNote}
-}
+func (g gpuForwarder) DevicePool() DevicePool { return g.Runner.Pool() }
 
 // openCUDA opens GPU ordinal and uploads m for steps of rows rows, its
 // experts whole or through a device pool (xo), or says why the GPU is not

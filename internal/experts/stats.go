@@ -157,3 +157,22 @@ func (a Snapshot) HitRate() float64 {
 	}
 	return float64(a.Hits) / float64(a.Hits+a.Misses)
 }
+
+// DevicePool is what a GPU's expert pool holds and did so far: Slots
+// records of the model's Records (0 slots: every expert resident on the
+// device); the experts found in a slot (Hits) or copied into one from the
+// host (Misses) and the bytes those copies moved, in all steps and in
+// one-row (decode) steps; the records the decode's lookahead copied in
+// (counted in BytesUp) and those a step then used; whether the copies
+// come straight from the page-locked host store (HostPinned, which also
+// lets the decode look a layer ahead), and if not why (PinNote). It lives
+// here, beside the host pool's Stats, so that builds without the GPU
+// backend name it too.
+type DevicePool struct {
+	Slots, Records, RecordBytes             int
+	Hits, Misses, BytesUp                   uint64
+	DecodeHits, DecodeMisses, DecodeBytesUp uint64
+	Prefetched, PrefetchUsed                uint64
+	HostPinned                              bool
+	PinNote                                 string
+}

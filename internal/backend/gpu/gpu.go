@@ -278,11 +278,11 @@ func (r *Runner) wantPool(cfg Config, free int64) (bool, error) {
 }
 
 // reserve is what the device must keep free beside the weights: scratch
-// and the driver's margin (scratchReserve), and one sequence's state at
-// the runner's context length.
-func (r *Runner) reserve() int64 {
-	return scratchReserve + experts.StateBytes(&r.M.Config, r.ctx)
-}
+// and the driver's margin (scratchReserve), and one sequence's state.
+func (r *Runner) reserve() int64 { return scratchReserve + r.stateBytes() }
+
+// stateBytes is one sequence's state at the runner's context length.
+func (r *Runner) stateBytes() int64 { return experts.StateBytes(&r.M.Config, r.ctx) }
 
 // poolPlan sizes the pool, given the device memory free once the dense
 // weights and the scratch are in place: slots records of rec bytes laid
@@ -293,7 +293,7 @@ func (r *Runner) poolPlan(cfg Config, free int64) (slots int, lay [3]matOffsets,
 		return 0, lay, 0, err
 	}
 	records := len(r.M.Arch.Layers) * r.E
-	state := r.reserve() - scratchReserve
+	state := r.stateBytes()
 	switch {
 	case cfg.PoolShare > 0:
 		slots = int(cfg.PoolShare * float64(records))
@@ -315,26 +315,8 @@ func (r *Runner) poolPlan(cfg Config, free int64) (slots int, lay [3]matOffsets,
 	return slots, lay, rec, nil
 }
 
-// PoolStats is what the device's expert pool did so far; Slots is 0 when
-// every expert is resident on the device.
-type PoolStats struct {
-	Slots, Records int
-	RecordBytes    int
-	Hits, Misses   uint64 // experts found in a slot or copied into one
-	BytesUp        uint64 // bytes copied from the host into slots
-	// The same over one-row steps (decoding) alone.
-	DecodeHits, DecodeMisses, DecodeBytesUp uint64
-	// Records the decode's lookahead copied in (counted in BytesUp), and
-	// those a step then used.
-	Prefetched, PrefetchUsed uint64
-	// HostPinned: misses are copied straight from the page-locked host
-	// store, and the decode looks a layer ahead; else they go through
-	// pinned staging, with no lookahead, and PinNote says why.
-	HostPinned bool
-	PinNote    string
-}
-
-func (ps *PoolStats) count(decode bool, hits, misses int) {
+// countUses adds a wave's hits and misses to ps.
+func countUses(ps *experts.DevicePool, decode bool, hits, misses int) {
 	ps.Hits += uint64(hits)
 	ps.Misses += uint64(misses)
 	if decode {
@@ -343,7 +325,8 @@ func (ps *PoolStats) count(decode bool, hits, misses int) {
 	}
 }
 
-func (ps *PoolStats) add(decode bool, bytes uint64) {
+// countCopy adds a copy of bytes into a slot to ps.
+func countCopy(ps *experts.DevicePool, decode bool, bytes uint64) {
 	ps.BytesUp += bytes
 	if decode {
 		ps.DecodeBytesUp += bytes
@@ -351,8 +334,8 @@ func (ps *PoolStats) add(decode bool, bytes uint64) {
 }
 
 // Pool reports the expert pool's figures.
-func (r *Runner) Pool() PoolStats {
-	var ps PoolStats
+func (r *Runner) Pool() experts.DevicePool {
+	var ps experts.DevicePool
 	r.Dev.Do(func() error {
 		if p := r.pool; p != nil {
 			ps = p.stats

@@ -23,7 +23,7 @@ import (
 //
 // Per MoE layer the host learns the router's choice (the step's one round
 // trip) and resolves each chosen expert to a slot. The misses are copied
-// into the slots the least recently used experts held, on a copy stream
+// into the slots the eviction policy gives up, on a copy stream
 // that first waits for the products already queued (which may read those
 // slots' old records): straight from the host store when it is page-locked
 // (Register), else through pinned staging. The hits' products are queued
@@ -61,7 +61,7 @@ type vpool struct {
 	victims                   []int
 	staged                    bool // the last wave copied through the staging
 
-	stats PoolStats
+	stats experts.DevicePool
 }
 
 // slotTable maps records (layer·E + expert) to slots and picks the slot a
@@ -430,7 +430,7 @@ func (r *Runner) waveSlots(layer, w0, w1 int, decode bool, thresh int) ([]int, i
 			p.missRows = append(p.missRows, r.nrows[w0+i])
 		}
 	}
-	p.stats.count(decode, len(ids)-len(p.missIDs), len(p.missIDs))
+	countUses(&p.stats, decode, len(ids)-len(p.missIDs), len(p.missIDs))
 	if len(p.missIDs) == 0 {
 		return slots, 0
 	}
@@ -471,7 +471,7 @@ func (r *Runner) waveSlots(layer, w0, w1 int, decode bool, thresh int) ([]int, i
 			r.poolFail(err)
 			return slots, 0
 		}
-		p.stats.add(decode, uint64(p.rec))
+		countCopy(&p.stats, decode, uint64(p.rec))
 	}
 	if err := r.Dev.Record(p.got, p.cs); err != nil {
 		r.poolFail(err)
@@ -572,7 +572,7 @@ func (r *Runner) prefetch(layer int) {
 			return
 		}
 		p.stats.Prefetched++
-		p.stats.add(true, uint64(p.rec))
+		countCopy(&p.stats, true, uint64(p.rec))
 	}
 	if err := r.Dev.Record(p.pre, p.cs); err != nil {
 		r.poolFail(err)
@@ -604,17 +604,19 @@ func (r *Runner) keepRows() int {
 // fillRecord copies an expert's matrices from the host views into dst at
 // the slot layout lay, rows in order (a tiled host matrix is untiled).
 func fillRecord(dst []byte, lay [3]matOffsets, ex *model.Expert) error {
-	if len(ex.Record) >= len(dst) && !ex.Gate.Tiled && !ex.Up.Tiled && !ex.Down.Tiled &&
-		sameKinds(lay, ex) {
-		copy(dst, ex.Record)
+	mats := [3]*kernels.Mat{&ex.Gate, &ex.Up, &ex.Down}
+	for i, km := range mats {
+		if o := lay[i].m; km.Kind != o.kind || km.Rows != o.rows || km.Cols != o.cols {
+			return fmt.Errorf("expert pool: a host record's matrix [%d %d] %v differs from the slot's [%d %d] %v",
+				km.Rows, km.Cols, km.Kind, o.rows, o.cols, o.kind)
+		}
+	}
+	if len(ex.Record) >= len(dst) && !ex.Gate.Tiled && !ex.Up.Tiled && !ex.Down.Tiled {
+		copy(dst, ex.Record) // the store's layout is the slot's
 		return nil
 	}
-	for i, km := range [3]*kernels.Mat{&ex.Gate, &ex.Up, &ex.Down} {
+	for i, km := range mats {
 		o := lay[i]
-		if km.Kind != o.m.kind || km.Rows != o.m.rows || km.Cols != o.m.cols {
-			return fmt.Errorf("expert pool: a host record's matrix [%d %d] %v differs from the slot's [%d %d] %v",
-				km.Rows, km.Cols, km.Kind, o.m.rows, o.m.cols, o.m.kind)
-		}
 		switch km.Kind {
 		case format.Q4, format.Q8:
 			km.FlatQInto(dst[o.q : o.q+len(km.Q)])
@@ -627,15 +629,4 @@ func fillRecord(dst []byte, lay [3]matOffsets, ex *model.Expert) error {
 		}
 	}
 	return nil
-}
-
-// sameKinds reports whether ex's matrices have the slot layout's kinds and
-// shapes.
-func sameKinds(lay [3]matOffsets, ex *model.Expert) bool {
-	for i, km := range [3]*kernels.Mat{&ex.Gate, &ex.Up, &ex.Down} {
-		if o := lay[i].m; km.Kind != o.kind || km.Rows != o.rows || km.Cols != o.cols {
-			return false
-		}
-	}
-	return true
 }
