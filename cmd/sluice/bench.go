@@ -209,6 +209,13 @@ func cmdBench(ctx context.Context, args []string) error {
 			"hits": p.Hits, "misses": p.Misses, "hit_rate": rate(p.Hits, p.Misses), "mb_copied": float64(p.BytesUp) / 1e6,
 			"decode_hit_rate": rate(p.DecodeHits, p.DecodeMisses), "decode_mb_copied": float64(p.DecodeBytesUp) / 1e6,
 			"prefetched": p.Prefetched, "prefetch_used": p.PrefetchUsed, "host_pinned": p.HostPinned}
+		if xs != nil {
+			// The tiers below it over the decode: the share of the GPU's
+			// misses found in the host's pool, and what was read from
+			// disk per token.
+			g := res["gpu_pool"].(map[string]any)
+			g["host_hit_rate"], g["disk_mb_per_token"] = xs.HitRate, xs.MBPerToken
+		}
 	}
 	var lim *decodeLimit
 	if mem != nil {

@@ -57,6 +57,7 @@ type modelFlags struct {
 type expertFlags struct {
 	poolMB     string
 	gpuPoolMB  string
+	vramGB     float64
 	memoryGB   float64
 	lookahead  bool
 	evict      string
@@ -74,6 +75,7 @@ func (m *modelFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&m.device, "device", "auto", "where the forward pass runs: auto (the GPU when one is usable, else the CPU), cpu, cuda or cuda:N")
 	x := &m.experts
 	fs.StringVar(&x.poolMB, "pool-mb", "", "stream experts through a pool of N MiB, or N% of the expert store (default: map them whole if they fit, else auto-size)")
+	fs.Float64Var(&x.vramGB, "vram-gb", 0, "on the GPU, the most device memory sluice takes in GiB: weights, scratch, a sequence's state and the expert pool, which gets what the rest leaves (default: what the GPU has free)")
 	fs.StringVar(&x.gpuPoolMB, "gpu-pool-mb", "", "on the GPU, stream experts through a device pool of N MiB, or N% of the expert store, filled from host memory (default: every expert on the GPU if they fit, else a pool of the memory left)")
 	fs.Float64Var(&x.memoryGB, "memory-gb", 0, "total memory budget in GiB (dense + state + scratch + expert pool); experts stream when they do not fit")
 	fs.BoolVar(&x.lookahead, "lookahead", true, "prefetch the next layer's predicted experts while this layer computes")
@@ -106,6 +108,10 @@ func (x *expertFlags) options(log io.Writer) (engine.ExpertOptions, error) {
 	if x.memoryGB < 0 {
 		return o, fmt.Errorf("--memory-gb %g must be positive", x.memoryGB)
 	}
+	if x.vramGB < 0 {
+		return o, fmt.Errorf("--vram-gb %g must be positive", x.vramGB)
+	}
+	o.VRAMBytes = int64(x.vramGB * (1 << 30))
 	if x.missBits != 0 && x.missBits != 2 && x.missBits != 3 {
 		return o, fmt.Errorf("--miss-bits %d: want 3 or 2", x.missBits)
 	}

@@ -70,8 +70,12 @@ func (e *Engine) selectDevice(o Options, rows int) error {
 	// any GPU-only option it leaves unused.
 	fallback := func(why string) {
 		e.DeviceNote = "device: cpu (" + why + ")"
-		if xo := o.Experts; xo.GPUPoolBytes != 0 || xo.GPUPoolShare != 0 {
-			e.DeviceNote += "; --gpu-pool-mb is unused"
+		if u := gpuOnly(o.Experts); u != "" {
+			verb := " is unused"
+			if strings.Contains(u, " and ") {
+				verb = " are unused"
+			}
+			e.DeviceNote += "; " + u + verb
 		}
 	}
 	if e.Runner.Routes != nil {
@@ -110,10 +114,22 @@ func checkDevice(o Options) error {
 	if ds.kind == "cuda" && (xo.MissBits != 0 || xo.CutWeak > 0) {
 		return fmt.Errorf("device cuda: --miss-bits and --cut-weak apply on the CPU only")
 	}
-	if ds.kind == "cpu" && (xo.GPUPoolBytes != 0 || xo.GPUPoolShare != 0) {
-		return fmt.Errorf("--gpu-pool-mb sizes the GPU's expert pool; the forward runs on the CPU here (--device %s)", o.Device)
+	if u := gpuOnly(xo); ds.kind == "cpu" && u != "" {
+		return fmt.Errorf("%s sizes the GPU's memory; the forward runs on the CPU here (--device %s)", u, o.Device)
 	}
 	return nil
+}
+
+// gpuOnly names the GPU-only options xo sets ("" for none).
+func gpuOnly(xo ExpertOptions) string {
+	var set []string
+	if xo.GPUPoolBytes != 0 || xo.GPUPoolShare != 0 {
+		set = append(set, "--gpu-pool-mb")
+	}
+	if xo.VRAMBytes != 0 {
+		set = append(set, "--vram-gb")
+	}
+	return strings.Join(set, " and ")
 }
 
 // OnGPU reports whether the engine's forward runs on a GPU.

@@ -447,6 +447,7 @@ func TestDeviceOptionRefusals(t *testing.T) {
 		{engine.Options{Device: "cuda:1", Experts: engine.ExpertOptions{CutWeak: 0.1}}, "apply on the CPU only"},
 		{engine.Options{Device: "cpu", Experts: engine.ExpertOptions{GPUPoolShare: 0.5}}, "--gpu-pool-mb"},
 		{engine.Options{Experts: engine.ExpertOptions{GPUPoolBytes: 1 << 30}}, "--gpu-pool-mb"},
+		{engine.Options{Device: "cpu", Experts: engine.ExpertOptions{VRAMBytes: 1 << 30}}, "--vram-gb sizes the GPU's memory"},
 		{engine.Options{Device: "tpu"}, "want auto, cpu, cuda"},
 	} {
 		_, err := engine.Open(context.Background(), missing, c.o)
@@ -463,5 +464,9 @@ func TestDeviceOptionRefusals(t *testing.T) {
 	e = open(t, testutil.Models[0], engine.Options{Device: "auto", Experts: engine.ExpertOptions{CutWeak: 0.05, GPUPoolShare: 0.25}})
 	if e.OnGPU() || !strings.HasSuffix(e.DeviceNote, "; --gpu-pool-mb is unused") {
 		t.Errorf("auto with --cut-weak and --gpu-pool-mb: device %q, note %q", e.Device, e.DeviceNote)
+	}
+	e = open(t, testutil.Models[0], engine.Options{Device: "auto", Experts: engine.ExpertOptions{CutWeak: 0.05, GPUPoolShare: 0.25, VRAMBytes: 8 << 30}})
+	if e.OnGPU() || !strings.HasSuffix(e.DeviceNote, "; --gpu-pool-mb and --vram-gb are unused") {
+		t.Errorf("auto with --cut-weak, --gpu-pool-mb and --vram-gb: device %q, note %q", e.Device, e.DeviceNote)
 	}
 }

@@ -33,6 +33,9 @@ type ExpertOptions struct {
 	// expert when they fit and a pool of what is left when they do not.
 	GPUPoolBytes int64
 	GPUPoolShare float64
+	// VRAMBytes (--vram-gb) is the most device memory the GPU backend
+	// takes; 0 is what the device has free.
+	VRAMBytes int64
 }
 
 // memAvailable is experts.Available, replaced in tests.

@@ -164,8 +164,9 @@ func (a Snapshot) HitRate() float64 {
 // host (Misses) and the bytes those copies moved, in all steps and in
 // one-row (decode) steps; the records the decode's lookahead copied in
 // (counted in BytesUp) and those a step then used; whether the copies
-// come straight from the page-locked host store (HostPinned, which also
-// lets the decode look a layer ahead), and if not why (PinNote). It lives
+// come straight from page-locked host memory, the host's store held whole
+// or its streaming pool (HostPinned, which also lets the decode look a
+// layer ahead), and if not why (PinNote). It lives
 // here, beside the host pool's Stats, so that builds without the GPU
 // backend name it too.
 type DevicePool struct {

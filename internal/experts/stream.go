@@ -455,6 +455,31 @@ func (s *Stream) Options() Options { return s.o }
 // Lookahead implements model.Prefetcher.
 func (s *Stream) Lookahead() bool { return s.o.Lookahead }
 
+// Memory is the pool's memory, every slot's record within it: a device
+// that page-locks it copies records straight from their slots. A record
+// a step returned stays put only until the stream's next Begin, Next,
+// Ready or Prefetch, which may read another into its slot: a copy from it
+// must be done by then.
+func (s *Stream) Memory() []byte { return s.mem }
+
+// Cached returns the expert of layer's expert e when its record is in the
+// pool and read (full precision), else nil; it changes nothing, neither
+// the policy's view nor the counters. The record stays put on the terms
+// Memory gives.
+func (s *Stream) Cached(layer, e int) *model.Expert {
+	if layer < 0 || layer >= s.L || e < 0 || e >= s.E {
+		return nil
+	}
+	si := s.where[layer*s.E+e]
+	if si < 0 {
+		return nil
+	}
+	if sl := &s.slots[si]; sl.state == ready && !sl.low {
+		return &sl.ex
+	}
+	return nil
+}
+
 // Begin implements model.Provider.
 func (s *Stream) Begin(layer int, ids []int, hint model.Hint) error {
 	if layer < 0 || layer >= s.L {

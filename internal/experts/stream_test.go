@@ -1,6 +1,7 @@
 package experts
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -769,5 +770,52 @@ func TestShareThreshold(t *testing.T) {
 	}
 	if got := ShareThreshold([]int{1, 1, 1}, 1); got != 0 {
 		t.Errorf("single rows: threshold %d, want 0 (every expert alike)", got)
+	}
+}
+
+// TestCached: Cached gives a record only once it is read, as the slot's
+// expert (its Record within Memory, the file's bytes), changes no counter,
+// and gives nil for records not in the pool and ids out of range.
+func TestCached(t *testing.T) {
+	m, s := loadStream(t, "tiny-qwen3-5-moe", 4, Options{Slots: 8})
+	file, err := os.ReadFile(s.StorePath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Cached(1, 3) != nil {
+		t.Fatal("an empty pool has a record cached")
+	}
+	if err := s.Begin(1, []int{3, 5}, model.Hint{}); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if _, _, err := s.Next(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := s.Stats()
+	mem := s.Memory()
+	stride := int(s.Stride())
+	for _, e := range []int{3, 5} {
+		ex := s.Cached(1, e)
+		if ex == nil {
+			t.Fatalf("expert %d of layer 1, just read, is not cached", e)
+		}
+		lo, at := uintptr(unsafe.Pointer(&mem[0])), uintptr(unsafe.Pointer(&ex.Record[0]))
+		if at < lo || at+uintptr(stride) > lo+uintptr(len(mem)) {
+			t.Errorf("expert %d's record lies outside the pool's memory", e)
+		}
+		rec := m.Manifest.Experts + e
+		if !bytes.Equal(ex.Record[:stride], file[rec*stride:(rec+1)*stride]) {
+			t.Errorf("expert %d's cached record is not the file's", e)
+		}
+	}
+	for _, c := range [][2]int{{1, 4}, {0, 3}, {-1, 0}, {s.L, 0}, {1, s.E}, {1, -1}} {
+		if s.Cached(c[0], c[1]) != nil {
+			t.Errorf("Cached(%d, %d) is not nil", c[0], c[1])
+		}
+	}
+	if after := s.Stats(); after.Hits != before.Hits || after.Misses != before.Misses {
+		t.Errorf("Cached changed the counters: %+v → %+v", before, after)
 	}
 }

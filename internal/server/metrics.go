@@ -247,7 +247,7 @@ func (s *Server) writeMetrics(w io.Writer) {
 		counter("sluice_gpu_pool_bytes_copied_total", "Bytes copied from host memory into the GPU's pool (misses and lookahead).", int64(p.BytesUp))
 		counter("sluice_gpu_pool_lookahead_copied_total", "Experts the decode's lookahead copied into the GPU's pool.", int64(p.Prefetched))
 		counter("sluice_gpu_pool_lookahead_used_total", "Lookahead copies a step then used.", int64(p.PrefetchUsed))
-		gauge("sluice_gpu_pool_host_pinned", "1 when misses are copied straight from the page-locked host store, 0 when through staging.", pinned)
+		gauge("sluice_gpu_pool_host_pinned", "1 when misses are copied straight from page-locked host memory (the host's store or its pool), 0 when through staging.", pinned)
 	}
 	gauge("sluice_state_bytes", "Bytes of one sequence state (a slot).", float64(s.stateBytes))
 	gauge("sluice_process_resident_memory_bytes", "Resident set size of the server process.", float64(rssBytes()))

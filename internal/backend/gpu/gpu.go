@@ -203,11 +203,16 @@ type Config struct {
 	// layer's predicted experts (--lookahead=false, as on the CPU).
 	Policy      experts.Policy
 	NoLookahead bool
+	// VRAMBytes, when set, is the most device memory the runner takes
+	// (--vram-gb): the weights, scratch, one sequence's state and the
+	// pool, which gets what the rest leaves. Unset, it is what the device
+	// has free when New begins.
+	VRAMBytes int64
 }
 
-// scratchReserve is what New keeps free beside the weights for scratch,
+// ScratchReserve is what New keeps free beside the weights for scratch,
 // sequence states and the driver.
-const scratchReserve = 256 << 20
+const ScratchReserve = 256 << 20
 
 // New uploads m to dev and prepares scratch for steps of up to c.Rows
 // rows over sequences of up to c.Ctx positions. The routed experts are
@@ -223,11 +228,15 @@ func New(dev *cuda.Device, m *model.Model, cfg Config) (*Runner, error) {
 		states: map[weak.Pointer[model.State]]*dstate{}}
 	r.fwdFn = r.doForward
 	err := dev.Do(func() error {
-		free, _, err := dev.MemInfo()
+		free0, _, err := dev.MemInfo()
 		if err != nil {
 			return err
 		}
-		if r.streaming, err = r.wantPool(cfg, free); err != nil {
+		budget := free0
+		if cfg.VRAMBytes > 0 {
+			budget = min(free0, cfg.VRAMBytes)
+		}
+		if r.streaming, err = r.wantPool(cfg, budget); err != nil {
 			return err
 		}
 		if r.k, err = cuda.LoadKernels(dev); err != nil {
@@ -243,11 +252,12 @@ func New(dev *cuda.Device, m *model.Model, cfg Config) (*Runner, error) {
 			return err
 		}
 		// The pool takes what the dense weights, the kernels and the
-		// scratch left.
-		if free, _, err = dev.MemInfo(); err != nil {
+		// scratch left of the budget.
+		free, _, err := dev.MemInfo()
+		if err != nil {
 			return err
 		}
-		slots, lay, rec, err := r.poolPlan(cfg, free)
+		slots, lay, rec, err := r.poolPlan(cfg, min(free, budget-(free0-free)))
 		if err != nil {
 			return err
 		}
@@ -268,18 +278,34 @@ func gib(n int64) float64 { return float64(n) / (1 << 30) }
 
 // wantPool reports whether the experts stream through a pool: when one
 // is asked for, or when they do not fit beside the dense weights, scratch
-// and a sequence's state in free bytes.
-func (r *Runner) wantPool(cfg Config, free int64) (bool, error) {
+// and a sequence's state in budget bytes. It refuses a budget that does
+// not hold the dense weights beside one token's experts of a layer.
+func (r *Runner) wantPool(cfg Config, budget int64) (bool, error) {
 	if cfg.PoolBytes < 0 || cfg.PoolShare < 0 || cfg.PoolShare > 1 {
 		return false, fmt.Errorf("GPU expert pool: %d bytes or a share of %g: want a positive size or a share in (0,1]", cfg.PoolBytes, cfg.PoolShare)
 	}
+	if cfg.VRAMBytes < 0 {
+		return false, fmt.Errorf("GPU memory budget of %d bytes: want a positive size", cfg.VRAMBytes)
+	}
 	dense, exps := NeedBytes(r.M)
-	return cfg.PoolBytes > 0 || cfg.PoolShare > 0 || dense+exps+r.reserve() > free, nil
+	var stride int64
+	if st := r.M.Manifest.Stores; len(st) > 0 {
+		stride = st[0].Stride
+	}
+	if least := dense + r.reserve() + int64(r.K)*stride; least > budget {
+		what := fmt.Sprintf("%s has %.2f GiB free", r.Dev.Name, gib(budget))
+		if cfg.VRAMBytes > 0 && cfg.VRAMBytes == budget {
+			what = fmt.Sprintf("--vram-gb gives %.2f GiB", gib(budget))
+		}
+		return false, fmt.Errorf("the dense weights (%.2f GiB), scratch and a sequence's state (%.2f GiB) and one token's experts of a layer (%d records, %.2f GiB) need %.2f GiB on the GPU, and %s (use --device cpu)",
+			gib(dense), gib(r.reserve()), r.K, gib(int64(r.K)*stride), gib(least), what)
+	}
+	return cfg.PoolBytes > 0 || cfg.PoolShare > 0 || dense+exps+r.reserve() > budget, nil
 }
 
 // reserve is what the device must keep free beside the weights: scratch
-// and the driver's margin (scratchReserve), and one sequence's state.
-func (r *Runner) reserve() int64 { return scratchReserve + r.stateBytes() }
+// and the driver's margin (ScratchReserve), and one sequence's state.
+func (r *Runner) reserve() int64 { return ScratchReserve + r.stateBytes() }
 
 // stateBytes is one sequence's state at the runner's context length.
 func (r *Runner) stateBytes() int64 { return experts.StateBytes(&r.M.Config, r.ctx) }
@@ -294,23 +320,27 @@ func (r *Runner) poolPlan(cfg Config, free int64) (slots int, lay [3]matOffsets,
 	}
 	records := len(r.M.Arch.Layers) * r.E
 	state := r.stateBytes()
+	room := fmt.Sprintf("%s has %.2f GiB free", r.Dev.Name, gib(free))
+	if cfg.VRAMBytes > 0 {
+		room = fmt.Sprintf("%.2f GiB of --vram-gb are left", gib(free))
+	}
 	switch {
 	case cfg.PoolShare > 0:
 		slots = int(cfg.PoolShare * float64(records))
 	case cfg.PoolBytes > 0:
 		slots = int(cfg.PoolBytes / int64(rec))
 	default:
-		slots = int(max(free-state-scratchReserve, 0) / int64(rec))
+		slots = int(max(free-state-ScratchReserve, 0) / int64(rec))
 	}
 	slots = min(slots, records)
 	if slots < r.K {
 		return 0, lay, 0, fmt.Errorf("a GPU expert pool needs at least %d records (one token's experts of a layer, %.2f GiB) and got room or a request for %d; "+
-			"with the dense weights and scratch in place %s has %.2f GiB free, and a sequence's state needs %.2f GiB (use --device cpu to stream experts on the CPU)",
-			r.K, gib(int64(r.K*rec)), slots, r.Dev.Name, gib(free), gib(state))
+			"with the dense weights and scratch in place %s, and a sequence's state needs %.2f GiB (use --device cpu to stream experts on the CPU)",
+			r.K, gib(int64(r.K*rec)), slots, room, gib(state))
 	}
-	if need := int64(slots)*int64(rec) + state + scratchReserve; need > free {
-		return 0, lay, 0, fmt.Errorf("a GPU expert pool of %d records (%.2f GiB) and a sequence's state (%.2f GiB) need %.2f GiB, and with the dense weights and scratch in place %s has %.2f GiB free; ask for a smaller --gpu-pool-mb",
-			slots, gib(int64(slots)*int64(rec)), gib(state), gib(need), r.Dev.Name, gib(free))
+	if need := int64(slots)*int64(rec) + state + ScratchReserve; need > free {
+		return 0, lay, 0, fmt.Errorf("a GPU expert pool of %d records (%.2f GiB) and a sequence's state (%.2f GiB) need %.2f GiB, and with the dense weights and scratch in place %s; ask for a smaller --gpu-pool-mb",
+			slots, gib(int64(slots)*int64(rec)), gib(state), gib(need), room)
 	}
 	return slots, lay, rec, nil
 }

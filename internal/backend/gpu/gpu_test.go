@@ -20,8 +20,10 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/sluicelm/sluice/internal/backend/gpu"
 	"github.com/sluicelm/sluice/internal/cuda"
 	"github.com/sluicelm/sluice/internal/engine"
+	"github.com/sluicelm/sluice/internal/experts"
 	"github.com/sluicelm/sluice/internal/model"
 	"github.com/sluicelm/sluice/internal/pack"
 	"github.com/sluicelm/sluice/internal/sample"
@@ -515,14 +517,29 @@ func TestGPUExpertPool(t *testing.T) {
 					"quarter": {GPUPoolShare: 0.25},
 					"all":     {GPUPoolShare: 1},
 					// Three tiers: a tenth in the GPU's pool, a quarter in
-					// the host's, the rest read from experts.bin.
-					"tiers": {GPUPoolShare: 0.1, PoolShare: 0.25},
+					// the host's, the rest read from experts.bin; copies
+					// straight from the host pool's page-locked slots, or
+					// through the staging.
+					"tiers":         {GPUPoolShare: 0.1, PoolShare: 0.25},
+					"tiers, staged": {GPUPoolShare: 0.1, PoolShare: 0.25},
+					// Both pools at their least, top-k records: every host
+					// slot a copy reads from is soon refilled, so a copy
+					// that was not done before its slot's next read would
+					// show in the logits.
+					"tiers, least": {GPUPoolBytes: int64(K * p.RecordBytes), PoolBytes: int64(K * p.RecordBytes)},
 					// --lookahead=false turns the GPU's lookahead off too.
 					"quarter, no lookahead": {GPUPoolShare: 0.25, NoLookahead: true},
 				}
 				for pname, xo := range pools {
 					for _, rows := range []int{64, 1} {
+						staged := pname == "tiers, staged"
+						if staged {
+							t.Setenv("SLUICE_GPU_STAGE", "1")
+						}
 						e := openPool(t, dir, rows, xo)
+						if staged {
+							os.Unsetenv("SLUICE_GPU_STAGE")
+						}
 						got := all(t, e, c.Prompt)
 						V := len(want) / len(c.Prompt)
 						for i := range want {
@@ -539,8 +556,15 @@ func TestGPUExpertPool(t *testing.T) {
 							pname, ps.Slots, ps.Records, rows, ps.Hits, ps.Misses, float64(ps.BytesUp)/1e6,
 							ps.DecodeHits, ps.DecodeMisses, ps.HostPinned, ps.PinNote)
 						t.Logf("  lookahead: %d prefetched, %d used", ps.Prefetched, ps.PrefetchUsed)
-						if (pname == "tiers") != (e.Stream != nil) {
+						tiers := strings.HasPrefix(pname, "tiers")
+						if tiers != (e.Stream != nil) {
 							t.Errorf("pool %s: host stream %v", pname, e.Stream != nil)
+						}
+						// The host pool's memory is page-locked unless staging
+						// is asked for (its records are tiled only when it
+						// holds them all).
+						if tiers && ps.HostPinned == staged {
+							t.Errorf("pool %s: host pinned %v (%s)", pname, ps.HostPinned, ps.PinNote)
 						}
 						if ps.DecodeHits+ps.DecodeMisses == 0 || ps.DecodeBytesUp != (ps.DecodeMisses+ps.Prefetched)*uint64(ps.RecordBytes) {
 							t.Errorf("pool %s: decode counts %d hits, %d misses, %d bytes", pname, ps.DecodeHits, ps.DecodeMisses, ps.DecodeBytesUp)
@@ -563,7 +587,7 @@ func TestGPUExpertPool(t *testing.T) {
 						}
 						// top-k slots hold one layer's experts, which the next
 						// layer replaces: only the larger pools can hit.
-						if pname != "topk" && ps.Hits == 0 {
+						if ps.Slots > K && ps.Hits == 0 {
 							t.Errorf("pool %s: no hits", pname)
 						}
 					}
@@ -604,4 +628,77 @@ func greedy(t testing.TB, e *engine.Engine, prompt []int, n int) []int {
 		t.Fatal(err)
 	}
 	return got
+}
+
+// TestGPUVRAMBudget opens a model under a --vram-gb budget that holds its
+// dense weights, scratch, the runner's reserve and about a quarter of its
+// experts, measured against what the resident upload took: the experts
+// stream through a pool, the device memory taken (cuMemGetInfo, after a
+// prefill and a decode) stays within the budget, and the greedy tokens
+// are the resident upload's. A budget below the dense weights is refused
+// by name.
+func TestGPUVRAMBudget(t *testing.T) {
+	needGPU(t)
+	name := gpuModels[1]
+	dir := packed(t, name, 4)
+	c := refs(t, name).Cases[0]
+	dev, err := cuda.Open(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	free := func() int64 {
+		var f int64
+		if err := dev.Do(func() (err error) { f, _, err = dev.MemInfo(); return err }); err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	taken := func(run func()) int64 {
+		f0 := free()
+		run()
+		return f0 - free()
+	}
+	var want []int
+	var res *engine.Engine
+	resident := taken(func() {
+		if res, err = engine.Open(context.Background(), dir, engine.Options{Device: "cuda", ChunkRows: 64}); err != nil {
+			t.Fatal(err)
+		}
+		want = greedy(t, res, c.Prompt, 16)
+	})
+	dense, exps := gpu.NeedBytes(res.Model)
+	state := experts.StateBytes(&res.Model.Config, res.Ctx)
+	K, rec := res.Model.Config.TopK, res.Model.Manifest.Stores[0].Stride
+	res.Close()
+	// What the resident runner took beside its weights and state (its
+	// scratch and kernels), which a pooled one takes too.
+	rest := max(resident-dense-exps-state, 0)
+	budget := dense + rest + state + gpu.ScratchReserve + exps/4
+	var e *engine.Engine
+	var got []int
+	used := taken(func() {
+		e, err = engine.Open(context.Background(), dir, engine.Options{Device: "cuda", ChunkRows: 64, Experts: engine.ExpertOptions{VRAMBytes: budget}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = greedy(t, e, c.Prompt, 16)
+	})
+	p, _ := e.DevicePool()
+	e.Close()
+	t.Logf("budget %.1f MiB (resident took %.1f MiB: dense %.1f, experts %.1f, state %.1f); took %.1f MiB with a pool of %d of %d records",
+		float64(budget)/(1<<20), float64(resident)/(1<<20), float64(dense)/(1<<20), float64(exps)/(1<<20), float64(state)/(1<<20), float64(used)/(1<<20), p.Slots, p.Records)
+	if p.Slots < K || p.Slots >= p.Records {
+		t.Errorf("a budget of a quarter of the experts gave a pool of %d of %d records", p.Slots, p.Records)
+	}
+	if used > budget {
+		t.Errorf("took %d bytes of device memory, over the budget of %d", used, budget)
+	}
+	if d := firstDiff(got, want); d >= 0 {
+		t.Errorf("greedy tokens under the budget differ from the resident upload's at %d", d)
+	}
+	_, err = engine.Open(context.Background(), dir, engine.Options{Device: "cuda", ChunkRows: 64, Experts: engine.ExpertOptions{VRAMBytes: dense + int64(K)*rec}})
+	if err == nil || !strings.Contains(err.Error(), "--vram-gb") {
+		t.Errorf("a budget below the dense weights, scratch and top-k records: %v", err)
+	}
 }

@@ -4,6 +4,7 @@ package gpu
 
 import (
 	"fmt"
+	"os"
 	"slices"
 	"unsafe"
 
@@ -25,8 +26,9 @@ import (
 // trip) and resolves each chosen expert to a slot. The misses are copied
 // into the slots the eviction policy gives up, on a copy stream
 // that first waits for the products already queued (which may read those
-// slots' old records): straight from the host store when it is page-locked
-// (Register), else through pinned staging. The hits' products are queued
+// slots' old records): straight from page-locked host memory (Register)
+// when the record lies there, the host store held whole or the host's
+// streaming pool, else through pinned staging. The hits' products are queued
 // at once and overlap the copies; the misses' wait for an event after
 // their copies. The outputs land where the resident path puts them and
 // are combined in the router's order, so the logits do not depend on the
@@ -37,13 +39,19 @@ type vpool struct {
 	rec   int           // bytes of a slot: the store's stride
 	lay   [3]matOffsets // gate, up, down within a record
 	buf   cuda.Buf      // slots × rec
-	stage cuda.Host     // pinned staging: wave records
+	stage cuda.Host     // pinned staging: wave records; none while every copy is direct
 	wave  int           // the most experts resolved at once (≤ slots)
 	share int           // slots per layer: a prefill keeps this many of a layer's experts
 
-	// host is the provider's store when it is page-locked: records in it
-	// are copied by DMA with no staging.
-	host []byte
+	// host is the host memory page-locked for the copies, records in it
+	// copied by DMA with no staging: the provider's store held whole, or
+	// the memory of the host's streaming pool (recycled), whose slots the
+	// provider's next call may refill. pending says copies from recycled
+	// memory were queued since the copy stream was last synced: the
+	// provider is not called again until they are done (settle).
+	host     []byte
+	recycled bool
+	pending  bool
 
 	cs                 cuda.Stream // copies
 	computed, got, pre cuda.Event  // the products queued so far; a wave's copies; the lookahead's
@@ -59,7 +67,9 @@ type vpool struct {
 	missIDs, missAt, missRows []int
 	isMiss                    []bool
 	victims                   []int
-	staged                    bool // the last wave copied through the staging
+	staged                    bool            // the last wave copied through the staging
+	pos                       []int           // a batch of the provider's experts: positions in missIDs
+	exs                       []*model.Expert // and the experts
 
 	stats experts.DevicePool
 }
@@ -241,9 +251,6 @@ func (r *Runner) newPool(slots int, lay [3]matOffsets, rec int, policy experts.P
 		return fmt.Errorf("expert pool of %d records (%.2f GiB): %w", slots, gib(int64(slots)*int64(rec)), err)
 	}
 	r.weights = append(r.weights, p.buf)
-	if p.stage, err = r.Dev.AllocHost(p.wave * rec); err != nil {
-		return fmt.Errorf("expert pool staging (%d records, %.2f GiB pinned): %w", p.wave, gib(int64(p.wave)*int64(rec)), err)
-	}
 	if p.cs, err = r.Dev.NewStream(); err != nil {
 		return err
 	}
@@ -258,27 +265,69 @@ func (r *Runner) newPool(slots int, lay [3]matOffsets, rec int, policy experts.P
 	}
 	p.isMiss = make([]bool, p.wave)
 	h, whole := p.prov.(interface{ Bytes() []byte })
+	hp, streams := p.prov.(hostPool)
+	var b []byte
 	switch {
-	case !whole:
-		p.stats.PinNote = "the host's experts stream from disk through its own pool"
-	case hostTiled(p.prov):
+	case whole && hostTiled(p.prov), streams && hp.Options().Tile:
 		// Its records are not in the slots' layout: each miss is untiled
 		// through the staging, and locking gains nothing.
-		p.stats.PinNote = "the host's store is tiled for the CPU's decode kernel"
+		p.stats.PinNote = "the host's records are tiled for the CPU's decode kernel"
+	case os.Getenv("SLUICE_GPU_STAGE") == "1":
+		// For comparisons and tests of the staging path.
+		p.stats.PinNote = "SLUICE_GPU_STAGE=1 asks for staging"
+	case whole:
+		b = h.Bytes()
+	case streams:
+		b, p.recycled = hp.Memory(), true
 	default:
+		p.stats.PinNote = "the host's provider of experts exposes no memory to lock"
+	}
+	if len(b) > 0 {
 		// Page-locking fails where the locked-memory limit is low (ulimit
-		// -l) or the store is a mapping of a file the system will not
+		// -l) or the memory is a mapping of a file the system will not
 		// lock; the copies then go through the staging.
-		if b := h.Bytes(); len(b) > 0 {
-			if err := r.Dev.Register(uintptr(unsafe.Pointer(&b[0])), len(b)); err == nil {
-				p.host = b
-				p.stats.HostPinned = true
-			} else {
-				p.stats.PinNote = fmt.Sprintf("the host's store could not be page-locked (%v; see ulimit -l)", err)
-			}
+		if err := r.Dev.Register(uintptr(unsafe.Pointer(&b[0])), len(b)); err == nil {
+			p.host = b
+			p.stats.HostPinned = true
+		} else {
+			p.recycled = false
+			p.stats.PinNote = fmt.Sprintf("the host's experts (%.2f GiB) could not be page-locked (%v; see ulimit -l)", gib(int64(len(b))), err)
+		}
+	}
+	if p.host == nil {
+		// Every miss goes through the staging.
+		if p.stage, err = r.Dev.AllocHost(p.wave * rec); err != nil {
+			return fmt.Errorf("expert pool staging (%d records, %.2f GiB pinned): %w", p.wave, gib(int64(p.wave)*int64(rec)), err)
 		}
 	}
 	return nil
+}
+
+// hostPool is what the pool uses of a provider that streams records
+// through host memory of its own (experts.Stream): that memory, to
+// page-lock and copy from; the records it holds now, for the lookahead;
+// whether they are tiled.
+type hostPool interface {
+	Memory() []byte
+	Cached(layer, e int) *model.Expert
+	Options() experts.Options
+}
+
+// settle waits for the copies queued from the host's streaming pool
+// before the provider is called again, since the call may read other
+// records into their slots. False when the copy stream failed (the step
+// fails).
+func (r *Runner) settle() bool {
+	p := r.pool
+	if !p.pending {
+		return true
+	}
+	p.pending = false
+	if err := r.Dev.SyncStream(p.cs); err != nil {
+		r.poolFail(err)
+		return false
+	}
+	return true
 }
 
 // hostTiled reports whether a provider holding the store whole keeps its
@@ -299,6 +348,9 @@ func (r *Runner) closePool() {
 		return
 	}
 	if p.host != nil {
+		if p.cs != (cuda.Stream{}) {
+			r.Dev.SyncStream(p.cs) // no copy may read the memory once unlocked
+		}
 		r.Dev.Unregister(uintptr(unsafe.Pointer(&p.host[0])))
 		p.host = nil
 	}
@@ -431,7 +483,7 @@ func (r *Runner) waveSlots(layer, w0, w1 int, decode bool, thresh int) ([]int, i
 		}
 	}
 	countUses(&p.stats, decode, len(ids)-len(p.missIDs), len(p.missIDs))
-	if len(p.missIDs) == 0 {
+	if len(p.missIDs) == 0 || !r.settle() {
 		return slots, 0
 	}
 	if err := p.prov.Begin(layer, p.missIDs, model.Hint{Rows: p.missRows}); err != nil {
@@ -447,37 +499,72 @@ func (r *Runner) waveSlots(layer, w0, w1 int, decode bool, thresh int) ([]int, i
 		r.poolFail(fmt.Errorf("expert pool: no free slot among %d for a wave of %d", p.slots, len(ids)))
 		return slots, 0
 	}
-	stage := p.stage.Slice()
-	for k := range p.missIDs {
-		j, ex, err := p.prov.Next()
-		if err == nil && ex == nil {
-			err = fmt.Errorf("the host provider cut expert %d (lossy options do not apply on the GPU)", p.missIDs[j])
+	// The provider's experts come in batches: all it holds at once
+	// (model.ReadyProvider), else one at a time as they are read.
+	rp, batches := p.prov.(model.ReadyProvider)
+	for k := 0; k < len(p.missIDs); {
+		if !r.settle() {
+			return slots, 0
+		}
+		var err error
+		p.pos, p.exs = p.pos[:0], p.exs[:0]
+		if batches {
+			p.pos, p.exs, err = rp.Ready(p.pos, p.exs)
+		}
+		if err == nil && len(p.pos) == 0 {
+			var j int
+			var ex *model.Expert
+			j, ex, err = p.prov.Next()
+			p.pos, p.exs = append(p.pos, j), append(p.exs, ex)
+		}
+		for n := 0; err == nil && n < len(p.pos); n++ {
+			if k == len(p.missIDs) {
+				err = fmt.Errorf("the host provider returned more experts than the %d asked", k)
+				break
+			}
+			err = r.copyMiss(layer, p.pos[n], p.exs[n], p.victims[k], decode, thresh)
+			k++
 		}
 		if err != nil {
 			r.poolFail(fmt.Errorf("expert pool: layer %d: %w", layer, err))
 			return slots, 0
 		}
-		s := p.victims[k]
-		p.tab.assign(layer*r.E+p.missIDs[j], s, p.missRows[j] >= thresh)
-		slots[p.missAt[j]] = s
-		dst := p.buf.Ptr + uintptr(s*p.rec)
-		if src, ok := p.hostRecord(ex); ok {
-			err = r.Dev.UploadFromAsync(dst, src, p.rec, p.cs)
-		} else if err = fillRecord(stage[j*p.rec:(j+1)*p.rec], p.lay, ex); err == nil {
-			err = r.Dev.UploadAsync(dst, p.stage, j*p.rec, p.rec, p.cs)
-			p.staged = true
-		}
-		if err != nil {
-			r.poolFail(err)
-			return slots, 0
-		}
-		countCopy(&p.stats, decode, uint64(p.rec))
 	}
 	if err := r.Dev.Record(p.got, p.cs); err != nil {
 		r.poolFail(err)
 		return slots, 0
 	}
 	return slots, len(p.missIDs)
+}
+
+// copyMiss gives the wave's miss j (p.missIDs[j]), whose host expert is
+// ex, slot s, and queues its copy there on the copy stream: straight from
+// page-locked memory when ex lies there, else through the staging.
+func (r *Runner) copyMiss(layer, j int, ex *model.Expert, s int, decode bool, thresh int) error {
+	p := r.pool
+	if j < 0 || j >= len(p.missIDs) {
+		return fmt.Errorf("the host provider returned position %d of %d", j, len(p.missIDs))
+	}
+	if ex == nil {
+		return fmt.Errorf("the host provider cut expert %d (lossy options do not apply on the GPU)", p.missIDs[j])
+	}
+	p.tab.assign(layer*r.E+p.missIDs[j], s, p.missRows[j] >= thresh)
+	r.waveSlot[p.missAt[j]] = s
+	dst := p.buf.Ptr + uintptr(s*p.rec)
+	var err error
+	if src, ok := p.hostRecord(ex); ok {
+		err = r.Dev.UploadFromAsync(dst, src, p.rec, p.cs)
+		p.pending = p.pending || p.recycled
+	} else if p.stage == (cuda.Host{}) {
+		err = fmt.Errorf("expert %d's record is outside the page-locked host memory and there is no staging", p.missIDs[j])
+	} else if err = fillRecord(p.stage.Slice()[j*p.rec:(j+1)*p.rec], p.lay, ex); err == nil {
+		err = r.Dev.UploadAsync(dst, p.stage, j*p.rec, p.rec, p.cs)
+		p.staged = true
+	}
+	if err == nil {
+		countCopy(&p.stats, decode, uint64(p.rec))
+	}
+	return err
 }
 
 // poolFail fails the step with err and forgets every slot's record: a
@@ -503,7 +590,7 @@ func (r *Runner) poolCheck(err error) {
 	}
 }
 
-// lookahead queues, in a decode step of a pool whose host store is
+// lookahead queues, in a decode step of a pool whose host memory is
 // page-locked, the next MoE layer's router on this layer's input and its
 // top-k choice (into ids2), and returns that layer; -1 for none.
 func (r *Runner) lookahead(m *block.MoE) int {
@@ -522,10 +609,13 @@ func (r *Runner) lookahead(m *block.MoE) int {
 }
 
 // prefetch copies the experts lookahead predicted for layer that are not
-// in a slot, from the page-locked host store, into the slots the policy
-// gives up (never one this step holds), behind this step's copies on the
-// copy stream: they land while the rest of this layer and the next one's
-// attention compute. The next layer's products wait for them (pre).
+// in a slot and lie in page-locked host memory (the store, or records the
+// host's streaming pool holds now) into the slots the policy gives up
+// (never one this step holds), behind this step's copies on the copy
+// stream: they land while the rest of this layer and the next one's
+// attention compute. The next layer's products wait for them (pre). The
+// predictions the streaming pool does not hold go to its own lookahead,
+// which reads them from disk meanwhile (model.Prefetcher).
 func (r *Runner) prefetch(layer int) {
 	p := r.pool
 	if r.err != nil {
@@ -544,41 +634,99 @@ func (r *Runner) prefetch(layer int) {
 	if len(p.preIDs) == 0 {
 		return
 	}
-	p.victims = p.tab.victims(p.victims[:0], len(p.preIDs))
-	ids := p.preIDs[:len(p.victims)]
+	var ids []int
+	var exs []*model.Expert
+	if hp, ok := p.prov.(hostPool); ok && p.recycled {
+		ids, exs = r.cachedPredictions(hp, layer)
+	} else {
+		p.victims = p.tab.victims(p.victims[:0], len(p.preIDs))
+		ids = p.preIDs[:len(p.victims)]
+		if len(ids) > 0 {
+			if err := p.prov.Begin(layer, ids, model.Hint{}); err != nil {
+				r.poolFail(fmt.Errorf("expert pool: lookahead for layer %d: %w", layer, err))
+				return
+			}
+		}
+		exs = p.exs[:0]
+		for range ids {
+			exs = append(exs, nil)
+		}
+		for range ids {
+			j, ex, err := p.prov.Next()
+			if err == nil && (j < 0 || j >= len(ids) || ex == nil) {
+				err = fmt.Errorf("the host provider returned position %d of %d, expert %v", j, len(ids), ex != nil)
+			}
+			if err != nil {
+				r.poolFail(fmt.Errorf("expert pool: lookahead for layer %d: %w", layer, err))
+				return
+			}
+			exs[j] = ex
+		}
+		p.exs = exs
+	}
 	if len(ids) == 0 {
 		return
 	}
-	if err := p.prov.Begin(layer, ids, model.Hint{}); err != nil {
-		r.poolFail(fmt.Errorf("expert pool: lookahead for layer %d: %w", layer, err))
-		return
-	}
 	r.poolCheck(r.Dev.StreamWait(p.cs, p.computed))
-	for k := range ids {
-		j, ex, err := p.prov.Next()
-		if err != nil || ex == nil {
-			r.poolFail(fmt.Errorf("expert pool: lookahead for layer %d: expert %d: %v", layer, ids[max(j, 0)], err))
-			return
-		}
+	copied := 0
+	for k, ex := range exs {
 		src, ok := p.hostRecord(ex)
 		if !ok {
-			continue // not in the locked store: the step will copy it if asked
+			continue // not in locked memory: the step will copy it if asked
 		}
 		s := p.victims[k]
-		p.tab.assign(layer*r.E+ids[j], s, true)
+		p.tab.assign(layer*r.E+ids[k], s, true)
 		p.tab.pre[s] = true
 		if err := r.Dev.UploadFromAsync(p.buf.Ptr+uintptr(s*p.rec), src, p.rec, p.cs); err != nil {
 			r.poolFail(err)
 			return
 		}
+		p.pending = p.pending || p.recycled
 		p.stats.Prefetched++
 		countCopy(&p.stats, true, uint64(p.rec))
+		copied++
+	}
+	if copied == 0 {
+		return
 	}
 	if err := r.Dev.Record(p.pre, p.cs); err != nil {
 		r.poolFail(err)
 		return
 	}
 	p.prePending = true
+}
+
+// cachedPredictions passes the lookahead's predictions for layer that the
+// host's streaming pool does not hold to its own lookahead, to be read
+// from disk, and returns those it holds (at most the slots the policy can
+// give up, in p.victims) with their experts. Its lookahead may evict
+// records this step's copies read from, so those copies are waited for
+// first; then the held records are looked up, after the pool's last
+// change.
+func (r *Runner) cachedPredictions(hp hostPool, layer int) ([]int, []*model.Expert) {
+	p := r.pool
+	if pf, ok := p.prov.(model.Prefetcher); ok && pf.Lookahead() {
+		p.missIDs = p.missIDs[:0] // the step is done with them
+		for _, e := range p.preIDs {
+			if hp.Cached(layer, e) == nil {
+				p.missIDs = append(p.missIDs, e)
+			}
+		}
+		if len(p.missIDs) > 0 {
+			if !r.settle() {
+				return nil, nil
+			}
+			pf.Prefetch(layer, p.missIDs)
+		}
+	}
+	ids, exs := p.missIDs[:0], p.exs[:0]
+	for _, e := range p.preIDs {
+		if ex := hp.Cached(layer, e); ex != nil {
+			ids, exs = append(ids, e), append(exs, ex)
+		}
+	}
+	p.victims = p.tab.victims(p.victims[:0], len(ids))
+	return ids[:len(p.victims)], exs[:len(p.victims)]
 }
 
 // hostRecord is the address of ex's record in the page-locked host store,
