@@ -14,8 +14,10 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -24,6 +26,7 @@ import (
 	"github.com/sluicelm/sluice/internal/cuda"
 	"github.com/sluicelm/sluice/internal/engine"
 	"github.com/sluicelm/sluice/internal/experts"
+	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/model"
 	"github.com/sluicelm/sluice/internal/pack"
 	"github.com/sluicelm/sluice/internal/sample"
@@ -701,4 +704,100 @@ func TestGPUVRAMBudget(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "--vram-gb") {
 		t.Errorf("a budget below the dense weights, scratch and top-k records: %v", err)
 	}
+}
+
+// TestGPUHostBudget runs a generation on the GPU in a child process under
+// a --memory-gb budget that makes the host stream its experts (a quarter
+// of their bytes beyond the rest) and the GPU pool a tenth of them, and
+// requires the process's peak RSS (VmHWM) within the budget beyond what
+// the CUDA driver took as it opened the device (measured in the child
+// first): the host pool, page-locked for the GPU's copies, is the
+// budget's, and no staging is allocated beside it.
+func TestGPUHostBudget(t *testing.T) {
+	needGPU(t)
+	if dir := os.Getenv("SLUICE_GPU_BUDGET_DIR"); dir != "" {
+		hostBudgetChild(t, dir)
+		return
+	}
+	dir := packed(t, gpuModels[1], 4)
+	man, err := format.ReadManifest(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &man.Config
+	all := int64(man.ExpertLayers*man.Experts) * man.Stores[0].Stride
+	budget := experts.Overhead + man.DenseBytes + experts.StateBytes(c, 512) + experts.ScratchBytes(c, 64) +
+		experts.PolicyBytes("", man.ExpertLayers, man.Experts) + all/4
+	cmd := exec.Command(os.Args[0], "-test.run=^TestGPUHostBudget$", "-test.v")
+	cmd.Env = append(os.Environ(), "SLUICE_GPU_BUDGET_DIR="+dir, "SLUICE_GPU_BUDGET="+strconv.FormatInt(budget, 10))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("child: %v\n%s", err, out)
+	}
+	hwm, base := int64(-1), int64(-1)
+	for _, line := range strings.Split(string(out), "\n") {
+		if _, v, ok := strings.Cut(line, "VmHWM="); ok {
+			fmt.Sscanf(v, "%d driver=%d", &hwm, &base)
+		}
+	}
+	if hwm < 0 || base < 0 {
+		t.Fatalf("child printed no VmHWM:\n%s", out)
+	}
+	t.Logf("budget %.1f MiB (experts %.1f MiB); the driver took %.1f MiB, the peak RSS was %.1f MiB beyond it",
+		float64(budget)/(1<<20), float64(all)/(1<<20), float64(base)/(1<<20), float64(hwm-base)/(1<<20))
+	if hwm-base > budget {
+		t.Errorf("peak RSS %d beyond the driver's %d exceeds the budget %d", hwm-base, base, budget)
+	}
+}
+
+func hostBudgetChild(t *testing.T, dir string) {
+	budget, _ := strconv.ParseInt(os.Getenv("SLUICE_GPU_BUDGET"), 10, 64)
+	dev, err := cuda.Open(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	base := procStatus(t, "VmRSS")
+	e, err := engine.Open(context.Background(), dir, engine.Options{Device: "cuda", Ctx: 512, ChunkRows: 64,
+		Experts: engine.ExpertOptions{MemoryBytes: budget, GPUPoolShare: 0.1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	p, _ := e.DevicePool()
+	if e.Stream == nil || !e.OnGPU() || p.Slots == 0 || !p.HostPinned {
+		t.Fatalf("want the host streaming into a GPU pool from page-locked memory: %s, device %s, %+v", e.ExpertPlan, e.Device, p)
+	}
+	prompt := make([]int, 300)
+	for i := range prompt {
+		prompt[i] = (i*7919 + 13) % (e.Model.Config.Vocab - 8)
+	}
+	st, err := e.NewState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := e.Generate(context.Background(), st, prompt, engine.GenOptions{MaxTokens: 64, IgnoreEOS: true}, nil); err != nil {
+		t.Fatal(err)
+	}
+	fmt.Println(e.ExpertPlan)
+	fmt.Printf("VmHWM=%d driver=%d\n", procStatus(t, "VmHWM"), base)
+}
+
+// procStatus reads a size in bytes from /proc/self/status.
+func procStatus(t *testing.T, key string) int64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, key+":"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return kb << 10
+		}
+	}
+	t.Fatalf("no %s in /proc/self/status", key)
+	return 0
 }
