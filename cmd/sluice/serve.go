@@ -81,7 +81,7 @@ func cmdServe(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	opts := engine.Options{Threads: mf.threads, Ctx: mf.ctx, ChunkRows: mf.chunk, Experts: xo, Device: mf.device}
+	opts := engine.Options{Threads: mf.threads, Ctx: mf.ctx, ChunkRows: mf.chunk, Experts: xo, Device: mf.device, States: *slots}
 	if isTerminal(os.Stderr) {
 		opts.Progress = os.Stderr
 	}

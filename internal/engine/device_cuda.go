@@ -27,7 +27,7 @@ func (g gpuForwarder) DevicePool() DevicePool { return g.Runner.Pool() }
 // openCUDA opens GPU ordinal and uploads m for steps of rows rows, its
 // experts whole or through a device pool (xo), or says why the GPU is not
 // usable (no driver, no GPU, too old, model not supported or too large).
-func openCUDA(m *model.Model, ordinal, rows, ctx int, xo ExpertOptions) (Forwarder, string, error) {
+func openCUDA(m *model.Model, ordinal, rows, ctx, states int, xo ExpertOptions) (Forwarder, string, error) {
 	if err := gpu.Supported(m); err != nil {
 		return nil, "", err
 	}
@@ -47,7 +47,7 @@ func openCUDA(m *model.Model, ordinal, rows, ctx int, xo ExpertOptions) (Forward
 		return nil, "", fmt.Errorf("GPU %d (%s) has compute capability %d.%d; sluice's kernels need 8.0 (Ampere) or later", ordinal, dev.Name, dev.Major, dev.Minor)
 	}
 	r, err := gpu.New(dev, m, gpu.Config{Rows: rows, Ctx: ctx, PoolBytes: xo.GPUPoolBytes, PoolShare: xo.GPUPoolShare,
-		Policy: xo.Policy, NoLookahead: xo.NoLookahead, VRAMBytes: xo.VRAMBytes})
+		Policy: xo.Policy, NoLookahead: xo.NoLookahead, VRAMBytes: xo.VRAMBytes, States: states})
 	if err != nil {
 		dev.Close()
 		return nil, "", err

@@ -64,6 +64,7 @@ type Runner struct {
 
 	maxRows, H, V, E, K, I int
 	ctx                    int // the most positions a sequence state may hold
+	nstates                int // the most sequence states at once (Config.States)
 
 	mats    map[*block.Weight]mat
 	vecs    map[*float32]uintptr
@@ -204,10 +205,14 @@ type Config struct {
 	Policy      experts.Policy
 	NoLookahead bool
 	// VRAMBytes, when set, is the most device memory the runner takes
-	// (--vram-gb): the weights, scratch, one sequence's state and the
+	// (--vram-gb): the weights, scratch, the sequences' states and the
 	// pool, which gets what the rest leaves. Unset, it is what the device
 	// has free when New begins.
 	VRAMBytes int64
+	// States is the most sequence states used at once (a server's
+	// slots; 0 is 1): each takes device memory when it first runs, so the
+	// pool leaves room for them all.
+	States int
 }
 
 // ScratchReserve is what New keeps free beside the weights for scratch,
@@ -224,7 +229,7 @@ func New(dev *cuda.Device, m *model.Model, cfg Config) (*Runner, error) {
 	}
 	c := &m.Config
 	r := &Runner{M: m, Dev: dev, maxRows: max(cfg.Rows, 1), ctx: max(cfg.Ctx, 1), H: c.Hidden, V: c.Vocab, E: c.Experts, K: c.TopK,
-		I: c.MoEInter, mats: map[*block.Weight]mat{}, vecs: map[*float32]uintptr{},
+		I: c.MoEInter, nstates: max(cfg.States, 1), mats: map[*block.Weight]mat{}, vecs: map[*float32]uintptr{},
 		states: map[weak.Pointer[model.State]]*dstate{}}
 	r.fwdFn = r.doForward
 	err := dev.Do(func() error {
@@ -278,7 +283,7 @@ func gib(n int64) float64 { return float64(n) / (1 << 30) }
 
 // wantPool reports whether the experts stream through a pool: when one
 // is asked for, or when they do not fit beside the dense weights, scratch
-// and a sequence's state in budget bytes. It refuses a budget that does
+// and the sequences' states in budget bytes. It refuses a budget that does
 // not hold the dense weights beside one token's experts of a layer.
 func (r *Runner) wantPool(cfg Config, budget int64) (bool, error) {
 	if cfg.PoolBytes < 0 || cfg.PoolShare < 0 || cfg.PoolShare > 1 {
@@ -297,23 +302,26 @@ func (r *Runner) wantPool(cfg Config, budget int64) (bool, error) {
 		if cfg.VRAMBytes > 0 && cfg.VRAMBytes == budget {
 			what = fmt.Sprintf("--vram-gb gives %.2f GiB", gib(budget))
 		}
-		return false, fmt.Errorf("the dense weights (%.2f GiB), scratch and a sequence's state (%.2f GiB) and one token's experts of a layer (%d records, %.2f GiB) need %.2f GiB on the GPU, and %s (use --device cpu)",
-			gib(dense), gib(r.reserve()), r.K, gib(int64(r.K)*stride), gib(least), what)
+		return false, fmt.Errorf("the dense weights (%.2f GiB), scratch and %d sequence state(s) (%.2f GiB) and one token's experts of a layer (%d records, %.2f GiB) need %.2f GiB on the GPU, and %s (use --device cpu)",
+			gib(dense), r.nstates, gib(r.reserve()), r.K, gib(int64(r.K)*stride), gib(least), what)
 	}
 	return cfg.PoolBytes > 0 || cfg.PoolShare > 0 || dense+exps+r.reserve() > budget, nil
 }
 
 // reserve is what the device must keep free beside the weights: scratch
-// and the driver's margin (ScratchReserve), and one sequence's state.
+// and the driver's margin (ScratchReserve), and the sequences' states.
 func (r *Runner) reserve() int64 { return ScratchReserve + r.stateBytes() }
 
-// stateBytes is one sequence's state at the runner's context length.
-func (r *Runner) stateBytes() int64 { return experts.StateBytes(&r.M.Config, r.ctx) }
+// stateBytes is the device memory of the sequences' states (Config.States)
+// at the runner's context length.
+func (r *Runner) stateBytes() int64 {
+	return int64(r.nstates) * experts.StateBytes(&r.M.Config, r.ctx)
+}
 
 // poolPlan sizes the pool, given the device memory free once the dense
 // weights and the scratch are in place: slots records of rec bytes laid
-// out as lay, as asked, or what the free memory holds beside a
-// sequence's state.
+// out as lay, as asked, or what the free memory holds beside the
+// sequences' states.
 func (r *Runner) poolPlan(cfg Config, free int64) (slots int, lay [3]matOffsets, rec int, err error) {
 	if lay, rec, err = storeLayout(r.M); err != nil {
 		return 0, lay, 0, err
@@ -335,11 +343,11 @@ func (r *Runner) poolPlan(cfg Config, free int64) (slots int, lay [3]matOffsets,
 	slots = min(slots, records)
 	if slots < r.K {
 		return 0, lay, 0, fmt.Errorf("a GPU expert pool needs at least %d records (one token's experts of a layer, %.2f GiB) and got room or a request for %d; "+
-			"with the dense weights and scratch in place %s, and a sequence's state needs %.2f GiB (use --device cpu to stream experts on the CPU)",
+			"with the dense weights and scratch in place %s, and the sequences' states need %.2f GiB (use --device cpu to stream experts on the CPU)",
 			r.K, gib(int64(r.K*rec)), slots, room, gib(state))
 	}
 	if need := int64(slots)*int64(rec) + state + ScratchReserve; need > free {
-		return 0, lay, 0, fmt.Errorf("a GPU expert pool of %d records (%.2f GiB) and a sequence's state (%.2f GiB) need %.2f GiB, and with the dense weights and scratch in place %s; ask for a smaller --gpu-pool-mb",
+		return 0, lay, 0, fmt.Errorf("a GPU expert pool of %d records (%.2f GiB) and the sequences' states (%.2f GiB) need %.2f GiB, and with the dense weights and scratch in place %s; ask for a smaller --gpu-pool-mb",
 			slots, gib(int64(slots)*int64(rec)), gib(state), gib(need), room)
 	}
 	return slots, lay, rec, nil

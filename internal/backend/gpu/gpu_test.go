@@ -633,18 +633,19 @@ func greedy(t testing.TB, e *engine.Engine, prompt []int, n int) []int {
 	return got
 }
 
-// TestGPUVRAMBudget opens a model under a --vram-gb budget that holds its
-// dense weights, scratch, the runner's reserve and about a quarter of its
-// experts, measured against what the resident upload took: the experts
-// stream through a pool, the device memory taken (cuMemGetInfo, after a
-// prefill and a decode) stays within the budget, and the greedy tokens
-// are the resident upload's. A budget below the dense weights is refused
-// by name.
+// TestGPUVRAMBudget opens a model for two sequences at once under a
+// --vram-gb budget that holds its dense weights, scratch, the runner's
+// reserve, two sequence states and about a quarter of its experts,
+// measured against what the resident upload took: the experts stream
+// through a pool, the device memory taken (cuMemGetInfo, after two
+// sequences prefilled and decoded in turns) stays within the budget, and
+// each sequence's greedy tokens are the resident upload's. A budget below
+// the dense weights is refused by name.
 func TestGPUVRAMBudget(t *testing.T) {
 	needGPU(t)
 	name := gpuModels[1]
 	dir := packed(t, name, 4)
-	c := refs(t, name).Cases[0]
+	cases := refs(t, name).Cases[:2]
 	dev, err := cuda.Open(0)
 	if err != nil {
 		t.Fatal(err)
@@ -662,45 +663,97 @@ func TestGPUVRAMBudget(t *testing.T) {
 		run()
 		return f0 - free()
 	}
-	var want []int
+	// interleaved prefills each case on a state of its own, then decodes
+	// them a token each in turn.
+	interleaved := func(e *engine.Engine) [][]int {
+		qs := make([]*engine.Sequence, len(cases))
+		for i, c := range cases {
+			st, err := e.NewState()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if qs[i], err = e.NewSequence(st, engine.GenOptions{MaxTokens: 16, IgnoreEOS: true}); err != nil {
+				t.Fatal(err)
+			}
+			if err := qs[i].Prefill(context.Background(), c.Prompt); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for more := true; more; {
+			more = false
+			for _, q := range qs {
+				if q.Done() {
+					continue
+				}
+				if _, _, err := q.Step(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+				more = true
+			}
+		}
+		out := make([][]int, len(qs))
+		for i, q := range qs {
+			out[i] = q.Tokens()
+		}
+		return out
+	}
+	// A short context keeps a state to a few dozen records of the pool.
+	opts := engine.Options{Device: "cuda", ChunkRows: 64, Ctx: 512, States: len(cases)}
+	var want [][]int
 	var res *engine.Engine
 	resident := taken(func() {
-		if res, err = engine.Open(context.Background(), dir, engine.Options{Device: "cuda", ChunkRows: 64}); err != nil {
+		if res, err = engine.Open(context.Background(), dir, opts); err != nil {
 			t.Fatal(err)
 		}
-		want = greedy(t, res, c.Prompt, 16)
+		want = interleaved(res)
 	})
 	dense, exps := gpu.NeedBytes(res.Model)
-	state := experts.StateBytes(&res.Model.Config, res.Ctx)
+	states := int64(len(cases)) * experts.StateBytes(&res.Model.Config, res.Ctx)
 	K, rec := res.Model.Config.TopK, res.Model.Manifest.Stores[0].Stride
 	res.Close()
-	// What the resident runner took beside its weights and state (its
+	// What the resident runner took beside its weights and states (its
 	// scratch and kernels), which a pooled one takes too.
-	rest := max(resident-dense-exps-state, 0)
-	budget := dense + rest + state + gpu.ScratchReserve + exps/4
+	rest := max(resident-dense-exps-states, 0)
+	budget := dense + rest + states + gpu.ScratchReserve + exps/4
+	opts.Experts.VRAMBytes = budget
 	var e *engine.Engine
-	var got []int
+	var got [][]int
 	used := taken(func() {
-		e, err = engine.Open(context.Background(), dir, engine.Options{Device: "cuda", ChunkRows: 64, Experts: engine.ExpertOptions{VRAMBytes: budget}})
-		if err != nil {
+		if e, err = engine.Open(context.Background(), dir, opts); err != nil {
 			t.Fatal(err)
 		}
-		got = greedy(t, e, c.Prompt, 16)
+		got = interleaved(e)
 	})
 	p, _ := e.DevicePool()
 	e.Close()
-	t.Logf("budget %.1f MiB (resident took %.1f MiB: dense %.1f, experts %.1f, state %.1f); took %.1f MiB with a pool of %d of %d records",
-		float64(budget)/(1<<20), float64(resident)/(1<<20), float64(dense)/(1<<20), float64(exps)/(1<<20), float64(state)/(1<<20), float64(used)/(1<<20), p.Slots, p.Records)
+	t.Logf("budget %.1f MiB (resident took %.1f MiB: dense %.1f, experts %.1f, 2 states %.1f); took %.1f MiB with a pool of %d of %d records",
+		float64(budget)/(1<<20), float64(resident)/(1<<20), float64(dense)/(1<<20), float64(exps)/(1<<20), float64(states)/(1<<20), float64(used)/(1<<20), p.Slots, p.Records)
 	if p.Slots < K || p.Slots >= p.Records {
 		t.Errorf("a budget of a quarter of the experts gave a pool of %d of %d records", p.Slots, p.Records)
 	}
 	if used > budget {
 		t.Errorf("took %d bytes of device memory, over the budget of %d", used, budget)
 	}
-	if d := firstDiff(got, want); d >= 0 {
-		t.Errorf("greedy tokens under the budget differ from the resident upload's at %d", d)
+	for i := range cases {
+		if d := firstDiff(got[i], want[i]); d >= 0 {
+			t.Errorf("case %d: greedy tokens under the budget differ from the resident upload's at %d", i, d)
+		}
 	}
-	_, err = engine.Open(context.Background(), dir, engine.Options{Device: "cuda", ChunkRows: 64, Experts: engine.ExpertOptions{VRAMBytes: dense + int64(K)*rec}})
+	// The pool leaves room for every state asked for: one state fewer, a
+	// state's worth of records more.
+	one := opts
+	one.States = 1
+	e1, err := engine.Open(context.Background(), dir, one)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p1, _ := e1.DevicePool()
+	e1.Close()
+	if d, want := p1.Slots-p.Slots, states/2/rec; int64(d) < want-1 || int64(d) > want+1 {
+		t.Errorf("one state instead of two gave %d more slots, want about %d (a state's %d bytes over records of %d)", d, want, states/2, rec)
+	}
+	opts.Experts.VRAMBytes = dense + int64(K)*rec
+	_, err = engine.Open(context.Background(), dir, opts)
 	if err == nil || !strings.Contains(err.Error(), "--vram-gb") {
 		t.Errorf("a budget below the dense weights, scratch and top-k records: %v", err)
 	}
@@ -800,4 +853,62 @@ func procStatus(t *testing.T, key string) int64 {
 	}
 	t.Fatalf("no %s in /proc/self/status", key)
 	return 0
+}
+
+// TestGPUPoolReadError streams through three tiers (a tenth of the
+// experts on the GPU, a quarter in the host's pool, the rest on disk) from
+// a copy of the model, empties its experts.bin mid-run, and requires the
+// generation to fail with the read's error rather than give tokens; with
+// the file restored, the next generation gives the resident upload's
+// tokens, so no slot kept a record whose read or copy failed.
+func TestGPUPoolReadError(t *testing.T) {
+	needGPU(t)
+	name := gpuModels[1]
+	src := packed(t, name, 4)
+	c := refs(t, name).Cases[0]
+	want := greedy(t, open(t, src, "cuda", 64), c.Prompt, 16)
+	dir := t.TempDir()
+	ents, err := os.ReadDir(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ent := range ents {
+		if ent.IsDir() {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(src, ent.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, ent.Name()), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e := openPool(t, dir, 64, engine.ExpertOptions{GPUPoolShare: 0.1, PoolShare: 0.25})
+	if e.Stream == nil {
+		t.Fatalf("no host stream: %s", e.ExpertPlan)
+	}
+	store := filepath.Join(dir, e.Model.Manifest.Stores[0].File)
+	whole, err := os.ReadFile(store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(store, 0); err != nil {
+		t.Fatal(err)
+	}
+	st, err := e.NewState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _, err := e.Generate(context.Background(), st, c.Prompt, engine.GenOptions{MaxTokens: 16, IgnoreEOS: true}, nil)
+	if err == nil || !strings.Contains(err.Error(), "reading layer") {
+		t.Fatalf("generation over an emptied experts.bin: tokens %v, error %v; want the read's error", got, err)
+	}
+	t.Logf("emptied store: %v", err)
+	if err := os.WriteFile(store, whole, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if d := firstDiff(greedy(t, e, c.Prompt, 16), want); d >= 0 {
+		t.Errorf("after the failed reads, greedy tokens differ from the resident upload's at %d", d)
+	}
 }
