@@ -121,12 +121,12 @@ func TestOpenCorrupt(t *testing.T) {
 	}{{"resident", engine.ExpertOptions{}}, {"stream", engine.ExpertOptions{PoolShare: 0.25}}} {
 		t.Run(mode.name, func(t *testing.T) {
 			// The undamaged copy opens: each case fails for its damage.
-			if err := tryOpen(copyDir(t, src), mode.o); err != nil {
+			if err := tryOpen(testutil.CopyDir(t, src), mode.o); err != nil {
 				t.Fatalf("undamaged model: %v", err)
 			}
 			for _, c := range cases {
 				t.Run(c.name, func(t *testing.T) {
-					dir := copyDir(t, src)
+					dir := testutil.CopyDir(t, src)
 					c.damage(t, dir)
 					err := tryOpen(dir, mode.o)
 					t.Log(err)
@@ -155,24 +155,4 @@ func tryOpen(dir string, xo engine.ExpertOptions) (err error) {
 	}
 	e.Close()
 	return nil
-}
-
-// copyDir copies the flat directory src into a fresh temporary one.
-func copyDir(t *testing.T, src string) string {
-	t.Helper()
-	dst := t.TempDir()
-	entries, err := os.ReadDir(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range entries {
-		b, err := os.ReadFile(filepath.Join(src, e.Name()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dst, e.Name()), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return dst
 }

@@ -86,10 +86,7 @@ func budgetChild(t *testing.T, dir string) {
 	if e.Stream == nil || e.Stream.Slots() >= e.Model.Manifest.ExpertLayers*e.Model.Manifest.Experts {
 		t.Fatalf("budget did not force streaming: %s", e.ExpertPlan)
 	}
-	prompt := make([]int, 300)
-	for i := range prompt {
-		prompt[i] = (i*7919 + 13) % (e.Model.Config.Vocab - 8)
-	}
+	prompt := testutil.Prompt(300, e.Model.Config.Vocab)
 	st, err := e.NewState()
 	if err != nil {
 		t.Fatal(err)

@@ -565,23 +565,7 @@ func TestReadErrorSurfaces(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, ready := range []bool{false, true} {
-		dir := t.TempDir()
-		ents, err := os.ReadDir(src)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, e := range ents {
-			if e.IsDir() {
-				continue
-			}
-			b, err := os.ReadFile(filepath.Join(src, e.Name()))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(filepath.Join(dir, e.Name()), b, 0o644); err != nil {
-				t.Fatal(err)
-			}
-		}
+		dir := testutil.CopyDir(t, src)
 		s, err := Open(dir, man, Options{Slots: MinSlots(&man.Config), Buffered: true})
 		if err != nil {
 			t.Fatal(err)

@@ -360,3 +360,38 @@ func Link(t testing.TB, src, dst string) {
 		t.Fatal(err)
 	}
 }
+
+// CopyDir copies the flat directory src (a packed model) into a fresh
+// temporary one, for tests that damage or change its files.
+func CopyDir(t testing.TB, src string) string {
+	t.Helper()
+	dst := t.TempDir()
+	entries, err := os.ReadDir(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if e.IsDir() {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(src, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dst, e.Name()), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dst
+}
+
+// Prompt is n token ids spread over a vocabulary of vocab (its last 8
+// ids, where special tokens sit, left out), the same for every test that
+// needs a long prompt of no particular text.
+func Prompt(n, vocab int) []int {
+	p := make([]int, n)
+	for i := range p {
+		p[i] = (i*7919 + 13) % (vocab - 8)
+	}
+	return p
+}

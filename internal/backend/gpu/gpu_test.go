@@ -821,14 +821,11 @@ func hostBudgetChild(t *testing.T, dir string) {
 	if e.Stream == nil || !e.OnGPU() || p.Slots == 0 || !p.HostPinned {
 		t.Fatalf("want the host streaming into a GPU pool from page-locked memory: %s, device %s, %+v", e.ExpertPlan, e.Device, p)
 	}
-	prompt := make([]int, 300)
-	for i := range prompt {
-		prompt[i] = (i*7919 + 13) % (e.Model.Config.Vocab - 8)
-	}
 	st, err := e.NewState()
 	if err != nil {
 		t.Fatal(err)
 	}
+	prompt := testutil.Prompt(300, e.Model.Config.Vocab)
 	if _, _, err := e.Generate(context.Background(), st, prompt, engine.GenOptions{MaxTokens: 64, IgnoreEOS: true}, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -867,23 +864,7 @@ func TestGPUPoolReadError(t *testing.T) {
 	src := packed(t, name, 4)
 	c := refs(t, name).Cases[0]
 	want := greedy(t, open(t, src, "cuda", 64), c.Prompt, 16)
-	dir := t.TempDir()
-	ents, err := os.ReadDir(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, ent := range ents {
-		if ent.IsDir() {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join(src, ent.Name()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, ent.Name()), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dir := testutil.CopyDir(t, src)
 	e := openPool(t, dir, 64, engine.ExpertOptions{GPUPoolShare: 0.1, PoolShare: 0.25})
 	if e.Stream == nil {
 		t.Fatalf("no host stream: %s", e.ExpertPlan)
