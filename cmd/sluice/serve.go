@@ -89,17 +89,23 @@ func cmdServe(ctx context.Context, args []string) error {
 	if *cacheMB < 0 {
 		cacheBytes = -1
 	}
-	if memGB > 0 {
-		// The engine's budget covers the weights, the expert pool and one
-		// sequence state; the other slots and the prefix cache come out
-		// of --memory-gb first.
-		state, err := stateBytes(dir, mf.ctx)
-		if err != nil {
-			return err
-		}
+	// A directory that is not a model is reported when the engine opens it.
+	state, serr := stateBytes(dir, mf.ctx)
+	if serr == nil {
 		if cacheBytes == 0 {
 			cacheBytes = 4 * state
 		}
+		// On a GPU every slot's state and each cached prefix has a device
+		// copy as well, which the GPU's expert pool leaves room for.
+		opts.States = *slots + int((max(cacheBytes, 0)+state-1)/max(state, 1))
+	}
+	if memGB > 0 {
+		if serr != nil {
+			return serr
+		}
+		// The engine's budget covers the weights, the expert pool and one
+		// sequence state; the other slots and the prefix cache come out
+		// of --memory-gb first.
 		reserve := int64(*slots-1)*state + max(cacheBytes, 0)
 		opts.Experts.MemoryBytes = int64(memGB*(1<<30)) - reserve
 		if opts.Experts.MemoryBytes <= 0 {
@@ -113,10 +119,6 @@ func cmdServe(ctx context.Context, args []string) error {
 	defer e.Close()
 	deviceNote(e)
 	if e.OnGPU() {
-		if cacheBytes > 0 {
-			return fmt.Errorf("--cache-mb: the prefix cache is not available on the GPU yet (copying sequence states); use --device cpu or leave --cache-mb out")
-		}
-		cacheBytes = -1
 		if *drafts > 0 {
 			return fmt.Errorf("--drafts: speculative decoding is not available on the GPU yet; use --device cpu")
 		}

@@ -165,3 +165,22 @@ type Profiler interface {
 	ResetProfile()
 	Profile() string
 }
+
+// StateCopier is a forward whose device keeps its own copy of each
+// sequence state (the GPU backend), which CopyState copies there too.
+type StateCopier interface {
+	CopyState(dst, src *model.State) error
+}
+
+// CopyState makes dst an exact copy of src's first src.Pos positions
+// (model.State.CopyFrom), on the forward's device too: the server saves
+// and resumes prompt prefixes with it.
+func (e *Engine) CopyState(dst, src *model.State) error {
+	if err := dst.CopyFrom(src); err != nil {
+		return err
+	}
+	if c, ok := e.Fwd.(StateCopier); ok {
+		return c.CopyState(dst, src)
+	}
+	return nil
+}

@@ -2,7 +2,9 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/sluicelm/sluice/internal/engine"
@@ -51,5 +53,48 @@ func TestMetricsGPUPool(t *testing.T) {
 	e.Fwd = pooledForward{e.Runner, engine.DevicePool{Records: 384}}
 	if m := metrics(); strings.Contains(m, "sluice_gpu_pool") {
 		t.Errorf("a resident GPU reports a pool:\n%s", grepLines(m, "sluice_gpu_pool"))
+	}
+}
+
+// copyingForward is the CPU runner standing in for a GPU forward that
+// keeps its own copy of each state: it counts the copies asked of it.
+type copyingForward struct {
+	*model.Runner
+	copies *atomic.Int64
+}
+
+func (c copyingForward) CopyState(dst, src *model.State) error {
+	if dst.Pos != src.Pos {
+		return fmt.Errorf("CopyState before the host copy: positions %d and %d", dst.Pos, src.Pos)
+	}
+	c.copies.Add(1)
+	return nil
+}
+
+// TestPrefixCacheCopiesOnDevice: the prefix cache saves and resumes states
+// through the engine's CopyState, so a forward with states of its own
+// (the GPU) copies them too: a repeated prompt resumes from the cache with
+// the same output, and the forward was asked for the copies.
+func TestPrefixCacheCopiesOnDevice(t *testing.T) {
+	e, err := engine.Open(context.Background(), testModelDir, engine.Options{Ctx: testCtx, Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close) // after the server stops
+	var copies atomic.Int64
+	e.Fwd = copyingForward{e.Runner, &copies}
+	_, url := start(t, Config{Engine: e})
+	body := msg{"prompt": "def fibonacci(n):", "max_tokens": 8, "temperature": 0}
+	first := post(t, url, "/v1/completions", "", body)
+	saved := copies.Load()
+	again := post(t, url, "/v1/completions", "", body)
+	if first.Status != 200 || again.Status != 200 {
+		t.Fatalf("status %d, %d", first.Status, again.Status)
+	}
+	if again.Usage.PromptTokensDetails.CachedTokens == 0 || again.Text != first.Text {
+		t.Errorf("repeated prompt: cached_tokens %d, text %q, first %q", again.Usage.PromptTokensDetails.CachedTokens, again.Text, first.Text)
+	}
+	if saved == 0 || copies.Load() <= saved {
+		t.Errorf("the forward was asked for %d copies after the first request and %d after the second; want saves, then a resume", saved, copies.Load())
 	}
 }

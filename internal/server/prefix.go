@@ -16,6 +16,7 @@ import (
 // LRU bounded in bytes and entries. It is owned by the scheduler goroutine.
 type prefixCache struct {
 	m          *model.Model
+	copy       func(dst, src *model.State) error // State.CopyFrom, on the forward's device too
 	maxBytes   int64
 	maxEntries int
 	used       int64
@@ -29,8 +30,8 @@ type cacheEntry struct {
 	bytes  int64
 }
 
-func newPrefixCache(m *model.Model, maxBytes int64, maxEntries int) *prefixCache {
-	return &prefixCache{m: m, maxBytes: maxBytes, maxEntries: maxEntries}
+func newPrefixCache(m *model.Model, copy func(dst, src *model.State) error, maxBytes int64, maxEntries int) *prefixCache {
+	return &prefixCache{m: m, copy: copy, maxBytes: maxBytes, maxEntries: maxEntries}
 }
 
 // lookup returns the longest entry of at most limit tokens that is a
@@ -87,7 +88,7 @@ func (c *prefixCache) put(tokens []int, src *model.State) bool {
 		c.entries[0] = nil
 		c.entries = c.entries[1:]
 	}
-	if err := st.CopyFrom(src); err != nil {
+	if err := c.copy(st, src); err != nil {
 		return false
 	}
 	c.entries = append(c.entries, &cacheEntry{tokens: slices.Clone(tokens), st: st, bytes: need})

@@ -306,7 +306,7 @@ func (s *scheduler) start(j *job) *task {
 	// reason, so a repeated prompt recomputes a single token.
 	n := len(j.prompt)
 	if e := s.cacheLookup(j, n-1); e != nil {
-		if err := st.CopyFrom(e.st); err == nil {
+		if err := s.e.CopyState(st, e.st); err == nil {
 			t.fed, t.cached = len(e.tokens), len(e.tokens)
 		}
 	}

@@ -869,6 +869,55 @@ func (r *Runner) state(st *model.State) (*dstate, error) {
 	return ds, nil
 }
 
+// CopyState makes dst's device state an exact copy of src's first src.Pos
+// positions, as model.State.CopyFrom (which the caller runs too) does on
+// the host: the keys and values of those positions and every recurrent
+// state, copied on the device. The server saves and resumes prompt
+// prefixes with it. src must have run on this backend up to src.Pos.
+func (r *Runner) CopyState(dst, src *model.State) error {
+	if dst == src {
+		return nil
+	}
+	return r.Dev.Do(func() error {
+		r.mu.Lock()
+		sds := r.states[weak.Make(src)]
+		r.mu.Unlock()
+		if sds == nil || sds.pos != src.Pos {
+			return fmt.Errorf("gpu: copying a sequence state at position %d whose GPU copy is not there", src.Pos)
+		}
+		if src.Pos > dst.Ctx {
+			return fmt.Errorf("gpu: %d positions do not fit a state of %d", src.Pos, dst.Ctx)
+		}
+		dds, err := r.state(dst)
+		if err != nil {
+			return err
+		}
+		dds.pos = -2 // until the copies are done
+		for l, sp := range r.M.Arch.States {
+			var err error
+			switch {
+			case sp.Kind == block.KV:
+				n := 4 * src.Pos * sp.KVWidth
+				if err = r.Dev.CopyDAsync(dds.kc[l], sds.kc[l], n, r.s); err == nil {
+					err = r.Dev.CopyDAsync(dds.vc[l], sds.vc[l], n, r.s)
+				}
+			case sds.conv[l] != 0:
+				if err = r.Dev.CopyDAsync(dds.conv[l], sds.conv[l], 4*sds.convN[l], r.s); err == nil {
+					err = r.Dev.CopyDAsync(dds.rec[l], sds.rec[l], 4*sds.recN[l], r.s)
+				}
+			}
+			if err != nil {
+				return err
+			}
+		}
+		if err := r.Dev.SyncStream(r.s); err != nil {
+			return err
+		}
+		dds.pos = src.Pos
+		return nil
+	})
+}
+
 // release frees the device state of a collected sequence state.
 func (r *Runner) release(wp weak.Pointer[model.State]) {
 	r.mu.Lock()

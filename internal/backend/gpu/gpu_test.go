@@ -893,3 +893,72 @@ func TestGPUPoolReadError(t *testing.T) {
 		t.Errorf("after the failed reads, greedy tokens differ from the resident upload's at %d", d)
 	}
 }
+
+// TestGPUCopyState: a state prefilled on the GPU with half a prompt and
+// copied (through a state of just those positions, as the server's prefix
+// cache keeps one) resumes exactly: after the rest of the prompt its
+// greedy tokens are those of the whole prompt run at once, with every
+// expert resident and through a pool. A state copied on the host alone
+// has no device copy to give, and copying from it is refused.
+func TestGPUCopyState(t *testing.T) {
+	needGPU(t)
+	name := gpuModels[1]
+	dir := packed(t, name, 4)
+	c := refs(t, name).Cases[1]
+	ctx := context.Background()
+	for _, xo := range []engine.ExpertOptions{{}, {GPUPoolShare: 0.25}} {
+		e := openPool(t, dir, 64, xo)
+		want := greedy(t, e, c.Prompt, 16)
+		n := len(c.Prompt) / 2
+		a, err := e.NewState()
+		if err != nil {
+			t.Fatal(err)
+		}
+		qa, err := e.NewSequence(a, engine.GenOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := qa.Prefill(ctx, c.Prompt[:n]); err != nil {
+			t.Fatal(err)
+		}
+		saved, err := e.Model.NewState(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := e.NewState()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.CopyState(saved, a); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.CopyState(b, saved); err != nil {
+			t.Fatal(err)
+		}
+		qb, err := e.NewSequence(b, engine.GenOptions{MaxTokens: 16, IgnoreEOS: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := qb.Prefill(ctx, c.Prompt[n:]); err != nil {
+			t.Fatal(err)
+		}
+		for !qb.Done() {
+			if _, _, err := qb.Step(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if d := firstDiff(qb.Tokens(), want); d >= 0 {
+			t.Errorf("pool %+v: resumed from a copied state, greedy tokens differ at %d\n got %v\nwant %v", xo, d, qb.Tokens(), want)
+		}
+		hostOnly, err := e.NewState()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := hostOnly.CopyFrom(a); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.CopyState(b, hostOnly); err == nil {
+			t.Errorf("pool %+v: copying a state with no device copy: no error", xo)
+		}
+	}
+}
