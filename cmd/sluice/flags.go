@@ -75,7 +75,7 @@ func (m *modelFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&m.device, "device", "auto", "where the forward pass runs: auto (the GPU when one is usable, else the CPU), cpu, cuda or cuda:N")
 	x := &m.experts
 	fs.StringVar(&x.poolMB, "pool-mb", "", "stream experts through a pool of N MiB, or N% of the expert store (default: map them whole if they fit, else auto-size)")
-	fs.Float64Var(&x.vramGB, "vram-gb", 0, "on the GPU, the most device memory sluice takes in GiB: weights, scratch, sequence states and the expert pool, which gets what the rest leaves (default: what the GPU has free)")
+	fs.Float64Var(&x.vramGB, "vram-gb", 0, "on the GPU, the most device memory sluice takes in GiB beyond the CUDA context: weights, scratch, sequence states and the expert pool, which gets what the rest leaves (default: what the GPU has free)")
 	fs.StringVar(&x.gpuPoolMB, "gpu-pool-mb", "", "on the GPU, stream experts through a device pool of N MiB, or N% of the expert store, filled from host memory (default: every expert on the GPU if they fit, else a pool of the memory left)")
 	fs.Float64Var(&x.memoryGB, "memory-gb", 0, "total memory budget in GiB (dense + state + scratch + expert pool); experts stream when they do not fit")
 	fs.BoolVar(&x.lookahead, "lookahead", true, "prefetch the next layer's predicted experts while this layer computes")

@@ -172,6 +172,20 @@ type StateCopier interface {
 	CopyState(dst, src *model.State) error
 }
 
+// StateReleaser is a forward that can free a sequence state's device
+// copy at once (the GPU backend), rather than once the state is collected.
+type StateReleaser interface {
+	Release(st *model.State)
+}
+
+// ReleaseState frees what the forward's device holds for st, which is not
+// used again (the server's prefix cache calls it for the states it drops).
+func (e *Engine) ReleaseState(st *model.State) {
+	if r, ok := e.Fwd.(StateReleaser); ok {
+		r.Release(st)
+	}
+}
+
 // CopyState makes dst an exact copy of src's first src.Pos positions
 // (model.State.CopyFrom), on the forward's device too: the server saves
 // and resumes prompt prefixes with it.

@@ -34,9 +34,9 @@ type Options struct {
 	// Device is where the forward pass runs: "cpu" (also ""), "cuda",
 	// "cuda:N", or "auto" (the GPU when one is usable, else the CPU).
 	Device string
-	// States is the most sequence states the caller runs at once (the
-	// server's slots; 0 is 1). On the GPU each takes device memory, which
-	// the expert pool leaves room for.
+	// States is the most sequence states the caller holds at once (the
+	// server's slots and its prefix cache's entries; 0 is 1). On the GPU
+	// each takes device memory, which the expert pool leaves room for.
 	States int
 }
 

@@ -458,8 +458,8 @@ func (s *Stream) Lookahead() bool { return s.o.Lookahead }
 // Memory is the pool's memory, every slot's record within it: a device
 // that page-locks it copies records straight from their slots. A record
 // a step returned stays put only until the stream's next Begin, Next,
-// Ready or Prefetch, which may read another into its slot: a copy from it
-// must be done by then.
+// Ready or Prefetch, which may read another into its slot, or Populate
+// or Close: a copy from it must be done by then.
 func (s *Stream) Memory() []byte { return s.mem }
 
 // Cached returns the expert of layer's expert e when its record is in the

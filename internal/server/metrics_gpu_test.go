@@ -57,36 +57,45 @@ func TestMetricsGPUPool(t *testing.T) {
 }
 
 // copyingForward is the CPU runner standing in for a GPU forward that
-// keeps its own copy of each state: it counts the copies asked of it.
+// keeps its own copy of each state: it counts the copies asked of it,
+// saves (into a cache entry, a state of just the positions copied) apart
+// from resumes (into a slot's state), and the states released.
 type copyingForward struct {
 	*model.Runner
-	copies *atomic.Int64
+	saves, resumes, releases *atomic.Int64
 }
 
 func (c copyingForward) CopyState(dst, src *model.State) error {
 	if dst.Pos != src.Pos {
 		return fmt.Errorf("CopyState before the host copy: positions %d and %d", dst.Pos, src.Pos)
 	}
-	c.copies.Add(1)
+	if dst.Ctx > src.Ctx {
+		c.resumes.Add(1)
+	} else {
+		c.saves.Add(1)
+	}
 	return nil
 }
 
+func (c copyingForward) Release(*model.State) { c.releases.Add(1) }
+
 // TestPrefixCacheCopiesOnDevice: the prefix cache saves and resumes states
 // through the engine's CopyState, so a forward with states of its own
-// (the GPU) copies them too: a repeated prompt resumes from the cache with
-// the same output, and the forward was asked for the copies.
+// (the GPU) copies them too, and frees the device copies of the entries
+// it drops: a repeated prompt resumes from the cache with the same
+// output, and with room for one entry, a second prompt's entry replaces
+// the first's, which is released.
 func TestPrefixCacheCopiesOnDevice(t *testing.T) {
 	e, err := engine.Open(context.Background(), testModelDir, engine.Options{Ctx: testCtx, Threads: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(e.Close) // after the server stops
-	var copies atomic.Int64
-	e.Fwd = copyingForward{e.Runner, &copies}
+	var saves, resumes, releases atomic.Int64
+	e.Fwd = copyingForward{e.Runner, &saves, &resumes, &releases}
 	_, url := start(t, Config{Engine: e})
 	body := msg{"prompt": "def fibonacci(n):", "max_tokens": 8, "temperature": 0}
 	first := post(t, url, "/v1/completions", "", body)
-	saved := copies.Load()
 	again := post(t, url, "/v1/completions", "", body)
 	if first.Status != 200 || again.Status != 200 {
 		t.Fatalf("status %d, %d", first.Status, again.Status)
@@ -94,7 +103,26 @@ func TestPrefixCacheCopiesOnDevice(t *testing.T) {
 	if again.Usage.PromptTokensDetails.CachedTokens == 0 || again.Text != first.Text {
 		t.Errorf("repeated prompt: cached_tokens %d, text %q, first %q", again.Usage.PromptTokensDetails.CachedTokens, again.Text, first.Text)
 	}
-	if saved == 0 || copies.Load() <= saved {
-		t.Errorf("the forward was asked for %d copies after the first request and %d after the second; want saves, then a resume", saved, copies.Load())
+	if saves.Load() == 0 || resumes.Load() != 1 {
+		t.Errorf("the forward was asked for %d saves and %d resumes; want saves and one resume", saves.Load(), resumes.Load())
+	}
+	if releases.Load() != 0 {
+		t.Errorf("a cache with room to spare released %d states", releases.Load())
+	}
+	// Room for one entry of up to 64 positions: each save drops the last.
+	probe, err := e.Model.NewState(64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// (A request's last state may be saved after its reply, so the counts
+	// are checked at least, not exactly.)
+	_, url = start(t, Config{Engine: e, CacheBytes: probe.Bytes()})
+	for _, p := range []string{"def fibonacci(n):", "class Queue:"} {
+		if r := post(t, url, "/v1/completions", "", msg{"prompt": p, "max_tokens": 8, "temperature": 0}); r.Status != 200 {
+			t.Fatalf("status %d", r.Status)
+		}
+	}
+	if releases.Load() == 0 {
+		t.Errorf("a cache of one entry saved %d states and released none", saves.Load())
 	}
 }

@@ -17,6 +17,7 @@ import (
 type prefixCache struct {
 	m          *model.Model
 	copy       func(dst, src *model.State) error // State.CopyFrom, on the forward's device too
+	release    func(st *model.State)             // frees a dropped state's device copy
 	maxBytes   int64
 	maxEntries int
 	used       int64
@@ -30,8 +31,8 @@ type cacheEntry struct {
 	bytes  int64
 }
 
-func newPrefixCache(m *model.Model, copy func(dst, src *model.State) error, maxBytes int64, maxEntries int) *prefixCache {
-	return &prefixCache{m: m, copy: copy, maxBytes: maxBytes, maxEntries: maxEntries}
+func newPrefixCache(m *model.Model, copy func(dst, src *model.State) error, release func(*model.State), maxBytes int64, maxEntries int) *prefixCache {
+	return &prefixCache{m: m, copy: copy, release: release, maxBytes: maxBytes, maxEntries: maxEntries}
 }
 
 // lookup returns the longest entry of at most limit tokens that is a
@@ -85,10 +86,12 @@ func (c *prefixCache) put(tokens []int, src *model.State) bool {
 	}
 	for len(c.entries) > 0 && (c.used+need > c.maxBytes || len(c.entries) >= c.maxEntries) {
 		c.used -= c.entries[0].bytes
+		c.release(c.entries[0].st)
 		c.entries[0] = nil
 		c.entries = c.entries[1:]
 	}
 	if err := c.copy(st, src); err != nil {
+		c.release(st)
 		return false
 	}
 	c.entries = append(c.entries, &cacheEntry{tokens: slices.Clone(tokens), st: st, bytes: need})
@@ -98,5 +101,8 @@ func (c *prefixCache) put(tokens []int, src *model.State) bool {
 
 // clear drops every entry.
 func (c *prefixCache) clear() {
+	for _, e := range c.entries {
+		c.release(e.st)
+	}
 	c.entries, c.used = nil, 0
 }

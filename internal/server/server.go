@@ -113,7 +113,7 @@ func New(cfg Config) (*Server, error) {
 		sc.minMark = 4
 	}
 	if cacheBytes > 0 {
-		sc.cache = newPrefixCache(e.Model, e.CopyState, cacheBytes, 64)
+		sc.cache = newPrefixCache(e.Model, e.CopyState, e.ReleaseState, cacheBytes, 64)
 	}
 	s.sched = sc
 	s.base, s.abort = context.WithCancel(context.Background())

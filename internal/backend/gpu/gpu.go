@@ -918,7 +918,15 @@ func (r *Runner) CopyState(dst, src *model.State) error {
 	})
 }
 
-// release frees the device state of a collected sequence state.
+// Release frees st's device state now, rather than once st is garbage
+// collected: the server's prefix cache drops states whose device memory
+// the collector, paced by the host's heap, might not return in time. st
+// must not run on the backend again (a later step finds no device copy
+// of its positions and fails).
+func (r *Runner) Release(st *model.State) { r.release(weak.Make(st)) }
+
+// release frees the device state of a collected (or released) sequence
+// state; a second call for the same state does nothing.
 func (r *Runner) release(wp weak.Pointer[model.State]) {
 	r.mu.Lock()
 	ds := r.states[wp]
@@ -983,7 +991,7 @@ func (r *Runner) doForward() error {
 			return err
 		}
 	} else if ds.pos != st.Pos {
-		return fmt.Errorf("gpu: the sequence state is at position %d but its GPU copy at %d: copying, restoring or rolling back sequence states (prefix cache, speculative decoding) is not available on the GPU yet", st.Pos, ds.pos)
+		return fmt.Errorf("gpu: the sequence state is at position %d but its GPU copy at %d: a state copied, restored or rolled back on the host alone (copy states with Engine.CopyState; speculative decoding is not available on the GPU yet)", st.Pos, ds.pos)
 	}
 	for done := 0; done < len(tokens); {
 		nb := min(r.maxRows, len(tokens)-done)
