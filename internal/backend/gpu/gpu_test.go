@@ -640,7 +640,8 @@ func greedy(t testing.TB, e *engine.Engine, prompt []int, n int) []int {
 // through a pool, the device memory taken (cuMemGetInfo, after two
 // sequences prefilled and decoded in turns) stays within the budget, and
 // each sequence's greedy tokens are the resident upload's. A budget below
-// the dense weights is refused by name.
+// the dense weights is refused by name. It assumes nothing else allocates
+// on the GPU meanwhile (go test -p 1 on a GPU machine).
 func TestGPUVRAMBudget(t *testing.T) {
 	needGPU(t)
 	name := gpuModels[1]
