@@ -1,7 +1,6 @@
 package engine_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"os"
@@ -95,25 +94,5 @@ func budgetChild(t *testing.T, dir string) {
 		t.Fatal(err)
 	}
 	fmt.Println(e.ExpertPlan)
-	fmt.Printf("VmHWM=%d\n", vmHWM(t))
-}
-
-func vmHWM(t *testing.T) int64 {
-	f, err := os.Open("/proc/self/status")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "VmHWM:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return kb << 10
-		}
-	}
-	t.Fatal("no VmHWM in /proc/self/status")
-	return 0
+	fmt.Printf("VmHWM=%d\n", testutil.ProcStatus(t, "VmHWM"))
 }

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -394,4 +395,25 @@ func Prompt(n, vocab int) []int {
 		p[i] = (i*7919 + 13) % (vocab - 8)
 	}
 	return p
+}
+
+// ProcStatus reads a size field of /proc/self/status (VmRSS, VmHWM) in
+// bytes, for tests of the memory budget (Linux only).
+func ProcStatus(t testing.TB, key string) int64 {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, key+":"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return kb << 10
+		}
+	}
+	t.Fatalf("no %s in /proc/self/status", key)
+	return 0
 }

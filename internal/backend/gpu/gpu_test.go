@@ -811,7 +811,7 @@ func hostBudgetChild(t *testing.T, dir string) {
 		t.Fatal(err)
 	}
 	defer dev.Close()
-	base := procStatus(t, "VmRSS")
+	base := testutil.ProcStatus(t, "VmRSS")
 	e, err := engine.Open(context.Background(), dir, engine.Options{Device: "cuda", Ctx: 512, ChunkRows: 64,
 		Experts: engine.ExpertOptions{MemoryBytes: budget, GPUPoolShare: 0.1}})
 	if err != nil {
@@ -831,26 +831,7 @@ func hostBudgetChild(t *testing.T, dir string) {
 		t.Fatal(err)
 	}
 	fmt.Println(e.ExpertPlan)
-	fmt.Printf("VmHWM=%d driver=%d\n", procStatus(t, "VmHWM"), base)
-}
-
-// procStatus reads a size in bytes from /proc/self/status.
-func procStatus(t *testing.T, key string) int64 {
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, key+":"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return kb << 10
-		}
-	}
-	t.Fatalf("no %s in /proc/self/status", key)
-	return 0
+	fmt.Printf("VmHWM=%d driver=%d\n", testutil.ProcStatus(t, "VmHWM"), base)
 }
 
 // TestGPUPoolReadError streams through three tiers (a tenth of the
