@@ -135,20 +135,6 @@ func (t *slotTable) lookup(rec int, recent bool) int {
 	return int(s)
 }
 
-// take gives rec a slot: the lowest free one, else the one the policy
-// ranks lowest among those this wave does not hold (ties to the lowest
-// slot); the caller keeps a wave within the slot count, so there always
-// is one. It returns -1 if every slot is held.
-func (t *slotTable) take(rec int, recent bool) int {
-	var one [1]int
-	v := t.victims(one[:0], 1)
-	if len(v) == 0 {
-		return -1
-	}
-	t.assign(rec, v[0], recent)
-	return v[0]
-}
-
 // victims appends the n slots that n misses of this wave replace, in
 // order: the free ones from the lowest, then those the policy ranks
 // lowest among the slots this wave does not hold (ties to the lowest
