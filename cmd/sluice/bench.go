@@ -33,6 +33,7 @@ func cmdBench(ctx context.Context, args []string) error {
 	graphs := fs.Bool("gpu-graphs", true, "on the GPU, record the one-row decode step as a CUDA graph and replay it (false: launch every kernel from the host)")
 	phases := fs.Bool("gpu-phases", false, "on the GPU, time the phases of the last trial's decode steps with CUDA events and print where the time goes (stderr)")
 	disk := fs.Bool("disk", false, "also measure the uncached (O_DIRECT, F_NOCACHE, FILE_FLAG_NO_BUFFERING) random-read bandwidth of the expert store at the record size and queue depth in use")
+	drafts := fs.Int("drafts", 0, "MTP drafts per decode step (speculative decoding; 0 = off): the decode's tok/s then counts every token a step decides")
 	membw := fs.Bool("membw", false, "also measure the memory's read bandwidth and print the decode speed it allows: the weights a token reads ÷ bandwidth")
 	if _, err := parse(fs, args); err != nil {
 		return err
@@ -46,9 +47,10 @@ func cmdBench(ctx context.Context, args []string) error {
 		}
 		return nil
 	}
-	if *promptN < 1 || *genN < 2 || *repeat < 1 || *depth < 0 {
-		return fmt.Errorf("want --prompt >= 1, --gen >= 2, --repeat >= 1, --depth >= 0")
+	if *promptN < 1 || *genN < 2 || *repeat < 1 || *depth < 0 || *drafts < 0 {
+		return fmt.Errorf("want --prompt >= 1, --gen >= 2, --repeat >= 1, --depth >= 0, --drafts >= 0")
 	}
+	mf.drafts = *drafts
 	if mf.ctx == 0 {
 		mf.ctx = max(*promptN, *depth+1) + *genN
 	}
@@ -106,6 +108,7 @@ func cmdBench(ctx context.Context, args []string) error {
 		defer func() { fmt.Fprint(os.Stderr, p.Profile()) }()
 	}
 	var pre, dec, disp, launches, self, cpuUser, cpuSys, busy []float64
+	var mtp *engine.MTPStats // the last trial's drafts
 	var trials []benchTrial
 	var diskBefore float64
 	if *disk && e.Stream != nil {
@@ -141,7 +144,7 @@ func cmdBench(ctx context.Context, args []string) error {
 			bws = append(bws, mem.measure())
 		}
 		depthUsed = len(ctxToks)
-		bt, err := runTrial(ctx, e, st, prompt, ctxToks, *genN)
+		bt, err := runTrial(ctx, e, st, prompt, ctxToks, *genN, *drafts)
 		if err != nil {
 			return err
 		}
@@ -150,6 +153,9 @@ func cmdBench(ctx context.Context, args []string) error {
 			continue // warm-up: page in weights, grow scratch
 		}
 		trials = append(trials, bt)
+		if s.MTP != nil {
+			mtp = s.MTP
+		}
 		pre = append(pre, bt.pre.PrefillTokS)
 		dec = append(dec, s.DecodeTokS)
 		if mem != nil {
@@ -201,6 +207,9 @@ func cmdBench(ctx context.Context, args []string) error {
 		res["experts"] = xs
 	}
 	res["experts_plan"] = e.ExpertPlan
+	if mtp != nil {
+		res["mtp"] = mtp
+	}
 	if p, ok := e.DevicePool(); ok && p.Slots > 0 {
 		// The GPU's expert pool over the whole bench, warm-up included,
 		// and over its decode steps alone.
@@ -252,6 +261,11 @@ func cmdBench(ctx context.Context, args []string) error {
 	}
 	fmt.Printf("%-40s %-12s %5s %8s %14s %14s  %s\n", "model", "family", "bits", "threads", "pp"+fmt.Sprint(*promptN)+" tok/s", "tg"+fmt.Sprint(*genN)+" tok/s", "device")
 	fmt.Printf("%-40s %-12s %5d %8d %14.1f %14.1f  %s\n", trim(e.Dir, 40), e.Model.Config.Family, e.Model.Manifest.Bits, e.Runner.Pool.Threads(), median(pre), median(dec), e.Device)
+	if mtp != nil && mtp.Disabled != "" {
+		fmt.Printf("drafts off: %s\n", mtp.Disabled)
+	} else if mtp != nil {
+		fmt.Printf("drafts: %d per step, %.2f tokens per step, acceptance by depth %s (last trial)\n", mtp.Drafts, mtp.TokensPerStep, percents(mtp.Acceptance))
+	}
 	if len(cpuUser) > 0 {
 		fmt.Printf("decode CPU %.1f ms user + %.1f ms system per token, %.2f cores busy with %d threads",
 			median(cpuUser), median(cpuSys), median(busy), e.Runner.Pool.Threads())

@@ -38,10 +38,10 @@ type benchTrial struct {
 // of gen tokens greedily after a context of ctxToks (when ctxToks is prompt
 // itself, the decode continues the timed prefill). The pool's counters are
 // snapshotted around the decode so that per-layer figures are decode-only.
-func runTrial(ctx context.Context, e *engine.Engine, st *model.State, prompt, ctxToks []int, gen int) (benchTrial, error) {
+func runTrial(ctx context.Context, e *engine.Engine, st *model.State, prompt, ctxToks []int, gen, drafts int) (benchTrial, error) {
 	var bt benchTrial
 	same := len(ctxToks) == len(prompt) && &ctxToks[0] == &prompt[0]
-	opts := engine.GenOptions{MaxTokens: gen, IgnoreEOS: true, Sample: sample.Params{}}
+	opts := engine.GenOptions{MaxTokens: gen, IgnoreEOS: true, Sample: sample.Params{}, Drafts: drafts}
 	if !same {
 		st.Reset()
 		q, err := e.NewSequence(st, engine.GenOptions{})

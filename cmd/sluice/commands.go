@@ -258,6 +258,7 @@ func cmdRun(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	mf.drafts = sf.drafts
 	e, err := mf.open(ctx)
 	if err != nil {
 		return err
@@ -357,6 +358,7 @@ func cmdChat(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	mf.drafts = sf.drafts
 	e, err := mf.open(ctx)
 	if err != nil {
 		return err

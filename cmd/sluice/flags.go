@@ -51,6 +51,9 @@ type modelFlags struct {
 	chunk   int
 	device  string
 	experts expertFlags
+	// drafts is the most MTP drafts per step the command will ask for
+	// (its --drafts), which the GPU sizes its verify snapshots by.
+	drafts int
 }
 
 // expertFlags choose how routed experts are served (engine.ExpertOptions).
@@ -160,7 +163,7 @@ func (m *modelFlags) open(ctx context.Context) (*engine.Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	e, err := engine.Open(ctx, dir, engine.Options{Threads: m.threads, Ctx: m.ctx, ChunkRows: m.chunk, Progress: progress, Experts: xo, Device: m.device})
+	e, err := engine.Open(ctx, dir, engine.Options{Threads: m.threads, Ctx: m.ctx, ChunkRows: m.chunk, Progress: progress, Experts: xo, Device: m.device, Drafts: m.drafts})
 	if err != nil {
 		return nil, err
 	}

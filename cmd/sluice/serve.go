@@ -81,7 +81,7 @@ func cmdServe(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	opts := engine.Options{Threads: mf.threads, Ctx: mf.ctx, ChunkRows: mf.chunk, Experts: xo, Device: mf.device, States: *slots}
+	opts := engine.Options{Threads: mf.threads, Ctx: mf.ctx, ChunkRows: mf.chunk, Experts: xo, Device: mf.device, States: *slots, Drafts: *drafts}
 	if isTerminal(os.Stderr) {
 		opts.Progress = os.Stderr
 	}
@@ -118,11 +118,6 @@ func cmdServe(ctx context.Context, args []string) error {
 	}
 	defer e.Close()
 	deviceNote(e)
-	if e.OnGPU() {
-		if *drafts > 0 {
-			return fmt.Errorf("--drafts: speculative decoding is not available on the GPU yet; use --device cpu")
-		}
-	}
 	if e.Tok.TemplateIsFallback() {
 		fmt.Fprintf(os.Stderr, "note: the model's chat template could not be used (%s); using the ChatML fallback\n", e.Tok.TemplateFallbackReason())
 	}

@@ -375,7 +375,7 @@ func sweepPool(ctx context.Context, open func(poolSpec) (*engine.Engine, error),
 		if tty {
 			fmt.Fprintf(os.Stderr, "\rpool %s: trial %d/%d ", p.label(), t, repeat)
 		}
-		bt, err := runTrial(ctx, e, st, prompt, ctxToks, genN)
+		bt, err := runTrial(ctx, e, st, prompt, ctxToks, genN, 0)
 		if tty {
 			fmt.Fprint(os.Stderr, "\r\033[K")
 		}

@@ -158,7 +158,7 @@ func TestGPUBench(t *testing.T) {
 			qkv := up(e, randF32(r, dn.Conv(), 0.1))
 			dec, bet := up(e, randF32(r, dn.ValueHeads, 1)), up(e, randF32(r, dn.ValueHeads, 1))
 			od := e.alloc(4 * dn.ValueHeads * dn.ValueDim)
-			ms = timed(200, func(int) { must(e.k.DNRule(s, S, qkv, dec, bet, od, 1, dn)) })
+			ms = timed(200, func(int) { must(e.k.DNRule(s, S, qkv, dec, bet, od, 1, dn, 0, 0)) })
 			report("delta rule decode, 64 value heads of 128x128: %.2f us (%.0f GB/s of state read+written)", ms*1e3, float64(2*dn.ValueHeads*128*128*4)/(ms/1e3)/1e9)
 		}
 

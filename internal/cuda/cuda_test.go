@@ -630,7 +630,8 @@ var dnShape = DN{KeyHeads: 2, ValueHeads: 4, KeyDim: 128, ValueDim: 128}
 
 // TestDNConv checks the causal conv + SiLU bit for bit against the CPU's
 // arithmetic (kernels.MulSet, MulAdd, SiLUInPlace, as the model's conv),
-// and that a step of nb rows equals nb steps of one row.
+// that a step of nb rows equals nb steps of one row, and that its per-row
+// snapshots hold the history after each row.
 func TestDNConv(t *testing.T) {
 	onGPU(t, func(e *env) {
 		r := rand.New(rand.NewPCG(11, 11))
@@ -652,13 +653,19 @@ func TestDNConv(t *testing.T) {
 		}
 		wantHist := tl[nb*cd:]
 		xd, hd, wd := up(e, x), up(e, hist), up(e, convT)
-		must(e.k.DNConv(e.s, xd, hd, wd, nb, cd, K))
+		hw := (K - 1) * cd
+		snap := e.alloc(4 * (nb - 1) * hw)
+		must(e.k.DNConv(e.s, xd, hd, wd, nb, cd, K, snap, nb-1))
 		e.exact("conv", down[float32](e, xd, nb*cd), want)
-		e.exact("conv history", down[float32](e, hd, (K-1)*cd), wantHist)
+		e.exact("conv history", down[float32](e, hd, hw), wantHist)
+		snaps := down[float32](e, snap, (nb-1)*hw)
+		for i := 0; i < nb-1; i++ {
+			e.exact(fmt.Sprintf("conv snapshot after row %d", i), snaps[i*hw:(i+1)*hw], tl[(i+1)*cd:(i+K)*cd])
+		}
 		// Row by row from the same history.
 		xd, hd = up(e, x), up(e, hist)
 		for i := 0; i < nb; i++ {
-			must(e.k.DNConv(e.s, xd+uintptr(4*i*cd), hd, wd, 1, cd, K))
+			must(e.k.DNConv(e.s, xd+uintptr(4*i*cd), hd, wd, 1, cd, K, 0, 0))
 		}
 		e.exact("conv row by row vs one step", down[float32](e, xd, nb*cd), want)
 	})
@@ -711,8 +718,9 @@ func TestDNPrep(t *testing.T) {
 }
 
 // TestDNRule checks the delta rule against kernels.DeltaRule, over nb rows
-// in one step and row by row (bit-exact against each other), for each key
-// dim the kernel is built for. The GPU reproduces the CPU's AVX2 kernel's
+// in one step and row by row (bit-exact against each other, the step's
+// per-row snapshots against the state after each row), for each key dim
+// the kernel is built for. The GPU reproduces the CPU's AVX2 kernel's
 // arithmetic; against the pure-Go twin (no FMA) it is within rounding.
 func TestDNRule(t *testing.T) {
 	onGPU(t, func(e *env) {
@@ -740,7 +748,10 @@ func TestDNRule(t *testing.T) {
 			}
 			qd, dd, bd := up(e, qkv), up(e, decay), up(e, beta)
 			Sd, od := up(e, S), e.alloc(4*nb*vd)
-			must(e.k.DNRule(e.s, Sd, qd, dd, bd, od, nb, d))
+			sw := len(S)
+			snap := e.alloc(4 * (nb - 1) * sw)
+			must(e.k.DNRule(e.s, Sd, qd, dd, bd, od, nb, d, snap, nb-1))
+			snaps := down[float32](e, snap, (nb-1)*sw)
 			got, gotS := down[float32](e, od, nb*vd), down[float32](e, Sd, len(S))
 			e.close(fmt.Sprintf("delta rule dk=%d output", dk), got, want, 1e-6)
 			e.close(fmt.Sprintf("delta rule dk=%d state", dk), gotS, wantS, 1e-6)
@@ -749,7 +760,10 @@ func TestDNRule(t *testing.T) {
 			}
 			Sd, od = up(e, S), e.alloc(4*nb*vd)
 			for i := 0; i < nb; i++ {
-				must(e.k.DNRule(e.s, Sd, qd+uintptr(4*i*cd), dd+uintptr(4*i*d.ValueHeads), bd+uintptr(4*i*d.ValueHeads), od+uintptr(4*i*vd), 1, d))
+				must(e.k.DNRule(e.s, Sd, qd+uintptr(4*i*cd), dd+uintptr(4*i*d.ValueHeads), bd+uintptr(4*i*d.ValueHeads), od+uintptr(4*i*vd), 1, d, 0, 0))
+				if i < nb-1 {
+					e.exact(fmt.Sprintf("delta rule dk=%d snapshot after row %d", dk, i), snaps[i*sw:(i+1)*sw], down[float32](e, Sd, sw))
+				}
 			}
 			e.exact(fmt.Sprintf("delta rule dk=%d row by row vs one step", dk), down[float32](e, od, nb*vd), got)
 			e.exact(fmt.Sprintf("delta rule dk=%d state row by row", dk), down[float32](e, Sd, len(S)), gotS)

@@ -340,13 +340,18 @@ func (k *Kernels) Attend(s Stream, o, q, kc, vc, scratch uintptr, a Attn) error 
 }
 
 // DNConv runs the DeltaNet's causal conv (kernel K, 2..8) and SiLU over nb
-// rows of cd channels in place, updating the history hist [K-1][cd].
-func (k *Kernels) DNConv(s Stream, qkv, hist, convT uintptr, nb, cd, K int) error {
+// rows of cd channels in place, updating the history hist [K-1][cd]. With
+// nsnap > 0 the history after each of rows 0..nsnap-1 also goes to snap
+// ([nsnap][K-1][cd]): a speculative verify's per-row snapshots.
+func (k *Kernels) DNConv(s Stream, qkv, hist, convT uintptr, nb, cd, K int, snap uintptr, nsnap int) error {
 	if K < 2 || K > 8 {
 		return fmt.Errorf("cuda: conv kernel %d, want 2..8", K)
 	}
+	if nsnap > 0 && snap == 0 {
+		nsnap = 0
+	}
 	return k.d.Launch(k.f["dn_conv"], Dim3{ceil(cd, 128), 1, 1}, Dim3{128, 1, 1}, 0, s,
-		P(qkv), P(hist), P(convT), I(nb), I(cd), I(K))
+		P(qkv), P(hist), P(convT), I(nb), I(cd), I(K), P(snap), I(nsnap))
 }
 
 // DN describes the DeltaNet's head shapes.
@@ -372,14 +377,19 @@ func (k *Kernels) DNPrep(s Stream, qkv, b, a, alog, dtBias uintptr, nb int, d DN
 
 // DNRule runs the gated delta rule over nb rows for every value head:
 // state S [nv][dk][dv], prepared qkv, decay and beta [nb][nv], output o
-// [nb][nv·dv]. dk must be 32, 64 or 128 and dv at most 1024.
-func (k *Kernels) DNRule(s Stream, S, qkv, decay, beta, o uintptr, nb int, d DN) error {
+// [nb][nv·dv]. dk must be 32, 64 or 128 and dv at most 1024. With nsnap > 0
+// the state after each of rows 0..nsnap-1 also goes to snap
+// ([nsnap][nv][dk][dv]): a speculative verify's per-row snapshots.
+func (k *Kernels) DNRule(s Stream, S, qkv, decay, beta, o uintptr, nb int, d DN, snap uintptr, nsnap int) error {
 	f, ok := k.f[fmt.Sprintf("dn_rule%d", d.KeyDim)]
 	if !ok || d.ValueDim > 1024 || d.ValueHeads%d.KeyHeads != 0 {
 		return fmt.Errorf("cuda: delta rule with key dim %d, value dim %d, %d/%d heads (key dim 32, 64 or 128)", d.KeyDim, d.ValueDim, d.KeyHeads, d.ValueHeads)
 	}
+	if nsnap > 0 && snap == 0 {
+		nsnap = 0
+	}
 	return k.d.Launch(f, Dim3{d.ValueHeads, 1, 1}, Dim3{d.ValueDim, 1, 1}, 0, s,
-		P(S), P(qkv), P(decay), P(beta), P(o), I(nb), I(d.KeyHeads), I(d.ValueHeads), I(d.ValueDim))
+		P(S), P(qkv), P(decay), P(beta), P(o), I(nb), I(d.KeyHeads), I(d.ValueHeads), I(d.ValueDim), P(snap), I(nsnap))
 }
 
 // Empty launches a kernel that does nothing (for overhead measurements).

@@ -91,7 +91,7 @@ func (e *Engine) selectDevice(o Options, rows int) error {
 		fallback("--miss-bits and --cut-weak apply on the CPU only")
 		return nil
 	}
-	f, name, err := openCUDA(e.Model, ds.ordinal, rows, e.Ctx, o.States, o.Experts)
+	f, name, err := openCUDA(e.Model, ds.ordinal, rows, e.Ctx, o)
 	if err != nil {
 		if ds.kind == "cuda" {
 			return fmt.Errorf("device cuda: %v", err)

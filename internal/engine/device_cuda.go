@@ -25,9 +25,12 @@ func (g gpuForwarder) Close() {
 func (g gpuForwarder) DevicePool() DevicePool { return g.Runner.Pool() }
 
 // openCUDA opens GPU ordinal and uploads m for steps of rows rows, its
-// experts whole or through a device pool (xo), or says why the GPU is not
-// usable (no driver, no GPU, too old, model not supported or too large).
-func openCUDA(m *model.Model, ordinal, rows, ctx, states int, xo ExpertOptions) (Forwarder, string, error) {
+// experts whole or through a device pool (o.Experts), with room for
+// o.States sequences and o.Drafts drafts per step, or says why the GPU is
+// not usable (no driver, no GPU, too old, model not supported or too
+// large).
+func openCUDA(m *model.Model, ordinal, rows, ctx int, o Options) (Forwarder, string, error) {
+	xo := o.Experts
 	if err := gpu.Supported(m); err != nil {
 		return nil, "", err
 	}
@@ -47,10 +50,13 @@ func openCUDA(m *model.Model, ordinal, rows, ctx, states int, xo ExpertOptions) 
 		return nil, "", fmt.Errorf("GPU %d (%s) has compute capability %d.%d; sluice's kernels need 8.0 (Ampere) or later", ordinal, dev.Name, dev.Major, dev.Minor)
 	}
 	r, err := gpu.New(dev, m, gpu.Config{Rows: rows, Ctx: ctx, PoolBytes: xo.GPUPoolBytes, PoolShare: xo.GPUPoolShare,
-		Policy: xo.Policy, NoLookahead: xo.NoLookahead, VRAMBytes: xo.VRAMBytes, States: states})
+		Policy: xo.Policy, NoLookahead: xo.NoLookahead, VRAMBytes: xo.VRAMBytes, States: o.States, Drafts: o.Drafts})
 	if err != nil {
 		dev.Close()
 		return nil, "", err
 	}
 	return gpuForwarder{r}, fmt.Sprintf("cuda:%d (%s)", ordinal, dev.Name), nil
 }
+
+// The GPU backend runs speculative decoding itself.
+var _ drafter = gpuForwarder{}

@@ -10,7 +10,7 @@ import (
 )
 
 // openCUDA reports that this build has no GPU backend.
-func openCUDA(m *model.Model, ordinal, rows, ctx, states int, xo ExpertOptions) (Forwarder, string, error) {
+func openCUDA(m *model.Model, ordinal, rows, ctx int, o Options) (Forwarder, string, error) {
 	if runtime.GOOS != "linux" {
 		return nil, "", fmt.Errorf("the GPU backend is available on linux only")
 	}

@@ -38,6 +38,11 @@ type Options struct {
 	// server's slots and its prefix cache's entries; 0 is 1). On the GPU
 	// each takes device memory, which the expert pool leaves room for.
 	States int
+	// Drafts is the most MTP drafts per step a generation will ask for
+	// (GenOptions.Drafts). The CPU needs nothing ahead; the GPU keeps a
+	// speculative verify's per-row DeltaNet snapshots in device memory
+	// sized by it, and a generation asking for more drafts gets this many.
+	Drafts int
 }
 
 // Engine is one loaded model with its tokenizer and runner.

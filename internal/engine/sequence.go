@@ -49,18 +49,16 @@ func (e *Engine) NewSequence(st *model.State, o GenOptions) (*Sequence, error) {
 	}
 	q.stats.StopReason = "length"
 	q.stats.Device = e.Device
-	if o.Drafts > 0 && e.OnGPU() {
-		return nil, fmt.Errorf("speculative decoding (drafts) is not available on the GPU yet; use --device cpu or --drafts 0")
-	}
-	p := o.Sample
-	if a, ok := e.Fwd.(argmaxer); ok && p.Greedy() && (p.RepetitionPenalty == 0 || p.RepetitionPenalty == 1) &&
-		p.PresencePenalty == 0 && p.FrequencyPenalty == 0 {
-		q.am = a
-	}
 	q.xStart = e.expertSnap()
 	var off string
 	if q.sp, off = e.newSpec(o); off != "" {
 		q.stats.MTP = &MTPStats{Disabled: off}
+	}
+	p := o.Sample
+	if a, ok := e.Fwd.(argmaxer); ok && q.sp == nil && p.Greedy() && (p.RepetitionPenalty == 0 || p.RepetitionPenalty == 1) &&
+		p.PresencePenalty == 0 && p.FrequencyPenalty == 0 {
+		// Drafting samples its first token from the prefill's logits.
+		q.am = a
 	}
 	return q, nil
 }

@@ -3,6 +3,8 @@ package engine
 import (
 	"context"
 	"fmt"
+
+	"github.com/sluicelm/sluice/internal/model"
 )
 
 // Speculative decoding with the model's MTP head.
@@ -39,8 +41,45 @@ type MTPStats struct {
 	Disabled      string    `json:"disabled,omitempty"`  // why drafts asked for are off
 }
 
+// drafter runs speculative decoding's parts where the forward runs: the
+// MTP head, with its cache beside the trunk's, and the verify's per-row
+// DeltaNet snapshots. The CPU's runner with the host state's snapshots
+// (cpuDrafter), or a GPU backend that keeps both in device memory.
+type drafter interface {
+	Forwarder
+	model.MTPRows
+	// MTPFollow is model.Runner.MTPFollow.
+	MTPFollow(st *model.State, tokens []int, next int, out []float32) error
+	// Speculate and Commit are model.State's, for the forward's copy of
+	// the state.
+	Speculate(st *model.State, rows int) error
+	Commit(st *model.State, n int) error
+	// MaxDrafts is the most drafts a step may verify.
+	MaxDrafts() int
+}
+
+// cpuDrafter is the CPU runner as a drafter.
+type cpuDrafter struct{ *model.Runner }
+
+func (c cpuDrafter) Speculate(st *model.State, rows int) error { return st.Speculate(rows) }
+func (c cpuDrafter) Commit(st *model.State, n int) error       { return st.Commit(n) }
+func (c cpuDrafter) MaxDrafts() int                            { return c.MaxRows - 1 }
+
+// drafter returns where drafts run, or nil when the forward's device
+// cannot run them.
+func (e *Engine) drafter() drafter {
+	if d, ok := e.Fwd.(drafter); ok {
+		return d
+	}
+	if e.Fwd == Forwarder(e.Runner) {
+		return cpuDrafter{e.Runner}
+	}
+	return nil
+}
+
 // spec is one sequence's speculative-decoding state.
 type spec struct {
+	dr     drafter   // where the head and the verify run
 	d      int       // drafts per step
 	tok    int       // decided token not yet consumed by the trunk; -1 before the first step
 	ready  bool      // mlog and seed hold the head's row for tok
@@ -63,13 +102,20 @@ func (e *Engine) newSpec(o GenOptions) (*spec, string) {
 	if e.Model.MTP == nil {
 		return nil, "the model has no MTP head"
 	}
-	d := min(o.Drafts, e.Runner.MaxRows-1)
+	dr := e.drafter()
+	if dr == nil {
+		return nil, fmt.Sprintf("drafts do not run on %s", e.Device)
+	}
+	d := min(o.Drafts, dr.MaxDrafts())
 	if d <= 0 {
+		if e.OnGPU() {
+			return nil, fmt.Sprintf("%s keeps no room for drafts: open the engine with Options.Drafts (--drafts) set", e.Device)
+		}
 		return nil, fmt.Sprintf("a batch of %d row leaves no room for drafts (raise the chunk size)", e.Runner.MaxRows)
 	}
 	c := &e.Model.Config
 	V := c.Vocab
-	sp := &spec{d: d, tok: -1, mlog: make([]float32, V), seed: make([]float32, c.Hidden),
+	sp := &spec{dr: dr, d: d, tok: -1, mlog: make([]float32, V), seed: make([]float32, c.Hidden),
 		drafts: make([]int, d), p: make([]float32, V), vtok: make([]int, d+1), vlog: make([]float32, (d+1)*V)}
 	if !o.Sample.Greedy() {
 		sp.q = make([]float32, d*V)
@@ -126,7 +172,8 @@ func (q *Sequence) decide(tok, pos int, text *string) bool {
 // specStep is Step with drafts: it decides one or more tokens with one
 // trunk pass and returns them.
 func (q *Sequence) specStep(ctx context.Context) ([]int, string, error) {
-	sp, r, st := q.sp, q.e.Runner, q.St
+	sp, st := q.sp, q.St
+	r := sp.dr
 	V := q.e.Model.Config.Vocab
 	greedy := q.opts.Sample.Greedy()
 	start := len(q.out)
@@ -181,7 +228,7 @@ func (q *Sequence) specStep(ctx context.Context) ([]int, string, error) {
 	sp.vtok[0] = sp.tok
 	copy(sp.vtok[1:], sp.drafts[:D])
 	if D > 0 {
-		if err := st.Speculate(D + 1); err != nil {
+		if err := r.Speculate(st, D+1); err != nil {
 			return fail(err)
 		}
 	}
@@ -210,7 +257,7 @@ func (q *Sequence) specStep(ctx context.Context) ([]int, string, error) {
 	}
 	q.history = q.history[:hist]
 	if D > 0 {
-		if err := st.Commit(n + 1); err != nil {
+		if err := r.Commit(st, n+1); err != nil {
 			return fail(err)
 		}
 	}
@@ -246,5 +293,5 @@ func (q *Sequence) specStep(ctx context.Context) ([]int, string, error) {
 // prefillMTP runs the head over a prefill chunk the trunk just consumed.
 func (q *Sequence) prefillMTP(chunk []int) error {
 	q.sp.ready, q.sp.tok = false, -1
-	return q.e.Runner.MTPFollow(q.St, chunk, -1, nil)
+	return q.sp.dr.MTPFollow(q.St, chunk, -1, nil)
 }

@@ -21,10 +21,9 @@ import (
 
 // mtpScratch holds the MTP head's buffers beyond the runner's shared ones.
 type mtpScratch struct {
-	in  []float32 // [rows][2*hidden] normed embedding ‖ normed hidden
-	hid []float32 // [rows][hidden] hidden rows gathered for MTPFollow
-	out []float32 // [rows][hidden] post-norm outputs (the chained drafts' hidden)
-	tok []int     // [rows] tokens gathered for MTPFollow
+	in     []float32     // [rows][2*hidden] normed embedding ‖ normed hidden
+	out    []float32     // [rows][hidden] post-norm outputs (the chained drafts' hidden)
+	follow FollowScratch // rows gathered for MTPFollow
 }
 
 func (r *Runner) mtpInit() {
@@ -33,9 +32,7 @@ func (r *Runner) mtpInit() {
 	}
 	H := r.M.Config.Hidden
 	r.mtp.in = make([]float32, r.MaxRows*2*H)
-	r.mtp.hid = make([]float32, r.MaxRows*H)
 	r.mtp.out = make([]float32, r.MaxRows*H)
-	r.mtp.tok = make([]int, r.MaxRows)
 }
 
 // MTPForward runs nb MTP rows at cache rows pos..pos+nb-1 of st (rotary
@@ -48,29 +45,12 @@ func (r *Runner) mtpInit() {
 func (r *Runner) MTPForward(st *State, pos int, hidden []float32, toks []int, out []float32, all bool) error {
 	m := r.M
 	mt := m.MTP
-	if mt == nil {
-		return fmt.Errorf("mtp: the model has no MTP head")
+	if err := m.CheckMTPRows(st, pos, hidden, toks, out, all, r.MaxRows); err != nil {
+		return err
 	}
 	c := &m.Config
 	H, V := c.Hidden, c.Vocab
 	nb := len(toks)
-	switch {
-	case nb == 0 || nb > r.MaxRows:
-		return fmt.Errorf("mtp: %d rows, want 1..%d", nb, r.MaxRows)
-	case pos < 0 || pos+nb > st.Ctx:
-		return fmt.Errorf("mtp: rows %d..%d outside the context of %d", pos, pos+nb-1, st.Ctx)
-	case len(hidden) < nb*H:
-		return fmt.Errorf("mtp: %d hidden values for %d rows of %d", len(hidden), nb, H)
-	case out != nil && (all && len(out) < nb*V || !all && len(out) < V):
-		return fmt.Errorf("mtp: logits buffer too small")
-	case st.mk == nil:
-		return fmt.Errorf("mtp: the state has no MTP cache")
-	}
-	for _, t := range toks {
-		if t < 0 || t >= V {
-			return fmt.Errorf("mtp: token id %d outside the vocabulary [0,%d)", t, V)
-		}
-	}
 	r.mtpInit()
 	in := r.mtp.in
 	ne, nh := &mt.NormEmbed, &mt.NormHidden
@@ -104,6 +84,35 @@ func (r *Runner) MTPForward(st *State, pos int, hidden []float32, toks []int, ou
 	return nil
 }
 
+// CheckMTPRows checks the arguments of an MTPForward (as any backend takes
+// them) against m, st and a runner of maxRows rows.
+func (m *Model) CheckMTPRows(st *State, pos int, hidden []float32, toks []int, out []float32, all bool, maxRows int) error {
+	if m.MTP == nil {
+		return fmt.Errorf("mtp: the model has no MTP head")
+	}
+	c := &m.Config
+	H, V := c.Hidden, c.Vocab
+	nb := len(toks)
+	switch {
+	case nb == 0 || nb > maxRows:
+		return fmt.Errorf("mtp: %d rows, want 1..%d", nb, maxRows)
+	case pos < 0 || pos+nb > st.Ctx:
+		return fmt.Errorf("mtp: rows %d..%d outside the context of %d", pos, pos+nb-1, st.Ctx)
+	case len(hidden) < nb*H:
+		return fmt.Errorf("mtp: %d hidden values for %d rows of %d", len(hidden), nb, H)
+	case out != nil && (all && len(out) < nb*V || !all && len(out) < V):
+		return fmt.Errorf("mtp: logits buffer too small")
+	case st.mk == nil:
+		return fmt.Errorf("mtp: the state has no MTP cache")
+	}
+	for _, t := range toks {
+		if t < 0 || t >= V {
+			return fmt.Errorf("mtp: token id %d outside the vocabulary [0,%d)", t, V)
+		}
+	}
+	return nil
+}
+
 // MTPHidden returns the post-norm output of row i of the last MTPForward:
 // the hidden state a chained draft feeds back into the head.
 func (r *Runner) MTPHidden(i int) []float32 {
@@ -131,17 +140,45 @@ func (r *Runner) MTPFollow(st *State, tokens []int, next int, out []float32) err
 	if r.M.MTP == nil {
 		return fmt.Errorf("mtp: the model has no MTP head")
 	}
+	r.mtpInit()
+	return FollowMTP(r, st, tokens, next, out, r.MaxRows, r.Hidden, &r.mtp.follow)
+}
+
+// MTPRows runs rows of a model's MTP head: model.Runner, or a GPU backend.
+type MTPRows interface {
+	// MTPForward is model.Runner.MTPForward.
+	MTPForward(st *State, pos int, hidden []float32, toks []int, out []float32, all bool) error
+	// MTPHidden is model.Runner.MTPHidden: writable, so that a follow can
+	// move its last row's output to row 0.
+	MTPHidden(i int) []float32
+}
+
+// FollowScratch holds a follow's gathered rows: [rows][hidden] and [rows].
+type FollowScratch struct {
+	Hid []float32
+	Tok []int
+}
+
+// FollowMTP is MTPFollow over any runner f of maxRows rows: last(i) is row
+// i of the trunk step that consumed tokens (the runner's final-normed
+// hidden state), sc the scratch it gathers rows into (allocated on first
+// use). The state's bookkeeping (MTPPos, the saved hidden state) is the
+// same whichever runner keeps the head's cache.
+func FollowMTP(f MTPRows, st *State, tokens []int, next int, out []float32, maxRows int, last func(i int) []float32, sc *FollowScratch) error {
 	if st.mk == nil {
 		return fmt.Errorf("mtp: the state has no MTP cache")
 	}
-	H := r.M.Config.Hidden
+	H := len(st.mh)
 	nt := len(tokens)
 	base := st.Pos - nt
-	if base < 0 || nt > r.MaxRows {
+	if base < 0 || nt > maxRows {
 		return fmt.Errorf("mtp: follow of %d tokens at position %d", nt, st.Pos)
 	}
 	if out != nil && next < 0 {
 		return fmt.Errorf("mtp: logits asked for without the next token")
+	}
+	if len(sc.Hid) < maxRows*H {
+		sc.Hid, sc.Tok = make([]float32, maxRows*H), make([]int, maxRows)
 	}
 	tokAt := func(p int) int { // the token at trunk position p in [base, base+nt]
 		if p-base < nt {
@@ -157,28 +194,27 @@ func (r *Runner) MTPFollow(st *State, tokens []int, next int, out []float32) err
 	if next >= 0 {
 		end++
 	}
-	r.mtpInit()
 	for lo := start; lo < end; {
-		n := min(r.MaxRows, end-lo)
+		n := min(maxRows, end-lo)
 		for i := 0; i < n; i++ {
 			j := lo + i
 			src := st.mh
 			if j >= base {
-				src = r.Hidden(j - base)
+				src = last(j - base)
 			}
-			copy(r.mtp.hid[i*H:(i+1)*H], src)
-			r.mtp.tok[i] = tokAt(j + 1)
+			copy(sc.Hid[i*H:(i+1)*H], src)
+			sc.Tok[i] = tokAt(j + 1)
 		}
 		var o []float32
 		if lo+n == end {
 			o = out
 		}
-		if err := r.MTPForward(st, lo, r.mtp.hid[:n*H], r.mtp.tok[:n], o, false); err != nil {
+		if err := f.MTPForward(st, lo, sc.Hid[:n*H], sc.Tok[:n], o, false); err != nil {
 			return err
 		}
 		if o != nil && n > 1 {
 			// Callers chain from row 0: move the last row's output there.
-			copy(r.mtp.out[:H], r.mtp.out[(n-1)*H:n*H])
+			copy(f.MTPHidden(0), f.MTPHidden(n-1))
 		}
 		lo += n
 	}
@@ -188,7 +224,7 @@ func (r *Runner) MTPFollow(st *State, tokens []int, next int, out []float32) err
 		st.MTPPos = end
 	}
 	if nt > 0 {
-		copy(st.mh, r.Hidden(nt-1))
+		copy(st.mh, last(nt-1))
 	}
 	return nil
 }

@@ -46,8 +46,8 @@ type dstate struct {
 	graph     *cuda.Graph // the recorded decode step (one row), over this state's buffers
 	nodes     uint64      // kernels in graph
 	ctx       int
-	pos       int // positions the device state holds
-	kc, vc    []uintptr
+	pos       int       // positions the device state holds
+	kc, vc    []uintptr // per layer, then the MTP layer's (index len(layers)) when the model has one
 	conv, rec []uintptr
 	convN     []int // floats of conv and rec per layer
 	recN      []int
@@ -65,6 +65,9 @@ type Runner struct {
 	maxRows, H, V, E, K, I int
 	ctx                    int // the most positions a sequence state may hold
 	nstates                int // the most sequence states at once (Config.States)
+	xl                     int // expert layers: the trunk's, then the MTP layer's when there is one
+
+	mtp mtpHead // the MTP head and the speculative verify (mtp.go)
 
 	mats    map[*block.Weight]mat
 	vecs    map[*float32]uintptr
@@ -153,8 +156,12 @@ func Supported(m *model.Model) error {
 	if c.Family != "qwen3_moe" && c.Family != "qwen3_5_moe" {
 		return fmt.Errorf("the GPU backend runs qwen3_moe and qwen3_5_moe; %s runs on the CPU only for now", c.Family)
 	}
-	for i := range m.Arch.Layers {
-		L := &m.Arch.Layers[i]
+	layers := m.Arch.Layers
+	if m.MTP != nil {
+		layers = append(layers[:len(layers):len(layers)], m.MTP.Layer)
+	}
+	for i := range layers {
+		L := &layers[i]
 		switch x := L.Mixer.(type) {
 		case *block.Attn:
 			if x.Window > 0 || x.Sinks != nil || x.QB != nil || x.OB != nil || x.QNorm == nil || x.KNorm == nil {
@@ -213,6 +220,11 @@ type Config struct {
 	// slots; 0 is 1): each takes device memory when it first runs, so the
 	// pool leaves room for them all.
 	States int
+	// Drafts is the most MTP drafts a speculative step verifies (0: no
+	// speculative decoding). The verify's per-row DeltaNet snapshots,
+	// Drafts of each recurrent layer's state, are allocated with the
+	// scratch; the pool leaves room for them.
+	Drafts int
 }
 
 // ScratchReserve is what New keeps free beside the weights for scratch,
@@ -230,7 +242,14 @@ func New(dev *cuda.Device, m *model.Model, cfg Config) (*Runner, error) {
 	c := &m.Config
 	r := &Runner{M: m, Dev: dev, maxRows: max(cfg.Rows, 1), ctx: max(cfg.Ctx, 1), H: c.Hidden, V: c.Vocab, E: c.Experts, K: c.TopK,
 		I: c.MoEInter, nstates: max(cfg.States, 1), mats: map[*block.Weight]mat{}, vecs: map[*float32]uintptr{},
-		states: map[weak.Pointer[model.State]]*dstate{}}
+		states: map[weak.Pointer[model.State]]*dstate{}, xl: len(m.Arch.Layers)}
+	if m.MTP != nil {
+		r.xl++
+		r.mtp.drafts = max(min(cfg.Drafts, r.maxRows-1), 0)
+	}
+	if cfg.Drafts < 0 {
+		return nil, fmt.Errorf("gpu: %d drafts per step: want 0 or more", cfg.Drafts)
+	}
 	r.fwdFn = r.doForward
 	err := dev.Do(func() error {
 		free0, _, err := dev.MemInfo()
@@ -309,8 +328,9 @@ func (r *Runner) wantPool(cfg Config, budget int64) (bool, error) {
 }
 
 // reserve is what the device must keep free beside the weights: scratch
-// and the driver's margin (ScratchReserve), and the sequences' states.
-func (r *Runner) reserve() int64 { return ScratchReserve + r.stateBytes() }
+// and the driver's margin (ScratchReserve), the sequences' states and a
+// speculative verify's snapshots.
+func (r *Runner) reserve() int64 { return ScratchReserve + r.stateBytes() + r.snapBytes() }
 
 // stateBytes is the device memory of the sequences' states (Config.States)
 // at the runner's context length.
@@ -326,7 +346,7 @@ func (r *Runner) poolPlan(cfg Config, free int64) (slots int, lay [3]matOffsets,
 	if lay, rec, err = storeLayout(r.M); err != nil {
 		return 0, lay, 0, err
 	}
-	records := len(r.M.Arch.Layers) * r.E
+	records := r.xl * r.E
 	state := r.stateBytes()
 	room := fmt.Sprintf("%s has %.2f GiB free", r.Dev.Name, gib(free))
 	if cfg.VRAMBytes > 0 {
@@ -381,7 +401,7 @@ func (r *Runner) Pool() experts.DevicePool {
 		}
 		return nil
 	})
-	ps.Records = len(r.M.Arch.Layers) * r.E
+	ps.Records = r.xl * r.E
 	return ps
 }
 
@@ -492,8 +512,16 @@ func (r *Runner) upload() error {
 	}
 	w(&a.LMHead)
 	v(a.Norm.W)
-	for i := range a.Layers {
-		L := &a.Layers[i]
+	layers := a.Layers
+	if mt := r.M.MTP; mt != nil {
+		w(&mt.FC)
+		v(mt.NormEmbed.W)
+		v(mt.NormHidden.W)
+		v(mt.Norm.W)
+		layers = append(layers[:len(layers):len(layers)], mt.Layer)
+	}
+	for i := range layers {
+		L := &layers[i]
 		v(L.In.W)
 		v(L.Post.W)
 		switch x := L.Mixer.(type) {
@@ -539,8 +567,8 @@ func (r *Runner) upload() error {
 	if r.streaming {
 		return nil // experts stream; a recorded step needs them resident
 	}
-	// Experts: every record of the trunk's layers, through the resident
-	// provider's views of experts.bin.
+	// Experts: every record of the trunk's layers and the MTP layer's,
+	// through the resident provider's views of experts.bin.
 	prov, err := model.NewResidentProvider(r.M)
 	if err != nil {
 		return err
@@ -552,8 +580,8 @@ func (r *Runner) upload() error {
 		all[e] = e
 	}
 	var ea arena
-	offs := make([][3]matOffsets, nl*r.E)
-	for l := 0; l < nl; l++ {
+	offs := make([][3]matOffsets, r.xl*r.E)
+	for l := 0; l < r.xl; l++ {
 		if err := prov.Begin(l, all, model.Hint{}); err != nil {
 			return err
 		}
@@ -661,6 +689,9 @@ func (r *Runner) alloc() error {
 	cd := 2*kd + vd
 	rh := r.M.Arch.Rope.Dim / 2
 	wide := max(H, c.Heads*c.HeadDim, vd, I)
+	if r.M.MTP != nil {
+		wide = max(wide, 2*H) // the MTP head's input
+	}
 	acts := max((R*K+1)*max(H, I), R*wide)
 	attS := cuda.AttendScratch(cuda.Attn{Pos: r.ctx, Rows: R, Heads: c.Heads, HeadDim: c.HeadDim})
 	var sz int
@@ -709,6 +740,10 @@ func (r *Runner) alloc() error {
 	add(&r.x8, acts/4+1)
 	add(&r.xs, acts/64)
 	add(&r.xsum, acts/64)
+	if r.M.MTP != nil {
+		add(&r.mtp.in, R*2*H)
+		add(&r.mtp.out, R*H)
+	}
 	buf, err := r.Dev.Alloc(sz)
 	if err != nil {
 		return fmt.Errorf("scratch (%.2f GiB): %w", gib(int64(sz)), err)
@@ -724,6 +759,9 @@ func (r *Runner) alloc() error {
 	r.offX, r.offCos, r.offSin = h(R*H), h(R*rh), h(R*rh)
 	r.offIds, r.offW, r.offGidx, r.offPos, r.offAm, r.offPosW = h(R*K), h(R*K), h(R*K), h(R*K), h(R), h(1)
 	r.offIds2 = h(K)
+	if r.M.MTP != nil {
+		r.mtp.offIn, r.mtp.offOut, r.mtp.offHid = h(R*2*H), h(R*H), h(R*H)
+	}
 	if r.pin, err = r.Dev.AllocHost(hw * 4); err != nil {
 		return err
 	}
@@ -738,6 +776,11 @@ func (r *Runner) alloc() error {
 	r.ppos = i32[r.offPos/4 : r.offPos/4+R*K]
 	r.pam = i32[r.offAm/4 : r.offAm/4+R]
 	r.pids2 = i32[r.offIds2/4 : r.offIds2/4+K]
+	if r.M.MTP != nil {
+		r.mtp.pin = f32[r.mtp.offIn/4 : r.mtp.offIn/4+R*2*H]
+		r.mtp.pout = f32[r.mtp.offOut/4 : r.mtp.offOut/4+R*H]
+		r.mtp.phid = f32[r.mtp.offHid/4 : r.mtp.offHid/4+R*H]
+	}
 	if r.plog, err = r.Dev.AllocHost(4 * R * r.V); err != nil {
 		return err
 	}
@@ -753,7 +796,7 @@ func (r *Runner) alloc() error {
 	for i := range r.members {
 		r.members[i] = make([]int, 0, R*K)
 	}
-	return nil
+	return r.allocSnap()
 }
 
 // Close frees everything the runner holds on the device.
@@ -776,6 +819,8 @@ func (r *Runner) Close() {
 		r.weights = nil
 		r.Dev.Free(r.scratch)
 		r.scratch = cuda.Buf{}
+		r.Dev.Free(r.mtp.snap)
+		r.mtp.snap = cuda.Buf{}
 		r.Dev.FreeHost(r.pin)
 		r.Dev.FreeHost(r.plog)
 		r.closePool()
@@ -835,7 +880,7 @@ func (r *Runner) state(st *model.State) (*dstate, error) {
 	}
 	var slots []slot
 	n := len(a.States)
-	ds.kc, ds.vc, ds.conv, ds.rec = make([]uintptr, n), make([]uintptr, n), make([]uintptr, n), make([]uintptr, n)
+	ds.kc, ds.vc, ds.conv, ds.rec = make([]uintptr, n+1), make([]uintptr, n+1), make([]uintptr, n), make([]uintptr, n)
 	ds.convN, ds.recN = make([]int, n), make([]int, n)
 	for l, sp := range a.States {
 		switch sp.Kind {
@@ -847,6 +892,10 @@ func (r *Runner) state(st *model.State) (*dstate, error) {
 		default:
 			return nil, fmt.Errorf("gpu: state kind %d not supported", sp.Kind)
 		}
+	}
+	if r.M.MTP != nil {
+		w := a.MTPState.KVWidth
+		slots = append(slots, slot{&ds.kc[n], st.Ctx * w}, slot{&ds.vc[n], st.Ctx * w})
 	}
 	offs := make([]int, len(slots))
 	for i, s := range slots {
@@ -907,6 +956,15 @@ func (r *Runner) CopyState(dst, src *model.State) error {
 				}
 			}
 			if err != nil {
+				return err
+			}
+		}
+		if nl := len(r.M.Arch.States); r.M.MTP != nil {
+			n := 4 * min(src.MTPPos, dst.Ctx) * r.M.Arch.MTPState.KVWidth
+			if err := r.Dev.CopyDAsync(dds.kc[nl], sds.kc[nl], n, r.s); err != nil {
+				return err
+			}
+			if err := r.Dev.CopyDAsync(dds.vc[nl], sds.vc[nl], n, r.s); err != nil {
 				return err
 			}
 		}
@@ -991,7 +1049,7 @@ func (r *Runner) doForward() error {
 			return err
 		}
 	} else if ds.pos != st.Pos {
-		return fmt.Errorf("gpu: the sequence state is at position %d but its GPU copy at %d: a state copied, restored or rolled back on the host alone (copy states with Engine.CopyState; speculative decoding is not available on the GPU yet)", st.Pos, ds.pos)
+		return fmt.Errorf("gpu: the sequence state is at position %d but its GPU copy at %d: a state copied, restored or rolled back on the host alone (copy states with Engine.CopyState, end verifies with the backend's Commit)", st.Pos, ds.pos)
 	}
 	for done := 0; done < len(tokens); {
 		nb := min(r.maxRows, len(tokens)-done)
@@ -1112,6 +1170,7 @@ func (r *Runner) step(ds *dstate, st *model.State, tokens []int, logits []float3
 	if logits != nil {
 		copy(logits, r.plog.F32()[:len(logits)])
 	}
+	r.mtp.last, r.mtp.lastBase, r.mtp.lastRows = ds, st.Pos, nb
 	st.Pos += nb
 	ds.pos = st.Pos
 	return nil
@@ -1315,7 +1374,8 @@ func (r *Runner) DNProject(d *block.DeltaNet) {
 // Conv implements block.Backend.
 func (r *Runner) Conv(d *block.DeltaNet, cache int) {
 	r.mark("dn_conv")
-	r.check(r.k.DNConv(r.s, r.qkv, r.cur.conv[cache], r.vecs[&d.ConvT[0]], r.nb, dnShape(d).Conv(), d.Kernel))
+	snap, n := r.snapAt(cache, true)
+	r.check(r.k.DNConv(r.s, r.qkv, r.cur.conv[cache], r.vecs[&d.ConvT[0]], r.nb, dnShape(d).Conv(), d.Kernel, snap, n))
 }
 
 // DNPrep implements block.Backend.
@@ -1328,7 +1388,8 @@ func (r *Runner) DNPrep(d *block.DeltaNet) {
 // DeltaRule implements block.Backend.
 func (r *Runner) DeltaRule(d *block.DeltaNet, cache int) {
 	r.mark("dn_rule")
-	r.check(r.k.DNRule(r.s, r.cur.rec[cache], r.qkv, r.da, r.db, r.dno, r.nb, dnShape(d)))
+	snap, n := r.snapAt(cache, false)
+	r.check(r.k.DNRule(r.s, r.cur.rec[cache], r.qkv, r.da, r.db, r.dno, r.nb, dnShape(d), snap, n))
 }
 
 // DNGate implements block.Backend.

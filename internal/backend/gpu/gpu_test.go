@@ -334,16 +334,28 @@ func TestGPUQ4MatchesCPU(t *testing.T) {
 	}
 }
 
-// TestGPURefusals: what the GPU cannot do yet is refused, not computed
-// wrongly: drafts, and a state changed behind the backend's back.
+// TestGPURefusals: what the GPU cannot do is refused, not computed
+// wrongly: a verify of more drafts than the backend was opened for, a
+// commit with no verify armed, and a state changed behind the backend's
+// back.
 func TestGPURefusals(t *testing.T) {
 	needGPU(t)
 	name := gpuModels[1]
 	e := open(t, packed(t, name, 4), "cuda", 64)
 	c := refs(t, name).Cases[0]
+	v, ok := e.Fwd.(interface {
+		Speculate(st *model.State, rows int) error
+		Commit(st *model.State, n int) error
+	})
+	if !ok {
+		t.Fatalf("the GPU forward %T has no speculative verify", e.Fwd)
+	}
 	st, _ := e.NewState()
-	if _, _, err := e.Generate(context.Background(), st, c.Prompt, engine.GenOptions{MaxTokens: 4, Drafts: 2}, nil); err == nil {
-		t.Error("drafts on the GPU: no error")
+	if err := v.Speculate(st, 3); err == nil || !strings.Contains(err.Error(), "opened for 0") {
+		t.Errorf("a verify of 2 drafts on a backend opened for none: %v", err)
+	}
+	if err := v.Commit(st, 1); err == nil {
+		t.Error("a commit with no verify armed: no error")
 	}
 	a, _ := e.NewState()
 	logits := make([]float32, e.Model.Config.Vocab)

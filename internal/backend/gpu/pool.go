@@ -222,7 +222,7 @@ func layoutOf(st *format.ExpertStore) (lay [3]matOffsets, stride int, err error)
 // stream and its events, and page-locks the host store when the provider
 // holds one whole.
 func (r *Runner) newPool(slots int, lay [3]matOffsets, rec int, policy experts.Policy) error {
-	nl := len(r.M.Arch.Layers)
+	nl := r.xl // the MTP layer's experts share the pool
 	ev, err := experts.NewEvictor(policy, nl, r.E)
 	if err != nil {
 		return err

@@ -8,8 +8,11 @@
 // applies SiLU, in place in qkv ([nb][cd]); hist ([K-1][cd], oldest first)
 // becomes the last K-1 inputs. convT is the weight by tap ([K][cd]). As
 // model.dnConv: out = 0 + w0·x_{i-K+1}, then + w_j·x_{i-K+1+j} in tap
-// order, each product rounded. One thread per channel.
-extern "C" __global__ void dn_conv(float* qkv, float* hist, const float* __restrict__ convT, int nb, int cd, int K) {
+// order, each product rounded. A speculative verify keeps the history
+// after each of rows 0..nsnap-1 in snap ([nsnap][K-1][cd]), so that
+// rejected rows can be rolled back. One thread per channel.
+extern "C" __global__ void dn_conv(float* qkv, float* hist, const float* __restrict__ convT, int nb, int cd, int K,
+                                   float* __restrict__ snap, int nsnap) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= cd) return;
     float win[7], wt[8];
@@ -35,6 +38,11 @@ extern "C" __global__ void dn_conv(float* qkv, float* hist, const float* __restr
 #pragma unroll
         for (int j = 0; j < 7; j++)
             if (j == K - 2) win[j] = xi;
+        if (i < nsnap) {
+#pragma unroll
+            for (int j = 0; j < 7; j++)
+                if (j < K - 1) snap[((size_t)i * (K - 1) + j) * cd + c] = win[j];
+        }
     }
 #pragma unroll
     for (int j = 0; j < 7; j++)
@@ -47,11 +55,13 @@ extern "C" __global__ void dn_conv(float* qkv, float* hist, const float* __restr
 // The arithmetic is kernels.DeltaRule's AVX2 kernel's, bit for bit (the
 // decay product rounded, the other steps fused multiply-adds, dims in
 // order). qkv is the prepared conv output [nb][2·nk·DK + nv·dv] (q, k
-// normalised), decay and beta [nb][nv], o [nb][nv·dv]. blockDim.x = dv.
+// normalised), decay and beta [nb][nv], o [nb][nv·dv]. A speculative
+// verify keeps S after each of rows 0..nsnap-1 in snap ([nsnap][nv][DK][dv]).
+// blockDim.x = dv.
 template <int DK>
 __device__ __forceinline__ void dn_rule(float* S, const float* __restrict__ qkv, const float* __restrict__ decayA,
                                         const float* __restrict__ betaB, float* __restrict__ o, int nb, int nk, int nv,
-                                        int dv) {
+                                        int dv, float* __restrict__ snap, int nsnap) {
     __shared__ float ks[DK], qs[DK];
     int h = blockIdx.x, j = threadIdx.x;
     int kd = nk * DK, vd = nv * dv, cd = 2 * kd + vd;
@@ -83,24 +93,29 @@ __device__ __forceinline__ void dn_rule(float* S, const float* __restrict__ qkv,
             oj = fmaf(s[a], qs[a], oj);
         }
         o[(size_t)i * vd + h * dv + j] = oj;
+        if (i < nsnap) {
+            float* Sn = snap + ((size_t)i * nv + h) * DK * dv;
+#pragma unroll
+            for (int a = 0; a < DK; a++) Sn[(size_t)a * dv + j] = s[a];
+        }
     }
 #pragma unroll
     for (int a = 0; a < DK; a++) Sh[(size_t)a * dv + j] = s[a];
 }
 
 extern "C" __global__ void dn_rule32(float* S, const float* qkv, const float* decay, const float* beta, float* o, int nb,
-                                     int nk, int nv, int dv) {
-    dn_rule<32>(S, qkv, decay, beta, o, nb, nk, nv, dv);
+                                     int nk, int nv, int dv, float* snap, int nsnap) {
+    dn_rule<32>(S, qkv, decay, beta, o, nb, nk, nv, dv, snap, nsnap);
 }
 
 extern "C" __global__ void dn_rule64(float* S, const float* qkv, const float* decay, const float* beta, float* o, int nb,
-                                     int nk, int nv, int dv) {
-    dn_rule<64>(S, qkv, decay, beta, o, nb, nk, nv, dv);
+                                     int nk, int nv, int dv, float* snap, int nsnap) {
+    dn_rule<64>(S, qkv, decay, beta, o, nb, nk, nv, dv, snap, nsnap);
 }
 
 extern "C" __global__ void dn_rule128(float* S, const float* qkv, const float* decay, const float* beta, float* o, int nb,
-                                      int nk, int nv, int dv) {
-    dn_rule<128>(S, qkv, decay, beta, o, nb, nk, nv, dv);
+                                     int nk, int nv, int dv, float* snap, int nsnap) {
+    dn_rule<128>(S, qkv, decay, beta, o, nb, nk, nv, dv, snap, nsnap);
 }
 
 // bench_empty does nothing: launch and graph overheads are timed with it.

@@ -1,0 +1,239 @@
+//go:build linux
+
+package gpu_test
+
+import (
+	"context"
+	"math"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/sluicelm/sluice/internal/engine"
+	"github.com/sluicelm/sluice/internal/model"
+	"github.com/sluicelm/sluice/internal/sample"
+)
+
+// mtpModel is the GPU model with an MTP head.
+const mtpModel = "tiny-qwen3-5-moe"
+
+// follower is the MTP head of a forward: the CPU runner's, or the GPU
+// backend's.
+type follower interface {
+	MTPFollow(st *model.State, tokens []int, next int, out []float32) error
+}
+
+// openDrafts opens the model on the GPU with room for drafts.
+func openDrafts(t testing.TB, dir string, drafts int, xo engine.ExpertOptions) *engine.Engine {
+	t.Helper()
+	e, err := engine.Open(context.Background(), dir, engine.Options{Device: "cuda", ChunkRows: 64, Experts: xo, Drafts: drafts})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	if !e.OnGPU() {
+		t.Fatalf("device cuda gave %s", e.Device)
+	}
+	return e
+}
+
+// TestGPUMTPMatchesCPU runs the MTP head on the GPU and on the CPU over
+// every reference prompt, token by token (a trunk step, then the head's row
+// for it once the next token is known), at 4 bits. The GPU's q4 products
+// round differently from the CPU's, and the head's input is the trunk's
+// output, so the two differ as the trunks do, compounded: the head's
+// negative log-likelihood of the token after next agrees within 1%, its
+// argmax in at least 95% of rows; the trunk's figures are logged beside
+// them.
+func TestGPUMTPMatchesCPU(t *testing.T) {
+	needGPU(t)
+	dir := packed(t, mtpModel, 4)
+	g := openDrafts(t, dir, 3, engine.ExpertOptions{})
+	c := open(t, dir, "cpu", 64)
+	gf, ok := g.Fwd.(follower)
+	if !ok {
+		t.Fatalf("the GPU forward %T has no MTP head", g.Fwd)
+	}
+	V := g.Model.Config.Vocab
+	var rows, same, trunkSame int
+	var nllG, nllC, trunkG, trunkC float64
+	var diffs, trunkDiffs []float64
+	relDiff := func(a, b []float32) float64 {
+		var d, scale float64
+		for j := range b {
+			d = math.Max(d, math.Abs(float64(a[j]-b[j])))
+			scale = math.Max(scale, math.Abs(float64(b[j])))
+		}
+		return d / scale
+	}
+	for ci, cs := range refs(t, mtpModel).Cases {
+		p := cs.Prompt
+		sg, _ := g.Model.NewState(len(p))
+		sc, _ := c.Model.NewState(len(p))
+		lg, lc := make([]float32, V), make([]float32, V)
+		for i := 0; i+2 < len(p); i++ {
+			tok := p[i : i+1]
+			if err := g.Fwd.Forward(sg, tok, lg, false); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Runner.Forward(sc, tok, lc, false); err != nil {
+				t.Fatal(err)
+			}
+			trunkG -= logSoftmax(lg)[p[i+1]]
+			trunkC -= logSoftmax(lc)[p[i+1]]
+			trunkDiffs = append(trunkDiffs, relDiff(lg, lc))
+			if argmax(lg) == argmax(lc) {
+				trunkSame++
+			}
+			if err := gf.MTPFollow(sg, tok, p[i+1], lg); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Runner.MTPFollow(sc, tok, p[i+1], lc); err != nil {
+				t.Fatal(err)
+			}
+			if sg.MTPPos != sc.MTPPos || sg.MTPPos != i+1 {
+				t.Fatalf("case %d row %d: MTP rows consumed %d on the GPU, %d on the CPU, want %d", ci, i, sg.MTPPos, sc.MTPPos, i+1)
+			}
+			nllG -= logSoftmax(lg)[p[i+2]]
+			nllC -= logSoftmax(lc)[p[i+2]]
+			diffs = append(diffs, relDiff(lg, lc))
+			rows++
+			if argmax(lg) == argmax(lc) {
+				same++
+			}
+		}
+	}
+	sort.Float64s(diffs)
+	sort.Float64s(trunkDiffs)
+	n := float64(rows)
+	t.Logf("%d rows. MTP head: NLL GPU %.5f, CPU %.5f (%+.3f%%), argmax agrees in %d, largest logit difference of the largest logit median %.2e, max %.2e",
+		rows, nllG/n, nllC/n, 100*(nllG/nllC-1), same, diffs[rows/2], diffs[rows-1])
+	t.Logf("trunk: NLL GPU %.5f, CPU %.5f (%+.3f%%), argmax agrees in %d, largest logit difference median %.2e, max %.2e",
+		trunkG/n, trunkC/n, 100*(trunkG/trunkC-1), trunkSame, trunkDiffs[rows/2], trunkDiffs[rows-1])
+	if d := math.Abs(nllG/nllC - 1); d > 0.01 {
+		t.Errorf("the GPU head's NLL is off the CPU's by %.3f%%, want <= 1%%", 100*d)
+	}
+	if float64(same) < 0.95*n {
+		t.Errorf("the heads' argmax agrees in %d of %d rows, want >= 95%%", same, rows)
+	}
+}
+
+// top2 is the gap between the two largest values of x.
+func top2(x []float32) float64 {
+	a, b := math.Inf(-1), math.Inf(-1)
+	for _, v := range x {
+		f := float64(v)
+		switch {
+		case f > a:
+			a, b = f, a
+		case f > b:
+			b = f
+		}
+	}
+	return a - b
+}
+
+// TestGPUDrafts: speculative decoding on the GPU, resident and through a
+// pool, leaves greedy tokens as plain decoding gives them for 1, 2 and 3
+// drafts, with drafts kept and drafts rejected (so the verify's rollback
+// ran) along the way; the same holds resuming from a state copied on the
+// device. Sampled decoding with drafts repeats itself for one seed. A
+// backend opened without room for drafts decodes without them and says
+// why.
+func TestGPUDrafts(t *testing.T) {
+	needGPU(t)
+	dir := packed(t, mtpModel, 4)
+	cases := refs(t, mtpModel).Cases
+	ctx := context.Background()
+	gen := func(e *engine.Engine, st *model.State, prompt []int, o engine.GenOptions) ([]int, engine.Stats) {
+		t.Helper()
+		if st == nil {
+			var err error
+			if st, err = e.NewState(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		got, s, err := e.Generate(ctx, st, prompt, o, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got, s
+	}
+	for _, xo := range []engine.ExpertOptions{{}, {GPUPoolShare: 0.25}} {
+		e := openDrafts(t, dir, 3, xo)
+		var drafted, accepted int
+		for ci, c := range cases {
+			plain := engine.GenOptions{MaxTokens: 40, IgnoreEOS: true}
+			want, _ := gen(e, nil, c.Prompt, plain)
+			for d := 1; d <= 3; d++ {
+				o := plain
+				o.Drafts = d
+				got, s := gen(e, nil, c.Prompt, o)
+				if i := firstDiff(got, want); i >= 0 {
+					t.Errorf("pool %+v case %d, %d drafts: tokens differ at %d\n got %v\nwant %v", xo, ci, d, i, got, want)
+				}
+				if s.MTP == nil || s.MTP.Disabled != "" || s.MTP.Drafts != d {
+					t.Fatalf("pool %+v case %d, %d drafts: MTP stats %+v", xo, ci, d, s.MTP)
+				}
+				drafted += s.MTP.Drafted
+				accepted += s.MTP.Accepted
+			}
+		}
+		t.Logf("pool %+v: %d of %d drafts kept", xo, accepted, drafted)
+		if accepted == 0 || accepted == drafted {
+			t.Errorf("pool %+v: %d of %d drafts kept; want some kept and some rejected", xo, accepted, drafted)
+		}
+
+		// Resumed from a copy of a prefix (the server's prefix cache).
+		c := cases[1]
+		n := len(c.Prompt) / 2
+		plain := engine.GenOptions{MaxTokens: 24, IgnoreEOS: true}
+		want, _ := gen(e, nil, c.Prompt, plain)
+		a, _ := e.NewState()
+		q, err := e.NewSequence(a, engine.GenOptions{Drafts: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := q.Prefill(ctx, c.Prompt[:n]); err != nil {
+			t.Fatal(err)
+		}
+		b, _ := e.NewState()
+		if err := e.CopyState(b, a); err != nil {
+			t.Fatal(err)
+		}
+		o := plain
+		o.Drafts = 2
+		qb, err := e.NewSequence(b, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := qb.Prefill(ctx, c.Prompt[n:]); err != nil {
+			t.Fatal(err)
+		}
+		for !qb.Done() {
+			if _, _, err := qb.Step(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if i := firstDiff(qb.Tokens(), want); i >= 0 {
+			t.Errorf("pool %+v: drafts from a copied state: tokens differ at %d\n got %v\nwant %v", xo, i, qb.Tokens(), want)
+		}
+
+		// Sampled, twice with one seed.
+		so := engine.GenOptions{MaxTokens: 32, IgnoreEOS: true, Drafts: 2, Sample: sample.Params{Temperature: 0.8, TopP: 0.95, Seed: 7}}
+		s1, st1 := gen(e, nil, c.Prompt, so)
+		s2, _ := gen(e, nil, c.Prompt, so)
+		if len(s1) != 32 || firstDiff(s1, s2) >= 0 || st1.MTP == nil || st1.MTP.Drafted == 0 {
+			t.Errorf("pool %+v: sampled with drafts: %v then %v, MTP %+v", xo, s1, s2, st1.MTP)
+		}
+	}
+
+	e := openDrafts(t, dir, 0, engine.ExpertOptions{})
+	o := engine.GenOptions{MaxTokens: 8, IgnoreEOS: true, Drafts: 2}
+	got, s := gen(e, nil, cases[0].Prompt, o)
+	o.Drafts = 0
+	want, _ := gen(e, nil, cases[0].Prompt, o)
+	if s.MTP == nil || !strings.Contains(s.MTP.Disabled, "no room for drafts") || firstDiff(got, want) >= 0 {
+		t.Errorf("opened without drafts: tokens %v (plain %v), MTP %+v", got, want, s.MTP)
+	}
+}
