@@ -133,9 +133,10 @@ func top2(x []float32) float64 {
 	return a - b
 }
 
-// TestGPUDrafts: speculative decoding on the GPU, resident and through a
-// pool, leaves greedy tokens as plain decoding gives them for 1, 2 and 3
-// drafts, with drafts kept and drafts rejected (so the verify's rollback
+// TestGPUDrafts: speculative decoding on the GPU, resident, through a pool
+// of a quarter of the records or of top-k records (a verify's experts then
+// run in waves), and through three tiers with both pools at top-k records,
+// leaves greedy tokens as plain decoding gives them for 1, 2 and 3 drafts, with drafts kept and drafts rejected (so the verify's rollback
 // ran) along the way; the same holds resuming from a state copied on the
 // device. Sampled decoding with drafts repeats itself for one seed. A
 // backend opened without room for drafts decodes without them and says
@@ -159,8 +160,19 @@ func TestGPUDrafts(t *testing.T) {
 		}
 		return got, s
 	}
-	for _, xo := range []engine.ExpertOptions{{}, {GPUPoolShare: 0.25}} {
-		e := openDrafts(t, dir, 3, xo)
+	m := openDrafts(t, dir, 3, engine.ExpertOptions{}).Model.Manifest
+	least := int64(m.Config.TopK) * m.Stores[0].Stride
+	pools := []struct {
+		name string
+		xo   engine.ExpertOptions
+	}{
+		{"resident", engine.ExpertOptions{}},
+		{"quarter", engine.ExpertOptions{GPUPoolShare: 0.25}},
+		{"topk", engine.ExpertOptions{GPUPoolBytes: least}},
+		{"tiers, least", engine.ExpertOptions{GPUPoolBytes: least, PoolBytes: least}},
+	}
+	for _, pc := range pools {
+		e := openDrafts(t, dir, 3, pc.xo)
 		var drafted, accepted int
 		for ci, c := range cases {
 			plain := engine.GenOptions{MaxTokens: 40, IgnoreEOS: true}
@@ -170,18 +182,18 @@ func TestGPUDrafts(t *testing.T) {
 				o.Drafts = d
 				got, s := gen(e, nil, c.Prompt, o)
 				if i := firstDiff(got, want); i >= 0 {
-					t.Errorf("pool %+v case %d, %d drafts: tokens differ at %d\n got %v\nwant %v", xo, ci, d, i, got, want)
+					t.Errorf("pool %s case %d, %d drafts: tokens differ at %d\n got %v\nwant %v", pc.name, ci, d, i, got, want)
 				}
 				if s.MTP == nil || s.MTP.Disabled != "" || s.MTP.Drafts != d {
-					t.Fatalf("pool %+v case %d, %d drafts: MTP stats %+v", xo, ci, d, s.MTP)
+					t.Fatalf("pool %s case %d, %d drafts: MTP stats %+v", pc.name, ci, d, s.MTP)
 				}
 				drafted += s.MTP.Drafted
 				accepted += s.MTP.Accepted
 			}
 		}
-		t.Logf("pool %+v: %d of %d drafts kept", xo, accepted, drafted)
+		t.Logf("pool %s: %d of %d drafts kept", pc.name, accepted, drafted)
 		if accepted == 0 || accepted == drafted {
-			t.Errorf("pool %+v: %d of %d drafts kept; want some kept and some rejected", xo, accepted, drafted)
+			t.Errorf("pool %s: %d of %d drafts kept; want some kept and some rejected", pc.name, accepted, drafted)
 		}
 
 		// Resumed from a copy of a prefix (the server's prefix cache).
@@ -216,7 +228,7 @@ func TestGPUDrafts(t *testing.T) {
 			}
 		}
 		if i := firstDiff(qb.Tokens(), want); i >= 0 {
-			t.Errorf("pool %+v: drafts from a copied state: tokens differ at %d\n got %v\nwant %v", xo, i, qb.Tokens(), want)
+			t.Errorf("pool %s: drafts from a copied state: tokens differ at %d\n got %v\nwant %v", pc.name, i, qb.Tokens(), want)
 		}
 
 		// Sampled, twice with one seed.
@@ -224,7 +236,7 @@ func TestGPUDrafts(t *testing.T) {
 		s1, st1 := gen(e, nil, c.Prompt, so)
 		s2, _ := gen(e, nil, c.Prompt, so)
 		if len(s1) != 32 || firstDiff(s1, s2) >= 0 || st1.MTP == nil || st1.MTP.Drafted == 0 {
-			t.Errorf("pool %+v: sampled with drafts: %v then %v, MTP %+v", xo, s1, s2, st1.MTP)
+			t.Errorf("pool %s: sampled with drafts: %v then %v, MTP %+v", pc.name, s1, s2, st1.MTP)
 		}
 	}
 
