@@ -60,3 +60,6 @@ func openCUDA(m *model.Model, ordinal, rows, ctx int, o Options) (Forwarder, str
 
 // The GPU backend runs speculative decoding itself.
 var _ drafter = gpuForwarder{}
+
+// The GPU backend takes a greedy verify's and the head's choices itself.
+var _ greedyDrafter = gpuForwarder{}

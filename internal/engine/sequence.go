@@ -54,13 +54,17 @@ func (e *Engine) NewSequence(st *model.State, o GenOptions) (*Sequence, error) {
 	if q.sp, off = e.newSpec(o); off != "" {
 		q.stats.MTP = &MTPStats{Disabled: off}
 	}
-	p := o.Sample
-	if a, ok := e.Fwd.(argmaxer); ok && q.sp == nil && p.Greedy() && (p.RepetitionPenalty == 0 || p.RepetitionPenalty == 1) &&
-		p.PresencePenalty == 0 && p.FrequencyPenalty == 0 {
+	if a, ok := e.Fwd.(argmaxer); ok && q.sp == nil && plainGreedy(o.Sample) {
 		// Drafting samples its first token from the prefill's logits.
 		q.am = a
 	}
 	return q, nil
+}
+
+// plainGreedy reports whether p picks the largest logit as it is: greedy,
+// with no penalty to apply first.
+func plainGreedy(p sample.Params) bool {
+	return p.Greedy() && (p.RepetitionPenalty == 0 || p.RepetitionPenalty == 1) && p.PresencePenalty == 0 && p.FrequencyPenalty == 0
 }
 
 // Prefill feeds prompt tokens after whatever st already holds, chunk by

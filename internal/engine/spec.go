@@ -58,6 +58,20 @@ type drafter interface {
 	MaxDrafts() int
 }
 
+// greedyDrafter is a drafter that takes greedy choices where the forward
+// runs (the GPU): for greedy decoding without penalties a verify and the
+// head bring back token ids, not a vocabulary of logits per row for the
+// host to scan.
+type greedyDrafter interface {
+	// ForwardArgmaxAll is Forward that writes every row's greedy choice
+	// into best.
+	ForwardArgmaxAll(st *model.State, tokens, best []int) error
+	// MTPForwardArgmax and MTPFollowArgmax are MTPForward and MTPFollow
+	// that return the last row's greedy choice.
+	MTPForwardArgmax(st *model.State, pos int, hidden []float32, toks []int) (int, error)
+	MTPFollowArgmax(st *model.State, tokens []int, next int) (int, error)
+}
+
 // cpuDrafter is the CPU runner as a drafter.
 type cpuDrafter struct{ *model.Runner }
 
@@ -79,17 +93,20 @@ func (e *Engine) drafter() drafter {
 
 // spec is one sequence's speculative-decoding state.
 type spec struct {
-	dr     drafter   // where the head and the verify run
-	d      int       // drafts per step
-	tok    int       // decided token not yet consumed by the trunk; -1 before the first step
-	ready  bool      // mlog and seed hold the head's row for tok
-	mlog   []float32 // [vocab] the head's logits for the first draft
-	seed   []float32 // [hidden] the post-norm output of that row, the chain's input
-	drafts []int     // [d]
-	q      []float32 // [d][vocab] draft distributions (temperature > 0)
-	p      []float32 // [vocab] the trunk's distribution at one row
-	vtok   []int     // [d+1] the verify batch
-	vlog   []float32 // [d+1][vocab] its logits
+	dr     drafter       // where the head and the verify run
+	ga     greedyDrafter // dr, when it takes the greedy choices itself; nil otherwise
+	pick   int           // with ga: the head's choice for the first draft, then each next one
+	vbest  []int         // with ga: [d+1] the verify rows' choices
+	d      int           // drafts per step
+	tok    int           // decided token not yet consumed by the trunk; -1 before the first step
+	ready  bool          // mlog and seed hold the head's row for tok
+	mlog   []float32     // [vocab] the head's logits for the first draft
+	seed   []float32     // [hidden] the post-norm output of that row, the chain's input
+	drafts []int         // [d]
+	q      []float32     // [d][vocab] draft distributions (temperature > 0)
+	p      []float32     // [vocab] the trunk's distribution at one row
+	vtok   []int         // [d+1] the verify batch
+	vlog   []float32     // [d+1][vocab] its logits
 	stats  MTPStats
 }
 
@@ -119,6 +136,9 @@ func (e *Engine) newSpec(o GenOptions) (*spec, string) {
 		drafts: make([]int, d), p: make([]float32, V), vtok: make([]int, d+1), vlog: make([]float32, (d+1)*V)}
 	if !o.Sample.Greedy() {
 		sp.q = make([]float32, d*V)
+	}
+	if ga, ok := dr.(greedyDrafter); ok && plainGreedy(o.Sample) {
+		sp.ga, sp.vbest = ga, make([]int, d+1)
 	}
 	sp.stats = MTPStats{Drafts: d, DepthDrafted: make([]int, d), DepthAccepted: make([]int, d)}
 	return sp, ""
@@ -197,24 +217,25 @@ func (q *Sequence) specStep(ctx context.Context) ([]int, string, error) {
 	hist := len(q.history)
 	for k := 0; k < D; k++ {
 		if k == 0 && !sp.ready {
-			if err := r.MTPFollow(st, nil, sp.tok, sp.mlog); err != nil {
+			if err := sp.follow(st, nil, sp.tok); err != nil {
 				return fail(err)
 			}
-			copy(sp.seed, r.MTPHidden(0))
 		}
 		if k > 0 {
 			// Chained row: the head's own output with the previous draft, at
 			// cache row P-1+k; rows from P on are rewritten by MTPFollow.
 			sp.ready = false
-			if err := r.MTPForward(st, st.Pos-1+k, sp.seed, sp.drafts[k-1:k], sp.mlog, false); err != nil {
+			if err := sp.chain(st, st.Pos-1+k, sp.drafts[k-1:k]); err != nil {
 				return fail(err)
 			}
-			copy(sp.seed, r.MTPHidden(0))
 		}
 		var d int
-		if greedy {
+		switch {
+		case sp.ga != nil:
+			d = sp.pick
+		case greedy:
 			d = q.smp.Sample(sp.mlog, q.history)
-		} else {
+		default:
 			qk := sp.q[k*V : (k+1)*V]
 			q.smp.Probs(qk, sp.mlog, q.history)
 			d = q.smp.SampleFrom(qk)
@@ -232,27 +253,43 @@ func (q *Sequence) specStep(ctx context.Context) ([]int, string, error) {
 			return fail(err)
 		}
 	}
-	if err := r.Forward(st, sp.vtok[:D+1], sp.vlog, true); err != nil {
+	var err error
+	if sp.ga != nil {
+		err = sp.ga.ForwardArgmaxAll(st, sp.vtok[:D+1], sp.vbest)
+	} else {
+		err = r.Forward(st, sp.vtok[:D+1], sp.vlog, true)
+	}
+	if err != nil {
 		return fail(err)
 	}
 	n, c := 0, -1
 	for ; n < D; n++ {
 		row := sp.vlog[n*V : (n+1)*V]
-		if greedy {
+		switch {
+		case sp.ga != nil:
+			if t := sp.vbest[n]; t != sp.drafts[n] {
+				c = t
+			}
+		case greedy:
 			if t := q.smp.Sample(row, q.history); t != sp.drafts[n] {
 				c = t
-				break
 			}
-		} else {
+		default:
 			q.smp.Probs(sp.p, row, q.history)
 			if t, ok := q.smp.AcceptDraft(sp.p, sp.q[n*V:(n+1)*V], sp.drafts[n]); !ok {
 				c = t
-				break
 			}
+		}
+		if c >= 0 {
+			break
 		}
 		q.history = append(q.history, sp.drafts[n])
 	}
-	if c < 0 {
+	switch {
+	case c >= 0:
+	case sp.ga != nil:
+		c = sp.vbest[D]
+	default:
 		c = q.smp.Sample(sp.vlog[D*V:(D+1)*V], q.history)
 	}
 	q.history = q.history[:hist]
@@ -282,12 +319,42 @@ func (q *Sequence) specStep(ctx context.Context) ([]int, string, error) {
 	// The head's rows for the kept positions; the last predicts the next
 	// step's first draft.
 	sp.tok = c
-	if err := r.MTPFollow(st, sp.vtok[:n+1], c, sp.mlog); err != nil {
+	if err := sp.follow(st, sp.vtok[:n+1], c); err != nil {
 		return fail(err)
 	}
-	copy(sp.seed, r.MTPHidden(0))
 	sp.ready = true
 	return q.out[start:], text, nil
+}
+
+// follow runs the head's rows for the tokens the trunk kept, the last row
+// with next: its prediction (the logits in mlog, or with ga the choice in
+// pick) gives the next step's first draft, its output the chain's seed.
+func (sp *spec) follow(st *model.State, tokens []int, next int) error {
+	var err error
+	if sp.ga != nil {
+		sp.pick, err = sp.ga.MTPFollowArgmax(st, tokens, next)
+	} else {
+		err = sp.dr.MTPFollow(st, tokens, next, sp.mlog)
+	}
+	if err == nil {
+		copy(sp.seed, sp.dr.MTPHidden(0))
+	}
+	return err
+}
+
+// chain runs the head's chained row at cache row pos: its own output (the
+// seed) with the previous draft tok, predicting the next draft.
+func (sp *spec) chain(st *model.State, pos int, tok []int) error {
+	var err error
+	if sp.ga != nil {
+		sp.pick, err = sp.ga.MTPForwardArgmax(st, pos, sp.seed, tok)
+	} else {
+		err = sp.dr.MTPForward(st, pos, sp.seed, tok, sp.mlog, false)
+	}
+	if err == nil {
+		copy(sp.seed, sp.dr.MTPHidden(0))
+	}
+	return err
 }
 
 // prefillMTP runs the head over a prefill chunk the trunk just consumed.

@@ -43,8 +43,9 @@ type expert struct{ gate, up, down mat }
 
 // dstate is one sequence's state on the device.
 type dstate struct {
-	graph     *cuda.Graph // the recorded decode step (one row), over this state's buffers
-	nodes     uint64      // kernels in graph
+	graph     *graph            // the recorded decode step (one row), over this state's buffers
+	vgraph    map[int]*graph    // recorded verify steps, by rows
+	mgraph    map[mtpKey]*graph // recorded MTP head rows (mtp.go)
 	ctx       int
 	pos       int       // positions the device state holds
 	kc, vc    []uintptr // per layer, then the MTP layer's (index len(layers)) when the model has one
@@ -84,10 +85,11 @@ type Runner struct {
 	// run these experts).
 	tabGate, tabUp, tabDown []uintptr
 	exKind                  string
-	posK                    uintptr // int32 [K] = 0..K-1: a one-row step's combine order
-	idsG                    uintptr // int32 [K+1]: a recorded step's experts, then E (the shared expert)
+	posK                    uintptr // int32 [Rows·K+1] = 0, 1, ...: a recorded step's combine order
+	rowOf                   uintptr // int32 [Rows·K+1] = j/K: the row slot j of a recorded multi-row step reads
+	idsG                    uintptr // int32 [K+1]: a recorded one-row step's experts, then E (the shared expert)
 	sharedSlot              bool    // the shared expert runs as slot K of a recorded step
-	posDev                  uintptr // int32: the recorded step's position
+	posDev                  uintptr // int32 [Rows]: the positions of a recorded step's rows
 
 	// NoGraphs turns off recording and replaying the decode step (one row
 	// per step): every op is then launched from the host.
@@ -146,6 +148,7 @@ type fwdArgs struct {
 	out         []float32
 	all, argmax bool
 	best        int
+	bestAll     []int // with all and argmax: every row's choice
 }
 
 var _ block.Backend = (*Runner)(nil)
@@ -574,7 +577,6 @@ func (r *Runner) upload() error {
 		return err
 	}
 	defer prov.Close()
-	nl := len(a.Layers)
 	all := make([]int, r.E)
 	for e := range all {
 		all[e] = e
@@ -613,67 +615,76 @@ func (r *Runner) upload() error {
 	case format.BF16:
 		r.exKind = "bf16"
 	}
-	// The shared expert joins the routed ones in a recorded step as entry
-	// E of every table (slot K, with id E), when it has their shape and
-	// kind: one launch per product serves both.
+	// The shared expert joins the routed ones in a recorded one-row step
+	// as entry E of every table (slot K, with id E), when it has their
+	// shape and kind: one launch per product serves both.
 	r.sharedSlot = true
-	for i := range a.Layers {
-		sh := a.Layers[i].MoE().Shared
+	for i := range layers {
+		sh := layers[i].MoE().Shared
 		if sh == nil || sh.Inter != r.I || r.wmat(&sh.Gate).kind != r.experts[0].gate.kind ||
 			r.wmat(&sh.Up).kind != r.experts[0].up.kind || r.wmat(&sh.Down).kind != r.experts[0].down.kind {
 			r.sharedSlot = false
 		}
 	}
-	// The address tables, one [E+1][3] per layer and matrix, the
-	// constant combine order of a one-row step and its ids (the router
-	// writes the first K; id E, the shared expert, stays in slot K).
+	// The address tables, one [E+1][3] per expert layer (the MTP layer's
+	// too) and matrix; the identity order (a recorded step's combine
+	// order, row j of the experts' outputs for slot j) and each slot's row
+	// (j/K, the row a recorded multi-row step gathers for slot j); the
+	// ids of a one-row step (the router writes the first K; id E, the
+	// shared expert, stays in slot K); the positions of a recorded step's
+	// rows.
+	nx := r.xl
 	E1 := r.E + 1
-	tabs := make([]uint64, 3*nl*E1*3)
+	tabs := make([]uint64, 3*nx*E1*3)
 	put := func(j, l, e int, m mat) {
-		t := tabs[j*3*nl*E1+3*(l*E1+e):]
+		t := tabs[j*3*nx*E1+3*(l*E1+e):]
 		if m.kind == format.Q4 || m.kind == format.Q8 {
 			t[0], t[1], t[2] = uint64(m.q), uint64(m.s), uint64(m.b)
 		} else {
 			t[0] = uint64(m.p)
 		}
 	}
-	for l := 0; l < nl; l++ {
+	for l := 0; l < nx; l++ {
 		for e := 0; e < r.E; e++ {
 			ex := &r.experts[l*r.E+e]
 			put(0, l, e, ex.gate)
 			put(1, l, e, ex.up)
 			put(2, l, e, ex.down)
 		}
-		if sh := a.Layers[l].MoE().Shared; r.sharedSlot {
+		if sh := layers[l].MoE().Shared; r.sharedSlot {
 			put(0, l, r.E, r.wmat(&sh.Gate))
 			put(1, l, r.E, r.wmat(&sh.Up))
 			put(2, l, r.E, r.wmat(&sh.Down))
 		}
 	}
-	posK := make([]int32, r.K+1) // 0..K-1, then the step's position
-	for k := range r.K {
-		posK[k] = int32(k)
+	RK := r.maxRows*r.K + 1
+	ident, rowOf := make([]int32, RK), make([]int32, RK)
+	for j := range RK {
+		ident[j], rowOf[j] = int32(j), int32(j/r.K)
 	}
 	idsG := make([]int32, r.K+1)
 	idsG[r.K] = int32(r.E)
 	var ta arena
 	toff := ta.put(bytesOf(tabs))
-	poff := ta.put(bytesOf(posK))
+	poff := ta.put(bytesOf(ident))
+	roff := ta.put(bytesOf(rowOf))
 	ioff := ta.put(bytesOf(idsG))
+	doff := ta.put(make([]byte, 4*r.maxRows))
 	tbuf, err := ta.commit(r.Dev)
 	if err != nil {
 		return err
 	}
 	r.weights = append(r.weights, tbuf)
 	per := 3 * E1 * 8 // bytes of one layer's table
-	for l := 0; l < nl; l++ {
+	for l := 0; l < nx; l++ {
 		base := tbuf.Ptr + uintptr(toff)
 		r.tabGate = append(r.tabGate, base+uintptr(l*per))
-		r.tabUp = append(r.tabUp, base+uintptr(nl*per+l*per))
-		r.tabDown = append(r.tabDown, base+uintptr(2*nl*per+l*per))
+		r.tabUp = append(r.tabUp, base+uintptr(nx*per+l*per))
+		r.tabDown = append(r.tabDown, base+uintptr(2*nx*per+l*per))
 	}
 	r.posK = tbuf.Ptr + uintptr(poff)
-	r.posDev = tbuf.Ptr + uintptr(poff) + uintptr(4*r.K) // the spare word after posK
+	r.rowOf = tbuf.Ptr + uintptr(roff)
+	r.posDev = tbuf.Ptr + uintptr(doff)
 	r.idsG = tbuf.Ptr + uintptr(ioff)
 	return nil
 }
@@ -757,7 +768,7 @@ func (r *Runner) alloc() error {
 	var hw int
 	h := func(words int) int { off := hw; hw += (words + 15) &^ 15; return off * 4 }
 	r.offX, r.offCos, r.offSin = h(R*H), h(R*rh), h(R*rh)
-	r.offIds, r.offW, r.offGidx, r.offPos, r.offAm, r.offPosW = h(R*K), h(R*K), h(R*K), h(R*K), h(R), h(1)
+	r.offIds, r.offW, r.offGidx, r.offPos, r.offAm, r.offPosW = h(R*K), h(R*K), h(R*K), h(R*K), h(R), h(R)
 	r.offIds2 = h(K)
 	if r.M.MTP != nil {
 		r.mtp.offIn, r.mtp.offOut, r.mtp.offHid = h(R*2*H), h(R*H), h(R*H)
@@ -808,7 +819,7 @@ func (r *Runner) Close() {
 		r.Dev.Sync()
 		r.mu.Lock()
 		for k, ds := range r.states {
-			r.Dev.DestroyGraph(ds.graph)
+			r.destroy(ds)
 			r.Dev.Free(ds.buf)
 			delete(r.states, k)
 		}
@@ -992,7 +1003,7 @@ func (r *Runner) release(wp weak.Pointer[model.State]) {
 	r.mu.Unlock()
 	if ds != nil && r.scratch.Ptr != 0 {
 		r.Dev.Do(func() error {
-			r.Dev.DestroyGraph(ds.graph)
+			r.destroy(ds)
 			return r.Dev.Free(ds.buf)
 		})
 	}
@@ -1002,7 +1013,7 @@ func (r *Runner) release(wp weak.Pointer[model.State]) {
 // model.Runner.Forward: logits of every token into out when all, else of
 // the last one. The result does not depend on the chunking.
 func (r *Runner) Forward(st *model.State, tokens []int, out []float32, all bool) error {
-	_, err := r.forward(st, tokens, out, all, false)
+	_, err := r.forward(st, tokens, out, all, false, nil)
 	return err
 }
 
@@ -1010,10 +1021,21 @@ func (r *Runner) Forward(st *model.State, tokens []int, out []float32, all bool)
 // (the lowest id among the largest logits), computed on the device: no
 // logits come back to the host.
 func (r *Runner) ForwardArgmax(st *model.State, tokens []int) (int, error) {
-	return r.forward(st, tokens, nil, false, true)
+	return r.forward(st, tokens, nil, false, true, nil)
 }
 
-func (r *Runner) forward(st *model.State, tokens []int, out []float32, all, argmax bool) (int, error) {
+// ForwardArgmaxAll is Forward that writes every token's greedy choice
+// into best ([len(tokens)]), computed on the device: a greedy verify's
+// rows, with no logits brought back.
+func (r *Runner) ForwardArgmaxAll(st *model.State, tokens, best []int) error {
+	if len(best) < len(tokens) {
+		return fmt.Errorf("forward: %d choices for %d tokens", len(best), len(tokens))
+	}
+	_, err := r.forward(st, tokens, nil, true, true, best)
+	return err
+}
+
+func (r *Runner) forward(st *model.State, tokens []int, out []float32, all, argmax bool, bestAll []int) (int, error) {
 	V := r.V
 	if len(tokens) == 0 {
 		return 0, fmt.Errorf("forward: no tokens")
@@ -1029,7 +1051,7 @@ func (r *Runner) forward(st *model.State, tokens []int, out []float32, all, argm
 	if !argmax && (all && len(out) < len(tokens)*V || !all && len(out) < V) {
 		return 0, fmt.Errorf("forward: logits buffer too small")
 	}
-	r.fa = fwdArgs{st: st, tokens: tokens, out: out, all: all, argmax: argmax}
+	r.fa = fwdArgs{st: st, tokens: tokens, out: out, all: all, argmax: argmax, bestAll: bestAll}
 	err := r.Dev.Do(r.fwdFn)
 	best := r.fa.best
 	r.fa = fwdArgs{}
@@ -1066,8 +1088,13 @@ func (r *Runner) doForward() error {
 		// or a panic the device thread turned into one, the next step must
 		// start the sequence over.
 		ds.pos = -2
-		if err := r.step(ds, st, tokens[done:done+nb], dst, all, argmax && last); err != nil {
+		if err := r.step(ds, st, tokens[done:done+nb], dst, all, argmax && (last || all)); err != nil {
 			return err
+		}
+		if argmax && all {
+			for i := range nb {
+				r.fa.bestAll[done+i] = int(r.pam[i])
+			}
 		}
 		done += nb
 	}
@@ -1120,26 +1147,37 @@ func (r *Runner) step(ds *dstate, st *model.State, tokens []int, logits []float3
 		r.check(r.Dev.UploadAsync(r.cos, r.pin, r.offCos, 4*nb*rh, r.s))
 		r.check(r.Dev.UploadAsync(r.sin, r.pin, r.offSin, 4*nb*rh, r.s))
 	}
-	if nb == 1 && !r.NoGraphs && r.exKind != "" && (argmax || logits != nil) {
-		// A one-row step is recorded once per sequence state and replayed:
-		// its position goes to the device, which reads it in the cache
-		// append and the attention, and the experts are multiplied on the
-		// router's choice without a round trip to the host.
-		*(*int32)(unsafe.Pointer(&r.pin.Slice()[r.offPosW])) = int32(st.Pos)
-		r.check(r.Dev.UploadAsync(r.posDev, r.pin, r.offPosW, 4, r.s))
-		if ds.graph == nil {
-			if err := r.record(ds); err != nil {
+	// A speculative verify armed for this state and these rows, whose
+	// logits all come back.
+	verify := nb > 1 && r.mtp.rows == nb && r.mtp.owner == ds && r.mtp.base == st.Pos && all && (logits != nil || argmax)
+	if !r.NoGraphs && r.exKind != "" && (nb == 1 && (argmax || logits != nil) || verify) {
+		// A one-row step, and a verify of each size, is recorded once per
+		// sequence state and replayed: its positions go to the device,
+		// which reads them in the cache append and the attention, and the
+		// experts are multiplied on the router's choice without a round
+		// trip to the host.
+		r.setPosDev(st.Pos, nb)
+		g := ds.graph
+		if nb > 1 {
+			g = ds.vgraph[nb]
+		}
+		if g == nil {
+			var err error
+			if g, err = r.record(ds, nb); err != nil {
 				return err
 			}
 		}
 		r.mark("graph")
-		r.check(r.Dev.LaunchGraph(ds.graph, r.s))
+		r.check(r.Dev.LaunchGraph(g.g, r.s))
 		r.replays++
-		r.replayed += ds.nodes
+		r.replayed += g.nodes
 		r.mark("download")
-		if argmax {
-			r.check(r.Dev.DownloadAsync(r.pin, r.offAm, r.am, 4, r.s))
-		} else {
+		switch {
+		case argmax:
+			r.check(r.Dev.DownloadAsync(r.pin, r.offAm, r.am, 4*nb, r.s))
+		case nb > 1:
+			r.check(r.Dev.DownloadAsync(r.plog, 0, r.logits, 4*nb*V, r.s))
+		default:
 			r.check(r.Dev.DownloadAsync(r.plog, 0, r.logits, 4*V, r.s))
 		}
 	} else {
@@ -1147,6 +1185,9 @@ func (r *Runner) step(ds *dstate, st *model.State, tokens []int, logits []float3
 			return err
 		}
 		switch {
+		case argmax && all:
+			r.mark("download")
+			r.check(r.Dev.DownloadAsync(r.pin, r.offAm, r.am, 4*nb, r.s))
 		case argmax:
 			r.mark("download")
 			r.check(r.Dev.DownloadAsync(r.pin, r.offAm, r.am, 4, r.s))
@@ -1177,7 +1218,7 @@ func (r *Runner) step(ds *dstate, st *model.State, tokens []int, logits []float3
 }
 
 // tail queues the forward from the rows in x to the logits (and, for
-// argmax, the last row's greedy choice).
+// argmax, the last row's greedy choice, or with all every row's).
 func (r *Runner) tail(nb int, argmax, logits, all bool) error {
 	a := r.M.Arch
 	H, V := r.H, r.V
@@ -1191,27 +1232,54 @@ func (r *Runner) tail(nb int, argmax, logits, all bool) error {
 	n := &a.Norm
 	r.check(r.k.RMSNorm(r.s, r.final, r.x, r.y, r.vecs[&n.W[0]], nb, H, H, n.Eps, n.ZeroCentred))
 	lm := r.mats[&a.LMHead]
+	rows := 1
 	switch {
-	case all && logits:
+	case all && (logits || argmax):
+		rows = nb
 		r.mul(r.logits, lm, r.final, nb, H)
 	case argmax || logits:
 		r.mul(r.logits, lm, r.final+uintptr(4*(nb-1)*H), 1, H)
 	}
 	if argmax {
-		r.check(r.k.Argmax(r.s, r.logits, r.am, 1, V))
+		r.check(r.k.Argmax(r.s, r.logits, r.am, rows, V))
 	}
 	return r.err
 }
 
-// record captures a one-row step over ds's buffers into ds.graph: the
-// forward, the last row's logits and their argmax.
-func (r *Runner) record(ds *dstate) error {
+// graph is a recorded step and the kernels it runs.
+type graph struct {
+	g     *cuda.Graph
+	nodes uint64
+}
+
+// record captures a step of nb rows over ds's buffers: for one row (the
+// decode step, ds.graph) the forward, the last row's logits and their
+// argmax; for more (a verify, ds.vgraph[nb]) the forward and every row's
+// logits and argmax, with the verify's snapshots.
+func (r *Runner) record(ds *dstate, nb int) (*graph, error) {
+	g, err := r.capture(func() error { return r.tail(nb, true, true, nb > 1) })
+	if err != nil {
+		return nil, fmt.Errorf("gpu: recording a step of %d rows: %w", nb, err)
+	}
+	if nb == 1 {
+		ds.graph = g
+	} else {
+		if ds.vgraph == nil {
+			ds.vgraph = map[int]*graph{}
+		}
+		ds.vgraph[nb] = g
+	}
+	return g, nil
+}
+
+// capture records what body queues on the stream into a graph.
+func (r *Runner) capture(body func() error) (*graph, error) {
 	if err := r.Dev.BeginCapture(r.s); err != nil {
-		return err
+		return nil, err
 	}
 	r.graphing = true
 	l0 := r.Dev.Launches
-	err := r.tail(1, true, true, false)
+	err := body()
 	r.graphing = false
 	nodes := r.Dev.Launches - l0
 	r.Dev.Launches = l0 // recorded, not launched
@@ -1223,10 +1291,32 @@ func (r *Runner) record(ds *dstate) error {
 		if g != nil {
 			r.Dev.DestroyGraph(g)
 		}
-		return fmt.Errorf("gpu: recording the decode step: %w", err)
+		return nil, err
 	}
-	ds.graph, ds.nodes = g, nodes
-	return nil
+	return &graph{g, nodes}, nil
+}
+
+// setPosDev queues the positions pos..pos+nb-1 of a recorded step's rows.
+func (r *Runner) setPosDev(pos, nb int) {
+	b := r.pin.Slice()[r.offPosW:]
+	for i := range nb {
+		*(*int32)(unsafe.Pointer(&b[4*i])) = int32(pos + i)
+	}
+	r.check(r.Dev.UploadAsync(r.posDev, r.pin, r.offPosW, 4*nb, r.s))
+}
+
+// destroy frees ds's recorded steps.
+func (r *Runner) destroy(ds *dstate) {
+	if ds.graph != nil {
+		r.Dev.DestroyGraph(ds.graph.g)
+	}
+	for _, g := range ds.vgraph {
+		r.Dev.DestroyGraph(g.g)
+	}
+	for _, g := range ds.mgraph {
+		r.Dev.DestroyGraph(g.g)
+	}
+	ds.graph, ds.vgraph, ds.mgraph = nil, nil, nil
 }
 
 // check keeps the first error of the step: Backend ops return none.
@@ -1327,7 +1417,10 @@ func (r *Runner) Prep(L *block.Attn, cache int) {
 	}
 	ds := r.cur
 	if r.graphing {
-		r.check(r.k.KVAppend(r.s, ds.kc[cache], ds.vc[cache], r.kk, r.v, r.posDev, kvw))
+		for i := range nb {
+			o := uintptr(4 * i * kvw)
+			r.check(r.k.KVAppend(r.s, ds.kc[cache], ds.vc[cache], r.kk+o, r.v+o, r.posDev+uintptr(4*i), kvw))
+		}
 		return
 	}
 	r.check(r.Dev.CopyDAsync(ds.kc[cache]+uintptr(4*r.pos*kvw), r.kk, 4*nb*kvw, r.s))
@@ -1416,7 +1509,7 @@ func (r *Runner) RouterLogits(m *block.MoE) {
 // Route implements block.Backend.
 func (r *Runner) Route(m *block.MoE) {
 	ids := r.ids
-	if r.graphing {
+	if r.graphing && r.nb == 1 {
 		ids = r.idsG
 	}
 	r.check(r.k.Route(r.s, r.rl, r.rl, ids, r.w, r.nb, r.E, r.K, m.NormTopK))
@@ -1430,7 +1523,7 @@ func (r *Runner) Experts(m *block.MoE) error {
 	nb, K, H, I := r.nb, r.K, r.H, r.I
 	if r.graphing {
 		r.expertsOnDevice(m)
-		if !r.sharedSlot {
+		if !r.sharedSlot || nb > 1 {
 			r.shared1(m)
 		} else if m.SharedGate.Present() {
 			r.mul(r.sgate, r.wmat(&m.SharedGate), r.h, 1, H)
@@ -1508,15 +1601,35 @@ func (r *Runner) Experts(m *block.MoE) error {
 	return r.err
 }
 
-// expertsOnDevice multiplies the one row's experts on the router's choice
-// on the device (recorded steps): slot k's outputs land in row k of outk,
-// which is where the host's grouping puts them for one row too.
+// expertsOnDevice multiplies the rows' experts on the router's choice on
+// the device (recorded steps): slot k's outputs land in row k of outk,
+// which is where the host's grouping puts them for one row too. With more
+// rows (a verify) each row's K slots are slots of their own, over a copy of
+// their row: each product is the one-row kernel's, so a row's bits are
+// those of a one-row step.
 func (r *Runner) expertsOnDevice(m *block.MoE) {
 	K, H, I := r.K, r.H, r.I
+	l := m.Layer
+	if nb := r.nb; nb > 1 {
+		n := nb * K
+		r.check(r.k.GatherRows(r.s, r.gin, r.h, r.rowOf, n, H))
+		x8 := cuda.Acts{X: r.gin, X8: r.x8, XS: r.xs, XSum: r.xsum, Rows: n, Cols: H}
+		if r.exKind != "bf16" {
+			r.check(r.k.PrepQ4(r.s, x8))
+		}
+		r.check(r.k.MatEx(r.s, r.exKind, r.g, r.tabGate[l], r.ids, I, x8, n, true))
+		r.check(r.k.MatEx(r.s, r.exKind, r.u, r.tabUp[l], r.ids, I, x8, n, true))
+		r.check(r.k.SwiGLU(r.s, r.g, r.g, r.u, n*I))
+		g8 := cuda.Acts{X: r.g, X8: r.x8, XS: r.xs, XSum: r.xsum, Rows: n, Cols: I}
+		if r.exKind != "bf16" {
+			r.check(r.k.PrepQ4(r.s, g8))
+		}
+		r.check(r.k.MatEx(r.s, r.exKind, r.outk, r.tabDown[l], r.ids, H, g8, n, true))
+		return
+	}
 	if m.Shared != nil && r.sharedSlot {
 		K++ // slot K: the shared expert, id E
 	}
-	l := m.Layer
 	x8 := cuda.Acts{X: r.h, X8: r.x8, XS: r.xs, XSum: r.xsum, Rows: 1, Cols: H}
 	if r.exKind != "bf16" {
 		r.check(r.k.PrepQ4(r.s, x8))
@@ -1561,7 +1674,7 @@ func (r *Runner) Combine(m *block.MoE) {
 	pos, shared := r.posd, r.shared
 	if r.graphing {
 		pos = r.posK
-		if r.sharedSlot {
+		if r.sharedSlot && r.nb == 1 {
 			shared = r.outk + uintptr(4*r.K*r.H) // slot K
 		}
 	}

@@ -35,6 +35,7 @@ type mtpHead struct {
 	offIn, offOut, offHid int
 	pin, pout, phid       []float32
 	follow                model.FollowScratch
+	greedy                greedyRows // MTPFollowArgmax's view of the runner
 
 	// The last trunk step: its state, first position and rows (a follow
 	// reads its final-normed rows).
@@ -99,8 +100,8 @@ func (r *Runner) allocSnap() error {
 // being the current one when every draft is kept.
 func (r *Runner) snapAt(l int, conv bool) (uintptr, int) {
 	m := &r.mtp
-	if m.rows == 0 || m.owner != r.cur || r.graphing {
-		return 0, 0
+	if m.rows == 0 || m.owner != r.cur || r.graphing && r.nb != m.rows {
+		return 0, 0 // a recorded one-row step never keeps snapshots
 	}
 	j := r.pos - m.base // verify rows before this step
 	n := min(m.rows-1-j, r.nb)
@@ -195,10 +196,22 @@ func (r *Runner) Commit(st *model.State, n int) error {
 // on the host) with toks[i]; the logits of every row (all) or of the last
 // go to out when it is not nil, and the post-norm outputs to MTPHidden.
 func (r *Runner) MTPForward(st *model.State, pos int, hidden []float32, toks []int, out []float32, all bool) error {
+	_, err := r.mtpForward(st, pos, hidden, toks, out, all, false)
+	return err
+}
+
+// MTPForwardArgmax is MTPForward that returns the last row's greedy choice,
+// computed on the device: no logits come back to the host.
+func (r *Runner) MTPForwardArgmax(st *model.State, pos int, hidden []float32, toks []int) (int, error) {
+	return r.mtpForward(st, pos, hidden, toks, nil, false, true)
+}
+
+func (r *Runner) mtpForward(st *model.State, pos int, hidden []float32, toks []int, out []float32, all, argmax bool) (int, error) {
 	if err := r.M.CheckMTPRows(st, pos, hidden, toks, out, all, r.maxRows); err != nil {
-		return err
+		return 0, err
 	}
-	return r.Dev.Do(func() error {
+	best := 0
+	err := r.Dev.Do(func() error {
 		ds, err := r.state(st)
 		if err != nil {
 			return err
@@ -206,14 +219,22 @@ func (r *Runner) MTPForward(st *model.State, pos int, hidden []float32, toks []i
 		if ds.pos != st.Pos {
 			return fmt.Errorf("gpu: MTP rows for a state at position %d whose GPU copy is at %d", st.Pos, ds.pos)
 		}
-		return r.mtpRows(ds, pos, hidden, toks, out, all)
+		best, err = r.mtpRows(ds, pos, hidden, toks, out, all, argmax)
+		return err
 	})
+	return best, err
 }
 
-// mtpRows queues the head over nb rows and waits for its outputs (on the
-// device thread).
-func (r *Runner) mtpRows(ds *dstate, pos int, hidden []float32, toks []int, out []float32, all bool) error {
-	a, mt, m := r.M.Arch, r.M.MTP, &r.mtp
+// mtpKey names a recorded run of the MTP head: its rows, and which logits
+// it computes (0: none, 1: the last row's, 2: every row's).
+type mtpKey struct{ rows, logits int }
+
+// mtpRows runs the head over nb rows and waits for its outputs (on the
+// device thread). With every expert resident and at most a verify's rows,
+// it is recorded once per state, row count and logits wanted, and replayed
+// (positions read on the device, as the decode step's), like the step.
+func (r *Runner) mtpRows(ds *dstate, pos int, hidden []float32, toks []int, out []float32, all, argmax bool) (int, error) {
+	a, m := r.M.Arch, &r.mtp
 	H, V, nb := r.H, r.V, len(toks)
 	rp := &a.Rope
 	rh := rp.Dim / 2
@@ -228,6 +249,16 @@ func (r *Runner) mtpRows(ds *dstate, pos int, hidden []float32, toks []int, out 
 			kernels.Scale(sin, rp.Scale)
 		}
 	}
+	key := mtpKey{rows: nb}
+	switch {
+	case argmax:
+		key.logits = 1
+	case out == nil:
+	case all:
+		key.logits = 2
+	default:
+		key.logits = 1
+	}
 	r.cur, r.pos, r.nb, r.err = ds, pos, nb, nil
 	defer func() { r.cur = nil }()
 	r.mark("mtp_in")
@@ -236,6 +267,55 @@ func (r *Runner) mtpRows(ds *dstate, pos int, hidden []float32, toks []int, out 
 		r.check(r.Dev.UploadAsync(r.cos, r.pin, r.offCos, 4*nb*rh, r.s))
 		r.check(r.Dev.UploadAsync(r.sin, r.pin, r.offSin, 4*nb*rh, r.s))
 	}
+	if !r.NoGraphs && r.exKind != "" && nb <= m.drafts+1 {
+		r.setPosDev(pos, nb)
+		g := ds.mgraph[key]
+		if g == nil {
+			var err error
+			if g, err = r.capture(func() error { return r.mtpBody(nb, key.logits) }); err != nil {
+				return 0, fmt.Errorf("gpu: recording %d MTP rows: %w", nb, err)
+			}
+			if ds.mgraph == nil {
+				ds.mgraph = map[mtpKey]*graph{}
+			}
+			ds.mgraph[key] = g
+		}
+		r.mark("mtp_graph")
+		r.check(r.Dev.LaunchGraph(g.g, r.s))
+		r.replays++
+		r.replayed += g.nodes
+	} else if err := r.mtpBody(nb, key.logits); err != nil {
+		return 0, err
+	}
+	r.mark("download")
+	r.check(r.Dev.DownloadAsync(r.pin, m.offOut, m.out, 4*nb*H, r.s))
+	lw := [3]int{0, V, nb * V}[key.logits]
+	if argmax {
+		lw = 0
+		r.check(r.Dev.DownloadAsync(r.pin, r.offAm, r.am, 4, r.s))
+	}
+	if lw > 0 {
+		r.check(r.Dev.DownloadAsync(r.plog, 0, r.logits, 4*lw, r.s))
+	}
+	r.mark("")
+	if err := r.Dev.SyncStream(r.s); err != nil {
+		return 0, err
+	}
+	if r.err != nil {
+		return 0, r.err
+	}
+	r.prof.collect(r)
+	copy(out[:lw], r.plog.F32()[:lw])
+	return int(r.pam[0]), nil
+}
+
+// mtpBody queues the head over the nb rows of its input in m.in: the two
+// norms, fc, the decoder layer, the final norm into m.out, and the logits
+// (0: none, 1: the last row's, with its greedy choice in r.am, 2: every
+// row's) into r.logits.
+func (r *Runner) mtpBody(nb, logits int) error {
+	a, mt, m := r.M.Arch, r.M.MTP, &r.mtp
+	H := r.H
 	ne, nh := &mt.NormEmbed, &mt.NormHidden
 	r.check(r.k.RMSNorm(r.s, m.in, m.in, 0, r.vecs[&ne.W[0]], nb, H, 2*H, ne.Eps, ne.ZeroCentred))
 	r.check(r.k.RMSNorm(r.s, m.in+uintptr(4*H), m.in+uintptr(4*H), 0, r.vecs[&nh.W[0]], nb, H, 2*H, nh.Eps, nh.ZeroCentred))
@@ -251,36 +331,14 @@ func (r *Runner) mtpRows(ds *dstate, pos int, hidden []float32, toks []int, out 
 	n := &mt.Norm
 	r.check(r.k.RMSNorm(r.s, m.out, r.x, r.y, r.vecs[&n.W[0]], nb, H, H, n.Eps, n.ZeroCentred))
 	lm := r.mats[&a.LMHead]
-	switch {
-	case out == nil:
-	case all:
+	switch logits {
+	case 2:
 		r.mul(r.logits, lm, m.out, nb, H)
-	default:
+	case 1:
 		r.mul(r.logits, lm, m.out+uintptr(4*(nb-1)*H), 1, H)
+		r.check(r.k.Argmax(r.s, r.logits, r.am, 1, r.V))
 	}
-	r.mark("download")
-	r.check(r.Dev.DownloadAsync(r.pin, m.offOut, m.out, 4*nb*H, r.s))
-	lw := 0
-	switch {
-	case out == nil:
-	case all:
-		lw = nb * V
-	default:
-		lw = V
-	}
-	if lw > 0 {
-		r.check(r.Dev.DownloadAsync(r.plog, 0, r.logits, 4*lw, r.s))
-	}
-	r.mark("")
-	if err := r.Dev.SyncStream(r.s); err != nil {
-		return err
-	}
-	if r.err != nil {
-		return r.err
-	}
-	r.prof.collect(r)
-	copy(out[:lw], r.plog.F32()[:lw])
-	return nil
+	return r.err
 }
 
 // MTPHidden returns the post-norm output of row i of the last MTPForward
@@ -293,6 +351,11 @@ func (r *Runner) MTPHidden(i int) []float32 {
 // model.Runner.MTPFollow: tokens are the rows of the runner's last step
 // that st kept (all of them, or a verify's first rows after Commit).
 func (r *Runner) MTPFollow(st *model.State, tokens []int, next int, out []float32) error {
+	return r.follow(r, st, tokens, next, out)
+}
+
+// follow is MTPFollow through f: the runner, or its greedy view.
+func (r *Runner) follow(f model.MTPRows, st *model.State, tokens []int, next int, out []float32) error {
 	if r.M.MTP == nil {
 		return fmt.Errorf("mtp: the model has no MTP head")
 	}
@@ -316,5 +379,45 @@ func (r *Runner) MTPFollow(st *model.State, tokens []int, next int, out []float3
 		}
 	}
 	H := r.H
-	return model.FollowMTP(r, st, tokens, next, out, r.maxRows, func(i int) []float32 { return m.phid[i*H : (i+1)*H] }, &m.follow)
+	return model.FollowMTP(f, st, tokens, next, out, r.maxRows, func(i int) []float32 { return m.phid[i*H : (i+1)*H] }, &m.follow)
 }
+
+// MTPFollowArgmax is MTPFollow that returns the greedy choice of the head's
+// last row (the token after next), computed on the device: no logits come
+// back to the host. next must be known.
+func (r *Runner) MTPFollowArgmax(st *model.State, tokens []int, next int) (int, error) {
+	if next < 0 {
+		return 0, fmt.Errorf("mtp: a greedy choice asked for without the next token")
+	}
+	g := &r.mtp.greedy
+	g.r, g.best = r, -1
+	if err := r.follow(g, st, tokens, next, greedyOut); err != nil {
+		return 0, err
+	}
+	if g.best < 0 {
+		return 0, fmt.Errorf("mtp: the follow ran no row for the next token")
+	}
+	return g.best, nil
+}
+
+// greedyOut marks, for FollowMTP, the row whose logits are wanted; the
+// greedy view computes its choice instead.
+var greedyOut = make([]float32, 0)
+
+// greedyRows is the runner as model.MTPRows for MTPFollowArgmax: a row
+// asked for logits (greedyOut) gives its greedy choice.
+type greedyRows struct {
+	r    *Runner
+	best int
+}
+
+func (g *greedyRows) MTPForward(st *model.State, pos int, hidden []float32, toks []int, out []float32, all bool) error {
+	if out == nil {
+		return g.r.MTPForward(st, pos, hidden, toks, nil, false)
+	}
+	var err error
+	g.best, err = g.r.MTPForwardArgmax(st, pos, hidden, toks)
+	return err
+}
+
+func (g *greedyRows) MTPHidden(i int) []float32 { return g.r.MTPHidden(i) }

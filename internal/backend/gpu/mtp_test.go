@@ -133,10 +133,13 @@ func top2(x []float32) float64 {
 	return a - b
 }
 
-// TestGPUDrafts: speculative decoding on the GPU, resident, through a pool
-// of a quarter of the records or of top-k records (a verify's experts then
-// run in waves), and through three tiers with both pools at top-k records,
-// leaves greedy tokens as plain decoding gives them for 1, 2 and 3 drafts, with drafts kept and drafts rejected (so the verify's rollback
+// TestGPUDrafts: speculative decoding on the GPU, resident (verifies and
+// the head's rows recorded and replayed, or every kernel launched from the
+// host), through a pool of a quarter of the records or of top-k records (a
+// verify's experts then run in waves), and through three tiers with both
+// pools at top-k records,
+// leaves greedy tokens as plain decoding gives them for 1, 2 and 3 drafts
+// (the choices taken on the device; and on the host, with a penalty), with drafts kept and drafts rejected (so the verify's rollback
 // ran) along the way; the same holds resuming from a state copied on the
 // device. Sampled decoding with drafts repeats itself for one seed. A
 // backend opened without room for drafts decodes without them and says
@@ -163,16 +166,21 @@ func TestGPUDrafts(t *testing.T) {
 	m := openDrafts(t, dir, 3, engine.ExpertOptions{}).Model.Manifest
 	least := int64(m.Config.TopK) * m.Stores[0].Stride
 	pools := []struct {
-		name string
-		xo   engine.ExpertOptions
+		name     string
+		xo       engine.ExpertOptions
+		launched bool // every kernel launched from the host: no recorded steps
 	}{
-		{"resident", engine.ExpertOptions{}},
-		{"quarter", engine.ExpertOptions{GPUPoolShare: 0.25}},
-		{"topk", engine.ExpertOptions{GPUPoolBytes: least}},
-		{"tiers, least", engine.ExpertOptions{GPUPoolBytes: least, PoolBytes: least}},
+		{"resident", engine.ExpertOptions{}, false},
+		{"resident, launched", engine.ExpertOptions{}, true},
+		{"quarter", engine.ExpertOptions{GPUPoolShare: 0.25}, false},
+		{"topk", engine.ExpertOptions{GPUPoolBytes: least}, false},
+		{"tiers, least", engine.ExpertOptions{GPUPoolBytes: least, PoolBytes: least}, false},
 	}
 	for _, pc := range pools {
 		e := openDrafts(t, dir, 3, pc.xo)
+		if pc.launched {
+			e.Fwd.(interface{ SetGraphs(bool) }).SetGraphs(false)
+		}
 		var drafted, accepted int
 		for ci, c := range cases {
 			plain := engine.GenOptions{MaxTokens: 40, IgnoreEOS: true}
@@ -192,6 +200,15 @@ func TestGPUDrafts(t *testing.T) {
 			}
 		}
 		t.Logf("pool %s: %d of %d drafts kept", pc.name, accepted, drafted)
+
+		// Greedy with a penalty: the choices are made on the host, from
+		// the logits, with and without drafts.
+		pen := engine.GenOptions{MaxTokens: 40, IgnoreEOS: true, Sample: sample.Params{RepetitionPenalty: 1.3}}
+		want, _ := gen(e, nil, cases[0].Prompt, pen)
+		pen.Drafts = 2
+		if got, _ := gen(e, nil, cases[0].Prompt, pen); firstDiff(got, want) >= 0 {
+			t.Errorf("pool %s: greedy with a repetition penalty, 2 drafts: %v, without %v", pc.name, got, want)
+		}
 		if accepted == 0 || accepted == drafted {
 			t.Errorf("pool %s: %d of %d drafts kept; want some kept and some rejected", pc.name, accepted, drafted)
 		}
@@ -200,7 +217,7 @@ func TestGPUDrafts(t *testing.T) {
 		c := cases[1]
 		n := len(c.Prompt) / 2
 		plain := engine.GenOptions{MaxTokens: 24, IgnoreEOS: true}
-		want, _ := gen(e, nil, c.Prompt, plain)
+		want, _ = gen(e, nil, c.Prompt, plain)
 		a, _ := e.NewState()
 		q, err := e.NewSequence(a, engine.GenOptions{Drafts: 2})
 		if err != nil {
