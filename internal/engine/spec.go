@@ -126,7 +126,7 @@ func (e *Engine) newSpec(o GenOptions) (*spec, string) {
 	d := min(o.Drafts, dr.MaxDrafts())
 	if d <= 0 {
 		if e.OnGPU() {
-			return nil, fmt.Sprintf("%s keeps no room for drafts: open the engine with Options.Drafts (--drafts) set", e.Device)
+			return nil, fmt.Sprintf("%s keeps no room for drafts: open the engine with Options.Drafts (--drafts) set and a prefill chunk of more than one row", e.Device)
 		}
 		return nil, fmt.Sprintf("a batch of %d row leaves no room for drafts (raise the chunk size)", e.Runner.MaxRows)
 	}
