@@ -1609,39 +1609,28 @@ func (r *Runner) Experts(m *block.MoE) error {
 // those of a one-row step.
 func (r *Runner) expertsOnDevice(m *block.MoE) {
 	K, H, I := r.K, r.H, r.I
-	l := m.Layer
+	// One row: every slot reads it, and slot K may be the shared expert.
+	x, xrows, ids, n, own := r.h, 1, r.idsG, K, false
 	if nb := r.nb; nb > 1 {
-		n := nb * K
+		n = nb * K
 		r.check(r.k.GatherRows(r.s, r.gin, r.h, r.rowOf, n, H))
-		x8 := cuda.Acts{X: r.gin, X8: r.x8, XS: r.xs, XSum: r.xsum, Rows: n, Cols: H}
-		if r.exKind != "bf16" {
-			r.check(r.k.PrepQ4(r.s, x8))
-		}
-		r.check(r.k.MatEx(r.s, r.exKind, r.g, r.tabGate[l], r.ids, I, x8, n, true))
-		r.check(r.k.MatEx(r.s, r.exKind, r.u, r.tabUp[l], r.ids, I, x8, n, true))
-		r.check(r.k.SwiGLU(r.s, r.g, r.g, r.u, n*I))
-		g8 := cuda.Acts{X: r.g, X8: r.x8, XS: r.xs, XSum: r.xsum, Rows: n, Cols: I}
-		if r.exKind != "bf16" {
-			r.check(r.k.PrepQ4(r.s, g8))
-		}
-		r.check(r.k.MatEx(r.s, r.exKind, r.outk, r.tabDown[l], r.ids, H, g8, n, true))
-		return
+		x, xrows, ids, own = r.gin, n, r.ids, true
+	} else if m.Shared != nil && r.sharedSlot {
+		n++ // slot K: the shared expert, id E
 	}
-	if m.Shared != nil && r.sharedSlot {
-		K++ // slot K: the shared expert, id E
-	}
-	x8 := cuda.Acts{X: r.h, X8: r.x8, XS: r.xs, XSum: r.xsum, Rows: 1, Cols: H}
+	l := m.Layer
+	x8 := cuda.Acts{X: x, X8: r.x8, XS: r.xs, XSum: r.xsum, Rows: xrows, Cols: H}
 	if r.exKind != "bf16" {
 		r.check(r.k.PrepQ4(r.s, x8))
 	}
-	r.check(r.k.MatEx(r.s, r.exKind, r.g, r.tabGate[l], r.idsG, I, x8, K, false))
-	r.check(r.k.MatEx(r.s, r.exKind, r.u, r.tabUp[l], r.idsG, I, x8, K, false))
-	r.check(r.k.SwiGLU(r.s, r.g, r.g, r.u, K*I))
-	g8 := cuda.Acts{X: r.g, X8: r.x8, XS: r.xs, XSum: r.xsum, Rows: K, Cols: I}
+	r.check(r.k.MatEx(r.s, r.exKind, r.g, r.tabGate[l], ids, I, x8, n, own))
+	r.check(r.k.MatEx(r.s, r.exKind, r.u, r.tabUp[l], ids, I, x8, n, own))
+	r.check(r.k.SwiGLU(r.s, r.g, r.g, r.u, n*I))
+	g8 := cuda.Acts{X: r.g, X8: r.x8, XS: r.xs, XSum: r.xsum, Rows: n, Cols: I}
 	if r.exKind != "bf16" {
 		r.check(r.k.PrepQ4(r.s, g8))
 	}
-	r.check(r.k.MatEx(r.s, r.exKind, r.outk, r.tabDown[l], r.idsG, H, g8, K, true))
+	r.check(r.k.MatEx(r.s, r.exKind, r.outk, r.tabDown[l], ids, H, g8, n, true))
 }
 
 // shared1 computes the shared expert and its gate of every row.

@@ -619,7 +619,14 @@ func TestGPUExpertPool(t *testing.T) {
 
 func openPool(t testing.TB, dir string, rows int, xo engine.ExpertOptions) *engine.Engine {
 	t.Helper()
-	e, err := engine.Open(context.Background(), dir, engine.Options{Device: "cuda", ChunkRows: rows, Experts: xo})
+	return openCUDA(t, dir, engine.Options{ChunkRows: rows, Experts: xo})
+}
+
+// openCUDA opens dir on the GPU with o.
+func openCUDA(t testing.TB, dir string, o engine.Options) *engine.Engine {
+	t.Helper()
+	o.Device = "cuda"
+	e, err := engine.Open(context.Background(), dir, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -628,6 +635,25 @@ func openPool(t testing.TB, dir string, rows int, xo engine.ExpertOptions) *engi
 		t.Fatalf("device cuda gave %s", e.Device)
 	}
 	return e
+}
+
+// resume prefills rest after what st holds and generates with o.
+func resume(t testing.TB, e *engine.Engine, st *model.State, rest []int, o engine.GenOptions) []int {
+	t.Helper()
+	ctx := context.Background()
+	q, err := e.NewSequence(st, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Prefill(ctx, rest); err != nil {
+		t.Fatal(err)
+	}
+	for !q.Done() {
+		if _, _, err := q.Step(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return q.Tokens()
 }
 
 // greedy decodes n tokens after prompt through the engine (argmax on the
@@ -929,20 +955,8 @@ func TestGPUCopyState(t *testing.T) {
 		if err := e.CopyState(b, saved); err != nil {
 			t.Fatal(err)
 		}
-		qb, err := e.NewSequence(b, engine.GenOptions{MaxTokens: 16, IgnoreEOS: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := qb.Prefill(ctx, c.Prompt[n:]); err != nil {
-			t.Fatal(err)
-		}
-		for !qb.Done() {
-			if _, _, err := qb.Step(ctx); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if d := firstDiff(qb.Tokens(), want); d >= 0 {
-			t.Errorf("pool %+v: resumed from a copied state, greedy tokens differ at %d\n got %v\nwant %v", xo, d, qb.Tokens(), want)
+		if got := resume(t, e, b, c.Prompt[n:], engine.GenOptions{MaxTokens: 16, IgnoreEOS: true}); firstDiff(got, want) >= 0 {
+			t.Errorf("pool %+v: resumed from a copied state, greedy tokens differ at %d\n got %v\nwant %v", xo, firstDiff(got, want), got, want)
 		}
 		hostOnly, err := e.NewState()
 		if err != nil {

@@ -26,15 +26,7 @@ type follower interface {
 // openDrafts opens the model on the GPU with room for drafts.
 func openDrafts(t testing.TB, dir string, drafts int, xo engine.ExpertOptions) *engine.Engine {
 	t.Helper()
-	e, err := engine.Open(context.Background(), dir, engine.Options{Device: "cuda", ChunkRows: 64, Experts: xo, Drafts: drafts})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.Close)
-	if !e.OnGPU() {
-		t.Fatalf("device cuda gave %s", e.Device)
-	}
-	return e
+	return openCUDA(t, dir, engine.Options{ChunkRows: 64, Experts: xo, Drafts: drafts})
 }
 
 // TestGPUMTPMatchesCPU runs the MTP head on the GPU and on the CPU over
@@ -232,20 +224,8 @@ func TestGPUDrafts(t *testing.T) {
 		}
 		o := plain
 		o.Drafts = 2
-		qb, err := e.NewSequence(b, o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := qb.Prefill(ctx, c.Prompt[n:]); err != nil {
-			t.Fatal(err)
-		}
-		for !qb.Done() {
-			if _, _, err := qb.Step(ctx); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if i := firstDiff(qb.Tokens(), want); i >= 0 {
-			t.Errorf("pool %s: drafts from a copied state: tokens differ at %d\n got %v\nwant %v", pc.name, i, qb.Tokens(), want)
+		if got := resume(t, e, b, c.Prompt[n:], o); firstDiff(got, want) >= 0 {
+			t.Errorf("pool %s: drafts from a copied state: tokens differ at %d\n got %v\nwant %v", pc.name, firstDiff(got, want), got, want)
 		}
 
 		// Sampled, twice with one seed.
