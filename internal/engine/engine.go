@@ -225,6 +225,9 @@ type Stats struct {
 	// experts are mapped whole (or lookahead is off).
 	Experts   *ExpertStats    `json:"experts,omitempty"`
 	Lookahead *LookaheadStats `json:"lookahead,omitempty"`
+	// GPUPool describes the GPU's expert pool; nil on the CPU and when
+	// every expert is resident on the GPU.
+	GPUPool *GPUPoolStats `json:"gpu_pool,omitempty"`
 }
 
 // Emit receives each generated token and the text it completes (possibly

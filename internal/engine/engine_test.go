@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluicelm/sluice/internal/engine"
 	"github.com/sluicelm/sluice/internal/format"
+	"github.com/sluicelm/sluice/internal/model"
 	"github.com/sluicelm/sluice/internal/sample"
 	"github.com/sluicelm/sluice/internal/testutil"
 )
@@ -468,5 +469,51 @@ func TestDeviceOptionRefusals(t *testing.T) {
 	e = open(t, testutil.Models[0], engine.Options{Device: "auto", Experts: engine.ExpertOptions{CutWeak: 0.05, GPUPoolShare: 0.25, VRAMBytes: 8 << 30}})
 	if e.OnGPU() || !strings.HasSuffix(e.DeviceNote, "; --gpu-pool-mb and --vram-gb are unused") {
 		t.Errorf("auto with --cut-weak, --gpu-pool-mb and --vram-gb: device %q, note %q", e.Device, e.DeviceNote)
+	}
+}
+
+// countingPool is the CPU's forward with a pretend GPU pool that counts
+// every row as a hit, every step as a miss of one 100-byte record, and
+// every step of one row as a lookahead copy, used.
+type countingPool struct {
+	*model.Runner
+	p engine.DevicePool
+}
+
+func (c *countingPool) Forward(st *model.State, tokens []int, out []float32, all bool) error {
+	c.p.Hits += uint64(len(tokens))
+	c.p.Misses++
+	c.p.BytesUp += 100
+	if len(tokens) == 1 {
+		c.p.Prefetched++
+		c.p.PrefetchUsed++
+	}
+	return c.Runner.Forward(st, tokens, out, all)
+}
+
+func (c *countingPool) DevicePool() engine.DevicePool { return c.p }
+
+// TestGPUPoolStats: a generation's stats carry the GPU pool's counters
+// over the generation and over its decode (here, a pool that counts rows
+// and steps).
+func TestGPUPoolStats(t *testing.T) {
+	e := open(t, testutil.Models[0], engine.Options{ChunkRows: 8})
+	st, _ := e.NewState()
+	_, s, err := e.Generate(context.Background(), st, make([]int, 20), engine.GenOptions{MaxTokens: 6, IgnoreEOS: true}, nil)
+	if err != nil || s.GPUPool != nil {
+		t.Fatalf("on the CPU: gpu_pool %+v, err %v", s.GPUPool, err)
+	}
+	c := &countingPool{Runner: e.Runner, p: engine.DevicePool{Slots: 7, Hits: 1000, Misses: 50, BytesUp: 5000}}
+	e.Fwd = c
+	st, _ = e.NewState()
+	_, s, err = e.Generate(context.Background(), st, make([]int, 20), engine.GenOptions{MaxTokens: 6, IgnoreEOS: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Prefill: 20 rows in 3 steps of at most 8; decode: 5 steps of one row.
+	want := engine.GPUPoolStats{Slots: 7, Hits: 25, Misses: 8, HitRate: 25.0 / 33, BytesCopied: 800,
+		DecodeHitRate: 5.0 / 10, DecodeBytesCopied: 500, Prefetched: 5, PrefetchUsed: 5}
+	if s.GPUPool == nil || *s.GPUPool != want {
+		t.Errorf("gpu_pool %+v, want %+v", s.GPUPool, want)
 	}
 }

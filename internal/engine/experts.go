@@ -171,6 +171,50 @@ type ExpertStats struct {
 	Cuts             int64   `json:"cuts,omitempty"`
 }
 
+// GPUPoolStats are what the GPU's expert pool did for one generation: the
+// uses it held and those copied in from host memory (the host's own pool,
+// when experts stream there too, is Stats.Experts), over the generation
+// and its decode, and the decode's lookahead copies.
+type GPUPoolStats struct {
+	Slots         int     `json:"slots"`
+	Hits          uint64  `json:"hits"`
+	Misses        uint64  `json:"misses"`
+	HitRate       float64 `json:"hit_rate"`
+	BytesCopied   uint64  `json:"bytes_copied"`
+	DecodeHitRate float64 `json:"decode_hit_rate"`
+	// DecodeBytesCopied is what the decode copied into the pool,
+	// lookahead copies included.
+	DecodeBytesCopied uint64 `json:"decode_bytes_copied"`
+	Prefetched        uint64 `json:"prefetched"`
+	PrefetchUsed      uint64 `json:"prefetch_used"`
+}
+
+// fillGPUPoolStats sets s.GPUPool from the GPU pool's counters at the start
+// of a generation and after its prefill.
+func (e *Engine) fillGPUPoolStats(s *Stats, start, afterPrefill DevicePool) {
+	now, ok := e.DevicePool()
+	if !ok || now.Slots == 0 {
+		return
+	}
+	rate := func(h, m uint64) float64 {
+		if h+m == 0 {
+			return 0
+		}
+		return float64(h) / float64(h+m)
+	}
+	g := &GPUPoolStats{Slots: now.Slots, Hits: now.Hits - start.Hits, Misses: now.Misses - start.Misses,
+		BytesCopied: now.BytesUp - start.BytesUp, Prefetched: now.Prefetched - start.Prefetched,
+		PrefetchUsed: now.PrefetchUsed - start.PrefetchUsed}
+	g.HitRate = rate(g.Hits, g.Misses)
+	if afterPrefill.Slots > 0 {
+		// Everything after the prefill is the decode's, its verify
+		// batches and the head's rows included.
+		g.DecodeHitRate = rate(now.Hits-afterPrefill.Hits, now.Misses-afterPrefill.Misses)
+		g.DecodeBytesCopied = now.BytesUp - afterPrefill.BytesUp
+	}
+	s.GPUPool = g
+}
+
 // LookaheadStats count next-layer prefetches: issued, used by the layer
 // they were issued for, and read for nothing.
 type LookaheadStats struct {

@@ -32,8 +32,10 @@ type Sequence struct {
 	// computes it on the device; next is then that token.
 	am   argmaxer
 	next int
-	// Expert pool counters at the start and after the last prefill.
+	// Expert pool counters at the start and after the last prefill: the
+	// host's streaming pool's, and the GPU's pool's.
 	xStart, xPrefilled experts.Snapshot
+	gStart, gPrefilled DevicePool
 }
 
 // NewSequence prepares a generation into st.
@@ -50,6 +52,7 @@ func (e *Engine) NewSequence(st *model.State, o GenOptions) (*Sequence, error) {
 	q.stats.StopReason = "length"
 	q.stats.Device = e.Device
 	q.xStart = e.expertSnap()
+	q.gStart, _ = e.DevicePool()
 	var off string
 	if q.sp, off = e.newSpec(o); off != "" {
 		q.stats.MTP = &MTPStats{Disabled: off}
@@ -100,6 +103,7 @@ func (q *Sequence) Prefill(ctx context.Context, prompt []int) error {
 	q.stats.PrefillMS += msSince(t0)
 	q.stats.PrefillTokS = rate(q.stats.PromptTokens, q.stats.PrefillMS)
 	q.xPrefilled = q.e.expertSnap()
+	q.gPrefilled, _ = q.e.DevicePool()
 	if q.opts.MaxTokens <= 0 {
 		q.done = true
 	}
@@ -129,6 +133,7 @@ func (q *Sequence) Stats() Stats {
 		s.MTP = q.sp.statsCopy()
 	}
 	q.e.fillExpertStats(&s, q.xStart, q.xPrefilled)
+	q.e.fillGPUPoolStats(&s, q.gStart, q.gPrefilled)
 	return s
 }
 
