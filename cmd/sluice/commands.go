@@ -317,6 +317,10 @@ func expertSummary(e *engine.Engine, s engine.Stats) string {
 			line += fmt.Sprintf("; lookahead %d issued, %d useful, %d wasted", la.Issued, la.Useful, la.Wasted)
 		}
 	}
+	if g := s.GPUPool; g != nil {
+		line += fmt.Sprintf("\ngpu pool: %d slots, hit rate %.1f%% (decode %.1f%%), %.2f MB copied per generated token; lookahead %d copied, %d used",
+			g.Slots, 100*g.HitRate, 100*g.DecodeHitRate, perToken(int64(g.DecodeBytesCopied), s.GeneratedTokens-1), g.Prefetched, g.PrefetchUsed)
+	}
 	return line
 }
 
@@ -339,6 +343,9 @@ func statsJSON(s engine.Stats, seed uint64) map[string]any {
 	}
 	if s.MTP != nil {
 		m["mtp"] = s.MTP
+	}
+	if s.GPUPool != nil {
+		m["gpu_pool"] = s.GPUPool
 	}
 	return m
 }
