@@ -129,6 +129,9 @@ func gpuOnly(xo ExpertOptions) string {
 	if xo.VRAMBytes != 0 {
 		set = append(set, "--vram-gb")
 	}
+	if xo.GPUCPUShare != 0 {
+		set = append(set, "--gpu-cpu-share")
+	}
 	return strings.Join(set, " and ")
 }
 

@@ -36,6 +36,11 @@ type ExpertOptions struct {
 	// VRAMBytes (--vram-gb) is the most device memory the GPU backend
 	// takes; 0 is what the device has free.
 	VRAMBytes int64
+	// GPUCPUShare (--gpu-cpu-share) is the share of a decode step's GPU
+	// pool misses, per layer, that the host's CPU computes from host
+	// memory instead of copying them to the GPU (q4 experts; the same
+	// bits either way); 0 copies every miss.
+	GPUCPUShare float64
 }
 
 // memAvailable is experts.Available, replaced in tests.
@@ -187,6 +192,9 @@ type GPUPoolStats struct {
 	DecodeBytesCopied uint64 `json:"decode_bytes_copied"`
 	Prefetched        uint64 `json:"prefetched"`
 	PrefetchUsed      uint64 `json:"prefetch_used"`
+	// CPUComputed counts the misses the host's CPU multiplied instead of
+	// copying them (--gpu-cpu-share).
+	CPUComputed uint64 `json:"cpu_computed"`
 }
 
 // fillGPUPoolStats sets s.GPUPool from the GPU pool's counters at the start
@@ -204,7 +212,7 @@ func (e *Engine) fillGPUPoolStats(s *Stats, start, afterPrefill DevicePool) {
 	}
 	g := &GPUPoolStats{Slots: now.Slots, Hits: now.Hits - start.Hits, Misses: now.Misses - start.Misses,
 		BytesCopied: now.BytesUp - start.BytesUp, Prefetched: now.Prefetched - start.Prefetched,
-		PrefetchUsed: now.PrefetchUsed - start.PrefetchUsed}
+		PrefetchUsed: now.PrefetchUsed - start.PrefetchUsed, CPUComputed: now.CPUComputed - start.CPUComputed}
 	g.HitRate = rate(g.Hits, g.Misses)
 	if afterPrefill.Slots > 0 {
 		// Everything after the prefill is the decode's, its verify

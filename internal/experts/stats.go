@@ -174,6 +174,7 @@ type DevicePool struct {
 	Hits, Misses, BytesUp                   uint64
 	DecodeHits, DecodeMisses, DecodeBytesUp uint64
 	Prefetched, PrefetchUsed                uint64
+	CPUComputed                             uint64 // misses the host's CPU computed instead of copying them
 	HostPinned                              bool
 	PinNote                                 string
 }

@@ -69,6 +69,7 @@ type Runner struct {
 	xl                     int // expert layers: the trunk's, then the MTP layer's when there is one
 
 	mtp mtpHead // the MTP head and the speculative verify (mtp.go)
+	hyb hybrid  // the CPU's share of a decode step's pool misses (hybrid.go)
 
 	mats    map[*block.Weight]mat
 	vecs    map[*float32]uintptr
@@ -228,6 +229,14 @@ type Config struct {
 	// Drafts of each recurrent layer's state, are allocated with the
 	// scratch; the pool leaves room for them.
 	Drafts int
+	// CPUShare is the share of a decode step's pool misses, per layer,
+	// that the host computes on its CPU from the host's copy of the
+	// record instead of copying it to a slot (0: none; q4 experts only,
+	// whose CPU product is the GPU's bit for bit), on CPUThreads threads
+	// (0: one per CPU). While the CPU multiplies, the GPU copies and
+	// multiplies the rest.
+	CPUShare   float64
+	CPUThreads int
 }
 
 // ScratchReserve is what New keeps free beside the weights for scratch,
@@ -253,6 +262,10 @@ func New(dev *cuda.Device, m *model.Model, cfg Config) (*Runner, error) {
 	if cfg.Drafts < 0 {
 		return nil, fmt.Errorf("gpu: %d drafts per step: want 0 or more", cfg.Drafts)
 	}
+	if cfg.CPUShare < 0 || cfg.CPUShare > 1 || math.IsNaN(cfg.CPUShare) {
+		return nil, fmt.Errorf("gpu: a CPU share of the misses of %g: want 0..1", cfg.CPUShare)
+	}
+	r.hyb.share = cfg.CPUShare // its buffers are laid out with the scratch
 	r.fwdFn = r.doForward
 	err := dev.Do(func() error {
 		free0, _, err := dev.MemInfo()
@@ -292,7 +305,7 @@ func New(dev *cuda.Device, m *model.Model, cfg Config) (*Runner, error) {
 			return err
 		}
 		r.pool.noLookahead = cfg.NoLookahead
-		return nil
+		return r.newHybrid(cfg)
 	})
 	if err != nil {
 		r.Close()
@@ -773,6 +786,9 @@ func (r *Runner) alloc() error {
 	if r.M.MTP != nil {
 		r.mtp.offIn, r.mtp.offOut, r.mtp.offHid = h(R*2*H), h(R*H), h(R*H)
 	}
+	if r.hyb.share > 0 {
+		r.hyb.offH, r.hyb.offOut = h(H), h(K*H)
+	}
 	if r.pin, err = r.Dev.AllocHost(hw * 4); err != nil {
 		return err
 	}
@@ -787,6 +803,10 @@ func (r *Runner) alloc() error {
 	r.ppos = i32[r.offPos/4 : r.offPos/4+R*K]
 	r.pam = i32[r.offAm/4 : r.offAm/4+R]
 	r.pids2 = i32[r.offIds2/4 : r.offIds2/4+K]
+	if r.hyb.share > 0 {
+		r.hyb.h = f32[r.hyb.offH/4 : r.hyb.offH/4+H]
+		r.hyb.out = f32[r.hyb.offOut/4 : r.hyb.offOut/4+K*H]
+	}
 	if r.M.MTP != nil {
 		r.mtp.pin = f32[r.mtp.offIn/4 : r.mtp.offIn/4+R*2*H]
 		r.mtp.pout = f32[r.mtp.offOut/4 : r.mtp.offOut/4+R*H]
@@ -832,6 +852,10 @@ func (r *Runner) Close() {
 		r.scratch = cuda.Buf{}
 		r.Dev.Free(r.mtp.snap)
 		r.mtp.snap = cuda.Buf{}
+		if r.hyb.pool != nil {
+			r.hyb.pool.Close()
+			r.hyb.pool = nil
+		}
 		r.Dev.FreeHost(r.pin)
 		r.Dev.FreeHost(r.plog)
 		r.closePool()
@@ -1535,6 +1559,10 @@ func (r *Runner) Experts(m *block.MoE) error {
 	r.check(r.Dev.DownloadAsync(r.pin, r.offIds, r.ids, 4*nb*K, r.s))
 	if next >= 0 {
 		r.check(r.Dev.DownloadAsync(r.pin, r.offIds2, r.ids2, 4*K, r.s))
+	}
+	if r.hyb.pool != nil && nb == 1 {
+		// The CPU multiplies some misses: it needs the layer's input.
+		r.check(r.Dev.DownloadAsync(r.pin, r.hyb.offH, r.h, 4*H, r.s))
 	}
 	if err := r.Dev.SyncStream(r.s); err != nil {
 		return err

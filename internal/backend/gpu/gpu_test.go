@@ -504,7 +504,8 @@ func TestGPUDecodeAllocs(t *testing.T) {
 
 // TestGPUExpertPool streams the experts through device pools of one
 // token's experts of a layer (top-k records, so a prefill chunk runs in
-// many waves), a quarter of the store and all of it, and requires the
+// many waves), a quarter of the store and all of it, with some or all of
+// a decode row's misses multiplied on the CPU (q4), and requires the
 // logits of a prompt (in one chunk and token by token) and the greedy
 // tokens after it to be the resident upload's bits; the pool's counts
 // must add up, and a pool below top-k records is refused.
@@ -545,6 +546,14 @@ func TestGPUExpertPool(t *testing.T) {
 					// --lookahead=false turns the GPU's lookahead off too.
 					"quarter, no lookahead": {GPUPoolShare: 0.25, NoLookahead: true},
 				}
+				if bits == 4 {
+					// The host's CPU multiplies half of a decode row's
+					// misses, or all of them from the host's pool.
+					pools["quarter, hybrid"] = engine.ExpertOptions{GPUPoolShare: 0.25, GPUCPUShare: 0.5}
+					pools["tiers, hybrid"] = engine.ExpertOptions{GPUPoolShare: 0.1, PoolShare: 0.25, GPUCPUShare: 1}
+				} else if _, err := engine.Open(context.Background(), dir, engine.Options{Device: "cuda", Experts: engine.ExpertOptions{GPUPoolShare: 0.25, GPUCPUShare: 0.5}}); err == nil || !strings.Contains(err.Error(), "q4 experts only") {
+					t.Errorf("a CPU share of the misses of %d-bit experts: %v", bits, err)
+				}
 				for pname, xo := range pools {
 					for _, rows := range []int{64, 1} {
 						staged := pname == "tiers, staged"
@@ -570,7 +579,7 @@ func TestGPUExpertPool(t *testing.T) {
 						t.Logf("pool %s (%d of %d records), rows %d: %d hits, %d misses, %.1f MB copied; decode %d hits, %d misses; host pinned %v %s",
 							pname, ps.Slots, ps.Records, rows, ps.Hits, ps.Misses, float64(ps.BytesUp)/1e6,
 							ps.DecodeHits, ps.DecodeMisses, ps.HostPinned, ps.PinNote)
-						t.Logf("  lookahead: %d prefetched, %d used", ps.Prefetched, ps.PrefetchUsed)
+						t.Logf("  lookahead: %d prefetched, %d used; %d misses computed on the CPU", ps.Prefetched, ps.PrefetchUsed, ps.CPUComputed)
 						tiers := strings.HasPrefix(pname, "tiers")
 						if tiers != (e.Stream != nil) {
 							t.Errorf("pool %s: host stream %v", pname, e.Stream != nil)
@@ -581,11 +590,15 @@ func TestGPUExpertPool(t *testing.T) {
 						if tiers && ps.HostPinned == staged {
 							t.Errorf("pool %s: host pinned %v (%s)", pname, ps.HostPinned, ps.PinNote)
 						}
-						if ps.DecodeHits+ps.DecodeMisses == 0 || ps.DecodeBytesUp != (ps.DecodeMisses+ps.Prefetched)*uint64(ps.RecordBytes) {
+						// Misses the CPU computed (rows of one row) are not copied.
+						if hybrid := xo.GPUCPUShare > 0; hybrid != (ps.CPUComputed > 0) || ps.CPUComputed > ps.DecodeMisses {
+							t.Errorf("pool %s, rows %d: the CPU computed %d of %d decode misses", pname, rows, ps.CPUComputed, ps.DecodeMisses)
+						}
+						if ps.DecodeHits+ps.DecodeMisses == 0 || ps.DecodeBytesUp != (ps.DecodeMisses-ps.CPUComputed+ps.Prefetched)*uint64(ps.RecordBytes) {
 							t.Errorf("pool %s: decode counts %d hits, %d misses, %d bytes", pname, ps.DecodeHits, ps.DecodeMisses, ps.DecodeBytesUp)
 						}
-						if ps.Misses == 0 || ps.BytesUp != (ps.Misses+ps.Prefetched)*uint64(ps.RecordBytes) {
-							t.Errorf("pool %s: %d misses and %d prefetches moved %d bytes of %d-byte records", pname, ps.Misses, ps.Prefetched, ps.BytesUp, ps.RecordBytes)
+						if ps.Misses == 0 || ps.BytesUp != (ps.Misses-ps.CPUComputed+ps.Prefetched)*uint64(ps.RecordBytes) {
+							t.Errorf("pool %s: %d misses (%d on the CPU) and %d prefetches moved %d bytes of %d-byte records", pname, ps.Misses, ps.CPUComputed, ps.Prefetched, ps.BytesUp, ps.RecordBytes)
 						}
 						// The decode's lookahead copies from a page-locked host
 						// store (not a tiled one) into slots the step does not

@@ -66,10 +66,13 @@ type vpool struct {
 	// wave's experts are misses.
 	missIDs, missAt, missRows []int
 	isMiss                    []bool
-	victims                   []int
-	staged                    bool            // the last wave copied through the staging
-	pos                       []int           // a batch of the provider's experts: positions in missIDs
-	exs                       []*model.Expert // and the experts
+	// Misses the host's CPU computes (hybrid): by position in missIDs,
+	// and by position in the wave.
+	cpuMiss, isCPU []bool
+	victims        []int
+	staged         bool            // the last wave copied through the staging
+	pos            []int           // a batch of the provider's experts: positions in missIDs
+	exs            []*model.Expert // and the experts
 
 	stats experts.DevicePool
 }
@@ -249,7 +252,7 @@ func (r *Runner) newPool(slots int, lay [3]matOffsets, rec int, policy experts.P
 	if p.pre, err = r.Dev.NewEvent(); err != nil {
 		return err
 	}
-	p.isMiss = make([]bool, p.wave)
+	p.isMiss, p.isCPU, p.cpuMiss = make([]bool, p.wave), make([]bool, p.wave), make([]bool, p.wave)
 	h, whole := p.prov.(interface{ Bytes() []byte })
 	hp, streams := p.prov.(hostPool)
 	var b []byte
@@ -398,6 +401,7 @@ func (r *Runner) pooledExperts(layer int) {
 			p.tab.begin()
 		}
 		r.mark("pool_host") // the device idles while the host resolves slots
+		r.hyb.n = 0
 		slots, misses := r.waveSlots(layer, w0, w1, decode, thresh)
 		if r.err != nil {
 			return
@@ -423,7 +427,7 @@ func (r *Runner) pooledExperts(layer int) {
 				r.mark("pool_misses")
 			}
 			for di := w0; di < w1; di++ {
-				if p.isMiss[di-w0] != (pass == 1) {
+				if p.isMiss[di-w0] != (pass == 1) || p.isCPU[di-w0] {
 					continue
 				}
 				ex := p.slotExpert(slots[di-w0])
@@ -436,9 +440,13 @@ func (r *Runner) pooledExperts(layer int) {
 		r.check(r.k.SwiGLU(r.s, r.g+uintptr(4*b0*I), r.g+uintptr(4*b0*I), r.u+uintptr(4*b0*I), (b1-b0)*I))
 		a = r.prepare(r.g+uintptr(4*b0*I), b1-b0, I, kind)
 		for di := w0; di < w1; di++ {
+			if p.isCPU[di-w0] {
+				continue
+			}
 			b, rows := r.base[di], r.nrows[di]
 			r.mulPrepared(r.outk+uintptr(4*b*H), p.slotExpert(slots[di-w0]).down, a, b-b0, rows)
 		}
+		r.uploadCPUOutputs()
 	}
 }
 
@@ -457,7 +465,7 @@ func (r *Runner) waveSlots(layer, w0, w1 int, decode bool, thresh int) ([]int, i
 	r.poolCheck(r.Dev.Record(p.computed, r.s))
 	for i, e := range ids {
 		slots[i] = p.tab.lookup(layer*r.E+e, r.nrows[w0+i] >= thresh)
-		p.isMiss[i] = slots[i] < 0
+		p.isMiss[i], p.isCPU[i] = slots[i] < 0, false
 		if s := slots[i]; s >= 0 && p.tab.pre[s] {
 			p.tab.pre[s] = false
 			p.stats.PrefetchUsed++
@@ -472,6 +480,13 @@ func (r *Runner) waveSlots(layer, w0, w1 int, decode bool, thresh int) ([]int, i
 	if len(p.missIDs) == 0 || !r.settle() {
 		return slots, 0
 	}
+	// The last misses asked for go to the host's CPU, when it computes
+	// some; the rest are copied.
+	ncpu := r.cpuMisses(decode, len(p.missIDs))
+	for j := range p.missIDs {
+		p.cpuMiss[j] = j >= len(p.missIDs)-ncpu
+	}
+	ngpu := len(p.missIDs) - ncpu
 	if err := p.prov.Begin(layer, p.missIDs, model.Hint{Rows: p.missRows}); err != nil {
 		r.poolFail(fmt.Errorf("expert pool: layer %d: %w", layer, err))
 		return slots, 0
@@ -480,14 +495,15 @@ func (r *Runner) waveSlots(layer, w0, w1 int, decode bool, thresh int) ([]int, i
 		r.poolFail(err)
 		return slots, 0
 	}
-	p.victims = p.tab.victims(p.victims[:0], len(p.missIDs))
-	if len(p.victims) < len(p.missIDs) {
+	p.victims = p.tab.victims(p.victims[:0], ngpu)
+	if len(p.victims) < ngpu {
 		r.poolFail(fmt.Errorf("expert pool: no free slot among %d for a wave of %d", p.slots, len(ids)))
 		return slots, 0
 	}
 	// The provider's experts come in batches: all it holds at once
 	// (model.ReadyProvider), else one at a time as they are read.
 	rp, batches := p.prov.(model.ReadyProvider)
+	v := 0 // victims given so far
 	for k := 0; k < len(p.missIDs); {
 		if !r.settle() {
 			return slots, 0
@@ -508,7 +524,15 @@ func (r *Runner) waveSlots(layer, w0, w1 int, decode bool, thresh int) ([]int, i
 				err = fmt.Errorf("the host provider returned more experts than the %d asked", k)
 				break
 			}
-			err = r.copyMiss(layer, p.pos[n], p.exs[n], p.victims[k], decode, thresh)
+			switch j := p.pos[n]; {
+			case j >= 0 && j < len(p.missIDs) && p.cpuMiss[j]:
+				err = r.computeMiss(w0, j, p.exs[n])
+			case v == len(p.victims):
+				err = fmt.Errorf("the host provider returned more experts to copy than the %d asked", ngpu)
+			default:
+				err = r.copyMiss(layer, j, p.exs[n], p.victims[v], decode, thresh)
+				v++
+			}
 			k++
 		}
 		if err != nil {
@@ -520,7 +544,7 @@ func (r *Runner) waveSlots(layer, w0, w1 int, decode bool, thresh int) ([]int, i
 		r.poolFail(err)
 		return slots, 0
 	}
-	return slots, len(p.missIDs)
+	return slots, ngpu
 }
 
 // copyMiss gives the wave's miss j (p.missIDs[j]), whose host expert is
