@@ -14,6 +14,8 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"runtime"
+	"sync"
 	"time"
 
 	"github.com/sluicelm/sluice/internal/family"
@@ -191,7 +193,7 @@ func writeDense(ctx context.Context, ck *hf.Checkpoint, m *format.Manifest, kind
 
 // writeExperts writes one fixed-stride record per (layer, expert).
 func writeExperts(ctx context.Context, ck *hf.Checkpoint, st *format.ExpertStore, path string, p *progress, mx *mlxNotes) error {
-	return writeRecordsExact(ctx, &ck.Config, ck.ExpertFull, mx.experts(ck, st.Kind), st, path, p)
+	return writeRecordsExact(ctx, &ck.Config, ck.ExpertFull, mx.experts(ck, st.Kind), false, st, path, p)
 }
 
 // expertSource yields one expert's weights (and biases) as float32.
@@ -200,7 +202,7 @@ type expertSource func(layer, expert int) (family.Expert, error)
 // writeRecords writes one fixed-stride record of st's layout per (layer,
 // expert) of cfg, taking the weights from src.
 func writeRecords(ctx context.Context, cfg *format.Config, src expertSource, st *format.ExpertStore, path string, p *progress) error {
-	return writeRecordsExact(ctx, cfg, src, nil, st, path, p)
+	return writeRecordsExact(ctx, cfg, src, nil, false, st, path, p)
 }
 
 // exactSource yields one expert's gate, up and down already encoded in the
@@ -208,15 +210,25 @@ func writeRecords(ctx context.Context, cfg *format.Config, src expertSource, st 
 type exactSource func(layer, expert int) (m [3]*quant.Encoded, ok bool, err error)
 
 // writeRecordsExact is writeRecords taking each expert from exact when it
-// has it.
-func writeRecordsExact(ctx context.Context, cfg *format.Config, src expertSource, exact exactSource, st *format.ExpertStore, path string, p *progress) error {
+// has it. With conc, src may be called from several goroutines at once
+// (and exact is nil): the sources of a batch are read as it is encoded.
+func writeRecordsExact(ctx context.Context, cfg *format.Config, src expertSource, exact exactSource, conc bool, st *format.ExpertStore, path string, p *progress) error {
 	f, err := os.Create(path)
 	if err != nil {
 		return fmt.Errorf("pack: %v", err)
 	}
 	defer f.Close()
 	bw := bufio.NewWriterSize(f, 4<<20)
-	rec := make([]byte, st.Stride)
+	// Encoding dominates (a real-size expert takes about 0.15 s), so the
+	// records of a batch are encoded on up to 8 threads while their
+	// sources are read one by one, in order, and written in order: the
+	// bytes do not depend on the thread count. A batch holds its experts'
+	// float32 values at once.
+	w := max(1, min(runtime.GOMAXPROCS(0), 8))
+	batch := make([]recordJob, w)
+	for i := range batch {
+		batch[i].rec = make([]byte, st.Stride)
+	}
 	n := cfg.ExpertLayers() * cfg.Experts
 	for l := 0; l < cfg.ExpertLayers(); l++ {
 		if l < cfg.FirstDense {
@@ -229,53 +241,47 @@ func writeRecordsExact(ctx context.Context, cfg *format.Config, src expertSource
 			}
 			continue
 		}
-		for e := 0; e < cfg.Experts; e++ {
+		for e0 := 0; e0 < cfg.Experts; e0 += w {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			p.step(st.File, l*cfg.Experts+e+1, n)
-			var pre [3]*quant.Encoded
-			ok := false
-			if exact != nil {
-				if pre, ok, err = exact(l, e); err != nil {
-					return err
-				}
-			}
-			var x family.Expert
-			if !ok {
-				if x, err = src(l, e); err != nil {
-					return err
-				}
-			}
-			clear(rec)
-			for _, pr := range []struct {
-				t *format.Tensor
-				v []float32
-			}{{st.GateBias, x.GateBias}, {st.UpBias, x.UpBias}, {st.DownBias, x.DownBias}} {
-				if pr.t == nil {
-					continue
-				}
-				if len(pr.v) != pr.t.Rows()*pr.t.Cols() {
-					return fmt.Errorf("pack: layer %d expert %d: %d bias values, want %d", l, e, len(pr.v), pr.t.Rows()*pr.t.Cols())
-				}
-				putFloats(rec[pr.t.Offset:], pr.v)
-			}
-			for k, pr := range []struct {
-				t *format.Tensor
-				v []float32
-			}{{&st.Gate, x.Gate}, {&st.Up, x.Up}, {&st.Down, x.Down}} {
-				enc := pre[k]
-				if enc == nil {
-					if enc, err = quant.Encode(pr.v, pr.t.Rows(), pr.t.Cols(), st.Kind); err != nil {
-						return fmt.Errorf("pack: layer %d expert %d: %v", l, e, err)
+			jobs := batch[:min(w, cfg.Experts-e0)]
+			for i := range jobs {
+				j := &jobs[i]
+				j.layer, j.expert, j.x, j.pre, j.ok = l, e0+i, family.Expert{}, [3]*quant.Encoded{}, false
+				if exact != nil {
+					if j.pre, j.ok, err = exact(l, e0+i); err != nil {
+						return err
 					}
 				}
-				copy(rec[pr.t.Offset:], enc.Values)
-				quant.PutHalves(rec[pr.t.ScaleOffset:], enc.Scales)
-				quant.PutHalves(rec[pr.t.BiasOffset:], enc.Biases)
+				if !j.ok && !conc {
+					if j.x, err = src(l, e0+i); err != nil {
+						return err
+					}
+				}
 			}
-			if _, err := bw.Write(rec); err != nil {
-				return fmt.Errorf("pack: %v", err)
+			var wg sync.WaitGroup
+			for i := range jobs {
+				wg.Go(func() {
+					j := &jobs[i]
+					if !j.ok && conc {
+						if j.x, j.err = src(j.layer, j.expert); j.err != nil {
+							return
+						}
+					}
+					j.err = j.encode(st)
+				})
+			}
+			wg.Wait()
+			for i := range jobs {
+				if jobs[i].err != nil {
+					return jobs[i].err
+				}
+				p.step(st.File, l*cfg.Experts+e0+i+1, n)
+				if _, err := bw.Write(jobs[i].rec); err != nil {
+					return fmt.Errorf("pack: %v", err)
+				}
+				jobs[i].x = family.Expert{} // let the values go
 			}
 		}
 	}
@@ -286,6 +292,51 @@ func writeRecordsExact(ctx context.Context, cfg *format.Config, src expertSource
 		return fmt.Errorf("pack: %v", err)
 	}
 	return f.Sync()
+}
+
+// recordJob is one expert of a batch of writeRecordsExact: its source
+// values (x) or encoded matrices (pre, when ok), and the record it fills.
+type recordJob struct {
+	layer, expert int
+	x             family.Expert
+	pre           [3]*quant.Encoded
+	ok            bool
+	rec           []byte
+	err           error
+}
+
+// encode fills j.rec with the expert's record in st's layout.
+func (j *recordJob) encode(st *format.ExpertStore) error {
+	rec, x := j.rec, j.x
+	clear(rec)
+	for _, pr := range []struct {
+		t *format.Tensor
+		v []float32
+	}{{st.GateBias, x.GateBias}, {st.UpBias, x.UpBias}, {st.DownBias, x.DownBias}} {
+		if pr.t == nil {
+			continue
+		}
+		if len(pr.v) != pr.t.Rows()*pr.t.Cols() {
+			return fmt.Errorf("pack: layer %d expert %d: %d bias values, want %d", j.layer, j.expert, len(pr.v), pr.t.Rows()*pr.t.Cols())
+		}
+		putFloats(rec[pr.t.Offset:], pr.v)
+	}
+	for k, pr := range []struct {
+		t *format.Tensor
+		v []float32
+	}{{&st.Gate, x.Gate}, {&st.Up, x.Up}, {&st.Down, x.Down}} {
+		enc := j.pre[k]
+		if enc == nil {
+			var err error
+			if enc, err = quant.Encode(pr.v, pr.t.Rows(), pr.t.Cols(), st.Kind); err != nil {
+				return fmt.Errorf("pack: layer %d expert %d: %v", j.layer, j.expert, err)
+			}
+		}
+		copy(rec[pr.t.Offset:], enc.Values)
+		quant.PutHalves(rec[pr.t.ScaleOffset:], enc.Scales)
+		quant.PutHalves(rec[pr.t.BiasOffset:], enc.Biases)
+	}
+	return nil
 }
 
 func putFloats(dst []byte, v []float32) {
@@ -414,8 +465,10 @@ func AddLowBits(ctx context.Context, dir string, bits int, w io.Writer) error {
 	}
 	defer f.Close()
 	cfg := m.Config
-	rec := make([]byte, main.Stride)
-	dec := func(t *format.Tensor) []float32 {
+	// The source is called from the encoding threads: each call reads
+	// into a buffer of its own (os.File.ReadAt is safe for that).
+	bufs := sync.Pool{New: func() any { return make([]byte, main.Stride) }}
+	dec := func(rec []byte, t *format.Tensor) []float32 {
 		out := make([]float32, t.Rows()*t.Cols())
 		var sc, bi []float32
 		if t.Kind.Quantised() {
@@ -426,15 +479,17 @@ func AddLowBits(ctx context.Context, dir string, bits int, w io.Writer) error {
 		return out
 	}
 	src := func(l, e int) (family.Expert, error) {
+		rec := bufs.Get().([]byte)
+		defer bufs.Put(rec)
 		if _, err := f.ReadAt(rec, int64(l*m.Experts+e)*main.Stride); err != nil {
 			return family.Expert{}, err
 		}
-		return family.Expert{Gate: dec(&main.Gate), Up: dec(&main.Up), Down: dec(&main.Down)}, nil
+		return family.Expert{Gate: dec(rec, &main.Gate), Up: dec(rec, &main.Up), Down: dec(rec, &main.Down)}, nil
 	}
 	ls := format.ExpertRecordLayout(&cfg, lk, format.LowStoreFile(bits))
 	tmp := filepath.Join(dir, "."+ls.File+".tmp")
 	defer os.Remove(tmp)
-	if err := writeRecords(ctx, &cfg, src, &ls, tmp, &progress{w: w, start: time.Now()}); err != nil {
+	if err := writeRecordsExact(ctx, &cfg, src, nil, true, &ls, tmp, &progress{w: w, start: time.Now()}); err != nil {
 		return err
 	}
 	if err := os.Rename(tmp, filepath.Join(dir, ls.File)); err != nil {

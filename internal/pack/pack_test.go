@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -814,5 +815,36 @@ func TestPackMTP(t *testing.T) {
 	part, _ := os.ReadFile(filepath.Join(dir, "experts.bin"))
 	if !bytes.Equal(full[:len(part)], part) {
 		t.Error("trunk expert records differ between the MTP and MTP-less packs")
+	}
+}
+
+// TestRecordsThreads: the expert records are encoded on several threads
+// in batches and written in order, so the store's bytes and the low-bit
+// store's do not depend on the thread count (3 threads leave a partial
+// last batch in every layer of 64 experts).
+func TestRecordsThreads(t *testing.T) {
+	model := testutil.Models[0]
+	var stores [2][2][]byte // [threads 1, 3][experts.bin, experts3.bin]
+	for i, n := range []int{1, 3} {
+		prev := runtime.GOMAXPROCS(n)
+		dst := filepath.Join(t.TempDir(), "p")
+		err := pack.Pack(context.Background(), testutil.ModelDir(t, model), dst, pack.Options{Bits: 4})
+		if err == nil {
+			err = pack.AddLowBits(context.Background(), dst, 3, nil)
+		}
+		runtime.GOMAXPROCS(prev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for j, f := range []string{"experts.bin", format.LowStoreFile(3)} {
+			if stores[i][j], err = os.ReadFile(filepath.Join(dst, f)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for j, f := range []string{"experts.bin", format.LowStoreFile(3)} {
+		if len(stores[0][j]) == 0 || !bytes.Equal(stores[0][j], stores[1][j]) {
+			t.Errorf("%s: %d bytes on one thread, %d on three, not the same", f, len(stores[0][j]), len(stores[1][j]))
+		}
 	}
 }
