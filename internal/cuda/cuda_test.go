@@ -288,7 +288,7 @@ func newQMat(e *env, r *rand.Rand, rows, cols int, kind format.Kind) qmat {
 func gpuMat(e *env, q qmat, x []float32, nb int, rowsVariant int) []float32 {
 	C := q.w.Cols
 	a := Acts{X: up(e, x[:nb*C]), XSum: e.alloc(4 * nb * C / 64), Rows: nb, Cols: C}
-	if q.kind == format.Q4 {
+	if q.kind != format.Q8 {
 		a.X8, a.XS = e.alloc(nb*C), e.alloc(4*nb*C/64)
 	}
 	must(e.k.PrepQ4(e.s, a))
@@ -296,6 +296,8 @@ func gpuMat(e *env, q qmat, x []float32, nb int, rowsVariant int) []float32 {
 	switch {
 	case q.kind == format.Q8:
 		must(e.k.MatQ8(e.s, out, q.w, a))
+	case q.kind == format.Q3 || q.kind == format.Q2:
+		must(e.k.MatLow(e.s, out, q.w, a, q.kind.Bits()))
 	case rowsVariant == 16:
 		must(e.k.MatQ4MMA(e.s, out, q.w, a))
 	case rowsVariant != 0:
@@ -332,6 +334,35 @@ func TestQ4(t *testing.T) {
 			}
 			for i := 0; i < N; i++ {
 				e.exact(fmt.Sprintf("q4 [%d %d]: row %d alone vs in %d", O, C, i, N), gpuMat(e, q, x[i*C:], 1, 0), full[i*O:(i+1)*O])
+			}
+		}
+	})
+}
+
+// TestLowBits checks the 3- and 2-bit products (the records --miss-bits
+// reads) bit for bit against the CPU's low-bit kernels, which give q4's
+// bits on the widened record, and their batch invariance: a row alone, in
+// the one-row kernel, and in every batch of 1..N rows gives the same bits.
+func TestLowBits(t *testing.T) {
+	onGPU(t, func(e *env) {
+		r := rand.New(rand.NewPCG(5, 5))
+		for _, kind := range []format.Kind{format.Q3, format.Q2} {
+			for _, sh := range [][2]int{{40, 64}, {72, 320}, {33, 1088}, {64, 4096}, {70, 8192}, {2000, 512}} {
+				O, C := sh[0], sh[1]
+				q := newQMat(e, r, O, C, kind)
+				const N = 11
+				x := randF32(r, N*C, 3)
+				var sc kernels.Scratch
+				want := make([]float32, N*O)
+				sc.MatMul(want, &q.m, x, N)
+				full := gpuMat(e, q, x, N, 0)
+				e.exact(fmt.Sprintf("%s [%d %d] x %d rows vs CPU", kind, O, C, N), full, want)
+				for nb := 1; nb <= N; nb++ {
+					e.exact(fmt.Sprintf("%s [%d %d]: batch of %d vs %d", kind, O, C, nb, N), gpuMat(e, q, x, nb, 0), full[:nb*O])
+				}
+				for i := 0; i < N; i++ {
+					e.exact(fmt.Sprintf("%s [%d %d]: row %d alone vs in %d", kind, O, C, i, N), gpuMat(e, q, x[i*C:], 1, 0), full[i*O:(i+1)*O])
+				}
 			}
 		}
 	})

@@ -93,7 +93,7 @@ type ModuleLoad struct {
 func LoadKernels(d *Device) (*Kernels, error) {
 	k := &Kernels{d: d, f: map[string]Func{}}
 	names := map[string][]string{
-		"matvec": {"prep_x", "q4_mv", "q4_mv2", "q4_mm8", "q4_mma", "q8_mv", "q8_mm8", "bf16_mv", "bf16_mm8", "q4_ex", "q8_ex", "bf16_ex"},
+		"matvec": {"prep_x", "q4_mv", "q4_mv2", "q4_mm8", "q4_mma", "q3_mv", "q3_mm8", "q2_mv", "q2_mm8", "q8_mv", "q8_mm8", "bf16_mv", "bf16_mm8", "q4_ex", "q8_ex", "bf16_ex"},
 		"ops":    {"rmsnorm", "rope", "swiglu", "route", "argmax", "dn_qk_norm", "dn_gates"},
 		"attn":   {"attend_part", "attend_combine"},
 		"delta":  {"dn_conv", "dn_rule32", "dn_rule64", "dn_rule128", "bench_empty"},
@@ -209,6 +209,32 @@ func (k *Kernels) MatQ4MMA(s Stream, out uintptr, w Q4, a Acts) error {
 		return fmt.Errorf("cuda: q4 product of [%d %d] with %d columns", w.Rows, w.Cols, a.Cols)
 	}
 	return k.d.Launch(k.f["q4_mma"], Dim3{ceil(w.Rows, 64), ceil(a.Rows, 8), 1}, Dim3{128, 1, 1}, 0, s,
+		P(w.Q), P(w.Scales), P(w.Biases), P(a.X8), P(a.XS), P(a.XSum), P(out), I(w.Rows), I(w.Cols), I(a.Rows))
+}
+
+// MatLow computes out = W·x for a low-bit matrix of bits 3 or 2
+// (format.Q3, format.Q2: the Q4 struct's fields, Cols·bits/8 bytes per
+// row) and a.Rows rows that PrepQ4 prepared. The bits are MatQ4's on the
+// matrix widened to q4, for every a.Rows.
+func (k *Kernels) MatLow(s Stream, out uintptr, w Q4, a Acts, bits int) error {
+	if w.Cols != a.Cols || w.Cols%64 != 0 {
+		return fmt.Errorf("cuda: q%d product of [%d %d] with %d columns", bits, w.Rows, w.Cols, a.Cols)
+	}
+	var f Func
+	R := 1
+	switch {
+	case bits == 3 && a.Rows == 1:
+		f = k.f["q3_mv"]
+	case bits == 3:
+		f, R = k.f["q3_mm8"], 8
+	case bits == 2 && a.Rows == 1:
+		f = k.f["q2_mv"]
+	case bits == 2:
+		f, R = k.f["q2_mm8"], 8
+	default:
+		return fmt.Errorf("cuda: no %d-bit product (want 3 or 2)", bits)
+	}
+	return k.d.Launch(f, Dim3{ceil(w.Rows, 8), ceil(a.Rows, R), 1}, Dim3{256, 1, 1}, 0, s,
 		P(w.Q), P(w.Scales), P(w.Biases), P(a.X8), P(a.XS), P(a.XSum), P(out), I(w.Rows), I(w.Cols), I(a.Rows))
 }
 

@@ -186,6 +186,154 @@ extern "C" __global__ void __launch_bounds__(256) q4_mm8(const uint8_t* W, const
     q4_rows<8, 4>(W, scales, biases, x8, xs, xsum, out, O, C, nb);
 }
 
+// spread12 puts the four 3-bit values of v (value k at bits 3k) into the
+// four bytes of a word (value k in byte k), as dp4a multiplies them.
+__device__ __forceinline__ uint32_t spread12(uint32_t v) {
+    return (v & 7u) | ((v & 0x38u) << 5) | ((v & 0x1c0u) << 10) | ((v & 0xe00u) << 15);
+}
+
+// spread8 is spread12 for four 2-bit values (value k at bits 2k).
+__device__ __forceinline__ uint32_t spread8(uint32_t v) {
+    return (v & 3u) | ((v & 0xcu) << 6) | ((v & 0x30u) << 12) | ((v & 0xc0u) << 18);
+}
+
+// low_rows is the product of a low-bit record (format.Q3, format.Q2: the
+// lossy copies that --miss-bits reads): a group's 64 values packed B bits
+// each, value i at bit B·i of the group's 8·B bytes, with the q4 format's
+// scales and biases. The activations are prepared as for q4, and the
+// arithmetic after each group's integer sum is q4_rows', operation for
+// operation; that sum is exact whatever its order, so the result is the
+// bits q4_rows gives on the record widened to q4 (each value in a nibble),
+// which is what the CPU's low-bit kernels give too. Lane pair (2k, 2k+1)
+// takes the two 32-value halves of group g0+k.
+template <int B, int R, int PRE>
+__device__ __forceinline__ void low_rows(const uint8_t* __restrict__ W, const uint16_t* __restrict__ scales,
+                                         const uint16_t* __restrict__ biases, const int8_t* __restrict__ x8,
+                                         const float* __restrict__ xs, const float* __restrict__ xsum,
+                                         float* __restrict__ out, int O, int C, int nb) {
+    int lane = threadIdx.x & 31;
+    int o = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (o >= O) return; // whole warps
+    int r0 = blockIdx.y * R;
+    int ng = C >> 6;
+    int half = lane & 1;
+    // A half group is 4·B bytes: B words, 4-byte aligned.
+    const uint32_t* wrow = (const uint32_t*)(W + (size_t)o * ng * (8 * B));
+    const uint16_t* srow = scales + (size_t)o * ng;
+    const uint16_t* brow = biases + (size_t)o * ng;
+    __shared__ __align__(16) float ets[8][R][20];
+    float(*et)[20] = ets[threadIdx.x >> 5];
+    float acc = 0.0f;
+    for (int g0 = 0; g0 < ng; g0 += 16 * PRE) {
+        uint32_t w[PRE][B];
+        float sc[PRE], bi[PRE];
+#pragma unroll
+        for (int u = 0; u < PRE; u++) {
+            int g = g0 + u * 16 + (lane >> 1);
+#pragma unroll
+            for (int i = 0; i < B; i++) w[u][i] = g < ng ? __ldg(wrow + (2 * g + half) * B + i) : 0u;
+            sc[u] = g < ng ? ld_half(srow + g) : 0.0f;
+            bi[u] = g < ng ? ld_half(brow + g) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < PRE; u++) {
+            int gb = g0 + u * 16;
+            if (gb >= ng) break; // uniform
+            int g = gb + (lane >> 1);
+            bool valid = g < ng;
+            int n = min(16, ng - gb);
+            // q[j] holds values 4j..4j+3 of the lane's 32, a byte each.
+            uint32_t q[8];
+            if constexpr (B == 3) {
+                uint32_t a = w[u][0], b = w[u][1], c = w[u][2];
+                q[0] = spread12(a & 0xfffu);
+                q[1] = spread12((a >> 12) & 0xfffu);
+                q[2] = spread12(__funnelshift_r(a, b, 24) & 0xfffu);
+                q[3] = spread12((b >> 4) & 0xfffu);
+                q[4] = spread12((b >> 16) & 0xfffu);
+                q[5] = spread12(__funnelshift_r(b, c, 28) & 0xfffu);
+                q[6] = spread12((c >> 8) & 0xfffu);
+                q[7] = spread12(c >> 20);
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; j++) q[j] = spread8((w[u][j >> 2] >> (8 * (j & 3))) & 0xffu);
+            }
+            float e[R];
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                int row = r0 + r;
+                e[r] = 0.0f;
+                if (row >= nb) continue; // uniform
+                int s = 0;
+                if (valid) {
+                    const int8_t* xr = x8 + (size_t)row * C + g * 64 + half * 32;
+                    int4 xa = *(const int4*)xr;
+                    int4 xb = *(const int4*)(xr + 16);
+                    s = __dp4a((int)q[0], xa.x, s);
+                    s = __dp4a((int)q[1], xa.y, s);
+                    s = __dp4a((int)q[2], xa.z, s);
+                    s = __dp4a((int)q[3], xa.w, s);
+                    s = __dp4a((int)q[4], xb.x, s);
+                    s = __dp4a((int)q[5], xb.y, s);
+                    s = __dp4a((int)q[6], xb.z, s);
+                    s = __dp4a((int)q[7], xb.w, s);
+                }
+                s += __shfl_xor_sync(FULL_MASK, s, 1);
+                if (valid) {
+                    float c = __fmul_rn(sc[u], xs[(size_t)row * ng + g]);
+                    float t = __fmul_rn(__int2float_rn(s), c);
+                    float b = __fmul_rn(bi[u], xsum[(size_t)row * ng + g]);
+                    e[r] = __fadd_rn(t, b);
+                }
+            }
+            if (!half) {
+#pragma unroll
+                for (int r = 0; r < R; r++) et[r][lane >> 1] = e[r];
+            }
+            __syncwarp();
+            if (lane < R) {
+                const float4* p = (const float4*)et[lane];
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    float4 v = p[q];
+                    if (4 * q < n) acc = __fadd_rn(acc, v.x);
+                    if (4 * q + 1 < n) acc = __fadd_rn(acc, v.y);
+                    if (4 * q + 2 < n) acc = __fadd_rn(acc, v.z);
+                    if (4 * q + 3 < n) acc = __fadd_rn(acc, v.w);
+                }
+            }
+            __syncwarp();
+        }
+    }
+    if (lane < R && r0 + lane < nb) out[(size_t)(r0 + lane) * O + o] = acc;
+}
+
+// q3_mv, q3_mm8, q2_mv, q2_mm8: low_rows for one activation row per warp
+// and for eight (grid and blocks as q4_mv and q4_mm8).
+extern "C" __global__ void __launch_bounds__(256, 6) q3_mv(const uint8_t* W, const uint16_t* scales, const uint16_t* biases,
+                                                           const int8_t* x8, const float* xs, const float* xsum,
+                                                           float* out, int O, int C, int nb) {
+    low_rows<3, 1, 2>(W, scales, biases, x8, xs, xsum, out, O, C, nb);
+}
+
+extern "C" __global__ void __launch_bounds__(256) q3_mm8(const uint8_t* W, const uint16_t* scales, const uint16_t* biases,
+                                                         const int8_t* x8, const float* xs, const float* xsum,
+                                                         float* out, int O, int C, int nb) {
+    low_rows<3, 8, 4>(W, scales, biases, x8, xs, xsum, out, O, C, nb);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 6) q2_mv(const uint8_t* W, const uint16_t* scales, const uint16_t* biases,
+                                                           const int8_t* x8, const float* xs, const float* xsum,
+                                                           float* out, int O, int C, int nb) {
+    low_rows<2, 1, 2>(W, scales, biases, x8, xs, xsum, out, O, C, nb);
+}
+
+extern "C" __global__ void __launch_bounds__(256) q2_mm8(const uint8_t* W, const uint16_t* scales, const uint16_t* biases,
+                                                         const int8_t* x8, const float* xs, const float* xsum,
+                                                         float* out, int O, int C, int nb) {
+    low_rows<2, 8, 4>(W, scales, biases, x8, xs, xsum, out, O, C, nb);
+}
+
 // q8_rows: float activations, as kernels.dotQ8: per group
 // acc += scale·Σq·x + bias·xsum. A lane takes 16 weights (a quarter
 // group); the four quarters are added by a fixed butterfly, and the group
