@@ -31,6 +31,13 @@ func TestStatsGPUPool(t *testing.T) {
 	if sum := expertSummary(e, s); !strings.Contains(sum, "gpu pool: 40 slots, hit rate 90.0% (decode 80.0%), 0.20 MB copied per generated token; lookahead 7 copied, 5 used") {
 		t.Errorf("summary %q", sum)
 	}
+	s.GPUPool.LowCopies = 6 // --miss-bits
+	if sum := expertSummary(e, s); !strings.HasSuffix(sum, "5 used; 6 copies at low bits (lossy)") {
+		t.Errorf("summary with low-bit copies %q", sum)
+	}
+	if b, _ := json.Marshal(statsJSON(s, 1)); !strings.Contains(string(b), `"low_copies":6`) {
+		t.Errorf("gpu_pool with low-bit copies: %s", b)
+	}
 	s.GPUPool = nil
 	if b, _ := json.Marshal(statsJSON(s, 1)); strings.Contains(string(b), "gpu_pool") || strings.Contains(expertSummary(e, s), "gpu pool") {
 		t.Errorf("no pool, yet %s / %q", b, expertSummary(e, s))

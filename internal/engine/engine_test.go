@@ -436,16 +436,16 @@ func TestEmitText(t *testing.T) {
 
 // TestDeviceOptionRefusals: options the chosen device cannot honour are
 // refused before anything loads (the directory does not even exist):
-// the lossy expert options on the GPU, which computes every expert at the
-// store's bits, and a GPU pool size for a forward on the CPU.
+// --cut-weak on the GPU, which waits for every miss it copies, and a GPU
+// pool size for a forward on the CPU. (--miss-bits runs on the GPU.)
 func TestDeviceOptionRefusals(t *testing.T) {
 	missing := filepath.Join(t.TempDir(), "absent")
 	for _, c := range []struct {
 		o    engine.Options
 		want string
 	}{
-		{engine.Options{Device: "cuda", Experts: engine.ExpertOptions{MissBits: 3}}, "apply on the CPU only"},
-		{engine.Options{Device: "cuda:1", Experts: engine.ExpertOptions{CutWeak: 0.1}}, "apply on the CPU only"},
+		{engine.Options{Device: "cuda", Experts: engine.ExpertOptions{CutWeak: 0.1}}, "applies on the CPU only"},
+		{engine.Options{Device: "cuda:1", Experts: engine.ExpertOptions{MissBits: 3, CutWeak: 0.1}}, "applies on the CPU only"},
 		{engine.Options{Device: "cpu", Experts: engine.ExpertOptions{GPUPoolShare: 0.5}}, "--gpu-pool-mb"},
 		{engine.Options{Experts: engine.ExpertOptions{GPUPoolBytes: 1 << 30}}, "--gpu-pool-mb"},
 		{engine.Options{Device: "cpu", Experts: engine.ExpertOptions{VRAMBytes: 1 << 30}}, "--vram-gb sizes the GPU's memory"},
@@ -459,7 +459,7 @@ func TestDeviceOptionRefusals(t *testing.T) {
 	// Device auto with a lossy option runs on the CPU and says why, and
 	// that a GPU pool size goes unused.
 	e := open(t, testutil.Models[0], engine.Options{Device: "auto", Experts: engine.ExpertOptions{CutWeak: 0.05}})
-	if e.OnGPU() || !strings.Contains(e.DeviceNote, "--cut-weak apply on the CPU only") || strings.Contains(e.DeviceNote, "gpu-pool") {
+	if e.OnGPU() || !strings.Contains(e.DeviceNote, "--cut-weak applies on the CPU only") || strings.Contains(e.DeviceNote, "gpu-pool") {
 		t.Errorf("auto with --cut-weak: device %q, note %q", e.Device, e.DeviceNote)
 	}
 	e = open(t, testutil.Models[0], engine.Options{Device: "auto", Experts: engine.ExpertOptions{CutWeak: 0.05, GPUPoolShare: 0.25}})

@@ -195,6 +195,8 @@ type GPUPoolStats struct {
 	// CPUComputed counts the misses the host's CPU multiplied instead of
 	// copying them (--gpu-cpu-share).
 	CPUComputed uint64 `json:"cpu_computed"`
+	// LowCopies counts the records copied at the low bits of --miss-bits.
+	LowCopies uint64 `json:"low_copies,omitempty"`
 }
 
 // fillGPUPoolStats sets s.GPUPool from the GPU pool's counters at the start
@@ -212,7 +214,8 @@ func (e *Engine) fillGPUPoolStats(s *Stats, start, afterPrefill DevicePool) {
 	}
 	g := &GPUPoolStats{Slots: now.Slots, Hits: now.Hits - start.Hits, Misses: now.Misses - start.Misses,
 		BytesCopied: now.BytesUp - start.BytesUp, Prefetched: now.Prefetched - start.Prefetched,
-		PrefetchUsed: now.PrefetchUsed - start.PrefetchUsed, CPUComputed: now.CPUComputed - start.CPUComputed}
+		PrefetchUsed: now.PrefetchUsed - start.PrefetchUsed, CPUComputed: now.CPUComputed - start.CPUComputed,
+		LowCopies: now.LowCopies - start.LowCopies}
 	g.HitRate = rate(g.Hits, g.Misses)
 	if afterPrefill.Slots > 0 {
 		// Everything after the prefill is the decode's, its verify

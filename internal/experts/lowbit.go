@@ -40,6 +40,13 @@ func expandLow(dst, src []byte, st, low *format.ExpertStore) error {
 	return nil
 }
 
+// ExpandLow is expandLow for tests outside the package: a model whose
+// main store holds the low-bit records widened must give, bit for bit,
+// the logits of one whose every expert arrives at low bits.
+func ExpandLow(dst, src []byte, st, low *format.ExpertStore) error {
+	return expandLow(dst, src, st, low)
+}
+
 func expandTensor(dst, src []byte, d, s *format.Tensor) error {
 	const G = format.GroupSize
 	b := s.Kind.Bits()

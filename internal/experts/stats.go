@@ -175,6 +175,7 @@ type DevicePool struct {
 	DecodeHits, DecodeMisses, DecodeBytesUp uint64
 	Prefetched, PrefetchUsed                uint64
 	CPUComputed                             uint64 // misses the host's CPU computed instead of copying them
+	LowCopies                               uint64 // records copied at the low bits of --miss-bits (lossy)
 	HostPinned                              bool
 	PinNote                                 string
 }

@@ -340,7 +340,10 @@ func (r *Runner) wantPool(cfg Config, budget int64) (bool, error) {
 		return false, fmt.Errorf("the dense weights (%.2f GiB), scratch and %d sequence state(s) (%.2f GiB) and one token's experts of a layer (%d records, %.2f GiB) need %.2f GiB on the GPU, and %s (use --device cpu)",
 			gib(dense), r.nstates, gib(r.reserve()), r.K, gib(int64(r.K)*stride), gib(least), what)
 	}
-	return cfg.PoolBytes > 0 || cfg.PoolShare > 0 || dense+exps+r.reserve() > budget, nil
+	// A host provider that gives low-bit records for its misses
+	// (--miss-bits) is read through the pool, slot by slot, as the CPU's
+	// pool reads it: an upload of every expert would take them at low bits.
+	return cfg.PoolBytes > 0 || cfg.PoolShare > 0 || lowBits(r.M.Experts) != 0 || dense+exps+r.reserve() > budget, nil
 }
 
 // reserve is what the device must keep free beside the weights: scratch
@@ -400,7 +403,10 @@ func countUses(ps *experts.DevicePool, decode bool, hits, misses int) {
 }
 
 // countCopy adds a copy of bytes into a slot to ps.
-func countCopy(ps *experts.DevicePool, decode bool, bytes uint64) {
+func countCopy(ps *experts.DevicePool, decode bool, bytes uint64, low bool) {
+	if low {
+		ps.LowCopies++
+	}
 	ps.BytesUp += bytes
 	if decode {
 		ps.DecodeBytesUp += bytes
@@ -500,7 +506,7 @@ func putMat(a *arena, km *kernels.Mat) matOffsets {
 func (o matOffsets) at(base uintptr) mat {
 	m := o.m
 	switch m.kind {
-	case format.Q4, format.Q8:
+	case format.Q4, format.Q8, format.Q3, format.Q2:
 		m.q, m.s, m.b = base+uintptr(o.q), base+uintptr(o.s), base+uintptr(o.b)
 	default:
 		m.p = base + uintptr(o.p)
@@ -1377,6 +1383,12 @@ func (r *Runner) mulPrepared(out uintptr, w mat, a acts, from, n int) {
 		} else {
 			r.check(r.k.MatQ8(r.s, out, q, ac))
 		}
+	case format.Q3, format.Q2:
+		// Low-bit pool records (--miss-bits), whose activations were
+		// prepared as q4's.
+		ac := cuda.Acts{X: a.x + uintptr(4*from*C), X8: r.x8 + uintptr(from*C), XS: r.xs + uintptr(4*from*(C/64)),
+			XSum: r.xsum + uintptr(4*from*(C/64)), Rows: n, Cols: C}
+		r.check(r.k.MatLow(r.s, out, cuda.Q4{Rows: w.rows, Cols: w.cols, Q: w.q, Scales: w.s, Biases: w.b}, ac, w.kind.Bits()))
 	case format.BF16:
 		r.check(r.k.MatBF16(r.s, out, w.p, w.rows, w.cols, a.x+uintptr(4*from*C), n))
 	default:

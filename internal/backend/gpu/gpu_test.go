@@ -983,3 +983,111 @@ func TestGPUCopyState(t *testing.T) {
 		}
 	}
 }
+
+// TestGPUMissBits runs --miss-bits 3 and 2 on the GPU. With both
+// lookaheads off every record reaches the host's pool as a demand miss,
+// at low bits, so every expert the GPU multiplies (prefill and decode,
+// from slots of the GPU's pool at top-k records or at a quarter) is a
+// low-bit one: the logits must then be, bit for bit, those of the
+// resident upload of a copy of the model whose store holds the low-bit
+// records widened to q4, and each copy moves a low-bit record's bytes.
+// With the lookaheads on, some records arrive whole (the host's lookahead
+// reads the main store); the counts must still add up.
+func TestGPUMissBits(t *testing.T) {
+	needGPU(t)
+	name := gpuModels[1]
+	src := packed(t, name, 4)
+	c := refs(t, name).Cases[0]
+	for _, bits := range []int{3, 2} {
+		t.Run(fmt.Sprint(bits), func(t *testing.T) {
+			dir := testutil.CopyDir(t, src)
+			if err := pack.AddLowBits(context.Background(), dir, bits, nil); err != nil {
+				t.Fatal(err)
+			}
+			wide := widenedPack(t, dir, bits)
+			res := open(t, wide, "cuda", 64)
+			want := all(t, res, c.Prompt)
+			wantGen := greedy(t, res, c.Prompt, 16)
+			man, err := format.ReadManifest(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			low, err := experts.LowStore(man, bits)
+			if err != nil {
+				t.Fatal(err)
+			}
+			K := man.Config.TopK
+			stride := man.Stores[0].Stride
+			for pname, xo := range map[string]engine.ExpertOptions{
+				"topk":    {GPUPoolBytes: int64(K) * stride},
+				"quarter": {GPUPoolShare: 0.25},
+			} {
+				xo.MissBits, xo.NoLookahead = bits, true
+				for _, rows := range []int{64, 1} {
+					e := openPool(t, dir, rows, xo)
+					if e.Stream == nil || e.Stream.Options().MissBits != bits {
+						t.Fatalf("pool %s: the host does not stream at %d bits", pname, bits)
+					}
+					got := all(t, e, c.Prompt)
+					V := len(want) / len(c.Prompt)
+					for i := range want {
+						if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+							t.Fatalf("pool %s, rows %d: logit %d (pos %d) = %v, widened store resident %v", pname, rows, i, i/V, got[i], want[i])
+						}
+					}
+					if gen := greedy(t, e, c.Prompt, 16); firstDiff(gen, wantGen) >= 0 {
+						t.Fatalf("pool %s, rows %d: greedy tokens\n got %v\nwant %v", pname, rows, gen, wantGen)
+					}
+					ps, _ := e.DevicePool()
+					t.Logf("pool %s (%d slots), rows %d: %d hits, %d misses, %d low-bit copies, %.2f MB copied",
+						pname, ps.Slots, rows, ps.Hits, ps.Misses, ps.LowCopies, float64(ps.BytesUp)/1e6)
+					if ps.Misses == 0 || ps.LowCopies != ps.Misses || ps.Prefetched != 0 || ps.BytesUp != ps.LowCopies*uint64(low.Stride) {
+						t.Errorf("pool %s: %d misses, %d low-bit copies, %d prefetched, %d bytes of %d-byte records",
+							pname, ps.Misses, ps.LowCopies, ps.Prefetched, ps.BytesUp, low.Stride)
+					}
+				}
+			}
+			// Lookaheads on: whole records arrive beside low-bit ones.
+			e := openPool(t, dir, 64, engine.ExpertOptions{GPUPoolShare: 0.25, MissBits: bits})
+			gen := greedy(t, e, c.Prompt, 16)
+			ps, _ := e.DevicePool()
+			whole := ps.Misses + ps.Prefetched - ps.LowCopies
+			t.Logf("lookahead on: %d misses, %d prefetched, %d low-bit copies; tokens %v (widened %v)", ps.Misses, ps.Prefetched, ps.LowCopies, gen, wantGen)
+			if ps.LowCopies == 0 || ps.LowCopies > ps.Misses+ps.Prefetched || ps.BytesUp != ps.LowCopies*uint64(low.Stride)+whole*uint64(stride) {
+				t.Errorf("lookahead on: %d misses, %d prefetched, %d low-bit copies, %d bytes", ps.Misses, ps.Prefetched, ps.LowCopies, ps.BytesUp)
+			}
+		})
+	}
+}
+
+// widenedPack copies the packed model dir with its main expert store
+// replaced by the low-bit store of bits widened to the main kind
+// (experts.ExpandLow): the values --miss-bits multiplies, in q4 records.
+func widenedPack(t *testing.T, dir string, bits int) string {
+	t.Helper()
+	w := testutil.CopyDir(t, dir)
+	man, err := format.ReadManifest(w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := &man.Stores[0]
+	low, err := experts.LowStore(man, bits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lb, err := os.ReadFile(filepath.Join(w, low.File))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := man.ExpertLayers * man.Experts
+	out := make([]byte, int64(n)*st.Stride)
+	for i := range n {
+		if err := experts.ExpandLow(out[int64(i)*st.Stride:int64(i+1)*st.Stride], lb[int64(i)*low.Stride:int64(i+1)*low.Stride], st, low); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(w, st.File), out, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return w
+}

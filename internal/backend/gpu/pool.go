@@ -74,7 +74,20 @@ type vpool struct {
 	pos            []int           // a batch of the provider's experts: positions in missIDs
 	exs            []*model.Expert // and the experts
 
+	// low is the layout of the low-bit records the host's streaming pool
+	// gives for its misses (--miss-bits), or nil; isLow says which slots
+	// hold one. A low-bit record lies at the start of a slot and crosses
+	// PCIe at its own size.
+	low   *lowRecords
+	isLow []bool
+
 	stats experts.DevicePool
+}
+
+// lowRecords is the layout and stride of the low-bit expert store.
+type lowRecords struct {
+	lay [3]matOffsets
+	rec int
 }
 
 // slotTable maps records (layer·E + expert) to slots and picks the slot a
@@ -253,8 +266,14 @@ func (r *Runner) newPool(slots int, lay [3]matOffsets, rec int, policy experts.P
 		return err
 	}
 	p.isMiss, p.isCPU, p.cpuMiss = make([]bool, p.wave), make([]bool, p.wave), make([]bool, p.wave)
+	p.isLow = make([]bool, slots)
 	h, whole := p.prov.(interface{ Bytes() []byte })
 	hp, streams := p.prov.(hostPool)
+	if bits := lowBits(p.prov); bits != 0 {
+		if p.low, err = r.lowLayout(bits, lay, rec); err != nil {
+			return err
+		}
+	}
 	var b []byte
 	switch {
 	case whole && hostTiled(p.prov), streams && hp.Options().Tile:
@@ -290,6 +309,52 @@ func (r *Runner) newPool(slots int, lay [3]matOffsets, rec int, policy experts.P
 		}
 	}
 	return nil
+}
+
+// lowBits is the bits of the low-bit records the host provider gives for
+// its misses (--miss-bits), or 0 when it gives the store's own.
+func lowBits(prov model.Provider) int {
+	if hp, ok := prov.(hostPool); ok {
+		return hp.Options().MissBits
+	}
+	return 0
+}
+
+// lowLayout is the layout of the low-bit store of bits beside a pool of
+// records laid out as lay, rec bytes each. The low-bit kernels give q4's
+// bits on the widened record, so the store must be q4: then which
+// experts arrived at low bits is all that --miss-bits changes.
+func (r *Runner) lowLayout(bits int, lay [3]matOffsets, rec int) (*lowRecords, error) {
+	for _, o := range lay {
+		if o.m.kind != format.Q4 {
+			return nil, fmt.Errorf("--miss-bits on the GPU needs a q4 expert store (this one is %s)", o.m.kind)
+		}
+	}
+	st, err := experts.LowStore(r.M.Manifest, bits)
+	if err != nil {
+		return nil, err
+	}
+	llay, lrec, err := layoutOf(st)
+	if err != nil {
+		return nil, err
+	}
+	if lrec > rec {
+		return nil, fmt.Errorf("--miss-bits %d: low-bit records of %d bytes do not fit slots of %d", bits, lrec, rec)
+	}
+	return &lowRecords{llay, lrec}, nil
+}
+
+// recordOf is the layout and size of host expert ex's record, and whether
+// it is a low-bit one.
+func (p *vpool) recordOf(ex *model.Expert) (lay [3]matOffsets, n int, low bool, err error) {
+	switch k := ex.Gate.Kind; {
+	case k == p.lay[0].m.kind:
+		return p.lay, p.rec, false, nil
+	case p.low != nil && k == p.low.lay[0].m.kind:
+		return p.low.lay, p.low.rec, true, nil
+	default:
+		return lay, 0, false, fmt.Errorf("a host record of kind %s in a pool of %s records", k, p.lay[0].m.kind)
+	}
 }
 
 // hostPool is what the pool uses of a provider that streams records
@@ -361,7 +426,11 @@ func (r *Runner) closePool() {
 // slotExpert is the expert in slot s.
 func (p *vpool) slotExpert(s int) expert {
 	base := p.buf.Ptr + uintptr(s*p.rec)
-	return expert{p.lay[0].at(base), p.lay[1].at(base), p.lay[2].at(base)}
+	lay := &p.lay
+	if p.isLow[s] {
+		lay = &p.low.lay
+	}
+	return expert{lay[0].at(base), lay[1].at(base), lay[2].at(base)}
 }
 
 // pooledExperts multiplies the n grouped rows in gin by their experts
@@ -558,21 +627,25 @@ func (r *Runner) copyMiss(layer, j int, ex *model.Expert, s int, decode bool, th
 	if ex == nil {
 		return fmt.Errorf("the host provider cut expert %d (lossy options do not apply on the GPU)", p.missIDs[j])
 	}
+	lay, n, low, err := p.recordOf(ex)
+	if err != nil {
+		return err
+	}
 	p.tab.assign(layer*r.E+p.missIDs[j], s, p.missRows[j] >= thresh)
+	p.isLow[s] = low
 	r.waveSlot[p.missAt[j]] = s
 	dst := p.buf.Ptr + uintptr(s*p.rec)
-	var err error
-	if src, ok := p.hostRecord(ex); ok {
-		err = r.Dev.UploadFromAsync(dst, src, p.rec, p.cs)
+	if src, ok := p.hostRecord(ex, n); ok {
+		err = r.Dev.UploadFromAsync(dst, src, n, p.cs)
 		p.pending = p.pending || p.recycled
 	} else if p.stage == (cuda.Host{}) {
 		err = fmt.Errorf("expert %d's record is outside the page-locked host memory and there is no staging", p.missIDs[j])
-	} else if err = fillRecord(p.stage.Slice()[j*p.rec:(j+1)*p.rec], p.lay, ex); err == nil {
-		err = r.Dev.UploadAsync(dst, p.stage, j*p.rec, p.rec, p.cs)
+	} else if err = fillRecord(p.stage.Slice()[j*p.rec:j*p.rec+n], lay, ex); err == nil {
+		err = r.Dev.UploadAsync(dst, p.stage, j*p.rec, n, p.cs)
 		p.staged = true
 	}
 	if err == nil {
-		countCopy(&p.stats, decode, uint64(p.rec))
+		countCopy(&p.stats, decode, uint64(n), low)
 	}
 	return err
 }
@@ -680,20 +753,25 @@ func (r *Runner) prefetch(layer int) {
 	r.poolCheck(r.Dev.StreamWait(p.cs, p.computed))
 	copied := 0
 	for k, ex := range exs {
-		src, ok := p.hostRecord(ex)
+		_, n, low, err := p.recordOf(ex)
+		if err != nil {
+			r.poolFail(fmt.Errorf("expert pool: lookahead for layer %d: %w", layer, err))
+			return
+		}
+		src, ok := p.hostRecord(ex, n)
 		if !ok {
 			continue // not in locked memory: the step will copy it if asked
 		}
 		s := p.victims[k]
 		p.tab.assign(layer*r.E+ids[k], s, true)
-		p.tab.pre[s] = true
-		if err := r.Dev.UploadFromAsync(p.buf.Ptr+uintptr(s*p.rec), src, p.rec, p.cs); err != nil {
+		p.tab.pre[s], p.isLow[s] = true, low
+		if err := r.Dev.UploadFromAsync(p.buf.Ptr+uintptr(s*p.rec), src, n, p.cs); err != nil {
 			r.poolFail(err)
 			return
 		}
 		p.pending = p.pending || p.recycled
 		p.stats.Prefetched++
-		countCopy(&p.stats, true, uint64(p.rec))
+		countCopy(&p.stats, true, uint64(n), low)
 		copied++
 	}
 	if copied == 0 {
@@ -739,15 +817,15 @@ func (r *Runner) cachedPredictions(hp hostPool, layer int) ([]int, []*model.Expe
 	return ids[:len(p.victims)], exs[:len(p.victims)]
 }
 
-// hostRecord is the address of ex's record in the page-locked host store,
-// when it lies there whole and row-major.
-func (p *vpool) hostRecord(ex *model.Expert) (uintptr, bool) {
-	if p.host == nil || len(ex.Record) < p.rec || ex.Gate.Tiled || ex.Up.Tiled || ex.Down.Tiled {
+// hostRecord is the address of ex's record, n bytes, in the page-locked
+// host store, when it lies there whole and row-major.
+func (p *vpool) hostRecord(ex *model.Expert, n int) (uintptr, bool) {
+	if p.host == nil || len(ex.Record) < n || ex.Gate.Tiled || ex.Up.Tiled || ex.Down.Tiled {
 		return 0, false
 	}
 	lo := uintptr(unsafe.Pointer(&p.host[0]))
 	a := uintptr(unsafe.Pointer(&ex.Record[0]))
-	if a < lo || a+uintptr(p.rec) > lo+uintptr(len(p.host)) {
+	if a < lo || a+uintptr(n) > lo+uintptr(len(p.host)) {
 		return 0, false
 	}
 	return a, true
@@ -776,7 +854,7 @@ func fillRecord(dst []byte, lay [3]matOffsets, ex *model.Expert) error {
 	for i, km := range mats {
 		o := lay[i]
 		switch km.Kind {
-		case format.Q4, format.Q8:
+		case format.Q4, format.Q8, format.Q3, format.Q2:
 			km.FlatQInto(dst[o.q : o.q+len(km.Q)])
 			copy(dst[o.s:], bytesOf(km.Scales))
 			copy(dst[o.b:], bytesOf(km.Biases))

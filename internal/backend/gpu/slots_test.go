@@ -5,6 +5,7 @@ package gpu
 import (
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/sluicelm/sluice/internal/experts"
@@ -229,4 +230,80 @@ func (t *slotTable) take(rec int, recent bool) int {
 	}
 	t.assign(rec, v[0], recent)
 	return v[0]
+}
+
+// TestLowRecords: a pool of q4 records takes the low-bit records of
+// --miss-bits beside its own (recordOf names each one's layout and size;
+// fillRecord stages one at the start of a slot, as it lies in the low-bit
+// store), refuses a record of another kind, and a store that is not q4
+// is refused for --miss-bits by name.
+func TestLowRecords(t *testing.T) {
+	c := &format.Config{Hidden: 256, MoEInter: 128}
+	man := &format.Manifest{Config: *c, Stores: []format.ExpertStore{
+		format.ExpertRecordLayout(c, format.Q4, "experts.bin"),
+		format.ExpertRecordLayout(c, format.Q3, format.LowStoreFile(3)),
+	}}
+	r := &Runner{M: &model.Model{Manifest: man}}
+	lay, stride, err := layoutOf(&man.Stores[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	low, err := r.lowLayout(3, lay, stride)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := &man.Stores[1]
+	if low.rec != int(st.Stride) || low.rec >= stride || low.lay[0].m.kind != format.Q3 {
+		t.Fatalf("low-bit layout: %d-byte records of %s beside %d-byte q4 ones", low.rec, low.lay[0].m.kind, stride)
+	}
+	for i, o := range low.lay {
+		const base = 1 << 20
+		if m := o.at(base); m.kind != format.Q3 || m.q != base+uintptr(o.q) || m.s != base+uintptr(o.s) || m.b != base+uintptr(o.b) || o.s <= o.q {
+			t.Fatalf("low-bit matrix %d of a slot: %+v (offsets %+v)", i, m, o)
+		}
+	}
+	rec := make([]byte, st.Stride)
+	for i := range rec {
+		rec[i] = byte(i*7 + 3)
+	}
+	ex, err := model.ExpertFromRecord(rec, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &vpool{lay: lay, rec: stride, low: low}
+	gl, n, isLow, err := p.recordOf(&ex)
+	if err != nil || n != low.rec || !isLow {
+		t.Fatalf("a q3 record: %d bytes, low %v, err %v", n, isLow, err)
+	}
+	slot := make([]byte, stride)
+	if err := fillRecord(slot[:n], gl, &ex); err != nil || string(slot[:n]) != string(rec) {
+		t.Fatalf("a q3 record not staged as it lies in the store (err %v)", err)
+	}
+	ex.Record = nil // staged matrix by matrix: the same bytes where they are defined
+	clear(slot)
+	if err := fillRecord(slot[:n], gl, &ex); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []*format.Tensor{&st.Gate, &st.Up, &st.Down} {
+		v, sb := format.Q3.Sizes(tt.Shape[0], tt.Shape[1])
+		for _, part := range [][2]int64{{tt.Offset, v}, {tt.ScaleOffset, sb}, {tt.BiasOffset, sb}} {
+			if a, b := slot[part[0]:part[0]+part[1]], rec[part[0]:part[0]+part[1]]; string(a) != string(b) {
+				t.Fatalf("a q3 matrix staged piece by piece differs at offset %d", part[0])
+			}
+		}
+	}
+	if _, _, _, err := (&vpool{lay: lay, rec: stride}).recordOf(&ex); err == nil {
+		t.Error("a pool without --miss-bits took a q3 record")
+	}
+	b16 := format.ExpertRecordLayout(c, format.BF16, "experts.bin")
+	lay16, stride16, err := layoutOf(&b16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.lowLayout(3, lay16, stride16); err == nil || !strings.Contains(err.Error(), "needs a q4 expert store") {
+		t.Errorf("--miss-bits over a bf16 store: %v", err)
+	}
+	if _, err := r.lowLayout(2, lay, stride); err == nil || !strings.Contains(err.Error(), "2-bit") {
+		t.Errorf("--miss-bits 2 without a 2-bit store: %v", err)
+	}
 }
