@@ -140,6 +140,34 @@ func TestGPUBench(t *testing.T) {
 			}
 		}
 
+		// The low-bit products of --miss-bits at the expert shapes, beside
+		// q4's (above): the same rotation over copies, one row and eight.
+		for _, kind := range []format.Kind{format.Q3, format.Q2} {
+			for _, sh := range [][2]int{{1024, 4096}, {4096, 1024}} {
+				O, C := sh[0], sh[1]
+				q := newQMat(e, r, O, C, kind)
+				bytes := O*C*kind.Bits()/8 + 4*O*C/64
+				copies := max(4, (1<<30)/bytes)
+				ws := make([]Q4, copies)
+				for i := range ws {
+					ws[i] = q.w
+					ws[i].Q = e.alloc(O * C * kind.Bits() / 8)
+					must(d.CopyD(ws[i].Q, q.w.Q, O*C*kind.Bits()/8))
+					ws[i].Scales, ws[i].Biases = e.alloc(2*O*C/64), e.alloc(2*O*C/64)
+					must(d.CopyD(ws[i].Scales, q.w.Scales, 2*O*C/64))
+					must(d.CopyD(ws[i].Biases, q.w.Biases, 2*O*C/64))
+				}
+				for _, nb := range []int{1, 8} {
+					act := Acts{X: up(e, randF32(r, nb*C, 2)), X8: e.alloc(nb * C), XS: e.alloc(4 * nb * C / 64), XSum: e.alloc(4 * nb * C / 64), Rows: nb, Cols: C}
+					must(e.k.PrepQ4(s, act))
+					out := e.alloc(4 * nb * O)
+					ms := timed(copies, func(i int) { must(e.k.MatLow(s, out, ws[i%copies], act, kind.Bits())) })
+					report("%s %dx%d nb=%d: %.2f us/launch (stream), %.0f GB/s of weights (%.0f%% of the copy's)",
+						kind, O, C, nb, ms*1e3, float64(bytes)/(ms/1e3)/1e9, 100*float64(bytes)/(ms/1e3)/1e9/copyBW)
+				}
+			}
+		}
+
 		// Attention decode at 4096 positions and the delta-rule step, at
 		// the head shapes assumed for Qwen3.5-397B-A17B (32 query heads
 		// over 2 kv heads of 256 dims; 64 value heads over 16 key heads of
