@@ -105,6 +105,7 @@ type poolBench struct {
 	MBPerToken   float64 `json:"mb_per_token"`
 	PrefillMBTok float64 `json:"prefill_mb_per_token"`
 	IOWaitMSTok  float64 `json:"io_wait_ms_per_token"`
+	CutsPerToken float64 `json:"cuts_per_token,omitempty"` // --cut-weak's late misses dropped
 	MSPerToken   float64 `json:"decode_ms_per_token"`
 	ReadMBs      float64 `json:"read_mb_s"`       // achieved: bytes / wall time with reads in flight
 	DiskMBs      float64 `json:"disk_mb_s"`       // --disk: O_DIRECT limit at the same record size and depth
@@ -141,7 +142,7 @@ func summarisePool(e *engine.Engine, trials []benchTrial) *poolBench {
 	man := e.Model.Manifest
 	pb := &poolBench{Slots: s.Slots(), PoolMB: float64(int64(s.Slots())*s.Stride()) / 1e6,
 		PoolShare: float64(s.Slots()) / float64(man.ExpertLayers*man.Experts)}
-	var hit, mbt, pmbt, iow, mst, rbw, busy, load, util, rec, waste, skip, opt []float64
+	var hit, mbt, pmbt, iow, mst, rbw, busy, load, util, rec, waste, skip, opt, cut []float64
 	sim := map[experts.Policy][]float64{}
 	nl := 0
 	for _, t := range trials {
@@ -160,6 +161,7 @@ func summarisePool(e *engine.Engine, trials []benchTrial) *poolBench {
 		mbt = append(mbt, float64(d.BytesRead)/1e6/n)
 		pmbt = append(pmbt, float64(t.pre.Experts.PrefillBytesRead)/1e6/float64(max(t.pre.PromptTokens, 1)))
 		iow = append(iow, d.IOWaitMS/n)
+		cut = append(cut, float64(d.Cuts)/n)
 		mst = append(mst, t.stats.DecodeMS/n)
 		if d.ReadBusyMS > 0 {
 			rbw = append(rbw, float64(d.BytesRead)/1e6/(d.ReadBusyMS/1e3))
@@ -184,7 +186,7 @@ func summarisePool(e *engine.Engine, trials []benchTrial) *poolBench {
 	}
 	pb.HitRate, pb.MBPerToken, pb.PrefillMBTok, pb.IOWaitMSTok, pb.MSPerToken = median(hit), median(mbt), median(pmbt), median(iow), median(mst)
 	pb.ReadMBs, pb.ReadBusy, pb.LoadMBs, pb.LoadUtil, pb.LookRecall, pb.LookWaste, pb.LookSkipped = median(rbw), median(busy), median(load), median(util), median(rec), median(waste), median(skip)
-	pb.OptimalHitRate, pb.PolicyHitRate = median(opt), median(sim[s.Options().Policy])
+	pb.OptimalHitRate, pb.PolicyHitRate, pb.CutsPerToken = median(opt), median(sim[s.Options().Policy]), median(cut)
 	pb.PolicyHitRates = map[string]float64{}
 	for p, r := range sim {
 		pb.PolicyHitRates[string(p)] = median(r)
@@ -218,6 +220,9 @@ func (pb *poolBench) print(w io.Writer, e *engine.Engine) {
 	fmt.Fprintf(w, "experts: %s\n", e.ExpertPlan)
 	fmt.Fprintf(w, "pool %d slots (%.0f MB, %.1f%%): decode hit rate %.1f%%, %.2f MB/token, io wait %.2f ms/token, %.2f ms/token; prefill %.2f MB/prompt token\n",
 		pb.Slots, pb.PoolMB, 100*pb.PoolShare, 100*pb.HitRate, pb.MBPerToken, pb.IOWaitMSTok, pb.MSPerToken, pb.PrefillMBTok)
+	if pb.CutsPerToken > 0 {
+		fmt.Fprintf(w, "--cut-weak dropped %.2f late experts per token\n", pb.CutsPerToken)
+	}
 	fmt.Fprintf(w, "offline replay of the decode's requests from an empty pool of %d slots: optimal eviction %.1f%% hits; %s (the pool's) %s",
 		pb.Slots, 100*pb.OptimalHitRate, e.Stream.Options().Policy, pb.ofOptimal(pb.PolicyHitRate))
 	for _, p := range experts.Policies {

@@ -355,6 +355,24 @@ func TestBench(t *testing.T) {
 	}
 }
 
+// bench's pool figures count --cut-weak's drops per token: with a
+// threshold above every weight a small pool drops late misses, and
+// without the option it drops none.
+func TestBenchCuts(t *testing.T) {
+	for _, cut := range []string{"0", "0.99"} {
+		out, _ := ok(t, "bench", "--prompt", "16", "--gen", "8", "--repeat", "1", "--threads", "2", "--pool-mb", "10%", "--lookahead=false", "--cut-weak", cut, "--json")
+		var b struct {
+			Experts struct {
+				Cuts *float64 `json:"cuts_per_token"`
+			} `json:"experts"`
+		}
+		decode(t, out, &b)
+		if c := b.Experts.Cuts; (cut == "0") != (c == nil) || c != nil && !(*c > 0) {
+			t.Errorf("bench --cut-weak %s: cuts per token: %s", cut, out)
+		}
+	}
+}
+
 // bench --membw measures the memory around every trial and takes each
 // trial's share of the decode limit against the bandwidth of its own
 // minute.

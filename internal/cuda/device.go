@@ -332,6 +332,11 @@ func (d *Device) Fill32(p uintptr, v uint32, n int) error {
 	return d.call("cuMemsetD32", fns.memsetD32, p, uintptr(v), uintptr(n))
 }
 
+// Fill32Async is Fill32 queued on s (cuMemsetD32Async).
+func (d *Device) Fill32Async(p uintptr, v uint32, n int, s Stream) error {
+	return d.call("cuMemsetD32Async", fns.memsetD32Async, p, uintptr(v), uintptr(n), s.h)
+}
+
 // FillF32 sets n floats at p to f.
 func (d *Device) FillF32(p uintptr, f float32, n int) error {
 	return d.Fill32(p, math.Float32bits(f), n)

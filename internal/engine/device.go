@@ -85,12 +85,6 @@ func (e *Engine) selectDevice(o Options, rows int) error {
 		fallback("replayed routes run on the CPU only")
 		return nil
 	}
-	if o.Experts.CutWeak > 0 {
-		// The GPU waits for every miss it copies (an explicit cuda was
-		// refused before the experts opened).
-		fallback("--cut-weak applies on the CPU only")
-		return nil
-	}
 	f, name, err := openCUDA(e.Model, ds.ordinal, rows, e.Ctx, o)
 	if err != nil {
 		if ds.kind == "cuda" {
@@ -111,9 +105,6 @@ func checkDevice(o Options) error {
 		return err
 	}
 	xo := o.Experts
-	if ds.kind == "cuda" && xo.CutWeak > 0 {
-		return fmt.Errorf("device cuda: --cut-weak applies on the CPU only")
-	}
 	if u := gpuOnly(xo); ds.kind == "cpu" && u != "" {
 		return fmt.Errorf("%s sizes the GPU's memory; the forward runs on the CPU here (--device %s)", u, o.Device)
 	}

@@ -1572,6 +1572,10 @@ func (r *Runner) Experts(m *block.MoE) error {
 	if next >= 0 {
 		r.check(r.Dev.DownloadAsync(r.pin, r.offIds2, r.ids2, 4*K, r.s))
 	}
+	if r.pool != nil && r.pool.cutWeak > 0 {
+		// The host's pool drops late misses by their routing weights.
+		r.check(r.Dev.DownloadAsync(r.pin, r.offW, r.w, 4*nb*K, r.s))
+	}
 	if r.hyb.pool != nil && nb == 1 {
 		// The CPU multiplies some misses: it needs the layer's input.
 		r.check(r.Dev.DownloadAsync(r.pin, r.hyb.offH, r.h, 4*H, r.s))

@@ -1097,3 +1097,139 @@ func widenedPack(t *testing.T, dir string, bits int) string {
 	}
 	return w
 }
+
+// cutting is a host provider that cuts (gives nil for) every expert whose
+// id is a multiple of 3, as a host pool with --cut-weak cuts a late weak
+// miss, over the store held whole; it is a hostPool, so the GPU's pool
+// takes its cuts, and it requires the routing weights a cut is judged by.
+type cutting struct {
+	model.Provider
+	mem []byte
+	ids []int
+}
+
+func (c *cutting) Begin(layer int, ids []int, hint model.Hint) error {
+	if len(hint.MaxWeight) != len(ids) {
+		return fmt.Errorf("layer %d: %d experts asked for with %d weights", layer, len(ids), len(hint.MaxWeight))
+	}
+	c.ids = ids
+	return c.Provider.Begin(layer, ids, hint)
+}
+
+func (c *cutting) Next() (int, *model.Expert, error) {
+	j, ex, err := c.Provider.Next()
+	if err == nil && ex != nil && c.ids[j]%3 == 0 {
+		return j, nil, nil
+	}
+	return j, ex, err
+}
+
+func (c *cutting) Memory() []byte                    { return c.mem }
+func (c *cutting) Cached(layer, e int) *model.Expert { return nil }
+func (c *cutting) Options() experts.Options          { return experts.Options{CutWeak: 1} }
+
+// TestGPUCutZero: an expert the host's pool cuts (--cut-weak) adds
+// exactly nothing. Through a GPU pool of top-k records every expert is a
+// miss, so with every third expert cut the logits of a prompt must be, bit
+// for bit, the resident upload's of a copy of the model whose every third
+// expert has a zero down projection (scales and biases zero: each output
+// exactly 0). The routing weights reach the host with the choice.
+func TestGPUCutZero(t *testing.T) {
+	needGPU(t)
+	name := gpuModels[1]
+	src := packed(t, name, 4)
+	c := refs(t, name).Cases[0]
+	zero := testutil.CopyDir(t, src)
+	man, err := format.ReadManifest(zero)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := &man.Stores[0]
+	f, err := os.OpenFile(filepath.Join(zero, st.File), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, sb := st.Down.Kind.Sizes(st.Down.Shape[0], st.Down.Shape[1])
+	for rec := 0; rec < man.ExpertLayers*man.Experts; rec++ {
+		if rec%man.Experts%3 != 0 {
+			continue
+		}
+		for _, off := range []int64{st.Down.ScaleOffset, st.Down.BiasOffset} {
+			if _, err := f.WriteAt(make([]byte, sb), int64(rec)*st.Stride+off); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	f.Close()
+	want := all(t, open(t, zero, "cuda", 64), c.Prompt)
+
+	m, err := model.Load(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	res, err := model.OpenResident(context.Background(), m, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Experts = &cutting{Provider: res, mem: res.Bytes()}
+	dev, err := cuda.Open(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	r, err := gpu.New(dev, m, gpu.Config{Rows: 64, Ctx: 256, PoolBytes: int64(m.Config.TopK) * st.Stride})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	s, err := m.NewState(len(c.Prompt) + 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make([]float32, len(want))
+	if err := r.Forward(s, c.Prompt, got, true); err != nil {
+		t.Fatal(err)
+	}
+	same := 0
+	base := all(t, open(t, src, "cuda", 64), c.Prompt)
+	for i := range want {
+		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+			t.Fatalf("logit %d (pos %d) = %v with every third expert cut, %v with it zeroed", i, i/m.Config.Vocab, got[i], want[i])
+		}
+		if got[i] == base[i] {
+			same++
+		}
+	}
+	if ps := r.Pool(); ps.Hits != 0 {
+		t.Fatalf("a pool of top-k records hit %d times: not every expert was a miss", ps.Hits)
+	}
+	if same == len(base) {
+		t.Fatal("the cuts changed no logit")
+	}
+}
+
+// TestGPUCutWeak runs --cut-weak on the GPU through three tiers: the
+// GPU's pool at a tenth, the host's at top-k records, so that most of a
+// step's misses are read from disk. With a threshold above every weight
+// the host cuts every miss whose read is late, and decoding still runs;
+// the GPU's pool copies only what was not cut.
+func TestGPUCutWeak(t *testing.T) {
+	needGPU(t)
+	name := gpuModels[1]
+	dir := packed(t, name, 4)
+	c := refs(t, name).Cases[0]
+	man, err := format.ReadManifest(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	K, stride := man.Config.TopK, man.Stores[0].Stride
+	e := openPool(t, dir, 64, engine.ExpertOptions{GPUPoolShare: 0.1, PoolBytes: int64(K) * stride, CutWeak: 0.99, NoLookahead: true})
+	gen := greedy(t, e, c.Prompt, 16)
+	cuts := e.Stream.Stats().Cuts
+	ps, _ := e.DevicePool()
+	t.Logf("cut-weak 0.99: %d cuts, %d misses, %d records copied; tokens %v", cuts, ps.Misses, ps.BytesUp/uint64(stride), gen)
+	if len(gen) != 16 || cuts == 0 || ps.BytesUp != (ps.Misses-uint64(cuts))*uint64(stride) {
+		t.Errorf("%d tokens, %d cuts, %d misses, %d bytes copied of %d-byte records", len(gen), cuts, ps.Misses, ps.BytesUp, stride)
+	}
+}

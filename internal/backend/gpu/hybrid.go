@@ -66,7 +66,7 @@ func (r *Runner) cpuMisses(decode bool, n int) int {
 func (r *Runner) computeMiss(w0, j int, ex *model.Expert) error {
 	p, hy := r.pool, &r.hyb
 	if ex == nil {
-		return fmt.Errorf("the host provider cut expert %d (lossy options do not apply on the GPU)", p.missIDs[j])
+		return fmt.Errorf("the host provider cut expert %d, and --cut-weak is off", p.missIDs[j])
 	}
 	if hy.n == r.K || len(hy.h) == 0 {
 		return fmt.Errorf("more CPU experts than a decode row has (%d)", r.K)

@@ -81,6 +81,14 @@ type vpool struct {
 	low   *lowRecords
 	isLow []bool
 
+	// cutWeak is the host pool's --cut-weak: it drops a miss whose read
+	// from disk has not landed when asked for and whose largest routing
+	// weight (missW, which the host is given) is below it; such a miss
+	// adds nothing to its rows (isCut, by position in the wave).
+	cutWeak float32
+	missW   []float32
+	isCut   []bool
+
 	stats experts.DevicePool
 }
 
@@ -266,9 +274,12 @@ func (r *Runner) newPool(slots int, lay [3]matOffsets, rec int, policy experts.P
 		return err
 	}
 	p.isMiss, p.isCPU, p.cpuMiss = make([]bool, p.wave), make([]bool, p.wave), make([]bool, p.wave)
-	p.isLow = make([]bool, slots)
+	p.isLow, p.isCut = make([]bool, slots), make([]bool, p.wave)
 	h, whole := p.prov.(interface{ Bytes() []byte })
 	hp, streams := p.prov.(hostPool)
+	if streams {
+		p.cutWeak = hp.Options().CutWeak
+	}
 	if bits := lowBits(p.prov); bits != 0 {
 		if p.low, err = r.lowLayout(bits, lay, rec); err != nil {
 			return err
@@ -496,7 +507,7 @@ func (r *Runner) pooledExperts(layer int) {
 				r.mark("pool_misses")
 			}
 			for di := w0; di < w1; di++ {
-				if p.isMiss[di-w0] != (pass == 1) || p.isCPU[di-w0] {
+				if p.isMiss[di-w0] != (pass == 1) || p.isCPU[di-w0] || p.isCut[di-w0] {
 					continue
 				}
 				ex := p.slotExpert(slots[di-w0])
@@ -509,11 +520,15 @@ func (r *Runner) pooledExperts(layer int) {
 		r.check(r.k.SwiGLU(r.s, r.g+uintptr(4*b0*I), r.g+uintptr(4*b0*I), r.u+uintptr(4*b0*I), (b1-b0)*I))
 		a = r.prepare(r.g+uintptr(4*b0*I), b1-b0, I, kind)
 		for di := w0; di < w1; di++ {
-			if p.isCPU[di-w0] {
-				continue
-			}
 			b, rows := r.base[di], r.nrows[di]
-			r.mulPrepared(r.outk+uintptr(4*b*H), p.slotExpert(slots[di-w0]).down, a, b-b0, rows)
+			switch {
+			case p.isCPU[di-w0]:
+			case p.isCut[di-w0]:
+				// The combine weighs its rows: zeros add nothing.
+				r.check(r.Dev.Fill32Async(r.outk+uintptr(4*b*H), 0, rows*H, r.s))
+			default:
+				r.mulPrepared(r.outk+uintptr(4*b*H), p.slotExpert(slots[di-w0]).down, a, b-b0, rows)
+			}
 		}
 		r.uploadCPUOutputs()
 	}
@@ -527,14 +542,14 @@ func (r *Runner) waveSlots(layer, w0, w1 int, decode bool, thresh int) ([]int, i
 	p := r.pool
 	ids := r.distinct[w0:w1]
 	slots := r.waveSlot[:len(ids)]
-	p.missIDs, p.missAt, p.missRows = p.missIDs[:0], p.missAt[:0], p.missRows[:0]
+	p.missIDs, p.missAt, p.missRows, p.missW = p.missIDs[:0], p.missAt[:0], p.missRows[:0], p.missW[:0]
 	// Copies into this wave's victims, and the lookahead's after it, wait
 	// for every product queued so far: some read the records of the slots
 	// they take.
 	r.poolCheck(r.Dev.Record(p.computed, r.s))
 	for i, e := range ids {
 		slots[i] = p.tab.lookup(layer*r.E+e, r.nrows[w0+i] >= thresh)
-		p.isMiss[i], p.isCPU[i] = slots[i] < 0, false
+		p.isMiss[i], p.isCPU[i], p.isCut[i] = slots[i] < 0, false, false
 		if s := slots[i]; s >= 0 && p.tab.pre[s] {
 			p.tab.pre[s] = false
 			p.stats.PrefetchUsed++
@@ -543,6 +558,13 @@ func (r *Runner) waveSlots(layer, w0, w1 int, decode bool, thresh int) ([]int, i
 			p.missIDs = append(p.missIDs, e)
 			p.missAt = append(p.missAt, i)
 			p.missRows = append(p.missRows, r.nrows[w0+i])
+			if p.cutWeak > 0 {
+				w := float32(0)
+				for _, rk := range r.members[e] {
+					w = max(w, r.pw[rk])
+				}
+				p.missW = append(p.missW, w)
+			}
 		}
 	}
 	countUses(&p.stats, decode, len(ids)-len(p.missIDs), len(p.missIDs))
@@ -556,7 +578,11 @@ func (r *Runner) waveSlots(layer, w0, w1 int, decode bool, thresh int) ([]int, i
 		p.cpuMiss[j] = j >= len(p.missIDs)-ncpu
 	}
 	ngpu := len(p.missIDs) - ncpu
-	if err := p.prov.Begin(layer, p.missIDs, model.Hint{Rows: p.missRows}); err != nil {
+	hint := model.Hint{Rows: p.missRows}
+	if p.cutWeak > 0 {
+		hint.MaxWeight = p.missW
+	}
+	if err := p.prov.Begin(layer, p.missIDs, hint); err != nil {
 		r.poolFail(fmt.Errorf("expert pool: layer %d: %w", layer, err))
 		return slots, 0
 	}
@@ -594,6 +620,8 @@ func (r *Runner) waveSlots(layer, w0, w1 int, decode bool, thresh int) ([]int, i
 				break
 			}
 			switch j := p.pos[n]; {
+			case j >= 0 && j < len(p.missIDs) && p.exs[n] == nil && p.cutWeak > 0:
+				p.isCut[p.missAt[j]] = true // late and weak: the host dropped it
 			case j >= 0 && j < len(p.missIDs) && p.cpuMiss[j]:
 				err = r.computeMiss(w0, j, p.exs[n])
 			case v == len(p.victims):
@@ -625,7 +653,7 @@ func (r *Runner) copyMiss(layer, j int, ex *model.Expert, s int, decode bool, th
 		return fmt.Errorf("the host provider returned position %d of %d", j, len(p.missIDs))
 	}
 	if ex == nil {
-		return fmt.Errorf("the host provider cut expert %d (lossy options do not apply on the GPU)", p.missIDs[j])
+		return fmt.Errorf("the host provider cut expert %d, and --cut-weak is off", p.missIDs[j])
 	}
 	lay, n, low, err := p.recordOf(ex)
 	if err != nil {
