@@ -217,7 +217,7 @@ func cmdBench(ctx context.Context, args []string) error {
 		res["gpu_pool"] = map[string]any{"slots": p.Slots, "records": p.Records, "record_mb": float64(p.RecordBytes) / 1e6,
 			"hits": p.Hits, "misses": p.Misses, "hit_rate": rate(p.Hits, p.Misses), "mb_copied": float64(p.BytesUp) / 1e6,
 			"decode_hit_rate": rate(p.DecodeHits, p.DecodeMisses), "decode_mb_copied": float64(p.DecodeBytesUp) / 1e6,
-			"prefetched": p.Prefetched, "prefetch_used": p.PrefetchUsed, "host_pinned": p.HostPinned,
+			"prefetched": p.Prefetched, "prefetch_used": p.PrefetchUsed, "prefetch_skipped": p.PrefetchSkipped, "host_pinned": p.HostPinned,
 			"cpu_computed": p.CPUComputed, "low_copies": p.LowCopies}
 		if xs != nil {
 			// The tiers below it over the decode: the share of the GPU's

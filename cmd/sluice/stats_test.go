@@ -13,7 +13,7 @@ import (
 // had none.
 func TestStatsGPUPool(t *testing.T) {
 	s := engine.Stats{GeneratedTokens: 11, GPUPool: &engine.GPUPoolStats{Slots: 40, Hits: 90, Misses: 10, HitRate: 0.9,
-		BytesCopied: 3e6, DecodeHitRate: 0.8, DecodeBytesCopied: 2e6, Prefetched: 7, PrefetchUsed: 5}}
+		BytesCopied: 3e6, DecodeHitRate: 0.8, DecodeBytesCopied: 2e6, Prefetched: 7, PrefetchUsed: 5, PrefetchSkipped: 3}}
 	b, err := json.Marshal(statsJSON(s, 1))
 	if err != nil {
 		t.Fatal(err)
@@ -28,11 +28,11 @@ func TestStatsGPUPool(t *testing.T) {
 		t.Errorf("gpu_pool in the stats: %s", b)
 	}
 	e := &engine.Engine{ExpertPlan: "plan"}
-	if sum := expertSummary(e, s); !strings.Contains(sum, "gpu pool: 40 slots, hit rate 90.0% (decode 80.0%), 0.20 MB copied per generated token; lookahead 7 copied, 5 used") {
+	if sum := expertSummary(e, s); !strings.Contains(sum, "gpu pool: 40 slots, hit rate 90.0% (decode 80.0%), 0.20 MB copied per generated token; lookahead 7 copied, 5 used, 3 held back") {
 		t.Errorf("summary %q", sum)
 	}
 	s.GPUPool.LowCopies = 6 // --miss-bits
-	if sum := expertSummary(e, s); !strings.HasSuffix(sum, "5 used; 6 copies at low bits (lossy)") {
+	if sum := expertSummary(e, s); !strings.HasSuffix(sum, "5 used, 3 held back; 6 copies at low bits (lossy)") {
 		t.Errorf("summary with low-bit copies %q", sum)
 	}
 	if b, _ := json.Marshal(statsJSON(s, 1)); !strings.Contains(string(b), `"low_copies":6`) {

@@ -192,6 +192,9 @@ type GPUPoolStats struct {
 	DecodeBytesCopied uint64 `json:"decode_bytes_copied"`
 	Prefetched        uint64 `json:"prefetched"`
 	PrefetchUsed      uint64 `json:"prefetch_used"`
+	// PrefetchSkipped counts the would-be lookahead copies held back in
+	// layers whose predictions were not paying.
+	PrefetchSkipped uint64 `json:"prefetch_skipped"`
 	// CPUComputed counts the misses the host's CPU multiplied instead of
 	// copying them (--gpu-cpu-share).
 	CPUComputed uint64 `json:"cpu_computed"`
@@ -214,7 +217,7 @@ func (e *Engine) fillGPUPoolStats(s *Stats, start, afterPrefill DevicePool) {
 	}
 	g := &GPUPoolStats{Slots: now.Slots, Hits: now.Hits - start.Hits, Misses: now.Misses - start.Misses,
 		BytesCopied: now.BytesUp - start.BytesUp, Prefetched: now.Prefetched - start.Prefetched,
-		PrefetchUsed: now.PrefetchUsed - start.PrefetchUsed, CPUComputed: now.CPUComputed - start.CPUComputed,
+		PrefetchUsed: now.PrefetchUsed - start.PrefetchUsed, PrefetchSkipped: now.PrefetchSkipped - start.PrefetchSkipped, CPUComputed: now.CPUComputed - start.CPUComputed,
 		LowCopies: now.LowCopies - start.LowCopies}
 	g.HitRate = rate(g.Hits, g.Misses)
 	if afterPrefill.Slots > 0 {

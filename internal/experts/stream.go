@@ -237,16 +237,17 @@ type Stream struct {
 
 // Lookahead adapts per layer: a layer's predictions are scored against
 // the experts its step then uses (the fraction of would-be prefetches that
-// the step needed, averaged over the last lookWindow or so predictions),
+// the step needed, averaged over the last LookWindow or so predictions),
 // whether or not they were issued, and prefetches are issued only while
-// that precision is at least lookMinPrecision. A wasted prefetch costs a
+// that precision is at least LookMinPrecision. A wasted prefetch costs a
 // read and evicts a record that might have hit; below one useful read in
 // two, prefetching costs more than it hides, so a layer whose predictions
 // do not pay stops prefetching (never worse than lookahead off) and
-// resumes once they would.
+// resumes once they would. The GPU's pool gates its lookahead copies by
+// the same rule.
 const (
-	lookMinPrecision = 0.5
-	lookWindow       = 8
+	LookMinPrecision = 0.5 // the least share of would-be prefetches used for a layer to prefetch
+	LookWindow       = 8   // predictions the running share averages over, about
 )
 
 // RecordTrace starts (clearing what was recorded) or stops recording the
@@ -265,7 +266,7 @@ func (s *Stream) Trace() Trace { return s.trace }
 // LookaheadOn reports whether predictions for layer are currently
 // prefetched.
 func (s *Stream) LookaheadOn(layer int) bool {
-	return s.o.Lookahead && layer >= 0 && layer < s.L && s.lookPrec[layer] >= lookMinPrecision
+	return s.o.Lookahead && layer >= 0 && layer < s.L && s.lookPrec[layer] >= LookMinPrecision
 }
 
 // MinSlots is the smallest legal pool: one token's experts of one layer.
@@ -926,7 +927,7 @@ func (s *Stream) accountPrefetches(layer int) {
 		p := &s.lookPrec[layer]
 		// Rounded before the add: arm64 would fuse it, and which layers
 		// prefetch must not depend on the CPU.
-		*p += float32((float32(used)/float32(len(s.pred)) - *p) / lookWindow)
+		*p += float32((float32(used)/float32(len(s.pred)) - *p) / LookWindow)
 	}
 	s.pred, s.predLayer = s.pred[:0], -1
 	for _, si := range s.prefs {

@@ -58,6 +58,7 @@ type vpool struct {
 	prePending         bool        // the lookahead copied: the next layer's products wait for pre
 	preIDs             []int
 	noLookahead        bool
+	look               lookGate
 
 	tab slotTable
 
@@ -90,6 +91,55 @@ type vpool struct {
 	isCut   []bool
 
 	stats experts.DevicePool
+}
+
+// lookGate decides, per layer, whether the decode's lookahead copies its
+// predictions, by the rule the host's pool applies to its reads: a
+// layer's would-be copies (its predicted experts not in a slot) are scored
+// against the experts its step then uses, a running share over about
+// experts.LookWindow predictions, whether or not they were copied, and
+// they are copied only while that share is at least
+// experts.LookMinPrecision. A wasted copy holds up the demand misses
+// queued behind it on the copy stream and evicts a record that might have
+// hit, so a layer whose predictions do not pay stops copying and resumes
+// once they would.
+type lookGate struct {
+	prec  []float32 // [layer] the running share of would-be copies used
+	layer int       // the layer pred is for, or -1
+	pred  []int     // its would-be copies (expert ids)
+}
+
+func newLookGate(layers int) lookGate {
+	g := lookGate{prec: make([]float32, layers), layer: -1}
+	for i := range g.prec {
+		g.prec[i] = 1 // copy until the predictions prove poor
+	}
+	return g
+}
+
+// on reports whether layer's predictions are copied.
+func (g *lookGate) on(layer int) bool { return g.prec[layer] >= experts.LookMinPrecision }
+
+// predict records layer's would-be copies, for score.
+func (g *lookGate) predict(layer int, ids []int) {
+	g.layer, g.pred = layer, append(g.pred[:0], ids...)
+}
+
+// score updates layer's share with the experts its step uses, once its
+// step begins.
+func (g *lookGate) score(layer int, used []int) {
+	if g.layer == layer && len(g.pred) > 0 {
+		n := 0
+		for _, e := range g.pred {
+			if slices.Contains(used, e) {
+				n++
+			}
+		}
+		p := &g.prec[layer]
+		// Rounded before the add, as the host's pool rounds it.
+		*p += float32((float32(n)/float32(len(g.pred)) - *p) / experts.LookWindow)
+	}
+	g.layer = -1
 }
 
 // lowRecords is the layout and stride of the low-bit expert store.
@@ -275,6 +325,7 @@ func (r *Runner) newPool(slots int, lay [3]matOffsets, rec int, policy experts.P
 	}
 	p.isMiss, p.isCPU, p.cpuMiss = make([]bool, p.wave), make([]bool, p.wave), make([]bool, p.wave)
 	p.isLow, p.isCut = make([]bool, slots), make([]bool, p.wave)
+	p.look = newLookGate(nl)
 	h, whole := p.prov.(interface{ Bytes() []byte })
 	hp, streams := p.prov.(hostPool)
 	if streams {
@@ -465,6 +516,9 @@ func (r *Runner) pooledExperts(layer int) {
 	thresh := 0
 	if !decode {
 		thresh = r.keepRows()
+	}
+	if decode {
+		p.look.score(layer, r.distinct)
 	}
 	p.tab.step(layer)
 	for di, e := range r.distinct {
@@ -742,14 +796,21 @@ func (r *Runner) prefetch(layer int) {
 			p.preIDs = append(p.preIDs, e)
 		}
 	}
+	p.look.predict(layer, p.preIDs)
 	if len(p.preIDs) == 0 {
 		return
+	}
+	gated := !p.look.on(layer)
+	if gated {
+		p.stats.PrefetchSkipped += uint64(len(p.preIDs))
 	}
 	var ids []int
 	var exs []*model.Expert
 	if hp, ok := p.prov.(hostPool); ok && p.recycled {
+		// The host's own lookahead still hears of the predictions; it
+		// gates its reads itself.
 		ids, exs = r.cachedPredictions(hp, layer)
-	} else {
+	} else if !gated {
 		p.victims = p.tab.victims(p.victims[:0], len(p.preIDs))
 		ids = p.preIDs[:len(p.victims)]
 		if len(ids) > 0 {
@@ -775,7 +836,7 @@ func (r *Runner) prefetch(layer int) {
 		}
 		p.exs = exs
 	}
-	if len(ids) == 0 {
+	if gated || len(ids) == 0 {
 		return
 	}
 	r.poolCheck(r.Dev.StreamWait(p.cs, p.computed))
