@@ -318,13 +318,21 @@ func expertSummary(e *engine.Engine, s engine.Stats) string {
 		}
 	}
 	if g := s.GPUPool; g != nil {
-		line += fmt.Sprintf("\ngpu pool: %d slots, hit rate %.1f%% (decode %.1f%%), %.2f MB copied per generated token; lookahead %d copied, %d used, %d held back",
-			g.Slots, 100*g.HitRate, 100*g.DecodeHitRate, perToken(int64(g.DecodeBytesCopied), s.GeneratedTokens-1), g.Prefetched, g.PrefetchUsed, g.PrefetchSkipped)
+		line += fmt.Sprintf("\ngpu pool: %d slots, hit rate %.1f%% (decode %.1f%%), %.2f MB copied and %.2f ms waited for copies per generated token; lookahead %d copied, %d used, %d held back",
+			g.Slots, 100*g.HitRate, 100*g.DecodeHitRate, perToken(int64(g.DecodeBytesCopied), s.GeneratedTokens-1), msPerToken(g.DecodeCopyWaitMS, s.GeneratedTokens-1),
+			g.Prefetched, g.PrefetchUsed, g.PrefetchSkipped)
 		if g.LowCopies > 0 {
 			line += fmt.Sprintf("; %d copies at low bits (lossy)", g.LowCopies)
 		}
 	}
 	return line
+}
+
+func msPerToken(ms float64, n int) float64 {
+	if n <= 0 {
+		return 0
+	}
+	return ms / float64(n)
 }
 
 func perToken(bytes int64, n int) float64 {

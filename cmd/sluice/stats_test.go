@@ -13,7 +13,8 @@ import (
 // had none.
 func TestStatsGPUPool(t *testing.T) {
 	s := engine.Stats{GeneratedTokens: 11, GPUPool: &engine.GPUPoolStats{Slots: 40, Hits: 90, Misses: 10, HitRate: 0.9,
-		BytesCopied: 3e6, DecodeHitRate: 0.8, DecodeBytesCopied: 2e6, Prefetched: 7, PrefetchUsed: 5, PrefetchSkipped: 3}}
+		BytesCopied: 3e6, DecodeHitRate: 0.8, DecodeBytesCopied: 2e6, Prefetched: 7, PrefetchUsed: 5, PrefetchSkipped: 3,
+		CopyWaitMS: 9, DecodeCopyWaitMS: 4}}
 	b, err := json.Marshal(statsJSON(s, 1))
 	if err != nil {
 		t.Fatal(err)
@@ -24,11 +25,11 @@ func TestStatsGPUPool(t *testing.T) {
 	if err := json.Unmarshal(b, &got); err != nil {
 		t.Fatal(err)
 	}
-	if got.GPUPool["slots"] != 40 || got.GPUPool["decode_bytes_copied"] != 2e6 || got.GPUPool["prefetch_used"] != 5 {
+	if got.GPUPool["slots"] != 40 || got.GPUPool["decode_bytes_copied"] != 2e6 || got.GPUPool["prefetch_used"] != 5 || got.GPUPool["decode_copy_wait_ms"] != 4 {
 		t.Errorf("gpu_pool in the stats: %s", b)
 	}
 	e := &engine.Engine{ExpertPlan: "plan"}
-	if sum := expertSummary(e, s); !strings.Contains(sum, "gpu pool: 40 slots, hit rate 90.0% (decode 80.0%), 0.20 MB copied per generated token; lookahead 7 copied, 5 used, 3 held back") {
+	if sum := expertSummary(e, s); !strings.Contains(sum, "gpu pool: 40 slots, hit rate 90.0% (decode 80.0%), 0.20 MB copied and 0.40 ms waited for copies per generated token; lookahead 7 copied, 5 used, 3 held back") {
 		t.Errorf("summary %q", sum)
 	}
 	s.GPUPool.LowCopies = 6 // --miss-bits

@@ -469,8 +469,8 @@ func TestDeviceOptionRefusals(t *testing.T) {
 }
 
 // countingPool is the CPU's forward with a pretend GPU pool that counts
-// every row as a hit, every step as a miss of one 100-byte record, and
-// every step of one row as a lookahead copy, used.
+// every row as a hit, every step as a miss of one 100-byte record waited
+// for 0.5 ms, and every step of one row as a lookahead copy, used.
 type countingPool struct {
 	*model.Runner
 	p engine.DevicePool
@@ -480,6 +480,7 @@ func (c *countingPool) Forward(st *model.State, tokens []int, out []float32, all
 	c.p.Hits += uint64(len(tokens))
 	c.p.Misses++
 	c.p.BytesUp += 100
+	c.p.CopyWaitMS += 0.5
 	if len(tokens) == 1 {
 		c.p.Prefetched++
 		c.p.PrefetchUsed++
@@ -508,7 +509,7 @@ func TestGPUPoolStats(t *testing.T) {
 	}
 	// Prefill: 20 rows in 3 steps of at most 8; decode: 5 steps of one row.
 	want := engine.GPUPoolStats{Slots: 7, Hits: 25, Misses: 8, HitRate: 25.0 / 33, BytesCopied: 800,
-		DecodeHitRate: 5.0 / 10, DecodeBytesCopied: 500, Prefetched: 5, PrefetchUsed: 5}
+		DecodeHitRate: 5.0 / 10, DecodeBytesCopied: 500, Prefetched: 5, PrefetchUsed: 5, CopyWaitMS: 4, DecodeCopyWaitMS: 2.5}
 	if s.GPUPool == nil || *s.GPUPool != want {
 		t.Errorf("gpu_pool %+v, want %+v", s.GPUPool, want)
 	}

@@ -200,6 +200,10 @@ type GPUPoolStats struct {
 	CPUComputed uint64 `json:"cpu_computed"`
 	// LowCopies counts the records copied at the low bits of --miss-bits.
 	LowCopies uint64 `json:"low_copies,omitempty"`
+	// CopyWaitMS is the time the GPU's compute waited for the misses'
+	// copies (its decode's part in DecodeCopyWaitMS).
+	CopyWaitMS       float64 `json:"copy_wait_ms"`
+	DecodeCopyWaitMS float64 `json:"decode_copy_wait_ms"`
 }
 
 // fillGPUPoolStats sets s.GPUPool from the GPU pool's counters at the start
@@ -218,13 +222,14 @@ func (e *Engine) fillGPUPoolStats(s *Stats, start, afterPrefill DevicePool) {
 	g := &GPUPoolStats{Slots: now.Slots, Hits: now.Hits - start.Hits, Misses: now.Misses - start.Misses,
 		BytesCopied: now.BytesUp - start.BytesUp, Prefetched: now.Prefetched - start.Prefetched,
 		PrefetchUsed: now.PrefetchUsed - start.PrefetchUsed, PrefetchSkipped: now.PrefetchSkipped - start.PrefetchSkipped, CPUComputed: now.CPUComputed - start.CPUComputed,
-		LowCopies: now.LowCopies - start.LowCopies}
+		LowCopies: now.LowCopies - start.LowCopies, CopyWaitMS: now.CopyWaitMS - start.CopyWaitMS}
 	g.HitRate = rate(g.Hits, g.Misses)
 	if afterPrefill.Slots > 0 {
 		// Everything after the prefill is the decode's, its verify
 		// batches and the head's rows included.
 		g.DecodeHitRate = rate(now.Hits-afterPrefill.Hits, now.Misses-afterPrefill.Misses)
 		g.DecodeBytesCopied = now.BytesUp - afterPrefill.BytesUp
+		g.DecodeCopyWaitMS = now.CopyWaitMS - afterPrefill.CopyWaitMS
 	}
 	s.GPUPool = g
 }

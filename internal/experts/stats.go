@@ -174,9 +174,10 @@ type DevicePool struct {
 	Hits, Misses, BytesUp                   uint64
 	DecodeHits, DecodeMisses, DecodeBytesUp uint64
 	Prefetched, PrefetchUsed                uint64
-	PrefetchSkipped                         uint64 // would-be lookahead copies a layer's poor predictions held back
-	CPUComputed                             uint64 // misses the host's CPU computed instead of copying them
-	LowCopies                               uint64 // records copied at the low bits of --miss-bits (lossy)
+	PrefetchSkipped                         uint64  // would-be lookahead copies a layer's poor predictions held back
+	CPUComputed                             uint64  // misses the host's CPU computed instead of copying them
+	LowCopies                               uint64  // records copied at the low bits of --miss-bits (lossy)
+	CopyWaitMS, DecodeCopyWaitMS            float64 // the compute stream's waits for the misses' copies
 	HostPinned                              bool
 	PinNote                                 string
 }

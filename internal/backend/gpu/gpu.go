@@ -1238,6 +1238,7 @@ func (r *Runner) step(ds *dstate, st *model.State, tokens []int, logits []float3
 		return r.err
 	}
 	r.prof.collect(r)
+	r.collectWaits()
 	if logits != nil {
 		copy(logits, r.plog.F32()[:len(logits)])
 	}
@@ -1583,6 +1584,7 @@ func (r *Runner) Experts(m *block.MoE) error {
 	if err := r.Dev.SyncStream(r.s); err != nil {
 		return err
 	}
+	r.collectWaits()
 	r.mark("experts")
 	r.distinct = r.distinct[:0]
 	for i := 0; i < nb; i++ {

@@ -579,7 +579,7 @@ func TestGPUExpertPool(t *testing.T) {
 						t.Logf("pool %s (%d of %d records), rows %d: %d hits, %d misses, %.1f MB copied; decode %d hits, %d misses; host pinned %v %s",
 							pname, ps.Slots, ps.Records, rows, ps.Hits, ps.Misses, float64(ps.BytesUp)/1e6,
 							ps.DecodeHits, ps.DecodeMisses, ps.HostPinned, ps.PinNote)
-						t.Logf("  lookahead: %d prefetched, %d used, %d held back; %d misses computed on the CPU", ps.Prefetched, ps.PrefetchUsed, ps.PrefetchSkipped, ps.CPUComputed)
+						t.Logf("  lookahead: %d prefetched, %d used, %d held back; %d misses computed on the CPU; %.2f ms waited for copies", ps.Prefetched, ps.PrefetchUsed, ps.PrefetchSkipped, ps.CPUComputed, ps.CopyWaitMS)
 						tiers := strings.HasPrefix(pname, "tiers")
 						if tiers != (e.Stream != nil) {
 							t.Errorf("pool %s: host stream %v", pname, e.Stream != nil)
@@ -612,6 +612,11 @@ func TestGPUExpertPool(t *testing.T) {
 						}
 						if pname == "topk" && ps.Slots != K {
 							t.Errorf("pool topk has %d slots, want %d", ps.Slots, K)
+						}
+						// With no hits to compute first, every wave waits
+						// for its copies.
+						if pname == "topk" && !(ps.CopyWaitMS > 0) || ps.DecodeCopyWaitMS > ps.CopyWaitMS || ps.CopyWaitMS < 0 {
+							t.Errorf("pool %s, rows %d: waited %.3f ms for copies, %.3f ms of it decoding", pname, rows, ps.CopyWaitMS, ps.DecodeCopyWaitMS)
 						}
 						if pname == "all" && ps.Misses > uint64(ps.Records) {
 							t.Errorf("a pool of every record missed %d times (%d records)", ps.Misses, ps.Records)

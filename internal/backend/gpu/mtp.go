@@ -305,6 +305,7 @@ func (r *Runner) mtpRows(ds *dstate, pos int, hidden []float32, toks []int, out 
 		return 0, r.err
 	}
 	r.prof.collect(r)
+	r.collectWaits()
 	copy(out[:lw], r.plog.F32()[:lw])
 	return int(r.pam[0]), nil
 }

@@ -90,6 +90,9 @@ type vpool struct {
 	missW   []float32
 	isCut   []bool
 
+	// waits times the compute stream's waits for a wave's copies.
+	waits copyWaits
+
 	stats experts.DevicePool
 }
 
@@ -140,6 +143,71 @@ func (g *lookGate) score(layer int, used []int) {
 		*p += float32((float32(n)/float32(len(g.pred)) - *p) / experts.LookWindow)
 	}
 	g.layer = -1
+}
+
+// copyWaits times how long the compute stream waits for the misses'
+// copies: an event on it before the wait for a wave's copies and one
+// after; the time between is the wait. They are read once the stream has
+// synced (collect), at most len(ev)/2 waits between syncs (a layer's
+// waves, and every layer syncs at its route).
+type copyWaits struct {
+	ev     []cuda.Event
+	decode []bool // [pair] in a decode step
+	n      int    // pairs recorded since the last collect
+}
+
+// maxWaits is the most waits timed between two syncs of the stream.
+const maxWaits = 32
+
+func (w *copyWaits) alloc(d *cuda.Device) error {
+	w.ev, w.decode = make([]cuda.Event, 2*maxWaits), make([]bool, maxWaits)
+	for i := range w.ev {
+		var err error
+		if w.ev[i], err = d.NewEvent(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// waitTimed queues wait (the stream's wait for the copies) between the
+// events of the next pair, while there is one.
+func (r *Runner) waitTimed(decode bool, wait func() error) error {
+	w := &r.pool.waits
+	if w.n == maxWaits || len(w.ev) == 0 {
+		return wait()
+	}
+	if err := r.Dev.Record(w.ev[2*w.n], r.s); err != nil {
+		return err
+	}
+	if err := wait(); err != nil {
+		return err
+	}
+	if err := r.Dev.Record(w.ev[2*w.n+1], r.s); err != nil {
+		return err
+	}
+	w.decode[w.n] = decode
+	w.n++
+	return nil
+}
+
+// collectWaits adds the waits timed since the last sync of the stream,
+// which has just synced, to the pool's figures.
+func (r *Runner) collectWaits() {
+	p := r.pool
+	if p == nil {
+		return
+	}
+	w := &p.waits
+	for i := range w.n {
+		if ms, err := r.Dev.Elapsed(w.ev[2*i], w.ev[2*i+1]); err == nil && ms > 0 {
+			p.stats.CopyWaitMS += float64(ms)
+			if w.decode[i] {
+				p.stats.DecodeCopyWaitMS += float64(ms)
+			}
+		}
+	}
+	w.n = 0
 }
 
 // lowRecords is the layout and stride of the low-bit expert store.
@@ -326,6 +394,9 @@ func (r *Runner) newPool(slots int, lay [3]matOffsets, rec int, policy experts.P
 	p.isMiss, p.isCPU, p.cpuMiss = make([]bool, p.wave), make([]bool, p.wave), make([]bool, p.wave)
 	p.isLow, p.isCut = make([]bool, slots), make([]bool, p.wave)
 	p.look = newLookGate(nl)
+	if err := p.waits.alloc(r.Dev); err != nil {
+		return err
+	}
 	h, whole := p.prov.(interface{ Bytes() []byte })
 	hp, streams := p.prov.(hostPool)
 	if streams {
@@ -483,6 +554,12 @@ func (r *Runner) closePool() {
 			*e = cuda.Event{}
 		}
 	}
+	for _, e := range p.waits.ev {
+		if e != (cuda.Event{}) {
+			r.Dev.DestroyEvent(e)
+		}
+	}
+	p.waits = copyWaits{}
 }
 
 // slotExpert is the expert in slot s.
@@ -557,7 +634,7 @@ func (r *Runner) pooledExperts(layer int) {
 					break
 				}
 				r.mark("pool_copy_wait")
-				r.poolCheck(r.Dev.StreamWait(r.s, p.got))
+				r.poolCheck(r.waitTimed(decode, func() error { return r.Dev.StreamWait(r.s, p.got) }))
 				r.mark("pool_misses")
 			}
 			for di := w0; di < w1; di++ {
