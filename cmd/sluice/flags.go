@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -59,6 +60,7 @@ type modelFlags struct {
 // expertFlags choose how routed experts are served (engine.ExpertOptions).
 type expertFlags struct {
 	poolMB     string
+	poolNames  []string // the flags that set poolMB: --pool-mb, --host-cache-mb
 	gpuPoolMB  string
 	vramGB     float64
 	gpuCPU     float64
@@ -78,7 +80,8 @@ func (m *modelFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&m.chunk, "chunk", 256, "prefill chunk size in tokens (rows per batched step)")
 	fs.StringVar(&m.device, "device", "auto", "where the forward pass runs: auto (the GPU when one is usable, else the CPU), cpu, cuda or cuda:N")
 	x := &m.experts
-	fs.StringVar(&x.poolMB, "pool-mb", "", "stream experts through a pool of N MiB, or N% of the expert store (default: map them whole if they fit, else auto-size)")
+	fs.Var(poolFlag{x, "--pool-mb"}, "pool-mb", "stream experts through a pool of N MiB, or N% of the expert store (default: map them whole if they fit, else auto-size)")
+	fs.Var(poolFlag{x, "--host-cache-mb"}, "host-cache-mb", "on the GPU, the host-RAM tier below its pool, page-locked: N MiB or N% of the expert store (another name for --pool-mb)")
 	fs.Float64Var(&x.vramGB, "vram-gb", 0, "on the GPU, the most device memory sluice takes in GiB beyond the CUDA context: weights, scratch, sequence states and the expert pool, which gets what the rest leaves (default: what the GPU has free)")
 	fs.Float64Var(&x.gpuCPU, "gpu-cpu-share", 0, "on the GPU with an expert pool, the share (0..1) of each layer's decode misses that the CPU computes from host memory instead of copying them to the GPU (q4 experts; the tokens are the same)")
 	fs.StringVar(&x.gpuPoolMB, "gpu-pool-mb", "", "on the GPU, stream experts through a device pool of N MiB, or N% of the expert store, filled from host memory (default: every expert on the GPU if they fit, else a pool of the memory left)")
@@ -91,16 +94,44 @@ func (m *modelFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&x.preReaders, "prefetch-readers", 0, "of the readers, how many also take lookahead prefetches (0 = follow the disk: 2 while the reads take most of its bandwidth, all while it has room)")
 }
 
+// poolFlag sets the host's pool size under either of its names.
+type poolFlag struct {
+	x    *expertFlags
+	name string
+}
+
+func (f poolFlag) String() string {
+	if f.x == nil {
+		return ""
+	}
+	return f.x.poolMB
+}
+
+func (f poolFlag) Set(v string) error {
+	f.x.poolMB = v
+	if !slices.Contains(f.x.poolNames, f.name) {
+		f.x.poolNames = append(f.x.poolNames, f.name)
+	}
+	return nil
+}
+
 // options converts the flags; verbose notes go to log.
 func (x *expertFlags) options(log io.Writer) (engine.ExpertOptions, error) {
 	o := engine.ExpertOptions{MemoryBytes: int64(x.memoryGB * (1 << 30)), NoLookahead: !x.lookahead,
 		Policy: experts.Policy(x.evict), MissBits: x.missBits, CutWeak: x.cutWeak, Readers: x.readers, PrefetchReaders: x.preReaders, Log: log}
+	if len(x.poolNames) > 1 {
+		return o, fmt.Errorf("%s and %s both size the host's pool: give one", x.poolNames[0], x.poolNames[1])
+	}
 	if x.poolMB != "" {
+		name := "--pool-mb"
+		if len(x.poolNames) > 0 {
+			name = x.poolNames[0]
+		}
 		if x.memoryGB > 0 {
-			return o, fmt.Errorf("give --pool-mb or --memory-gb, not both")
+			return o, fmt.Errorf("give %s or --memory-gb, not both", name)
 		}
 		var err error
-		if o.PoolBytes, o.PoolShare, err = poolSize("--pool-mb", x.poolMB); err != nil {
+		if o.PoolBytes, o.PoolShare, err = poolSize(name, x.poolMB); err != nil {
 			return o, err
 		}
 	}

@@ -355,6 +355,23 @@ func TestBench(t *testing.T) {
 	}
 }
 
+// --host-cache-mb is --pool-mb under the GPU's name for the host's tier:
+// the same pool, named as given in the plan.
+func TestHostCacheFlag(t *testing.T) {
+	for _, name := range []string{"--pool-mb", "--host-cache-mb"} {
+		out, _ := ok(t, "bench", "--prompt", "8", "--gen", "4", "--repeat", "1", "--threads", "2", name, "25%", "--json")
+		var b struct {
+			Experts struct {
+				Share float64 `json:"pool_share"`
+			} `json:"experts"`
+		}
+		decode(t, out, &b)
+		if b.Experts.Share < 0.2 || b.Experts.Share > 0.3 {
+			t.Errorf("bench %s 25%%: a pool of %v of the store: %s", name, b.Experts.Share, out)
+		}
+	}
+}
+
 // bench's pool figures count --cut-weak's drops per token: with a
 // threshold above every weight a small pool drops late misses, and
 // without the option it drops none.
@@ -501,6 +518,9 @@ func TestErrors(t *testing.T) {
 		{"inspect missing dir", []string{"inspect", filepath.Join(empty, "missing")}, "missing"},
 		{"inspect no dir", []string{"inspect"}, "DIR"},
 		{"bench gen 1", []string{"bench", "--gen", "1"}, "--gen"},
+		{"pool sized twice", []string{"run", "--pool-mb", "10%", "--host-cache-mb", "20%", "-p", "x"}, "--pool-mb and --host-cache-mb both size"},
+		{"host cache and memory", []string{"run", "--host-cache-mb", "10%", "--memory-gb", "4", "-p", "x"}, "give --host-cache-mb or --memory-gb"},
+		{"host cache bad size", []string{"run", "--host-cache-mb", "lots", "-p", "x"}, "--host-cache-mb"},
 		{"bench negative depth", []string{"bench", "--depth", "-1"}, "--depth"},
 		{"tokenize missing model", []string{"tokenize", "-m", "/nonexistent", "--text", "x"}, "nonexistent"},
 	}
