@@ -250,6 +250,15 @@ const (
 	LookWindow       = 8   // predictions the running share averages over, about
 )
 
+// ScoreLookahead moves a layer's running share of would-be prefetches
+// used, *prec, toward used of n (n > 0), over about LookWindow
+// predictions.
+func ScoreLookahead(prec *float32, used, n int) {
+	// Rounded before the add: arm64 would fuse it, and which layers
+	// prefetch must not depend on the CPU.
+	*prec += float32((float32(used)/float32(n) - *prec) / LookWindow)
+}
+
 // RecordTrace starts (clearing what was recorded) or stops recording the
 // records each step asks for, for comparisons with the optimal eviction
 // (BeladyHits). Recording allocates; benchmarks use it, not serving.
@@ -924,10 +933,7 @@ func (s *Stream) accountPrefetches(layer int) {
 				used++
 			}
 		}
-		p := &s.lookPrec[layer]
-		// Rounded before the add: arm64 would fuse it, and which layers
-		// prefetch must not depend on the CPU.
-		*p += float32((float32(used)/float32(len(s.pred)) - *p) / LookWindow)
+		ScoreLookahead(&s.lookPrec[layer], used, len(s.pred))
 	}
 	s.pred, s.predLayer = s.pred[:0], -1
 	for _, si := range s.prefs {

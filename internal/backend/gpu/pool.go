@@ -138,9 +138,7 @@ func (g *lookGate) score(layer int, used []int) {
 				n++
 			}
 		}
-		p := &g.prec[layer]
-		// Rounded before the add, as the host's pool rounds it.
-		*p += float32((float32(n)/float32(len(g.pred)) - *p) / experts.LookWindow)
+		experts.ScoreLookahead(&g.prec[layer], n, len(g.pred))
 	}
 	g.layer = -1
 }
