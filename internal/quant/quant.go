@@ -161,9 +161,33 @@ func getU32(b []byte) uint32 {
 	return uint32(b[0]) | uint32(b[1])<<8 | uint32(b[2])<<16 | uint32(b[3])<<24
 }
 
-// PackLow writes the b-bit values q (b = 2 or 3) as a little-endian bit
-// stream: value i occupies bits [i*b, (i+1)*b) of dst.
+// PackLow writes the b-bit values q (b = 2 or 3; each below 2^b) as a
+// little-endian bit stream: value i occupies bits [i*b, (i+1)*b) of dst,
+// which it overwrites.
 func PackLow(dst []byte, q []uint8, b int) {
+	// Whole-byte fast paths, as UnpackLow's: a low-bit store packs
+	// gigabytes of values once.
+	switch {
+	case b == 2 && len(q)%4 == 0 && len(dst) == len(q)/4:
+		for j := range len(q) / 4 {
+			s := q[4*j : 4*j+4]
+			dst[j] = s[0]&3 | s[1]&3<<2 | s[2]&3<<4 | s[3]<<6
+		}
+		return
+	case b == 3 && len(q)%8 == 0 && len(dst) == len(q)/8*3:
+		for j := range len(q) / 8 {
+			s := q[8*j : 8*j+8]
+			w := uint32(s[0]&7) | uint32(s[1]&7)<<3 | uint32(s[2]&7)<<6 | uint32(s[3]&7)<<9 |
+				uint32(s[4]&7)<<12 | uint32(s[5]&7)<<15 | uint32(s[6]&7)<<18 | uint32(s[7]&7)<<21
+			dst[3*j], dst[3*j+1], dst[3*j+2] = byte(w), byte(w>>8), byte(w>>16)
+		}
+		return
+	}
+	packLowBits(dst, q, b)
+}
+
+// packLowBits is PackLow's general path, for any width.
+func packLowBits(dst []byte, q []uint8, b int) {
 	clear(dst)
 	for i, v := range q {
 		bit := i * b
