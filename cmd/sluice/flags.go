@@ -80,8 +80,8 @@ func (m *modelFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&m.chunk, "chunk", 256, "prefill chunk size in tokens (rows per batched step)")
 	fs.StringVar(&m.device, "device", "auto", "where the forward pass runs: auto (the GPU when one is usable, else the CPU), cpu, cuda or cuda:N")
 	x := &m.experts
-	fs.Var(poolFlag{x, "--pool-mb"}, "pool-mb", "stream experts through a pool of N MiB, or N% of the expert store (default: map them whole if they fit, else auto-size)")
-	fs.Var(poolFlag{x, "--host-cache-mb"}, "host-cache-mb", "on the GPU, the host-RAM tier below its pool, page-locked: N MiB or N% of the expert store (another name for --pool-mb)")
+	fs.Var(poolFlag{x, "--pool-mb"}, "pool-mb", "stream experts through a pool of `N` MiB, or N% of the expert store (default: map them whole if they fit, else auto-size)")
+	fs.Var(poolFlag{x, "--host-cache-mb"}, "host-cache-mb", "on the GPU, the host-RAM tier below its pool, page-locked: `N` MiB or N% of the expert store (another name for --pool-mb)")
 	fs.Float64Var(&x.vramGB, "vram-gb", 0, "on the GPU, the most device memory sluice takes in GiB beyond the CUDA context: weights, scratch, sequence states and the expert pool, which gets what the rest leaves (default: what the GPU has free)")
 	fs.Float64Var(&x.gpuCPU, "gpu-cpu-share", 0, "on the GPU with an expert pool, the share (0..1) of each layer's decode misses that the CPU computes from host memory instead of copying them to the GPU (q4 experts; the tokens are the same)")
 	fs.StringVar(&x.gpuPoolMB, "gpu-pool-mb", "", "on the GPU, stream experts through a device pool of N MiB, or N% of the expert store, filled from host memory (default: every expert on the GPU if they fit, else a pool of the memory left)")
