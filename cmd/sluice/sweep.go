@@ -183,7 +183,7 @@ func cmdSweep(ctx context.Context, args []string) error {
 		return fmt.Errorf("--disk-mbs %g: want a positive bandwidth, or 0 to measure it", *diskMBs)
 	}
 	if mf.experts.poolMB != "" || mf.experts.memoryGB != 0 {
-		return fmt.Errorf("sweep sizes the pool itself: give the sizes with --pools, not --pool-mb or --memory-gb")
+		return fmt.Errorf("sweep sizes the pool itself: give the sizes with --pools, not --pool-mb, --host-cache-mb or --memory-gb")
 	}
 	specs, err := parsePools(*pools)
 	if err != nil {

@@ -232,6 +232,7 @@ func TestSweepErrors(t *testing.T) {
 		{"below the minimum", []string{"--pools", "50,0.5"}, fmt.Sprintf("at least %d", k)},
 		{"size below the minimum", []string{"--pools", "0.01MiB"}, fmt.Sprintf("at least %d", k)},
 		{"pool-mb", []string{"--pool-mb", "10%"}, "--pools"},
+		{"host-cache-mb", []string{"--host-cache-mb", "10%"}, "not --pool-mb, --host-cache-mb"},
 		{"gen 1", []string{"--gen", "1"}, "--gen"},
 		{"rounds 0", []string{"--rounds", "0"}, "--rounds"},
 		{"disk-mbs negative", []string{"--disk-mbs", "-5"}, "--disk-mbs"},
