@@ -220,10 +220,10 @@ func writeRecordsExact(ctx context.Context, cfg *format.Config, src expertSource
 	defer f.Close()
 	bw := bufio.NewWriterSize(f, 4<<20)
 	// Encoding dominates (a real-size expert takes about 0.15 s), so the
-	// records of a batch are encoded on up to 8 threads while their
-	// sources are read one by one, in order, and written in order: the
-	// bytes do not depend on the thread count. A batch holds its experts'
-	// float32 values at once.
+	// records of a batch are encoded on up to 8 threads and written in
+	// order: the bytes do not depend on the thread count. Their sources
+	// are read one by one in order before, or with conc on those threads.
+	// A batch holds its experts' float32 values at once.
 	w := max(1, min(runtime.GOMAXPROCS(0), 8))
 	batch := make([]recordJob, w)
 	for i := range batch {
