@@ -1,12 +1,14 @@
 package experts
 
 import (
+	"bytes"
 	"context"
 	"math"
 	"os"
 	"path/filepath"
 	"slices"
 	"testing"
+	"unsafe"
 
 	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/model"
@@ -223,4 +225,66 @@ func logProb(x []float32, k int) float64 {
 		s += math.Exp(float64(v) - mx)
 	}
 	return float64(x[k]) - mx - math.Log(s)
+}
+
+// TestCachedLow: with --miss-bits, Cached gives a record read at low bits
+// as a step returned it (the low-bit store's kind and bytes, within
+// Memory), so that a device pool copying held records copies those too;
+// when misses are widened first, the widened record.
+func TestCachedLow(t *testing.T) {
+	src := testutil.Packed(t, "tiny-qwen3-moe", 4)
+	dir := filepath.Join(t.TempDir(), "m")
+	if err := os.CopyFS(dir, os.DirFS(src)); err != nil {
+		t.Fatal(err)
+	}
+	if err := pack.AddLowBits(context.Background(), dir, 3, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, widen := range []bool{false, true} {
+		m, s := loadStreamDir(t, dir, Options{Slots: 8, MissBits: 3, widen: widen})
+		low, err := LowStore(m.Manifest, 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		file, err := os.ReadFile(filepath.Join(dir, low.File))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids := []int{3, 5}
+		if err := s.Begin(1, ids, model.Hint{}); err != nil {
+			t.Fatal(err)
+		}
+		got := map[int]*model.Expert{}
+		for range ids {
+			j, ex, err := s.Next()
+			if err != nil {
+				t.Fatal(err)
+			}
+			got[ids[j]] = ex
+		}
+		mem := s.Memory()
+		for _, e := range ids {
+			ex := s.Cached(1, e)
+			if ex == nil {
+				t.Fatalf("widen %v: expert %d of layer 1, read at low bits, is not cached", widen, e)
+			}
+			if ex != got[e] {
+				t.Errorf("widen %v: expert %d: Cached gives another expert than the step did", widen, e)
+			}
+			want := format.Q3
+			if widen {
+				want = m.Manifest.Stores[0].Gate.Kind
+			}
+			if ex.Gate.Kind != want {
+				t.Errorf("widen %v: expert %d is cached as %s, want %s", widen, e, ex.Gate.Kind, want)
+			}
+			lo, at := uintptr(unsafe.Pointer(&mem[0])), uintptr(unsafe.Pointer(&ex.Record[0]))
+			if at < lo || at+uintptr(len(ex.Record)) > lo+uintptr(len(mem)) {
+				t.Errorf("widen %v: expert %d's record lies outside the pool's memory", widen, e)
+			}
+			if rec := m.Manifest.Experts + e; !widen && !bytes.Equal(ex.Record[:low.Stride], file[int64(rec)*low.Stride:int64(rec+1)*low.Stride]) {
+				t.Errorf("expert %d's cached record is not the low-bit file's", e)
+			}
+		}
+	}
 }

@@ -473,9 +473,10 @@ func (s *Stream) Lookahead() bool { return s.o.Lookahead }
 func (s *Stream) Memory() []byte { return s.mem }
 
 // Cached returns the expert of layer's expert e when its record is in the
-// pool and read (full precision), else nil; it changes nothing, neither
-// the policy's view nor the counters. The record stays put on the terms
-// Memory gives.
+// pool and read, else nil, as a step would return it (a low-bit record
+// of MissBits as itself, in the low-bit store's kinds); it changes
+// nothing, neither the policy's view nor the counters. The record stays
+// put on the terms Memory gives.
 func (s *Stream) Cached(layer, e int) *model.Expert {
 	if layer < 0 || layer >= s.L || e < 0 || e >= s.E {
 		return nil
@@ -484,10 +485,14 @@ func (s *Stream) Cached(layer, e int) *model.Expert {
 	if si < 0 {
 		return nil
 	}
-	if sl := &s.slots[si]; sl.state == ready && !sl.low {
-		return &sl.ex
+	sl := &s.slots[si]
+	switch {
+	case sl.state != ready:
+		return nil
+	case sl.low && !s.o.widen:
+		return &sl.exLow
 	}
-	return nil
+	return &sl.ex
 }
 
 // Begin implements model.Provider.
