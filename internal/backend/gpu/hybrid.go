@@ -46,7 +46,6 @@ func (r *Runner) newHybrid(cfg Config) error {
 			return fmt.Errorf("the CPU computes misses of q4 experts only (these are %s): its product is then the GPU's bit for bit", o.m.kind)
 		}
 	}
-	r.hyb.share = cfg.CPUShare
 	r.hyb.pool = kernels.NewPool(cfg.CPUThreads)
 	r.hyb.g, r.hyb.u = make([]float32, r.I), make([]float32, r.I)
 	r.hyb.rows = make([]int, 0, r.K)

@@ -884,6 +884,9 @@ func (r *Runner) prefetch(layer int) {
 	if hp, ok := p.prov.(hostPool); ok && p.recycled {
 		// The host's own lookahead still hears of the predictions; it
 		// gates its reads itself.
+		if !r.hostLookahead(hp, layer) || gated {
+			return
+		}
 		ids, exs = r.cachedPredictions(hp, layer)
 	} else if !gated {
 		p.victims = p.tab.victims(p.victims[:0], len(p.preIDs))
@@ -948,29 +951,38 @@ func (r *Runner) prefetch(layer int) {
 	p.prePending = true
 }
 
-// cachedPredictions passes the lookahead's predictions for layer that the
+// hostLookahead passes the lookahead's predictions for layer that the
 // host's streaming pool does not hold to its own lookahead, to be read
-// from disk, and returns those it holds (at most the slots the policy can
-// give up, in p.victims) with their experts. Its lookahead may evict
-// records this step's copies read from, so those copies are waited for
-// first; then the held records are looked up, after the pool's last
-// change.
-func (r *Runner) cachedPredictions(hp hostPool, layer int) ([]int, []*model.Expert) {
+// from disk. Its lookahead may evict records this step's copies read
+// from, so those copies are waited for first. False when the copy stream
+// failed (the step fails).
+func (r *Runner) hostLookahead(hp hostPool, layer int) bool {
 	p := r.pool
-	if pf, ok := p.prov.(model.Prefetcher); ok && pf.Lookahead() {
-		p.missIDs = p.missIDs[:0] // the step is done with them
-		for _, e := range p.preIDs {
-			if hp.Cached(layer, e) == nil {
-				p.missIDs = append(p.missIDs, e)
-			}
-		}
-		if len(p.missIDs) > 0 {
-			if !r.settle() {
-				return nil, nil
-			}
-			pf.Prefetch(layer, p.missIDs)
+	pf, ok := p.prov.(model.Prefetcher)
+	if !ok || !pf.Lookahead() {
+		return true
+	}
+	p.missIDs = p.missIDs[:0] // the step is done with them
+	for _, e := range p.preIDs {
+		if hp.Cached(layer, e) == nil {
+			p.missIDs = append(p.missIDs, e)
 		}
 	}
+	if len(p.missIDs) > 0 {
+		if !r.settle() {
+			return false
+		}
+		pf.Prefetch(layer, p.missIDs)
+	}
+	return true
+}
+
+// cachedPredictions returns the lookahead's predictions for layer that the
+// host's streaming pool holds (at most the slots the policy can give up,
+// in p.victims) with their experts, looked up after the pool's last
+// change (hostLookahead).
+func (r *Runner) cachedPredictions(hp hostPool, layer int) ([]int, []*model.Expert) {
+	p := r.pool
 	ids, exs := p.missIDs[:0], p.exs[:0]
 	for _, e := range p.preIDs {
 		if ex := hp.Cached(layer, e); ex != nil {
