@@ -53,6 +53,44 @@ extern "C" __global__ void prep_x(const float* __restrict__ x, int8_t* __restric
     }
 }
 
+// group_term is one row's term of the group a lane pair took: the pair's
+// integer sums added, then float(s)·(scale·xs) + bias·xsum, each operation
+// rounded; 0 past the last group. Every lane of the warp calls it (the
+// shuffle).
+__device__ __forceinline__ float group_term(int s, bool valid, float sc, float bi, const float* __restrict__ xs,
+                                            const float* __restrict__ xsum, size_t at) {
+    s += __shfl_xor_sync(FULL_MASK, s, 1);
+    if (!valid) return 0.0f;
+    float c = __fmul_rn(sc, xs[at]);
+    float t = __fmul_rn(__int2float_rn(s), c);
+    float b = __fmul_rn(bi, xsum[at]);
+    return __fadd_rn(t, b);
+}
+
+// chain_terms adds one step's group terms (n groups, 16 at most) to each
+// row's sum in group order: the even lanes put row r's terms e[r] in
+// shared memory et, and lane r adds them to acc one by one.
+template <int R>
+__device__ __forceinline__ void chain_terms(float (*et)[20], const float (&e)[R], int lane, int n, float& acc) {
+    if (!(lane & 1)) {
+#pragma unroll
+        for (int r = 0; r < R; r++) et[r][lane >> 1] = e[r];
+    }
+    __syncwarp();
+    if (lane < R) {
+        const float4* p = (const float4*)et[lane];
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            float4 v = p[q];
+            if (4 * q < n) acc = __fadd_rn(acc, v.x);
+            if (4 * q + 1 < n) acc = __fadd_rn(acc, v.y);
+            if (4 * q + 2 < n) acc = __fadd_rn(acc, v.z);
+            if (4 * q + 3 < n) acc = __fadd_rn(acc, v.w);
+        }
+    }
+    __syncwarp();
+}
+
 // q4_rows is the q4 product in the integer design of kernels.dotQ4I8,
 // bit for bit: per group the exact int32 Σ q·x8 (dp4a), then
 // acc = acc + (float(s)·(scale·xs) + bias·xsum), each operation rounded,
@@ -106,9 +144,10 @@ __device__ __forceinline__ void q4_rows(const uint8_t* __restrict__ W, const uin
             uint32_t lo1 = w[u].y & 0x0f0f0f0fu, hi1 = (w[u].y >> 4) & 0x0f0f0f0fu;
             uint32_t lo2 = w[u].z & 0x0f0f0f0fu, hi2 = (w[u].z >> 4) & 0x0f0f0f0fu;
             uint32_t lo3 = w[u].w & 0x0f0f0f0fu, hi3 = (w[u].w >> 4) & 0x0f0f0f0fu;
-            // The group terms of every row first, then the chains: the R
-            // chains are independent, so their additions interleave, and
-            // the broadcasts do not wait on the additions.
+            // The group terms of every row first, then the chains (in
+            // group order): the R chains are independent, so their
+            // additions interleave, and the broadcasts do not wait on the
+            // additions.
             float e[R];
 #pragma unroll
             for (int r = 0; r < R; r++) {
@@ -129,33 +168,9 @@ __device__ __forceinline__ void q4_rows(const uint8_t* __restrict__ W, const uin
                     s = __dp4a((int)lo3, xl.w, s);
                     s = __dp4a((int)hi3, xh.w, s);
                 }
-                s += __shfl_xor_sync(FULL_MASK, s, 1);
-                if (valid) {
-                    float c = __fmul_rn(sc[u], xs[(size_t)row * ng + g]);
-                    float t = __fmul_rn(__int2float_rn(s), c);
-                    float b = __fmul_rn(bi[u], xsum[(size_t)row * ng + g]);
-                    e[r] = __fadd_rn(t, b);
-                }
+                e[r] = group_term(s, valid, sc[u], bi[u], xs, xsum, (size_t)row * ng + g);
             }
-            // Chain the 16 group terms in group order: the even lanes put
-            // them in shared memory, and lane r adds row r's in order.
-            if (!half) {
-#pragma unroll
-                for (int r = 0; r < R; r++) et[r][lane >> 1] = e[r];
-            }
-            __syncwarp();
-            if (lane < R) {
-                const float4* p = (const float4*)et[lane];
-#pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    float4 v = p[q];
-                    if (4 * q < n) acc = __fadd_rn(acc, v.x);
-                    if (4 * q + 1 < n) acc = __fadd_rn(acc, v.y);
-                    if (4 * q + 2 < n) acc = __fadd_rn(acc, v.z);
-                    if (4 * q + 3 < n) acc = __fadd_rn(acc, v.w);
-                }
-            }
-            __syncwarp();
+            chain_terms<R>(et, e, lane, n, acc);
         }
     }
     if (lane < R && r0 + lane < nb) out[(size_t)(r0 + lane) * O + o] = acc;
@@ -278,31 +293,9 @@ __device__ __forceinline__ void low_rows(const uint8_t* __restrict__ W, const ui
                     s = __dp4a((int)q[6], xb.z, s);
                     s = __dp4a((int)q[7], xb.w, s);
                 }
-                s += __shfl_xor_sync(FULL_MASK, s, 1);
-                if (valid) {
-                    float c = __fmul_rn(sc[u], xs[(size_t)row * ng + g]);
-                    float t = __fmul_rn(__int2float_rn(s), c);
-                    float b = __fmul_rn(bi[u], xsum[(size_t)row * ng + g]);
-                    e[r] = __fadd_rn(t, b);
-                }
+                e[r] = group_term(s, valid, sc[u], bi[u], xs, xsum, (size_t)row * ng + g);
             }
-            if (!half) {
-#pragma unroll
-                for (int r = 0; r < R; r++) et[r][lane >> 1] = e[r];
-            }
-            __syncwarp();
-            if (lane < R) {
-                const float4* p = (const float4*)et[lane];
-#pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    float4 v = p[q];
-                    if (4 * q < n) acc = __fadd_rn(acc, v.x);
-                    if (4 * q + 1 < n) acc = __fadd_rn(acc, v.y);
-                    if (4 * q + 2 < n) acc = __fadd_rn(acc, v.z);
-                    if (4 * q + 3 < n) acc = __fadd_rn(acc, v.w);
-                }
-            }
-            __syncwarp();
+            chain_terms<R>(et, e, lane, n, acc);
         }
     }
     if (lane < R && r0 + lane < nb) out[(size_t)(r0 + lane) * O + o] = acc;
