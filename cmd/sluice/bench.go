@@ -218,7 +218,7 @@ func cmdBench(ctx context.Context, args []string) error {
 			"hits": p.Hits, "misses": p.Misses, "hit_rate": rate(p.Hits, p.Misses), "mb_copied": float64(p.BytesUp) / 1e6,
 			"decode_hit_rate": rate(p.DecodeHits, p.DecodeMisses), "decode_mb_copied": float64(p.DecodeBytesUp) / 1e6,
 			"prefetched": p.Prefetched, "prefetch_used": p.PrefetchUsed, "prefetch_skipped": p.PrefetchSkipped, "host_pinned": p.HostPinned,
-			"cpu_computed": p.CPUComputed, "low_copies": p.LowCopies,
+			"cpu_computed": p.CPUComputed, "cpu_first_ms": p.CPUFirstMS, "cpu_ms_per_expert": p.CPUExpertMS, "cpu_lead_ms": p.CPULeadMS, "copy_ms_per_record": p.CopyRecordMS, "low_copies": p.LowCopies,
 			"copy_wait_ms": p.CopyWaitMS, "decode_copy_wait_ms": p.DecodeCopyWaitMS}
 		if xs != nil {
 			// The tiers below it over the decode: the share of the GPU's

@@ -50,7 +50,7 @@ func openCUDA(m *model.Model, ordinal, rows, ctx int, o Options) (Forwarder, str
 		return nil, "", fmt.Errorf("GPU %d (%s) has compute capability %d.%d; sluice's kernels need 8.0 (Ampere) or later", ordinal, dev.Name, dev.Major, dev.Minor)
 	}
 	r, err := gpu.New(dev, m, gpu.Config{Rows: rows, Ctx: ctx, PoolBytes: xo.GPUPoolBytes, PoolShare: xo.GPUPoolShare,
-		Policy: xo.Policy, NoLookahead: xo.NoLookahead, VRAMBytes: xo.VRAMBytes, States: o.States, Drafts: o.Drafts, CPUShare: xo.GPUCPUShare, CPUThreads: o.Threads})
+		Policy: xo.Policy, NoLookahead: xo.NoLookahead, VRAMBytes: xo.VRAMBytes, States: o.States, Drafts: o.Drafts, CPUShare: xo.GPUCPUShare, CPUAuto: xo.GPUCPUAuto, CPUThreads: o.Threads})
 	if err != nil {
 		dev.Close()
 		return nil, "", err

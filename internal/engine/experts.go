@@ -39,8 +39,13 @@ type ExpertOptions struct {
 	// GPUCPUShare (--gpu-cpu-share) is the share of a decode step's GPU
 	// pool misses, per layer, that the host's CPU computes from host
 	// memory instead of copying them to the GPU (q4 experts; the same
-	// bits either way); 0 copies every miss.
+	// bits either way); 0 copies every miss. GPUCPUAuto (--gpu-cpu-share
+	// auto, the CLI's default) has a cost model pick each layer's share
+	// from the CPU's measured time per expert and the link's per record,
+	// where the GPU streams q4 experts through a pool (elsewhere it does
+	// nothing).
 	GPUCPUShare float64
+	GPUCPUAuto  bool
 }
 
 // memAvailable is experts.Available, replaced in tests.
@@ -198,6 +203,15 @@ type GPUPoolStats struct {
 	// CPUComputed counts the misses the host's CPU multiplied instead of
 	// copying them (--gpu-cpu-share).
 	CPUComputed uint64 `json:"cpu_computed"`
+	// CPUFirstMS, CPUExpertMS, CPULeadMS and CopyRecordMS are the cost
+	// model's figures at the end (--gpu-cpu-share): ms to multiply a
+	// wave's first expert on the CPU and each further one, ms from a
+	// wave's first copy to the CPU's start, ms to copy a record to the
+	// GPU (auto only); 0 where unmeasured.
+	CPUFirstMS   float64 `json:"cpu_first_ms,omitempty"`
+	CPUExpertMS  float64 `json:"cpu_ms_per_expert,omitempty"`
+	CPULeadMS    float64 `json:"cpu_lead_ms,omitempty"`
+	CopyRecordMS float64 `json:"copy_ms_per_record,omitempty"`
 	// LowCopies counts the records copied at the low bits of --miss-bits.
 	LowCopies uint64 `json:"low_copies,omitempty"`
 	// CopyWaitMS is the time the GPU's compute waited for the misses'
@@ -222,6 +236,7 @@ func (e *Engine) fillGPUPoolStats(s *Stats, start, afterPrefill DevicePool) {
 	g := &GPUPoolStats{Slots: now.Slots, Hits: now.Hits - start.Hits, Misses: now.Misses - start.Misses,
 		BytesCopied: now.BytesUp - start.BytesUp, Prefetched: now.Prefetched - start.Prefetched,
 		PrefetchUsed: now.PrefetchUsed - start.PrefetchUsed, PrefetchSkipped: now.PrefetchSkipped - start.PrefetchSkipped, CPUComputed: now.CPUComputed - start.CPUComputed,
+		CPUFirstMS: now.CPUFirstMS, CPUExpertMS: now.CPUExpertMS, CPULeadMS: now.CPULeadMS, CopyRecordMS: now.CopyRecordMS,
 		LowCopies: now.LowCopies - start.LowCopies, CopyWaitMS: now.CopyWaitMS - start.CopyWaitMS}
 	g.HitRate = rate(g.Hits, g.Misses)
 	if afterPrefill.Slots > 0 {

@@ -178,6 +178,12 @@ type DevicePool struct {
 	CPUComputed                             uint64  // misses the host's CPU computed instead of copying them
 	LowCopies                               uint64  // records copied at the low bits of --miss-bits (lossy)
 	CopyWaitMS, DecodeCopyWaitMS            float64 // the compute stream's waits for the misses' copies
-	HostPinned                              bool
-	PinNote                                 string
+	// The hybrid cost model's figures (--gpu-cpu-share), running
+	// averages of what it measured: ms to multiply a wave's first
+	// expert on the CPU (its threads wake) and each further one, ms from
+	// a wave's first copy to the CPU's start, ms to copy one record to
+	// the device (auto only); 0 where unmeasured.
+	CPUFirstMS, CPUExpertMS, CPULeadMS, CopyRecordMS float64
+	HostPinned                                       bool
+	PinNote                                          string
 }

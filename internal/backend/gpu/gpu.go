@@ -233,9 +233,13 @@ type Config struct {
 	// that the host computes on its CPU from the host's copy of the
 	// record instead of copying it to a slot (0: none; q4 experts only,
 	// whose CPU product is the GPU's bit for bit), on CPUThreads threads
-	// (0: one per CPU). While the CPU multiplies, the GPU copies and
-	// multiplies the rest.
+	// (0: half the CPUs). While the CPU multiplies, the GPU copies and
+	// multiplies the rest. CPUAuto has a cost model pick each layer's
+	// share instead, from the CPU's measured time per expert and the
+	// link's per record (CPUShare is then unused); with experts of other
+	// kinds it does nothing.
 	CPUShare   float64
+	CPUAuto    bool
 	CPUThreads int
 }
 
@@ -265,7 +269,8 @@ func New(dev *cuda.Device, m *model.Model, cfg Config) (*Runner, error) {
 	if cfg.CPUShare < 0 || cfg.CPUShare > 1 || math.IsNaN(cfg.CPUShare) {
 		return nil, fmt.Errorf("gpu: a CPU share of the misses of %g: want 0..1", cfg.CPUShare)
 	}
-	r.hyb.share = cfg.CPUShare // its buffers are laid out with the scratch
+	// The CPU's buffers are laid out with the scratch.
+	r.hyb.share, r.hyb.auto = cfg.CPUShare, cfg.CPUAuto
 	r.fwdFn = r.doForward
 	err := dev.Do(func() error {
 		free0, _, err := dev.MemInfo()
@@ -420,6 +425,8 @@ func (r *Runner) Pool() experts.DevicePool {
 		if p := r.pool; p != nil {
 			ps = p.stats
 			ps.Slots, ps.RecordBytes = p.slots, p.rec
+			c := &r.hyb.cost
+			ps.CPUFirstMS, ps.CPUExpertMS, ps.CPULeadMS, ps.CopyRecordMS = c.firstMS, c.nextMS, c.leadMS, c.copyMSB*c.recBytes
 		}
 		return nil
 	})
@@ -792,7 +799,7 @@ func (r *Runner) alloc() error {
 	if r.M.MTP != nil {
 		r.mtp.offIn, r.mtp.offOut, r.mtp.offHid = h(R*2*H), h(R*H), h(R*H)
 	}
-	if r.hyb.share > 0 {
+	if r.hyb.on() {
 		r.hyb.offH, r.hyb.offOut = h(H), h(K*H)
 	}
 	if r.pin, err = r.Dev.AllocHost(hw * 4); err != nil {
@@ -809,7 +816,7 @@ func (r *Runner) alloc() error {
 	r.ppos = i32[r.offPos/4 : r.offPos/4+R*K]
 	r.pam = i32[r.offAm/4 : r.offAm/4+R]
 	r.pids2 = i32[r.offIds2/4 : r.offIds2/4+K]
-	if r.hyb.share > 0 {
+	if r.hyb.on() {
 		r.hyb.h = f32[r.hyb.offH/4 : r.hyb.offH/4+H]
 		r.hyb.out = f32[r.hyb.offOut/4 : r.hyb.offOut/4+K*H]
 	}

@@ -551,6 +551,12 @@ func TestGPUExpertPool(t *testing.T) {
 					// misses, or all of them from the host's pool.
 					pools["quarter, hybrid"] = engine.ExpertOptions{GPUPoolShare: 0.25, GPUCPUShare: 0.5}
 					pools["tiers, hybrid"] = engine.ExpertOptions{GPUPoolShare: 0.1, PoolShare: 0.25, GPUCPUShare: 1}
+					// The cost model picks the share, through the GPU's
+					// pool alone and through both tiers (the CPU's records
+					// then lie in the host's pool, computed before its next
+					// call recycles them).
+					pools["quarter, auto"] = engine.ExpertOptions{GPUPoolShare: 0.25, GPUCPUAuto: true}
+					pools["tiers, auto"] = engine.ExpertOptions{GPUPoolShare: 0.1, PoolShare: 0.25, GPUCPUAuto: true}
 				} else if _, err := engine.Open(context.Background(), dir, engine.Options{Device: "cuda", Experts: engine.ExpertOptions{GPUPoolShare: 0.25, GPUCPUShare: 0.5}}); err == nil || !strings.Contains(err.Error(), "q4 experts only") {
 					t.Errorf("a CPU share of the misses of %d-bit experts: %v", bits, err)
 				}
@@ -579,7 +585,7 @@ func TestGPUExpertPool(t *testing.T) {
 						t.Logf("pool %s (%d of %d records), rows %d: %d hits, %d misses, %.1f MB copied; decode %d hits, %d misses; host pinned %v %s",
 							pname, ps.Slots, ps.Records, rows, ps.Hits, ps.Misses, float64(ps.BytesUp)/1e6,
 							ps.DecodeHits, ps.DecodeMisses, ps.HostPinned, ps.PinNote)
-						t.Logf("  lookahead: %d prefetched, %d used, %d held back; %d misses computed on the CPU; %.2f ms waited for copies", ps.Prefetched, ps.PrefetchUsed, ps.PrefetchSkipped, ps.CPUComputed, ps.CopyWaitMS)
+						t.Logf("  lookahead: %d prefetched, %d used, %d held back; %d misses computed on the CPU (%.3f ms a wave's first, %.3f ms a further one, %.3f ms a record copied); %.2f ms waited for copies", ps.Prefetched, ps.PrefetchUsed, ps.PrefetchSkipped, ps.CPUComputed, ps.CPUFirstMS, ps.CPUExpertMS, ps.CopyRecordMS, ps.CopyWaitMS)
 						tiers := strings.HasPrefix(pname, "tiers")
 						if tiers != (e.Stream != nil) {
 							t.Errorf("pool %s: host stream %v", pname, e.Stream != nil)
@@ -591,8 +597,14 @@ func TestGPUExpertPool(t *testing.T) {
 							t.Errorf("pool %s: host pinned %v (%s)", pname, ps.HostPinned, ps.PinNote)
 						}
 						// Misses the CPU computed (rows of one row) are not copied.
-						if hybrid := xo.GPUCPUShare > 0; hybrid != (ps.CPUComputed > 0) || ps.CPUComputed > ps.DecodeMisses {
+						if hybrid := xo.GPUCPUShare > 0 || xo.GPUCPUAuto; hybrid != (ps.CPUComputed > 0) || ps.CPUComputed > ps.DecodeMisses {
 							t.Errorf("pool %s, rows %d: the CPU computed %d of %d decode misses", pname, rows, ps.CPUComputed, ps.DecodeMisses)
+						}
+						// The CPU's time per expert is measured wherever it
+						// computes; the link's for the cost model (whose
+						// first layer with misses gives the CPU one).
+						if hybrid, auto := xo.GPUCPUShare > 0 || xo.GPUCPUAuto, xo.GPUCPUAuto; hybrid != (ps.CPUFirstMS > 0) || auto != (ps.CopyRecordMS > 0) {
+							t.Errorf("pool %s, rows %d: cost model %.3f ms a wave's first expert on the CPU, %.3f ms a record copied", pname, rows, ps.CPUFirstMS, ps.CopyRecordMS)
 						}
 						if ps.DecodeHits+ps.DecodeMisses == 0 || ps.DecodeBytesUp != (ps.DecodeMisses-ps.CPUComputed+ps.Prefetched)*uint64(ps.RecordBytes) {
 							t.Errorf("pool %s: decode counts %d hits, %d misses, %d bytes", pname, ps.DecodeHits, ps.DecodeMisses, ps.DecodeBytesUp)
@@ -1035,6 +1047,9 @@ func TestGPUMissBits(t *testing.T) {
 			for pname, xo := range map[string]engine.ExpertOptions{
 				"topk":    {GPUPoolBytes: int64(K) * stride},
 				"quarter": {GPUPoolShare: 0.25},
+				// The host's CPU multiplies half of a decode row's
+				// misses from their low-bit records, with the same bits.
+				"quarter, hybrid": {GPUPoolShare: 0.25, GPUCPUShare: 0.5},
 			} {
 				xo.MissBits, xo.NoLookahead = bits, true
 				for _, rows := range []int{64, 1} {
@@ -1053,11 +1068,14 @@ func TestGPUMissBits(t *testing.T) {
 						t.Fatalf("pool %s, rows %d: greedy tokens\n got %v\nwant %v", pname, rows, gen, wantGen)
 					}
 					ps, _ := e.DevicePool()
-					t.Logf("pool %s (%d slots), rows %d: %d hits, %d misses, %d low-bit copies, %.2f MB copied",
-						pname, ps.Slots, rows, ps.Hits, ps.Misses, ps.LowCopies, float64(ps.BytesUp)/1e6)
-					if ps.Misses == 0 || ps.LowCopies != ps.Misses || ps.Prefetched != 0 || ps.BytesUp != ps.LowCopies*uint64(low.Stride) {
-						t.Errorf("pool %s: %d misses, %d low-bit copies, %d prefetched, %d bytes of %d-byte records",
-							pname, ps.Misses, ps.LowCopies, ps.Prefetched, ps.BytesUp, low.Stride)
+					t.Logf("pool %s (%d slots), rows %d: %d hits, %d misses (%d on the CPU), %d low-bit copies, %.2f MB copied",
+						pname, ps.Slots, rows, ps.Hits, ps.Misses, ps.CPUComputed, ps.LowCopies, float64(ps.BytesUp)/1e6)
+					if ps.Misses == 0 || ps.LowCopies != ps.Misses-ps.CPUComputed || ps.Prefetched != 0 || ps.BytesUp != ps.LowCopies*uint64(low.Stride) {
+						t.Errorf("pool %s: %d misses (%d on the CPU), %d low-bit copies, %d prefetched, %d bytes of %d-byte records",
+							pname, ps.Misses, ps.CPUComputed, ps.LowCopies, ps.Prefetched, ps.BytesUp, low.Stride)
+					}
+					if hybrid := xo.GPUCPUShare > 0; hybrid != (ps.CPUComputed > 0) {
+						t.Errorf("pool %s, rows %d: the CPU computed %d misses", pname, rows, ps.CPUComputed)
 					}
 				}
 			}

@@ -5,7 +5,10 @@ package gpu
 import (
 	"fmt"
 	"math"
+	"runtime"
+	"time"
 
+	"github.com/sluicelm/sluice/internal/cuda"
 	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/kernels"
 	"github.com/sluicelm/sluice/internal/model"
@@ -25,44 +28,161 @@ import (
 // hybrid is the runner's CPU side of a decode step's misses.
 type hybrid struct {
 	share float64       // Config.CPUShare
+	auto  bool          // Config.CPUAuto: the cost model picks each layer's share
 	pool  *kernels.Pool // the CPU's threads; nil when no miss is computed there
 	// Pinned: the layer's input row, and the wave's CPU outputs [K][hidden].
 	offH, offOut int
 	h, out       []float32
-	g, u         []float32 // [moe_inter] scratch
-	n            int       // CPU outputs of the wave so far
-	rows         []int     // their rows of outk
+	g, u         []float32       // [moe_inter] scratch
+	n            int             // CPU outputs of the wave so far
+	done         int             // of them, those computed (flushCPU)
+	todo         []*model.Expert // [n] their host experts
+	rows         []int           // [n] their rows of outk
+	cost         hybridCost
+	// The wave's copies on the copy stream, timed for the cost model.
+	copyEv    [2]cuda.Event
+	copyStart time.Time // when the wave's copies began to be queued
+	copyArmed bool      // copyEv[0] is recorded
+	copyBytes uint64    // what the timed copies moved; 0 when none are
+}
+
+// hybridCost is the cost model of Config.CPUAuto: the CPU's time for
+// the first expert of a wave (its threads wake) and for each one after,
+// the time the device thread takes to queue a wave's GPU work before the
+// CPU starts on its misses, and the link's time per record, each a
+// running average of what was measured; and the split of a layer's
+// misses that balances the two sides (costSplit).
+type hybridCost struct {
+	firstMS  float64 // ms for a wave's first expert on the CPU; 0 = unmeasured
+	nextMS   float64 // ms for each further one; 0 = unmeasured
+	leadMS   float64 // ms from a wave's first copy to the CPU's start
+	copyMSB  float64 // ms per byte copied to the device; 0 = unmeasured
+	recBytes float64 // a whole record's size
+	idle     int     // layers planned since the CPU last took a miss
+	every    int     // layers between probes now (probeEvery doubling)
+}
+
+// probeEvery and maxProbeEvery bound how many layers with misses the model
+// lets pass with none on the CPU before it gives the CPU a probe anyway
+// (two misses: the first's time and a further one's), to keep its figures
+// of the CPU current: the interval starts at the first and doubles with
+// each probe that changes nothing, up to the second, so that a CPU slower
+// than the link costs next to nothing.
+const (
+	probeEvery    = 64
+	maxProbeEvery = 4096
+)
+
+// observe adds one measurement v to the running average *avg.
+func observe(avg *float64, v float64) {
+	if *avg == 0 {
+		*avg = v
+		return
+	}
+	*avg = 0.8**avg + 0.2*v
+}
+
+// costSplit is how many of a layer's n misses the CPU takes, at first ms
+// for its first expert and next ms for each further one, starting lead ms
+// after the copies begin, against cp ms a record over the link: as both
+// run at once, the k whose slower side, max(lead + first + (k−1)·next,
+// (n−k)·cp), is the shortest (the fewest on a tie).
+func costSplit(n int, cp, first, next, lead float64) int {
+	if n <= 0 || cp <= 0 || first <= 0 || next <= 0 {
+		return 0
+	}
+	best, at := float64(n)*cp, 0
+	for k := 1; k <= n; k++ {
+		if span := max(lead+first+float64(k-1)*next, float64(n-k)*cp); span < best {
+			best, at = span, k
+		}
+	}
+	return at
+}
+
+// plan is how many of a layer's n decode misses the CPU takes under the
+// cost model: a probe while the CPU's speed is unmeasured or a probe is
+// due, none while the link's is unmeasured.
+func (c *hybridCost) plan(n int) int {
+	if n == 0 {
+		return 0
+	}
+	if c.every == 0 {
+		c.every = probeEvery
+	}
+	if c.firstMS == 0 || c.nextMS == 0 {
+		return min(n, 2)
+	}
+	k := costSplit(n, c.copyMSB*c.recBytes, c.firstMS, c.nextMS, c.leadMS)
+	switch {
+	case k > 0:
+		c.idle, c.every = 0, probeEvery
+	case c.idle+1 >= c.every:
+		c.idle, c.every, k = 0, min(2*c.every, maxProbeEvery), min(n, 2)
+	default:
+		c.idle++
+	}
+	return k
 }
 
 // newHybrid starts the CPU's threads when misses may be computed there:
 // a pool of q4 records and a share asked for.
 func (r *Runner) newHybrid(cfg Config) error {
 	p := r.pool
-	if cfg.CPUShare == 0 || p == nil {
+	if !r.hyb.on() || p == nil {
 		return nil
 	}
 	for _, o := range p.lay {
-		if o.m.kind != format.Q4 {
-			return fmt.Errorf("the CPU computes misses of q4 experts only (these are %s): its product is then the GPU's bit for bit", o.m.kind)
+		if o.m.kind == format.Q4 {
+			continue
+		}
+		if r.hyb.auto {
+			r.hyb.auto = false // the cost model's choice: the GPU computes them all
+			return nil
+		}
+		return fmt.Errorf("the CPU computes misses of q4 experts only (these are %s): its product is then the GPU's bit for bit", o.m.kind)
+	}
+	hy := &r.hyb
+	for i := range hy.copyEv {
+		var err error
+		if hy.copyEv[i], err = r.Dev.NewEvent(); err != nil {
+			return err
 		}
 	}
-	r.hyb.pool = kernels.NewPool(cfg.CPUThreads)
-	r.hyb.g, r.hyb.u = make([]float32, r.I), make([]float32, r.I)
-	r.hyb.rows = make([]int, 0, r.K)
+	hy.cost.recBytes = float64(p.rec)
+	threads := cfg.CPUThreads
+	if threads <= 0 {
+		// A one-row product from host memory is bound by the memory,
+		// and every thread spins a while after each product: on the
+		// H200 machine's 16 cores, 8 threads took 0.33 ms an expert
+		// and decoded a 0.5 share 1.6× faster than 16 (0.54 ms).
+		threads = max(1, runtime.NumCPU()/2)
+	}
+	hy.pool = kernels.NewPool(threads)
+	hy.g, hy.u = make([]float32, r.I), make([]float32, r.I)
+	hy.rows, hy.todo = make([]int, 0, r.K), make([]*model.Expert, 0, r.K)
 	return nil
 }
 
+// on reports whether the CPU may compute misses: a share or the cost
+// model asked for.
+func (hy *hybrid) on() bool { return hy.share > 0 || hy.auto }
+
 // cpuMisses is how many of a layer's n misses the CPU computes.
 func (r *Runner) cpuMisses(decode bool, n int) int {
-	if r.hyb.pool == nil || !decode {
+	hy := &r.hyb
+	switch {
+	case hy.pool == nil || !decode:
 		return 0
+	case hy.auto:
+		return hy.cost.plan(n)
 	}
-	return min(n, int(math.Round(r.hyb.share*float64(n))))
+	return min(n, int(math.Round(hy.share*float64(n))))
 }
 
-// computeMiss multiplies the wave's miss j (wave w0), whose host record is
-// ex, on the CPU into the next CPU output row, for uploadCPUOutputs.
-func (r *Runner) computeMiss(w0, j int, ex *model.Expert) error {
+// takeMiss gives the wave's miss j (wave w0), whose host record is ex, to
+// the CPU: the next CPU output row is its, computed by flushCPU.
+func (r *Runner) takeMiss(w0, j int, ex *model.Expert) error {
 	p, hy := r.pool, &r.hyb
 	if ex == nil {
 		return fmt.Errorf("the host provider cut expert %d, and --cut-weak is off", p.missIDs[j])
@@ -71,25 +191,91 @@ func (r *Runner) computeMiss(w0, j int, ex *model.Expert) error {
 		return fmt.Errorf("more CPU experts than a decode row has (%d)", r.K)
 	}
 	i := p.missAt[j]
-	H := r.H
-	out := hy.out[hy.n*H : (hy.n+1)*H]
-	hy.pool.MatMul(hy.g, &ex.Gate, hy.h, 1)
-	hy.pool.MatMul(hy.u, &ex.Up, hy.h, 1)
-	kernels.SwiGLU(hy.g, hy.g, hy.u)
-	hy.pool.MatMul(out, &ex.Down, hy.g, 1)
 	hy.rows = append(hy.rows[:hy.n], r.base[w0+i])
+	hy.todo = append(hy.todo[:hy.n], ex)
 	hy.n++
 	p.isCPU[i] = true
 	p.stats.CPUComputed++
 	return nil
 }
 
-// uploadCPUOutputs queues the wave's CPU outputs into their rows of outk,
-// ahead of the combine. The pinned rows are not written again before the
-// next layer's route sync, which waits for these copies.
+// flushCPU multiplies the CPU's misses taken and not yet computed into
+// their output rows. The device thread runs it once the GPU has the
+// wave's work queued, so the two compute at once; and before the host's
+// provider is called again, when the records lie in its streaming pool,
+// which that call may recycle.
+func (r *Runner) flushCPU() {
+	hy, H := &r.hyb, r.H
+	if hy.done == hy.n {
+		return
+	}
+	t0 := time.Now()
+	if hy.done == 0 && !hy.copyStart.IsZero() {
+		observe(&hy.cost.leadMS, msSince(hy.copyStart, t0))
+	}
+	for c := hy.done; c < hy.n; c++ {
+		ex := hy.todo[c]
+		out := hy.out[c*H : (c+1)*H]
+		hy.pool.MatMul(hy.g, &ex.Gate, hy.h, 1)
+		hy.pool.MatMul(hy.u, &ex.Up, hy.h, 1)
+		kernels.SwiGLU(hy.g, hy.g, hy.u)
+		hy.pool.MatMul(out, &ex.Down, hy.g, 1)
+		hy.todo[c] = nil
+		t1 := time.Now()
+		if c == 0 {
+			observe(&hy.cost.firstMS, msSince(t0, t1))
+		} else {
+			observe(&hy.cost.nextMS, msSince(t0, t1))
+		}
+		t0 = t1
+	}
+	hy.done = hy.n
+}
+
+// uploadCPUOutputs computes the wave's CPU misses left and queues their
+// outputs into their rows of outk, ahead of the combine. The pinned rows
+// are not written again before the next layer's route sync, which waits
+// for these copies.
 func (r *Runner) uploadCPUOutputs() {
+	r.flushCPU()
 	hy, H := &r.hyb, r.H
 	for c := range hy.n {
 		r.check(r.Dev.UploadAsync(r.outk+uintptr(4*hy.rows[c]*H), r.pin, hy.offOut+4*c*H, 4*H, r.s))
 	}
 }
+
+// timeCopies records the start of the wave's copies on the copy stream
+// for the cost model (after the stream's wait for the products queued
+// before them), when it runs and the wave is a decode's.
+func (r *Runner) timeCopies(decode bool) {
+	hy := &r.hyb
+	hy.copyArmed, hy.copyBytes, hy.copyStart = false, 0, time.Now()
+	if hy.auto && hy.pool != nil && decode {
+		hy.copyArmed = r.Dev.Record(hy.copyEv[0], r.pool.cs) == nil
+	}
+}
+
+// copiesTimed records the end of the wave's copies, which moved n bytes.
+func (r *Runner) copiesTimed(n uint64) {
+	hy := &r.hyb
+	if hy.copyArmed && n > 0 && r.Dev.Record(hy.copyEv[1], r.pool.cs) == nil {
+		hy.copyBytes = n
+	}
+	hy.copyArmed = false
+}
+
+// collectCopyTime adds the last wave's timed copies to the cost model,
+// once the stream that waited for them has synced.
+func (r *Runner) collectCopyTime() {
+	hy := &r.hyb
+	if hy.copyBytes == 0 {
+		return
+	}
+	if ms, err := r.Dev.Elapsed(hy.copyEv[0], hy.copyEv[1]); err == nil && ms > 0 {
+		observe(&hy.cost.copyMSB, float64(ms)/float64(hy.copyBytes))
+	}
+	hy.copyBytes = 0
+}
+
+// msSince is the time from t0 to t1 in ms.
+func msSince(t0, t1 time.Time) float64 { return float64(t1.Sub(t0).Nanoseconds()) / 1e6 }

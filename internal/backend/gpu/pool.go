@@ -206,6 +206,7 @@ func (r *Runner) collectWaits() {
 		}
 	}
 	w.n = 0
+	r.collectCopyTime()
 }
 
 // lowRecords is the layout and stride of the low-bit expert store.
@@ -610,7 +611,7 @@ func (r *Runner) pooledExperts(layer int) {
 			p.tab.begin()
 		}
 		r.mark("pool_host") // the device idles while the host resolves slots
-		r.hyb.n = 0
+		r.hyb.n, r.hyb.done = 0, 0
 		slots, misses := r.waveSlots(layer, w0, w1, decode, thresh)
 		if r.err != nil {
 			return
@@ -719,6 +720,8 @@ func (r *Runner) waveSlots(layer, w0, w1 int, decode bool, thresh int) ([]int, i
 		r.poolFail(err)
 		return slots, 0
 	}
+	r.timeCopies(decode)
+	up0 := p.stats.BytesUp
 	p.victims = p.tab.victims(p.victims[:0], ngpu)
 	if len(p.victims) < ngpu {
 		r.poolFail(fmt.Errorf("expert pool: no free slot among %d for a wave of %d", p.slots, len(ids)))
@@ -731,6 +734,9 @@ func (r *Runner) waveSlots(layer, w0, w1 int, decode bool, thresh int) ([]int, i
 	for k := 0; k < len(p.missIDs); {
 		if !r.settle() {
 			return slots, 0
+		}
+		if p.recycled {
+			r.flushCPU() // the call may recycle the CPU's records
 		}
 		var err error
 		p.pos, p.exs = p.pos[:0], p.exs[:0]
@@ -752,7 +758,7 @@ func (r *Runner) waveSlots(layer, w0, w1 int, decode bool, thresh int) ([]int, i
 			case j >= 0 && j < len(p.missIDs) && p.exs[n] == nil && p.cutWeak > 0:
 				p.isCut[p.missAt[j]] = true // late and weak: the host dropped it
 			case j >= 0 && j < len(p.missIDs) && p.cpuMiss[j]:
-				err = r.computeMiss(w0, j, p.exs[n])
+				err = r.takeMiss(w0, j, p.exs[n])
 			case v == len(p.victims):
 				err = fmt.Errorf("the host provider returned more experts to copy than the %d asked", ngpu)
 			default:
@@ -766,6 +772,7 @@ func (r *Runner) waveSlots(layer, w0, w1 int, decode bool, thresh int) ([]int, i
 			return slots, 0
 		}
 	}
+	r.copiesTimed(p.stats.BytesUp - up0)
 	if err := r.Dev.Record(p.got, p.cs); err != nil {
 		r.poolFail(err)
 		return slots, 0

@@ -5,6 +5,7 @@ package gpu
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
@@ -346,5 +347,85 @@ func TestLookGate(t *testing.T) {
 	}
 	if !half.on(0) {
 		t.Errorf("a layer using half its predictions stopped (share %v)", half.prec[0])
+	}
+}
+
+// TestCostSplit: the hybrid cost model gives the CPU the share of a
+// layer's misses that balances its time (from its later start, its first
+// expert slower) against the link's; a probe of two misses while the
+// CPU's speed is unmeasured, and again when one is due while the model
+// would give none, at intervals that double up to maxProbeEvery, so that
+// a CPU that became faster is seen and a slow one costs next to nothing.
+func TestCostSplit(t *testing.T) {
+	for _, c := range []struct {
+		n                     int
+		cp, first, next, lead float64
+		want                  int
+	}{
+		{10, 0.12, 0.33, 0.33, 0, 2}, // 2 spans 0.96 ms, 3 spans 0.99
+		{10, 1, 1, 1, 0, 5},
+		{10, 1, 0.01, 0.01, 0, 10}, // the CPU is far faster: all of them
+		{10, 0.01, 1, 1, 0, 0},     // the link is far faster: none
+		{10, 1, 1, 1, 4, 3},        // a late start: 3 spans 7 ms, 2 and 4 spans 8
+		{10, 0.136, 1.1, 1.1, 0.2, 1},
+		{10, 0.136, 1.1, 1.1, 0.3, 0},  // 1 spans 1.4 ms, none 1.36
+		{7, 0.137, 1.3, 0.33, 0.19, 0}, // a slow first expert: 1 spans 1.49 ms, none 0.96
+		{7, 0.137, 0.5, 0.33, 0.19, 1}, // 1 spans 0.82 ms, 2 spans 1.02
+		{3, 1, 1, 1, 5, 0},             // the CPU starts after the link is done
+		{0, 1, 1, 1, 0, 0},
+		{4, 0, 1, 1, 0, 0}, // unmeasured link
+		{4, 1, 0, 1, 0, 0},
+		{4, 1, 1, 0, 0, 0},
+	} {
+		if got := costSplit(c.n, c.cp, c.first, c.next, c.lead); got != c.want {
+			t.Errorf("costSplit(%+v) = %d, want %d", c, got, c.want)
+		}
+	}
+	var m hybridCost
+	if got := m.plan(6); got != 2 {
+		t.Fatalf("unmeasured CPU: %d misses on the CPU, want 2 (a probe)", got)
+	}
+	if got := m.plan(1); got != 1 {
+		t.Fatalf("unmeasured CPU, one miss: %d on the CPU, want 1", got)
+	}
+	if got := m.plan(0); got != 0 {
+		t.Fatalf("no misses: %d on the CPU", got)
+	}
+	observe(&m.firstMS, 1)
+	observe(&m.nextMS, 1)
+	if got := m.plan(6); got != 0 {
+		t.Fatalf("unmeasured link: %d misses on the CPU, want 0", got)
+	}
+	m = hybridCost{firstMS: 1, nextMS: 1, recBytes: 1 << 20}
+	observe(&m.copyMSB, 0.1/(1<<20)) // 0.1 ms a record: the CPU is 10× slower
+	// Probes at 64, then 128, 256, ... layers apart, up to maxProbeEvery.
+	var at []int
+	for i := range 3 * maxProbeEvery {
+		if k := m.plan(5); k > 0 {
+			if k != 2 {
+				t.Fatalf("a probe of %d misses, want 2", k)
+			}
+			at = append(at, i+1)
+		}
+	}
+	want, next := []int{}, 0
+	for gap := probeEvery; next+gap <= 3*maxProbeEvery; gap = min(2*gap, maxProbeEvery) {
+		next += gap
+		want = append(want, next)
+	}
+	if !slices.Equal(at, want) {
+		t.Errorf("a slow CPU was probed after layers %v, want %v", at, want)
+	}
+	old, v := m.nextMS, 0.1
+	observe(&m.nextMS, v) // measured faster now
+	if want := 0.8*old + 0.2*v; m.nextMS != want {
+		t.Errorf("running average %g, want %g", m.nextMS, want)
+	}
+	m.firstMS, m.nextMS = 0.1, 0.1
+	if got := m.plan(6); got != 3 {
+		t.Errorf("CPU as fast as the link: %d of 6 misses on the CPU, want 3", got)
+	}
+	if m.every != probeEvery {
+		t.Errorf("after the CPU took misses, probes are %d layers apart, want %d", m.every, probeEvery)
 	}
 }
