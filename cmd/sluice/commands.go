@@ -321,6 +321,13 @@ func expertSummary(e *engine.Engine, s engine.Stats) string {
 		line += fmt.Sprintf("\ngpu pool: %d slots, hit rate %.1f%% (decode %.1f%%), %.2f MB copied and %.2f ms waited for copies per generated token; lookahead %d copied, %d used, %d held back",
 			g.Slots, 100*g.HitRate, 100*g.DecodeHitRate, perToken(int64(g.DecodeBytesCopied), s.GeneratedTokens-1), msPerToken(g.DecodeCopyWaitMS, s.GeneratedTokens-1),
 			g.Prefetched, g.PrefetchUsed, g.PrefetchSkipped)
+		if g.CPUComputed > 0 {
+			ms := g.CPUExpertMS // a wave's further experts: the usual cost
+			if ms == 0 {
+				ms = g.CPUFirstMS
+			}
+			line += fmt.Sprintf("; %d misses computed on the CPU (%.2f ms each)", g.CPUComputed, ms)
+		}
 		if g.LowCopies > 0 {
 			line += fmt.Sprintf("; %d copies at low bits (lossy)", g.LowCopies)
 		}

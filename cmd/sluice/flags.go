@@ -63,7 +63,7 @@ type expertFlags struct {
 	poolNames  []string // the flags that set poolMB: --pool-mb, --host-cache-mb
 	gpuPoolMB  string
 	vramGB     float64
-	gpuCPU     float64
+	gpuCPU     string
 	memoryGB   float64
 	lookahead  bool
 	evict      string
@@ -83,7 +83,7 @@ func (m *modelFlags) register(fs *flag.FlagSet) {
 	fs.Var(poolFlag{x, "--pool-mb"}, "pool-mb", "stream experts through a pool of `N` MiB, or N% of the expert store (default: map them whole if they fit, else auto-size)")
 	fs.Var(poolFlag{x, "--host-cache-mb"}, "host-cache-mb", "on the GPU, the host-RAM tier below its pool, page-locked: `N` MiB or N% of the expert store (another name for --pool-mb)")
 	fs.Float64Var(&x.vramGB, "vram-gb", 0, "on the GPU, the most device memory sluice takes in GiB beyond the CUDA context: weights, scratch, sequence states and the expert pool, which gets what the rest leaves (default: what the GPU has free)")
-	fs.Float64Var(&x.gpuCPU, "gpu-cpu-share", 0, "on the GPU with an expert pool, the share (0..1) of each layer's decode misses that the CPU computes from host memory instead of copying them to the GPU (q4 experts; the tokens are the same)")
+	fs.StringVar(&x.gpuCPU, "gpu-cpu-share", "auto", "on the GPU with an expert pool, the share (0..1) of each layer's decode misses that the CPU computes from host memory instead of copying them to the GPU; auto: a cost model picks it per layer from the CPU's measured time per expert and the link's per record (q4 experts; the tokens are the same either way)")
 	fs.StringVar(&x.gpuPoolMB, "gpu-pool-mb", "", "on the GPU, stream experts through a device pool of N MiB, or N% of the expert store, filled from host memory (default: every expert on the GPU if they fit, else a pool of the memory left)")
 	fs.Float64Var(&x.memoryGB, "memory-gb", 0, "total memory budget in GiB (dense + state + scratch + expert pool); experts stream when they do not fit")
 	fs.BoolVar(&x.lookahead, "lookahead", true, "prefetch the next layer's predicted experts while this layer computes")
@@ -148,10 +148,16 @@ func (x *expertFlags) options(log io.Writer) (engine.ExpertOptions, error) {
 		return o, fmt.Errorf("--vram-gb %g must be positive", x.vramGB)
 	}
 	o.VRAMBytes = int64(x.vramGB * (1 << 30))
-	if x.gpuCPU < 0 || x.gpuCPU > 1 {
-		return o, fmt.Errorf("--gpu-cpu-share %g: want a share in [0,1]", x.gpuCPU)
+	switch x.gpuCPU {
+	case "", "auto":
+		o.GPUCPUAuto = true
+	default:
+		v, err := strconv.ParseFloat(x.gpuCPU, 64)
+		if err != nil || !(v >= 0 && v <= 1) {
+			return o, fmt.Errorf("--gpu-cpu-share %s: want a share in [0,1] or auto", x.gpuCPU)
+		}
+		o.GPUCPUShare = v
 	}
-	o.GPUCPUShare = x.gpuCPU
 	if x.missBits != 0 && x.missBits != 2 && x.missBits != 3 {
 		return o, fmt.Errorf("--miss-bits %d: want 3 or 2", x.missBits)
 	}

@@ -521,6 +521,9 @@ func TestErrors(t *testing.T) {
 		{"pool sized twice", []string{"run", "--pool-mb", "10%", "--host-cache-mb", "20%", "-p", "x"}, "--pool-mb and --host-cache-mb both size"},
 		{"host cache and memory", []string{"run", "--host-cache-mb", "10%", "--memory-gb", "4", "-p", "x"}, "give --host-cache-mb or --memory-gb"},
 		{"host cache bad size", []string{"run", "--host-cache-mb", "lots", "-p", "x"}, "--host-cache-mb"},
+		{"gpu cpu share word", []string{"run", "--gpu-cpu-share", "half", "-p", "x"}, "--gpu-cpu-share half: want a share in [0,1] or auto"},
+		{"gpu cpu share above 1", []string{"run", "--gpu-cpu-share", "1.5", "-p", "x"}, "--gpu-cpu-share 1.5"},
+		{"gpu cpu share NaN", []string{"run", "--gpu-cpu-share", "NaN", "-p", "x"}, "--gpu-cpu-share NaN"},
 		{"bench negative depth", []string{"bench", "--depth", "-1"}, "--depth"},
 		{"tokenize missing model", []string{"tokenize", "-m", "/nonexistent", "--text", "x"}, "nonexistent"},
 	}

@@ -36,6 +36,14 @@ func TestStatsGPUPool(t *testing.T) {
 	if sum := expertSummary(e, s); !strings.HasSuffix(sum, "5 used, 3 held back; 6 copies at low bits (lossy)") {
 		t.Errorf("summary with low-bit copies %q", sum)
 	}
+	s.GPUPool.CPUComputed, s.GPUPool.CPUExpertMS = 9, 0.146 // --gpu-cpu-share
+	if sum := expertSummary(e, s); !strings.HasSuffix(sum, "3 held back; 9 misses computed on the CPU (0.15 ms each); 6 copies at low bits (lossy)") {
+		t.Errorf("summary with CPU misses %q", sum)
+	}
+	if b, _ := json.Marshal(statsJSON(s, 1)); !strings.Contains(string(b), `"cpu_computed":9,"cpu_ms_per_expert":0.146`) {
+		t.Errorf("gpu_pool with CPU misses: %s", b)
+	}
+	s.GPUPool.CPUComputed, s.GPUPool.CPUExpertMS = 0, 0
 	if b, _ := json.Marshal(statsJSON(s, 1)); !strings.Contains(string(b), `"low_copies":6`) {
 		t.Errorf("gpu_pool with low-bit copies: %s", b)
 	}

@@ -106,7 +106,7 @@ func checkDevice(o Options) error {
 	}
 	xo := o.Experts
 	if u := gpuOnly(xo); ds.kind == "cpu" && u != "" {
-		return fmt.Errorf("%s sizes the GPU's memory; the forward runs on the CPU here (--device %s)", u, o.Device)
+		return fmt.Errorf("%s: GPU options; the forward runs on the CPU here (--device %s)", u, o.Device)
 	}
 	return nil
 }
@@ -120,7 +120,7 @@ func gpuOnly(xo ExpertOptions) string {
 	if xo.VRAMBytes != 0 {
 		set = append(set, "--vram-gb")
 	}
-	if xo.GPUCPUShare != 0 {
+	if xo.GPUCPUShare != 0 { // auto applies where it can: the CLI's default
 		set = append(set, "--gpu-cpu-share")
 	}
 	return strings.Join(set, " and ")

@@ -446,7 +446,8 @@ func TestDeviceOptionRefusals(t *testing.T) {
 	}{
 		{engine.Options{Device: "cpu", Experts: engine.ExpertOptions{GPUPoolShare: 0.5}}, "--gpu-pool-mb"},
 		{engine.Options{Experts: engine.ExpertOptions{GPUPoolBytes: 1 << 30}}, "--gpu-pool-mb"},
-		{engine.Options{Device: "cpu", Experts: engine.ExpertOptions{VRAMBytes: 1 << 30}}, "--vram-gb sizes the GPU's memory"},
+		{engine.Options{Device: "cpu", Experts: engine.ExpertOptions{VRAMBytes: 1 << 30}}, "--vram-gb: GPU options; the forward runs on the CPU"},
+		{engine.Options{Device: "cpu", Experts: engine.ExpertOptions{GPUCPUShare: 0.5}}, "--gpu-cpu-share: GPU options"},
 		{engine.Options{Device: "tpu"}, "want auto, cpu, cuda"},
 	} {
 		_, err := engine.Open(context.Background(), missing, c.o)
