@@ -824,6 +824,8 @@ func (r *Runner) alloc() error {
 		r.mtp.pin = f32[r.mtp.offIn/4 : r.mtp.offIn/4+R*2*H]
 		r.mtp.pout = f32[r.mtp.offOut/4 : r.mtp.offOut/4+R*H]
 		r.mtp.phid = f32[r.mtp.offHid/4 : r.mtp.offHid/4+R*H]
+		phid := r.mtp.phid
+		r.mtp.row = func(i int) []float32 { return phid[i*H : (i+1)*H] }
 	}
 	if r.plog, err = r.Dev.AllocHost(4 * R * r.V); err != nil {
 		return err

@@ -34,6 +34,7 @@ type mtpHead struct {
 	// outputs (MTPHidden) and the trunk rows a follow reads.
 	offIn, offOut, offHid int
 	pin, pout, phid       []float32
+	row                   func(i int) []float32 // phid's row i, for FollowMTP (made once)
 	follow                model.FollowScratch
 	greedy                greedyRows // MTPFollowArgmax's view of the runner
 
@@ -379,8 +380,7 @@ func (r *Runner) follow(f model.MTPRows, st *model.State, tokens []int, next int
 			return err
 		}
 	}
-	H := r.H
-	return model.FollowMTP(f, st, tokens, next, out, r.maxRows, func(i int) []float32 { return m.phid[i*H : (i+1)*H] }, &m.follow)
+	return model.FollowMTP(f, st, tokens, next, out, r.maxRows, m.row, &m.follow)
 }
 
 // MTPFollowArgmax is MTPFollow that returns the greedy choice of the head's
