@@ -41,7 +41,7 @@ type hybrid struct {
 	cost         hybridCost
 	// The wave's copies on the copy stream, timed for the cost model.
 	copyEv    [2]cuda.Event
-	copyStart time.Time // when the wave's copies began to be queued
+	copyStart time.Time // when the wave's first copy was queued; zero if none was
 	copyArmed bool      // copyEv[0] is recorded
 	copyBytes uint64    // what the timed copies moved; 0 when none are
 }
@@ -57,7 +57,7 @@ type hybridCost struct {
 	nextMS   float64 // ms for each further one; 0 = unmeasured
 	leadMS   float64 // ms from a wave's first copy to the CPU's start
 	copyMSB  float64 // ms per byte copied to the device; 0 = unmeasured
-	recBytes float64 // a whole record's size
+	recBytes float64 // the bytes of a copied miss's record, on average
 	idle     int     // layers planned since the CPU last took a miss
 	every    int     // layers between probes now (probeEvery doubling)
 }
@@ -149,7 +149,6 @@ func (r *Runner) newHybrid(cfg Config) error {
 			return err
 		}
 	}
-	hy.cost.recBytes = float64(p.rec)
 	threads := cfg.CPUThreads
 	if threads <= 0 {
 		// A one-row product from host memory is bound by the memory,
@@ -244,22 +243,34 @@ func (r *Runner) uploadCPUOutputs() {
 	}
 }
 
-// timeCopies records the start of the wave's copies on the copy stream
-// for the cost model (after the stream's wait for the products queued
-// before them), when it runs and the wave is a decode's.
+// resetCopies forgets the last wave's copy timing as a wave begins.
+func (hy *hybrid) resetCopies() {
+	hy.copyArmed, hy.copyBytes, hy.copyStart = false, 0, time.Time{}
+}
+
+// timeCopies records the start of the wave's copies on the copy stream,
+// as the first is queued (behind the stream's wait for the products
+// queued before them), for the cost model when it runs and the wave is a
+// decode's; and the host's time then, the CPU's lead's start.
 func (r *Runner) timeCopies(decode bool) {
 	hy := &r.hyb
-	hy.copyArmed, hy.copyBytes, hy.copyStart = false, 0, time.Now()
+	hy.copyStart = time.Now()
 	if hy.auto && hy.pool != nil && decode {
 		hy.copyArmed = r.Dev.Record(hy.copyEv[0], r.pool.cs) == nil
 	}
 }
 
-// copiesTimed records the end of the wave's copies, which moved n bytes.
-func (r *Runner) copiesTimed(n uint64) {
+// copiesTimed records the end of the wave's copies, copies records that
+// moved n bytes, while the timing stands: the copies were queued back to
+// back (copyArmed is cleared where the stream may have idled between
+// them, waiting for the host).
+func (r *Runner) copiesTimed(n uint64, copies int) {
 	hy := &r.hyb
-	if hy.copyArmed && n > 0 && r.Dev.Record(hy.copyEv[1], r.pool.cs) == nil {
+	if hy.copyArmed && n > 0 && copies > 0 && r.Dev.Record(hy.copyEv[1], r.pool.cs) == nil {
 		hy.copyBytes = n
+		// A miss's record: whole, or smaller at the low bits of
+		// --miss-bits.
+		observe(&hy.cost.recBytes, float64(n)/float64(copies))
 	}
 	hy.copyArmed = false
 }

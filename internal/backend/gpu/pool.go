@@ -720,7 +720,7 @@ func (r *Runner) waveSlots(layer, w0, w1 int, decode bool, thresh int) ([]int, i
 		r.poolFail(err)
 		return slots, 0
 	}
-	r.timeCopies(decode)
+	r.hyb.resetCopies()
 	up0 := p.stats.BytesUp
 	p.victims = p.tab.victims(p.victims[:0], ngpu)
 	if len(p.victims) < ngpu {
@@ -732,11 +732,16 @@ func (r *Runner) waveSlots(layer, w0, w1 int, decode bool, thresh int) ([]int, i
 	rp, batches := p.prov.(model.ReadyProvider)
 	v := 0 // victims given so far
 	for k := 0; k < len(p.missIDs); {
+		if p.recycled && r.hyb.n > r.hyb.done {
+			// The call may recycle the CPU's records: they are
+			// multiplied first, while the copies queued so far run.
+			// (The copy stream may then idle: its time is not the
+			// link's.)
+			r.hyb.copyArmed = false
+			r.flushCPU()
+		}
 		if !r.settle() {
 			return slots, 0
-		}
-		if p.recycled {
-			r.flushCPU() // the call may recycle the CPU's records
 		}
 		var err error
 		p.pos, p.exs = p.pos[:0], p.exs[:0]
@@ -744,6 +749,11 @@ func (r *Runner) waveSlots(layer, w0, w1 int, decode bool, thresh int) ([]int, i
 			p.pos, p.exs, err = rp.Ready(p.pos, p.exs)
 		}
 		if err == nil && len(p.pos) == 0 {
+			if v > 0 {
+				// The copy stream idles while the host reads: its time
+				// is not the link's.
+				r.hyb.copyArmed = false
+			}
 			var j int
 			var ex *model.Expert
 			j, ex, err = p.prov.Next()
@@ -762,6 +772,9 @@ func (r *Runner) waveSlots(layer, w0, w1 int, decode bool, thresh int) ([]int, i
 			case v == len(p.victims):
 				err = fmt.Errorf("the host provider returned more experts to copy than the %d asked", ngpu)
 			default:
+				if v == 0 {
+					r.timeCopies(decode)
+				}
 				err = r.copyMiss(layer, j, p.exs[n], p.victims[v], decode, thresh)
 				v++
 			}
@@ -772,7 +785,10 @@ func (r *Runner) waveSlots(layer, w0, w1 int, decode bool, thresh int) ([]int, i
 			return slots, 0
 		}
 	}
-	r.copiesTimed(p.stats.BytesUp - up0)
+	if p.staged {
+		r.hyb.copyArmed = false // the stream idled while the host staged
+	}
+	r.copiesTimed(p.stats.BytesUp-up0, v)
 	if err := r.Dev.Record(p.got, p.cs); err != nil {
 		r.poolFail(err)
 		return slots, 0
