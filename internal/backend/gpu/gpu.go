@@ -871,6 +871,10 @@ func (r *Runner) Close() {
 			r.hyb.pool.Close()
 			r.hyb.pool = nil
 		}
+		for i, e := range r.hyb.copyEv {
+			r.Dev.DestroyEvent(e)
+			r.hyb.copyEv[i] = cuda.Event{}
+		}
 		r.Dev.FreeHost(r.pin)
 		r.Dev.FreeHost(r.plog)
 		r.closePool()
