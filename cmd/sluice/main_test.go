@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"os/exec"
@@ -561,4 +563,31 @@ func equalInts(a, b []int) bool {
 		}
 	}
 	return true
+}
+
+// --gpu-cpu-share: auto (the cost model) unless a share is given, 0
+// included; an explicit share reaches the engine as it was given.
+func TestGPUCPUShareFlag(t *testing.T) {
+	for _, c := range []struct {
+		args  []string
+		auto  bool
+		share float64
+	}{
+		{nil, true, 0},
+		{[]string{"--gpu-cpu-share", "auto"}, true, 0},
+		{[]string{"--gpu-cpu-share", "0"}, false, 0},
+		{[]string{"--gpu-cpu-share", "0.25"}, false, 0.25},
+		{[]string{"--gpu-cpu-share", "1"}, false, 1},
+	} {
+		fs := flag.NewFlagSet("run", flag.ContinueOnError)
+		var m modelFlags
+		m.register(fs)
+		if err := fs.Parse(c.args); err != nil {
+			t.Fatal(err)
+		}
+		o, err := m.experts.options(io.Discard)
+		if err != nil || o.GPUCPUAuto != c.auto || o.GPUCPUShare != c.share {
+			t.Errorf("%v: auto %v, share %v, err %v; want auto %v, share %v", c.args, o.GPUCPUAuto, o.GPUCPUShare, err, c.auto, c.share)
+		}
+	}
 }
