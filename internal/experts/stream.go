@@ -485,11 +485,16 @@ func (s *Stream) Cached(layer, e int) *model.Expert {
 	if si < 0 {
 		return nil
 	}
-	sl := &s.slots[si]
-	switch {
-	case sl.state != ready:
-		return nil
-	case sl.low && !s.o.widen:
+	if sl := &s.slots[si]; sl.state == ready {
+		return s.expertOf(sl)
+	}
+	return nil
+}
+
+// expertOf is sl's expert as a step returns it: a low-bit record as
+// itself unless misses are widened first.
+func (s *Stream) expertOf(sl *slot) *model.Expert {
+	if sl.low && !s.o.widen {
 		return &sl.exLow
 	}
 	return &sl.ex
@@ -737,10 +742,7 @@ func (s *Stream) take(i int32) *model.Expert {
 		s.isMiss[i] = false
 		s.missOut--
 	}
-	if sl := &s.slots[si]; sl.low && !s.o.widen {
-		return &sl.exLow
-	}
-	return &s.slots[si].ex
+	return s.expertOf(&s.slots[si])
 }
 
 // Ready implements model.ReadyProvider: it returns at once, with every
