@@ -67,20 +67,21 @@ __device__ __forceinline__ float group_term(int s, bool valid, float sc, float b
     return __fadd_rn(t, b);
 }
 
-// chain_terms adds one step's group terms (n groups, 16 at most) to each
-// row's sum in group order: the even lanes put row r's terms e[r] in
-// shared memory et, and lane r adds them to acc one by one.
-template <int R>
-__device__ __forceinline__ void chain_terms(float (*et)[20], const float (&e)[R], int lane, int n, float& acc) {
-    if (!(lane & 1)) {
+// chain_terms adds one step's group terms (n groups, 4·Q at most) to each
+// row's sum in group order: the first lane of each group's 2^S lanes puts
+// row r's terms e[r] in shared memory et, and lane r adds them to acc one
+// by one.
+template <int R, int S, int Q, int W>
+__device__ __forceinline__ void chain_terms(float (*et)[W], const float (&e)[R], int lane, int n, float& acc) {
+    if (!(lane & ((1 << S) - 1))) {
 #pragma unroll
-        for (int r = 0; r < R; r++) et[r][lane >> 1] = e[r];
+        for (int r = 0; r < R; r++) et[r][lane >> S] = e[r];
     }
     __syncwarp();
     if (lane < R) {
         const float4* p = (const float4*)et[lane];
 #pragma unroll
-        for (int q = 0; q < 4; q++) {
+        for (int q = 0; q < Q; q++) {
             float4 v = p[q];
             if (4 * q < n) acc = __fadd_rn(acc, v.x);
             if (4 * q + 1 < n) acc = __fadd_rn(acc, v.y);
@@ -170,7 +171,7 @@ __device__ __forceinline__ void q4_rows(const uint8_t* __restrict__ W, const uin
                 }
                 e[r] = group_term(s, valid, sc[u], bi[u], xs, xsum, (size_t)row * ng + g);
             }
-            chain_terms<R>(et, e, lane, n, acc);
+            chain_terms<R, 1, 4, 20>(et, e, lane, n, acc);
         }
     }
     if (lane < R && r0 + lane < nb) out[(size_t)(r0 + lane) * O + o] = acc;
@@ -295,7 +296,7 @@ __device__ __forceinline__ void low_rows(const uint8_t* __restrict__ W, const ui
                 }
                 e[r] = group_term(s, valid, sc[u], bi[u], xs, xsum, (size_t)row * ng + g);
             }
-            chain_terms<R>(et, e, lane, n, acc);
+            chain_terms<R, 1, 4, 20>(et, e, lane, n, acc);
         }
     }
     if (lane < R && r0 + lane < nb) out[(size_t)(r0 + lane) * O + o] = acc;
@@ -379,23 +380,7 @@ __device__ __forceinline__ void q8_rows(const uint8_t* __restrict__ W, const uin
             p = __fadd_rn(p, __shfl_xor_sync(FULL_MASK, p, 2));
             if (valid) e[r] = __fadd_rn(__fmul_rn(sc, p), __fmul_rn(bi, xsum[(size_t)row * ng + g]));
         }
-        if (quarter == 0) {
-#pragma unroll
-            for (int r = 0; r < R; r++) et[r][lane >> 2] = e[r];
-        }
-        __syncwarp();
-        if (lane < R) {
-            const float4* p = (const float4*)et[lane];
-#pragma unroll
-            for (int q = 0; q < 2; q++) {
-                float4 v = p[q];
-                if (4 * q < n) acc = __fadd_rn(acc, v.x);
-                if (4 * q + 1 < n) acc = __fadd_rn(acc, v.y);
-                if (4 * q + 2 < n) acc = __fadd_rn(acc, v.z);
-                if (4 * q + 3 < n) acc = __fadd_rn(acc, v.w);
-            }
-        }
-        __syncwarp();
+        chain_terms<R, 2, 2, 12>(et, e, lane, n, acc);
     }
     if (lane < R && r0 + lane < nb) out[(size_t)(r0 + lane) * O + o] = acc;
 }
