@@ -208,11 +208,11 @@ func (r *Runner) flushCPU() {
 	if hy.done == hy.n {
 		return
 	}
-	t0 := time.Now()
-	if hy.done == 0 && !hy.copyStart.IsZero() {
+	t0, first := time.Now(), hy.done
+	if first == 0 && !hy.copyStart.IsZero() {
 		observe(&hy.cost.leadMS, msSince(hy.copyStart, t0))
 	}
-	for c := hy.done; c < hy.n; c++ {
+	for c := first; c < hy.n; c++ {
 		ex := hy.todo[c]
 		out := hy.out[c*H : (c+1)*H]
 		hy.pool.MatMul(hy.g, &ex.Gate, hy.h, 1)
@@ -221,7 +221,9 @@ func (r *Runner) flushCPU() {
 		hy.pool.MatMul(out, &ex.Down, hy.g, 1)
 		hy.todo[c] = nil
 		t1 := time.Now()
-		if c == 0 {
+		if c == first {
+			// The threads slept since the last flush, whether of
+			// this wave or of the one before.
 			observe(&hy.cost.firstMS, msSince(t0, t1))
 		} else {
 			observe(&hy.cost.nextMS, msSince(t0, t1))
@@ -251,11 +253,15 @@ func (hy *hybrid) resetCopies() {
 // timeCopies records the start of the wave's copies on the copy stream,
 // as the first is queued (behind the stream's wait for the products
 // queued before them), for the cost model when it runs and the wave is a
-// decode's; and the host's time then, the CPU's lead's start.
+// decode's; and the host's time then, the CPU's lead's start. Without the
+// CPU's threads it does nothing.
 func (r *Runner) timeCopies(decode bool) {
 	hy := &r.hyb
+	if hy.pool == nil {
+		return
+	}
 	hy.copyStart = time.Now()
-	if hy.auto && hy.pool != nil && decode {
+	if hy.auto && decode {
 		hy.copyArmed = r.Dev.Record(hy.copyEv[0], r.pool.cs) == nil
 	}
 }
