@@ -222,41 +222,12 @@ type Stream struct {
 	isMiss  []bool  // [position] issued as a miss this step
 	thresh  int     // rows an expert needs this step to be in its layer's share; 0 = all are
 
-	// Adaptive lookahead: the last prediction's records that were not
-	// resident (what a prefetch would read), for layer predLayer, and per
-	// layer the recent fraction of such records its step then used.
-	pred      []int32
-	predLayer int
-	lookPrec  []float32
+	look *LookGate // which predictions are read ahead
 
 	tracing bool  // record each step's records (RecordTrace)
 	trace   Trace // what Begin was asked for while tracing
 
 	stats Stats
-}
-
-// Lookahead adapts per layer: a layer's predictions are scored against
-// the experts its step then uses (the fraction of would-be prefetches that
-// the step needed, averaged over the last LookWindow or so predictions),
-// whether or not they were issued, and prefetches are issued only while
-// that precision is at least LookMinPrecision. A wasted prefetch costs a
-// read and evicts a record that might have hit; below one useful read in
-// two, prefetching costs more than it hides, so a layer whose predictions
-// do not pay stops prefetching (never worse than lookahead off) and
-// resumes once they would. The GPU's pool gates its lookahead copies by
-// the same rule.
-const (
-	LookMinPrecision = 0.5 // the least share of would-be prefetches used for a layer to prefetch
-	LookWindow       = 8   // predictions the running share averages over, about
-)
-
-// ScoreLookahead moves a layer's running share of would-be prefetches
-// used, *prec, toward used of n (n > 0), over about LookWindow
-// predictions.
-func ScoreLookahead(prec *float32, used, n int) {
-	// Rounded before the add: arm64 would fuse it, and which layers
-	// prefetch must not depend on the CPU.
-	*prec += float32((float32(used)/float32(n) - *prec) / LookWindow)
 }
 
 // RecordTrace starts (clearing what was recorded) or stops recording the
@@ -272,10 +243,10 @@ func (s *Stream) RecordTrace(on bool) {
 // Trace returns what was recorded since RecordTrace(true).
 func (s *Stream) Trace() Trace { return s.trace }
 
-// LookaheadOn reports whether predictions for layer are currently
-// prefetched.
+// LookaheadOn reports whether any rank of the predictions for layer is
+// currently prefetched (LookGate).
 func (s *Stream) LookaheadOn(layer int) bool {
-	return s.o.Lookahead && layer >= 0 && layer < s.L && s.lookPrec[layer] >= LookMinPrecision
+	return s.o.Lookahead && s.look.LayerOn(layer)
 }
 
 // MinSlots is the smallest legal pool: one token's experts of one layer.
@@ -384,11 +355,7 @@ func Open(dir string, man *format.Manifest, o Options) (*Stream, error) {
 	}
 	s.ev = newEvictor(o.Policy, s.L, s.E)
 	s.slotOf = make([]int32, s.E)
-	s.pred, s.predLayer = make([]int32, 0, s.E), -1
-	s.lookPrec = make([]float32, s.L)
-	for i := range s.lookPrec {
-		s.lookPrec[i] = 1 // prefetch until the predictions prove poor
-	}
+	s.look = NewLookGate(s.L, c.TopK, LookMinPrecision)
 	s.isMiss = make([]bool, s.E)
 	s.readyQ = make([]int32, 0, s.E)
 	s.batch = make([]int32, 0, s.E)
@@ -891,22 +858,17 @@ func (s *Stream) cutOne() (int32, bool) {
 
 // Prefetch implements model.Prefetcher: read the predicted experts of
 // layer into slots that the current step does not hold, at most
-// Options.Prefetch in flight.
+// Options.Prefetch in flight: of ids (best first; a negative one is a
+// rank the caller needs no read for) those not resident whose rank the
+// gate lets through (LookGate).
 func (s *Stream) Prefetch(layer int, ids []int) {
 	if !s.o.Lookahead || layer < 0 || layer >= s.L {
 		return
 	}
-	s.pred, s.predLayer = s.pred[:0], layer
-	for _, e := range ids {
-		if rec := int32(layer*s.E + e); s.where[rec] < 0 && len(s.pred) < cap(s.pred) {
-			s.pred = append(s.pred, rec)
-		}
-	}
-	if !s.LookaheadOn(layer) {
-		s.stats.LookSkipped.Add(int64(len(s.pred)))
-		return
-	}
-	for _, rec := range s.pred {
+	on := s.look.Predict(layer, ids, func(e int) bool { return e < s.E && s.where[layer*s.E+e] < 0 })
+	s.stats.LookSkipped.Add(int64(s.look.WouldFetch() - len(on)))
+	for _, e := range on {
+		rec := int32(layer*s.E + e)
 		if s.preInflight >= s.o.Prefetch {
 			return
 		}
@@ -933,16 +895,7 @@ func (s *Stream) Prefetch(layer int, ids []int) {
 // of that layer begins: those the step does not use are counted wasted,
 // and those still queued are cancelled.
 func (s *Stream) accountPrefetches(layer int) {
-	if s.predLayer == layer && len(s.pred) > 0 {
-		used := 0
-		for _, rec := range s.pred {
-			if s.isNeeded(rec, layer) {
-				used++
-			}
-		}
-		ScoreLookahead(&s.lookPrec[layer], used, len(s.pred))
-	}
-	s.pred, s.predLayer = s.pred[:0], -1
+	s.look.Score(layer, func(e int) bool { return s.isNeeded(int32(layer*s.E+e), layer) })
 	for _, si := range s.prefs {
 		sl := &s.slots[si]
 		if !sl.pre || s.isNeeded(sl.rec, layer) {

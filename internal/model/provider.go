@@ -71,7 +71,9 @@ type Hint struct {
 // step has begun, the forward predicts the next layer's experts (that
 // layer's router applied to the current hidden state) and passes them to
 // Prefetch, which must not block and must not evict what the current step
-// needs.
+// needs. A decode's ids come in the router's order, best first; a negative
+// id keeps a rank's place for an expert the caller needs no read for (a
+// GPU pool holds it).
 type Prefetcher interface {
 	Lookahead() bool // whether predictions are wanted at all
 	Prefetch(layer int, ids []int)

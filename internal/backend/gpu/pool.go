@@ -56,9 +56,10 @@ type vpool struct {
 	cs                 cuda.Stream // copies
 	computed, got, pre cuda.Event  // the products queued so far; a wave's copies; the lookahead's
 	prePending         bool        // the lookahead copied: the next layer's products wait for pre
-	preIDs             []int
+	predIDs            []int       // the lookahead's choice, best first; -1 where a slot holds it
+	preIDs             []int       // of them, those the gate lets through
 	noLookahead        bool
-	look               lookGate
+	look               *experts.LookGate // gates the lookahead's copies (lookMinCopy)
 
 	tab slotTable
 
@@ -96,52 +97,15 @@ type vpool struct {
 	stats experts.DevicePool
 }
 
-// lookGate decides, per layer, whether the decode's lookahead copies its
-// predictions, by the rule the host's pool applies to its reads: a
-// layer's would-be copies (its predicted experts not in a slot) are scored
-// against the experts its step then uses, a running share over about
-// experts.LookWindow predictions, whether or not they were copied, and
-// they are copied only while that share is at least
-// experts.LookMinPrecision. A wasted copy holds up the demand misses
-// queued behind it on the copy stream and evicts a record that might have
-// hit, so a layer whose predictions do not pay stops copying and resumes
-// once they would.
-type lookGate struct {
-	prec  []float32 // [layer] the running share of would-be copies used
-	layer int       // the layer pred is for, or -1
-	pred  []int     // its would-be copies (expert ids)
-}
-
-func newLookGate(layers int) lookGate {
-	g := lookGate{prec: make([]float32, layers), layer: -1}
-	for i := range g.prec {
-		g.prec[i] = 1 // copy until the predictions prove poor
-	}
-	return g
-}
-
-// on reports whether layer's predictions are copied.
-func (g *lookGate) on(layer int) bool { return g.prec[layer] >= experts.LookMinPrecision }
-
-// predict records layer's would-be copies, for score.
-func (g *lookGate) predict(layer int, ids []int) {
-	g.layer, g.pred = layer, append(g.pred[:0], ids...)
-}
-
-// score updates layer's share with the experts its step uses, once its
-// step begins.
-func (g *lookGate) score(layer int, used []int) {
-	if g.layer == layer && len(g.pred) > 0 {
-		n := 0
-		for _, e := range g.pred {
-			if slices.Contains(used, e) {
-				n++
-			}
-		}
-		experts.ScoreLookahead(&g.prec[layer], n, len(g.pred))
-	}
-	g.layer = -1
-}
+// lookMinCopy is the least share of a rank's would-be copies used for the
+// GPU's lookahead to copy that rank (experts.LookGate; the host's reads
+// need half). A copy ahead shares the link with the demand misses queued
+// behind it, and it evicts a record that might have hit: on the 4-layer
+// 397B synth at a 10% pool, 2.3 copies used a layer raised the layer's
+// hits by only 1.65, and while the CPU takes misses the link is the busy
+// side. There ranks gated at one half decoded 146.6–150.0 tok/s, at 0.75
+// 156.1–165.2, and without lookahead 161.1–170.6 (alternating runs).
+const lookMinCopy = 0.75
 
 // copyWaits times how long the compute stream waits for the misses'
 // copies: an event on it before the wait for a wave's copies and one
@@ -392,7 +356,7 @@ func (r *Runner) newPool(slots int, lay [3]matOffsets, rec int, policy experts.P
 	}
 	p.isMiss, p.isCPU, p.cpuMiss = make([]bool, p.wave), make([]bool, p.wave), make([]bool, p.wave)
 	p.isLow, p.isCut = make([]bool, slots), make([]bool, p.wave)
-	p.look = newLookGate(nl)
+	p.look = experts.NewLookGate(nl, r.K, lookMinCopy)
 	if err := p.waits.alloc(r.Dev); err != nil {
 		return err
 	}
@@ -594,7 +558,7 @@ func (r *Runner) pooledExperts(layer int) {
 		thresh = r.keepRows()
 	}
 	if decode {
-		p.look.score(layer, r.distinct)
+		p.look.Score(layer, func(e int) bool { return slices.Contains(r.distinct, e) })
 	}
 	p.tab.step(layer)
 	for di, e := range r.distinct {
@@ -884,24 +848,23 @@ func (r *Runner) prefetch(layer int) {
 	if r.err != nil {
 		return
 	}
-	p.preIDs = p.preIDs[:0]
+	p.predIDs = p.predIDs[:0]
 	for _, id := range r.pids2[:r.K] {
 		e := int(id)
 		if e < 0 || e >= r.E {
 			return // the next layer's own routing reports a bad id
 		}
-		if p.tab.slotOf[layer*r.E+e] < 0 && !slices.Contains(p.preIDs, e) {
-			p.preIDs = append(p.preIDs, e)
+		if p.tab.slotOf[layer*r.E+e] >= 0 || slices.Contains(p.predIDs, e) {
+			e = -1
 		}
+		p.predIDs = append(p.predIDs, e)
 	}
-	p.look.predict(layer, p.preIDs)
-	if len(p.preIDs) == 0 {
+	p.preIDs = append(p.preIDs[:0], p.look.Predict(layer, p.predIDs, func(int) bool { return true })...)
+	if p.look.WouldFetch() == 0 {
 		return
 	}
-	gated := !p.look.on(layer)
-	if gated {
-		p.stats.PrefetchSkipped += uint64(len(p.preIDs))
-	}
+	p.stats.PrefetchSkipped += uint64(p.look.WouldFetch() - len(p.preIDs))
+	gated := len(p.preIDs) == 0
 	var ids []int
 	var exs []*model.Expert
 	if hp, ok := p.prov.(hostPool); ok && p.recycled {
@@ -986,12 +949,17 @@ func (r *Runner) hostLookahead(hp hostPool, layer int) bool {
 		return true
 	}
 	p.missIDs = p.missIDs[:0] // the step is done with them
-	for _, e := range p.preIDs {
-		if hp.Cached(layer, e) == nil {
-			p.missIDs = append(p.missIDs, e)
+	reads := 0
+	for _, e := range p.predIDs {
+		if e >= 0 && hp.Cached(layer, e) != nil {
+			e = -1
 		}
+		if e >= 0 {
+			reads++
+		}
+		p.missIDs = append(p.missIDs, e) // in rank order, for the host's gate
 	}
-	if len(p.missIDs) > 0 {
+	if reads > 0 {
 		if !r.settle() {
 			return false
 		}

@@ -309,47 +309,6 @@ func TestLowRecords(t *testing.T) {
 	}
 }
 
-// TestLookGate: a layer's lookahead copies stop once fewer than half of
-// its would-be copies have been used over the last several predictions,
-// are scored while stopped, and resume once they would pay; another
-// layer's step, or a step with no prediction, scores nothing.
-func TestLookGate(t *testing.T) {
-	g := newLookGate(3)
-	pred := []int{4, 7}
-	miss := func(layer int) { g.predict(layer, pred); g.score(layer, []int{1, 2}) }
-	hit := func(layer int) { g.predict(layer, pred); g.score(layer, []int{7, 4, 9}) }
-	n := 0
-	for g.on(1) {
-		miss(1)
-		n++
-		if n > 20 {
-			t.Fatal("useless predictions never stopped the copies")
-		}
-	}
-	// 1·(7/8)^n first falls below one half at n = 6.
-	if n != 6 || !g.on(0) || !g.on(2) {
-		t.Fatalf("stopped after %d useless predictions (want 6); layers 0 and 2 on: %v %v", n, g.on(0), g.on(2))
-	}
-	g.predict(1, pred)
-	g.score(2, []int{4, 7}) // layer 2's step: not layer 1's prediction
-	g.score(1, []int{4, 7}) // the prediction was taken by the step above
-	if g.on(1) {
-		t.Fatal("a step of another layer scored layer 1's prediction")
-	}
-	hit(1)
-	if !g.on(1) {
-		t.Fatalf("one useful prediction did not resume the copies (share %v)", g.prec[1])
-	}
-	half := newLookGate(1)
-	for range 40 {
-		half.predict(0, pred)
-		half.score(0, []int{4}) // one of two used: exactly the threshold
-	}
-	if !half.on(0) {
-		t.Errorf("a layer using half its predictions stopped (share %v)", half.prec[0])
-	}
-}
-
 // TestCostSplit: the hybrid cost model gives the CPU the share of a
 // layer's misses that balances its time (from its later start, its first
 // expert slower) against the link's; a probe of two misses while the
