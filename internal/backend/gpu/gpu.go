@@ -426,7 +426,7 @@ func (r *Runner) Pool() experts.DevicePool {
 			ps = p.stats
 			ps.Slots, ps.RecordBytes = p.slots, p.rec
 			c := &r.hyb.cost
-			ps.CPUFirstMS, ps.CPUExpertMS, ps.CPULeadMS, ps.CopyRecordMS = c.firstMS, c.nextMS, c.leadMS, c.copyMSB*c.recBytes
+			ps.CPUFirstMS, ps.CPUExpertMS, ps.CPULeadMS, ps.CopyRecordMS = c.first.get(), c.next.get(), c.lead.get(), c.copyMSB*c.recBytes
 		}
 		return nil
 	})

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"slices"
 	"time"
 
 	"github.com/sluicelm/sluice/internal/cuda"
@@ -48,18 +49,49 @@ type hybrid struct {
 
 // hybridCost is the cost model of Config.CPUAuto: the CPU's time for
 // the first expert of a wave (its threads wake) and for each one after,
-// the time the device thread takes to queue a wave's GPU work before the
-// CPU starts on its misses, and the link's time per record, each a
-// running average of what was measured; and the split of a layer's
-// misses that balances the two sides (costSplit).
+// and the time the device thread takes to queue a wave's GPU work before
+// the CPU starts on its misses, each the median of its recent samples;
+// the link's time per record, a running average; and the split of a
+// layer's misses that balances the two sides (costSplit).
 type hybridCost struct {
-	firstMS  float64 // ms for a wave's first expert on the CPU; 0 = unmeasured
-	nextMS   float64 // ms for each further one; 0 = unmeasured
-	leadMS   float64 // ms from a wave's first copy to the CPU's start
+	first    recent  // ms for a wave's first expert on the CPU
+	next     recent  // ms for each further one
+	lead     recent  // ms from a wave's first copy to the CPU's start
 	copyMSB  float64 // ms per byte copied to the device; 0 = unmeasured
 	recBytes float64 // the bytes of a copied miss's record, on average
 	idle     int     // layers planned since the CPU last took a miss
 	every    int     // layers between probes now (probeEvery doubling)
+}
+
+// recent is one of the CPU's figures: the median of its last recentN
+// samples. A product the scheduler preempted, or the first to touch its
+// records, can take ten times the usual; a running average would carry
+// such a sample for many layers, and as it then gives the CPU nothing
+// but rare probes, it could keep the CPU out of a whole run.
+type recent struct {
+	v [recentN]float64
+	n int // samples so far
+}
+
+const recentN = 5
+
+func (m *recent) add(x float64) {
+	m.v[m.n%recentN] = x
+	m.n++
+}
+
+// get is the median of the samples held (of an even count, the lower
+// one, so that a probe after an outlier lets the CPU show its speed);
+// 0 before the first.
+func (m *recent) get() float64 {
+	k := min(m.n, recentN)
+	if k == 0 {
+		return 0
+	}
+	var s [recentN]float64
+	copy(s[:k], m.v[:k])
+	slices.Sort(s[:k])
+	return s[(k-1)/2]
 }
 
 // probeEvery and maxProbeEvery bound how many layers with misses the model
@@ -110,10 +142,11 @@ func (c *hybridCost) plan(n int) int {
 	if c.every == 0 {
 		c.every = probeEvery
 	}
-	if c.firstMS == 0 || c.nextMS == 0 {
+	first, next := c.first.get(), c.next.get()
+	if first == 0 || next == 0 {
 		return min(n, 2)
 	}
-	k := costSplit(n, c.copyMSB*c.recBytes, c.firstMS, c.nextMS, c.leadMS)
+	k := costSplit(n, c.copyMSB*c.recBytes, first, next, c.lead.get())
 	switch {
 	case k > 0:
 		c.idle, c.every = 0, probeEvery
@@ -210,7 +243,7 @@ func (r *Runner) flushCPU() {
 	}
 	t0, first := time.Now(), hy.done
 	if first == 0 && !hy.copyStart.IsZero() {
-		observe(&hy.cost.leadMS, msSince(hy.copyStart, t0))
+		hy.cost.lead.add(msSince(hy.copyStart, t0))
 	}
 	for c := first; c < hy.n; c++ {
 		ex := hy.todo[c]
@@ -224,9 +257,9 @@ func (r *Runner) flushCPU() {
 		if c == first {
 			// The threads slept since the last flush, whether of
 			// this wave or of the one before.
-			observe(&hy.cost.firstMS, msSince(t0, t1))
+			hy.cost.first.add(msSince(t0, t1))
 		} else {
-			observe(&hy.cost.nextMS, msSince(t0, t1))
+			hy.cost.next.add(msSince(t0, t1))
 		}
 		t0 = t1
 	}

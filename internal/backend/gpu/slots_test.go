@@ -350,12 +350,14 @@ func TestCostSplit(t *testing.T) {
 	if got := m.plan(0); got != 0 {
 		t.Fatalf("no misses: %d on the CPU", got)
 	}
-	observe(&m.firstMS, 1)
-	observe(&m.nextMS, 1)
+	m.first.add(1)
+	m.next.add(1)
 	if got := m.plan(6); got != 0 {
 		t.Fatalf("unmeasured link: %d misses on the CPU, want 0", got)
 	}
-	m = hybridCost{firstMS: 1, nextMS: 1, recBytes: 1 << 20}
+	m = hybridCost{recBytes: 1 << 20}
+	m.first.add(1)
+	m.next.add(1)
 	observe(&m.copyMSB, 0.1/(1<<20)) // 0.1 ms a record: the CPU is 10× slower
 	// Probes at 64, then 128, 256, ... layers apart, up to maxProbeEvery.
 	var at []int
@@ -375,16 +377,57 @@ func TestCostSplit(t *testing.T) {
 	if !slices.Equal(at, want) {
 		t.Errorf("a slow CPU was probed after layers %v, want %v", at, want)
 	}
-	old, v := m.nextMS, 0.1
-	observe(&m.nextMS, v) // measured faster now
-	if want := 0.8*old + 0.2*v; m.nextMS != want {
-		t.Errorf("running average %g, want %g", m.nextMS, want)
+	for range 3 {
+		m.first.add(0.1) // measured faster now
+		m.next.add(0.1)
 	}
-	m.firstMS, m.nextMS = 0.1, 0.1
 	if got := m.plan(6); got != 3 {
 		t.Errorf("CPU as fast as the link: %d of 6 misses on the CPU, want 3", got)
 	}
 	if m.every != probeEvery {
 		t.Errorf("after the CPU took misses, probes are %d layers apart, want %d", m.every, probeEvery)
+	}
+}
+
+// TestRecentMedian: the CPU's figures are the median of their last few
+// samples, so one slow product (preempted, or the first to touch its
+// records) does not keep the CPU out: a probe after it, or before, shows
+// its speed.
+func TestRecentMedian(t *testing.T) {
+	var m recent
+	if m.get() != 0 {
+		t.Fatal("no sample: want 0")
+	}
+	m.add(1.5) // a slow first product
+	if m.get() != 1.5 {
+		t.Fatalf("one sample: %g", m.get())
+	}
+	m.add(0.2) // the next probe: the lower of two
+	if m.get() != 0.2 {
+		t.Fatalf("an outlier and a usual sample: %g, want 0.2", m.get())
+	}
+	for _, v := range []float64{0.3, 9, 0.25} {
+		m.add(v)
+	}
+	if m.get() != 0.3 { // 1.5 0.2 0.3 9 0.25
+		t.Fatalf("median of five: %g, want 0.3", m.get())
+	}
+	for range recentN {
+		m.add(2) // the CPU became slower: only the last samples count
+	}
+	if m.get() != 2 {
+		t.Fatalf("after %d samples of 2: %g", recentN, m.get())
+	}
+	var c hybridCost
+	c.copyMSB, c.recBytes = 0.13/(1<<20), 1<<20
+	c.first.add(1.6) // the first probe's products, both slow
+	c.next.add(1.5)
+	if k := c.plan(8); k != 0 {
+		t.Fatalf("a slow probe: %d of 8 misses on the CPU, want 0", k)
+	}
+	c.first.add(0.5) // a later probe at the usual speed
+	c.next.add(0.17)
+	if k := c.plan(8); k == 0 {
+		t.Error("a probe at the usual speed after a slow one: the CPU still takes nothing")
 	}
 }
