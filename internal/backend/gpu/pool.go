@@ -100,10 +100,9 @@ type vpool struct {
 // lookMinCopy is the least share of a rank's would-be copies used for the
 // GPU's lookahead to copy that rank (experts.LookGate; the host's reads
 // need half). A copy ahead shares the link with the demand misses queued
-// behind it, and it evicts a record that might have hit: on the 4-layer
-// 397B synth at a 10% pool, 2.3 copies used a layer raised the layer's
-// hits by only 1.65, and while the CPU takes misses the link is the busy
-// side. There ranks gated at one half decoded 146.6–150.0 tok/s, at 0.75
+// behind it, and it evicts a record that might have hit; while the CPU
+// takes misses the link is the busy side. On the 4-layer 397B synth at a
+// 10% pool, ranks gated at one half decoded 146.6–150.0 tok/s, at 0.75
 // 156.1–165.2, and without lookahead 161.1–170.6 (alternating runs).
 const lookMinCopy = 0.75
 
