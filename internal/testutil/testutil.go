@@ -236,9 +236,11 @@ func LoadRefs(t testing.TB, name string) *Refs {
 	if r, ok := refs[name]; ok {
 		return r
 	}
-	path := filepath.Join(Shared(t), "refs", name+".json")
+	var path string
 	if slices.Contains(Extra, name) {
 		path = filepath.Join(extra(t, name), name+".json")
+	} else {
+		path = filepath.Join(Shared(t), "refs", name+".json")
 	}
 	b, err := os.ReadFile(path)
 	if err != nil {

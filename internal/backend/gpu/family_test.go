@@ -13,35 +13,44 @@ import (
 	"github.com/sluicelm/sluice/internal/testutil"
 )
 
-// TestGPUFamilyFallback: a family the GPU backend does not run is refused
-// by name: qwen3_next packs into Qwen3.5's tensor layout and block order,
-// but it has not run on a GPU, so device auto runs it on the CPU and says
-// why, and device cuda is an error. Needs no GPU.
+// TestGPUFamilyFallback: a family the GPU backend does not run (glm4_moe)
+// is refused by name: device auto runs it on the CPU and says why, and
+// device cuda is an error; a qwen3_next pack, Qwen3.5's blocks, is
+// accepted. Needs no GPU.
 func TestGPUFamilyFallback(t *testing.T) {
-	const name = "tiny-qwen3-next"
-	dir := testutil.Packed(t, name, 4)
-	m, err := model.Load(dir)
+	m, err := model.Load(testutil.Packed(t, "tiny-qwen3-next", 4))
 	if err != nil {
 		t.Fatal(err)
 	}
 	err = gpu.Supported(m)
 	m.Close()
-	if err == nil || !strings.Contains(err.Error(), "qwen3_next") {
-		t.Errorf("gpu.Supported(%s) = %v, want a refusal naming qwen3_next", name, err)
+	if err != nil {
+		t.Errorf("gpu.Supported(tiny-qwen3-next) = %v, want nil", err)
+	}
+	const name, family = "tiny-glm4-moe", "glm4_moe"
+	dir := testutil.Packed(t, name, 4)
+	m, err = model.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = gpu.Supported(m)
+	m.Close()
+	if err == nil || !strings.Contains(err.Error(), family) {
+		t.Errorf("gpu.Supported(%s) = %v, want a refusal naming %s", name, err, family)
 	}
 	e, err := engine.Open(context.Background(), dir, engine.Options{Device: "auto", Ctx: 256})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if e.OnGPU() || !strings.Contains(e.DeviceNote, "qwen3_next") {
-		t.Errorf("device auto: device %q, note %q; want the CPU and a note naming qwen3_next", e.Device, e.DeviceNote)
+	if e.OnGPU() || !strings.Contains(e.DeviceNote, family) {
+		t.Errorf("device auto: device %q, note %q; want the CPU and a note naming %s", e.Device, e.DeviceNote, family)
 	}
 	e.Close()
 	e, err = engine.Open(context.Background(), dir, engine.Options{Device: "cuda", Ctx: 256})
 	if err == nil {
 		e.Close()
 	}
-	if err == nil || !strings.Contains(err.Error(), "qwen3_next") {
-		t.Errorf("device cuda: %v, want an error naming qwen3_next", err)
+	if err == nil || !strings.Contains(err.Error(), family) {
+		t.Errorf("device cuda: %v, want an error naming %s", err, family)
 	}
 }

@@ -157,8 +157,9 @@ var _ block.Backend = (*Runner)(nil)
 // Supported reports why m cannot run on the GPU backend, or nil.
 func Supported(m *model.Model) error {
 	c := &m.Config
-	if c.Family != "qwen3_moe" && c.Family != "qwen3_5_moe" {
-		return fmt.Errorf("the GPU backend runs qwen3_moe and qwen3_5_moe; %s runs on the CPU only for now", c.Family)
+	// qwen3_next is packed into qwen3_5_moe's tensors and block order.
+	if c.Family != "qwen3_moe" && c.Family != "qwen3_5_moe" && c.Family != "qwen3_next" {
+		return fmt.Errorf("the GPU backend runs qwen3_moe, qwen3_5_moe and qwen3_next; %s runs on the CPU only for now", c.Family)
 	}
 	layers := m.Arch.Layers
 	if m.MTP != nil {

@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -23,17 +24,22 @@ import (
 	"testing"
 
 	"github.com/sluicelm/sluice/internal/backend/gpu"
+	"github.com/sluicelm/sluice/internal/block"
 	"github.com/sluicelm/sluice/internal/cuda"
 	"github.com/sluicelm/sluice/internal/engine"
 	"github.com/sluicelm/sluice/internal/experts"
 	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/model"
 	"github.com/sluicelm/sluice/internal/pack"
+	"github.com/sluicelm/sluice/internal/quant"
 	"github.com/sluicelm/sluice/internal/sample"
 	"github.com/sluicelm/sluice/internal/testutil"
 )
 
-var gpuModels = []string{"tiny-qwen3-moe", "tiny-qwen3-5-moe"}
+// gpuModels are the models every GPU test runs: the shared checkpoints,
+// then the repository's own Qwen3-Next (testutil.Extra), whose pack has
+// Qwen3.5's blocks.
+var gpuModels = []string{"tiny-qwen3-moe", "tiny-qwen3-5-moe", "tiny-qwen3-next"}
 
 func TestMain(m *testing.M) {
 	code := m.Run()
@@ -72,12 +78,18 @@ var (
 	packDir string
 )
 
-// packed packs a shared model at bits once per binary ($SLUICE_GPU_PACKS
-// keeps them across runs) and returns the directory; it skips the test
-// when the shared copy of the model is absent.
+// packed packs a shared model, or one of the repository's own
+// (testutil.Extra), at bits once per binary ($SLUICE_GPU_PACKS keeps them
+// across runs) and returns the directory; it skips the test when the
+// shared copy of the model is absent.
 func packed(t testing.TB, name string, bits int) string {
 	t.Helper()
-	src := filepath.Join(shared(t), "models", name)
+	var src string
+	if slices.Contains(testutil.Extra, name) {
+		src = testutil.ModelDir(t, name)
+	} else {
+		src = filepath.Join(shared(t), "models", name)
+	}
 	if _, err := os.Stat(filepath.Join(src, "config.json")); err != nil {
 		t.Skipf("model %s not found in the shared data", name)
 	}
@@ -105,6 +117,9 @@ func packed(t testing.TB, name string, bits int) string {
 
 func refs(t testing.TB, name string) *testutil.Refs {
 	t.Helper()
+	if slices.Contains(testutil.Extra, name) {
+		return testutil.LoadRefs(t, name)
+	}
 	b, err := os.ReadFile(filepath.Join(shared(t), "refs", name+".json"))
 	if err != nil {
 		t.Fatal(err)
@@ -181,6 +196,7 @@ func TestGPUConformance(t *testing.T) {
 			dir := packed(t, name, 16)
 			rf := refs(t, name)
 			e := open(t, dir, "cuda", 64)
+			refRope(e, name)
 			V := e.Model.Config.Vocab
 			for ci, c := range rf.Cases {
 				out := all(t, e, c.Prompt)
@@ -231,6 +247,28 @@ func TestGPUConformance(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// refRope rounds e's rope frequencies to bf16 where the model's
+// references were computed so: transformers cast the repository's tiny
+// Qwen3-Next to bf16 for export, its rotary inverse frequencies included
+// (the CPU's TestQwen3NextReferenceRope does the same). The GPU reads them
+// as it builds each step's cos and sin.
+func refRope(e *engine.Engine, name string) {
+	if name != "tiny-qwen3-next" {
+		return
+	}
+	round := func(inv []float32) {
+		for i, f := range inv {
+			inv[i] = quant.BF16ToF32(quant.BF16(f))
+		}
+	}
+	round(e.Model.Arch.Rope.InvFreq)
+	for _, L := range e.Model.Arch.Layers {
+		if a, ok := L.Mixer.(*block.Attn); ok && a.Rope != nil {
+			round(a.Rope.InvFreq)
+		}
 	}
 }
 
