@@ -56,6 +56,14 @@ var (
 	extracted = map[string]string{} // name → unpacked directory, once per test binary
 )
 
+// ExtraPresent reports whether the archive of the repository's model name
+// (one of Extra) is on this machine: a test binary built elsewhere looks
+// for it where the checkout was when it was built.
+func ExtraPresent(name string) bool {
+	_, err := os.Stat(filepath.Join(repoRoot(), "testdata", "models", name+".tar.gz"))
+	return err == nil
+}
+
 // extra unpacks testdata/models/name.tar.gz once per archive content into
 // the system's temporary directory (shared by every test binary, keyed by
 // the archive's hash, so a changed archive is unpacked afresh) and returns

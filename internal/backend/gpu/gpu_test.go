@@ -81,11 +81,14 @@ var (
 // packed packs a shared model, or one of the repository's own
 // (testutil.Extra), at bits once per binary ($SLUICE_GPU_PACKS keeps them
 // across runs) and returns the directory; it skips the test when the
-// shared copy of the model is absent.
+// shared copy of the model, or the repository's archive, is absent.
 func packed(t testing.TB, name string, bits int) string {
 	t.Helper()
 	var src string
 	if slices.Contains(testutil.Extra, name) {
+		if !testutil.ExtraPresent(name) {
+			t.Skipf("model %s: its archive is not where the checkout was when this binary was built", name)
+		}
 		src = testutil.ModelDir(t, name)
 	} else {
 		src = filepath.Join(shared(t), "models", name)
