@@ -121,7 +121,7 @@ type poolBench struct {
 	PrefetchSwitches int64   `json:"prefetch_switches"`
 	LookRecall       float64 `json:"lookahead_recall"`
 	LookWaste        float64 `json:"lookahead_waste_per_useful"`
-	LookSkipped      float64 `json:"lookahead_skipped"` // share of predicted records not prefetched (their layer paused)
+	LookSkipped      float64 `json:"lookahead_skipped"` // share of predicted records not prefetched (their rank paused)
 	// The decode's requests replayed offline from an empty pool of the same
 	// size: under the optimal eviction (Belady's; no policy hits more),
 	// under the pool's own policy without lookahead, and under each policy.
@@ -247,7 +247,7 @@ func (pb *poolBench) print(w io.Writer, e *engine.Engine) {
 			pb.MSPerToken, pred, fullResidencyMS, pb.MBPerToken, pb.DiskMBs, pb.MSPerToken/pred)
 	}
 	if e.Stream.Lookahead() {
-		fmt.Fprintf(w, "lookahead recall %.1f%%, waste %.2f per useful, %.1f%% of predictions not prefetched (their layer's predictions did not pay)\n",
+		fmt.Fprintf(w, "lookahead recall %.1f%%, waste %.2f per useful, %.1f%% of predictions not prefetched (their rank's predictions did not pay)\n",
 			100*pb.LookRecall, pb.LookWaste, 100*pb.LookSkipped)
 	}
 	fmt.Fprintf(w, "%6s %9s %10s %12s\n", "layer", "hit rate", "MB/token", "io ms/token")

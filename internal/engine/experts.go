@@ -197,8 +197,8 @@ type GPUPoolStats struct {
 	DecodeBytesCopied uint64 `json:"decode_bytes_copied"`
 	Prefetched        uint64 `json:"prefetched"`
 	PrefetchUsed      uint64 `json:"prefetch_used"`
-	// PrefetchSkipped counts the would-be lookahead copies held back in
-	// layers whose predictions were not paying.
+	// PrefetchSkipped counts the would-be lookahead copies held back
+	// because their rank's predictions in their layer were not paying.
 	PrefetchSkipped uint64 `json:"prefetch_skipped"`
 	// CPUComputed counts the misses the host's CPU multiplied instead of
 	// copying them (--gpu-cpu-share).

@@ -3,8 +3,9 @@ package experts
 // LookGate decides which of lookahead's predictions are fetched ahead: the
 // host's pool reads them from disk (Stream.Prefetch), the GPU's copies
 // them over the link. A prediction is the next layer's router applied to
-// this layer's input; its choice comes best first, and the first ranks
-// are right far more often than the last. So the gate keeps, per layer
+// this layer's input (or, for the first layer, the Markov policy's
+// estimate of the next token's choice); it comes best first, and the
+// first ranks are right far more often than the last. So the gate keeps, per layer
 // and per rank, the running share of would-be fetches (predictions not
 // resident) that the layer's step then used, over about LookWindow
 // predictions, whether or not they were fetched; a rank is fetched only
@@ -12,9 +13,11 @@ package experts
 // costs a read (or a copy that holds up the misses queued behind it) and
 // evicts a record that might have hit: for the host's reads, below one
 // useful fetch in two (LookMinPrecision) it costs more than it hides. A
-// rank that stops paying stops fetching and resumes once it would. The state is a function
-// of the routes alone, so which experts are fetched never depends on
-// timing.
+// rank that stops paying stops fetching and resumes once it would. The
+// shares are rounded the same on every CPU; which predictions are would-be
+// fetches depends on what is resident, which may depend on timing (reads
+// in flight, the GPU's hybrid split), but the logits never depend on what
+// was fetched ahead.
 type LookGate struct {
 	min   float32   // the least share for a rank to be fetched
 	k     int       // ranks kept apart; later positions share the last

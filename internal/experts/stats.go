@@ -24,7 +24,7 @@ type Stats struct {
 	LookUseful atomic.Int64
 	LookWasted atomic.Int64
 	// LookSkipped counts predicted records not prefetched because their
-	// layer's predictions were not paying (Stream.LookaheadOn).
+	// rank's predictions in their layer were not paying (LookGate).
 	LookSkipped atomic.Int64
 	Cuts        atomic.Int64
 	ReadErrors  atomic.Int64
@@ -174,7 +174,7 @@ type DevicePool struct {
 	Hits, Misses, BytesUp                   uint64
 	DecodeHits, DecodeMisses, DecodeBytesUp uint64
 	Prefetched, PrefetchUsed                uint64
-	PrefetchSkipped                         uint64  // would-be lookahead copies a layer's poor predictions held back
+	PrefetchSkipped                         uint64  // would-be lookahead copies held back: their rank's predictions did not pay
 	CPUComputed                             uint64  // misses the host's CPU computed instead of copying them
 	LowCopies                               uint64  // records copied at the low bits of --miss-bits (lossy)
 	CopyWaitMS, DecodeCopyWaitMS            float64 // the compute stream's waits for the misses' copies

@@ -542,8 +542,8 @@ func (s *Stream) Begin(layer int, ids []int, hint model.Hint) error {
 // synth at a 4% pool, when nothing else reads. No hidden state predicts
 // a token not yet sampled, but the Markov policy estimates what each
 // layer chooses next from what it chose now; its most likely experts are
-// prefetched under the same per-layer precision gate as lookahead, so a
-// first layer whose estimates do not pay stops being read ahead.
+// prefetched under the same gate as lookahead (LookGate, per layer and
+// rank), so estimates that do not pay stop being read ahead.
 func (s *Stream) prefetchNextToken() {
 	mk := s.ev.mk
 	if mk == nil || mk.multi || !s.o.Lookahead || s.first >= s.L {

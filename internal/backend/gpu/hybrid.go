@@ -48,13 +48,13 @@ type hybrid struct {
 }
 
 // hybridCost is the cost model of Config.CPUAuto: the CPU's time for
-// the first expert of a wave (its threads wake) and for each one after,
+// the first expert of a flush (its threads wake) and for each one after,
 // and the time the device thread takes to queue a wave's GPU work before
 // the CPU starts on its misses, each the median of its recent samples;
 // the link's time per record, a running average; and the split of a
 // layer's misses that balances the two sides (costSplit).
 type hybridCost struct {
-	first    recent  // ms for a wave's first expert on the CPU
+	first    recent  // ms for a flush's first expert on the CPU (its threads wake)
 	next     recent  // ms for each further one
 	lead     recent  // ms from a wave's first copy to the CPU's start
 	copyMSB  float64 // ms per byte copied to the device; 0 = unmeasured
@@ -133,8 +133,8 @@ func costSplit(n int, cp, first, next, lead float64) int {
 }
 
 // plan is how many of a layer's n decode misses the CPU takes under the
-// cost model: a probe while the CPU's speed is unmeasured or a probe is
-// due, none while the link's is unmeasured.
+// cost model: a probe while the CPU's first expert is unmeasured or a
+// probe is due, none while the link's speed is unmeasured.
 func (c *hybridCost) plan(n int) int {
 	if n == 0 {
 		return 0
@@ -143,8 +143,14 @@ func (c *hybridCost) plan(n int) int {
 		c.every = probeEvery
 	}
 	first, next := c.first.get(), c.next.get()
-	if first == 0 || next == 0 {
+	if first == 0 {
 		return min(n, 2)
+	}
+	if next == 0 {
+		// Every flush so far computed one expert (each before a
+		// provider call, through the host's streaming pool): a further
+		// one costs at most a first.
+		next = first
 	}
 	k := costSplit(n, c.copyMSB*c.recBytes, first, next, c.lead.get())
 	switch {

@@ -103,7 +103,9 @@ type vpool struct {
 // behind it, and it evicts a record that might have hit; while the CPU
 // takes misses the link is the busy side. On the 4-layer 397B synth at a
 // 10% pool, ranks gated at one half decoded 146.6–150.0 tok/s, at 0.75
-// 156.1–165.2, and without lookahead 161.1–170.6 (alternating runs).
+// 156.1–165.2, and without lookahead 161.1–170.6 (alternating runs on
+// one H200 machine); on another run, 0.75 gave 146.6–152.1 and no
+// lookahead 136.0–151.8.
 const lookMinCopy = 0.75
 
 // copyWaits times how long the compute stream waits for the misses'

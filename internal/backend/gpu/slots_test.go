@@ -430,4 +430,12 @@ func TestRecentMedian(t *testing.T) {
 	if k := c.plan(8); k == 0 {
 		t.Error("a probe at the usual speed after a slow one: the CPU still takes nothing")
 	}
+	// Flushes of one expert each measure only firsts: a further expert
+	// is taken to cost a first, rather than probing for good.
+	var one hybridCost
+	one.copyMSB, one.recBytes = 1.0/(1<<20), 1<<20 // 1 ms a record
+	one.first.add(0.1)
+	if k := one.plan(6); k != 6 {
+		t.Errorf("firsts of 0.1 ms against 1 ms a record, no further expert measured: %d of 6 misses on the CPU, want 6", k)
+	}
 }
