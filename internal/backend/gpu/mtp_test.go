@@ -5,13 +5,17 @@ package gpu_test
 import (
 	"context"
 	"math"
+	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
 
 	"github.com/sluicelm/sluice/internal/engine"
 	"github.com/sluicelm/sluice/internal/model"
+	"github.com/sluicelm/sluice/internal/pack"
 	"github.com/sluicelm/sluice/internal/sample"
+	"github.com/sluicelm/sluice/internal/testutil"
 )
 
 // mtpModel is the GPU model with an MTP head.
@@ -245,4 +249,70 @@ func TestGPUDrafts(t *testing.T) {
 	if s.MTP == nil || !strings.Contains(s.MTP.Disabled, "no room for drafts") || firstDiff(got, want) >= 0 {
 		t.Errorf("opened without drafts: tokens %v (plain %v), MTP %+v", got, want, s.MTP)
 	}
+}
+
+// TestGPUQwen3NextMTP: the Qwen3.5 test checkpoint rewritten in
+// Qwen3-Next's layout (fused DeltaNet projections, an mtp.* head the
+// config does not count; testutil.WriteAsQwen3Next) runs on the GPU as the
+// same model: at 4 bits its trunk's logits and its MTP head's are the
+// Qwen3.5 pack's bit for bit, token by token over four reference prompts.
+func TestGPUQwen3NextMTP(t *testing.T) {
+	needGPU(t)
+	src := filepath.Join(shared(t), "models", mtpModel)
+	if _, err := os.Stat(filepath.Join(src, "model.safetensors.index.json")); err != nil {
+		if m, _ := filepath.Glob(filepath.Join(src, "*.safetensors")); len(m) == 0 {
+			t.Skipf("model %s: no safetensors in the shared data", mtpModel)
+		}
+	}
+	conv := t.TempDir()
+	testutil.WriteAsQwen3Next(t, src, conv)
+	dn := filepath.Join(t.TempDir(), "packed")
+	if err := pack.Pack(context.Background(), conv, dn, pack.Options{Bits: 4}); err != nil {
+		t.Fatal(err)
+	}
+	a := openDrafts(t, packed(t, mtpModel, 4), 3, engine.ExpertOptions{})
+	b := openDrafts(t, dn, 3, engine.ExpertOptions{})
+	if b.Model.Config.Family != "qwen3_next" || b.Model.MTP == nil {
+		t.Fatalf("converted pack: family %q, MTP head loaded %v", b.Model.Config.Family, b.Model.MTP != nil)
+	}
+	af, aok := a.Fwd.(follower)
+	bf, bok := b.Fwd.(follower)
+	if !aok || !bok {
+		t.Fatalf("the GPU forwards %T, %T have no MTP head", a.Fwd, b.Fwd)
+	}
+	V := a.Model.Config.Vocab
+	same := func(what string, ci, i int, x, y []float32) {
+		t.Helper()
+		for j := range x {
+			if math.Float32bits(x[j]) != math.Float32bits(y[j]) {
+				t.Fatalf("case %d row %d: %s logit %d is %v for qwen3_next, %v for qwen3_5_moe", ci, i, what, j, y[j], x[j])
+			}
+		}
+	}
+	rows := 0
+	for ci, cs := range refs(t, mtpModel).Cases[:4] {
+		p := cs.Prompt
+		sa, _ := a.Model.NewState(len(p))
+		sb, _ := b.Model.NewState(len(p))
+		la, lb := make([]float32, V), make([]float32, V)
+		for i := 0; i+1 < len(p); i++ {
+			tok := p[i : i+1]
+			if err := a.Fwd.Forward(sa, tok, la, false); err != nil {
+				t.Fatal(err)
+			}
+			if err := b.Fwd.Forward(sb, tok, lb, false); err != nil {
+				t.Fatal(err)
+			}
+			same("trunk", ci, i, la, lb)
+			if err := af.MTPFollow(sa, tok, p[i+1], la); err != nil {
+				t.Fatal(err)
+			}
+			if err := bf.MTPFollow(sb, tok, p[i+1], lb); err != nil {
+				t.Fatal(err)
+			}
+			same("MTP", ci, i, la, lb)
+			rows++
+		}
+	}
+	t.Logf("%d rows: trunk and MTP logits bit-identical", rows)
 }
