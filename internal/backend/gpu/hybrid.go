@@ -254,8 +254,7 @@ func (r *Runner) flushCPU() {
 	for c := first; c < hy.n; c++ {
 		ex := hy.todo[c]
 		out := hy.out[c*H : (c+1)*H]
-		hy.pool.MatMul(hy.g, &ex.Gate, hy.h, 1)
-		hy.pool.MatMul(hy.u, &ex.Up, hy.h, 1)
+		hy.pool.MatMul2(hy.g, &ex.Gate, hy.u, &ex.Up, hy.h, 1)
 		kernels.SwiGLU(hy.g, hy.g, hy.u)
 		hy.pool.MatMul(out, &ex.Down, hy.g, 1)
 		hy.todo[c] = nil
