@@ -205,9 +205,10 @@ type GPUPoolStats struct {
 	CPUComputed uint64 `json:"cpu_computed"`
 	// CPUFirstMS, CPUExpertMS, CPULeadMS and CopyRecordMS are the cost
 	// model's figures at the end (--gpu-cpu-share): ms to multiply a
-	// wave's first expert on the CPU and each further one, ms from a
-	// wave's first copy to the CPU's start, ms to copy a record to the
-	// GPU (auto only); 0 where unmeasured.
+	// flush's first expert on the CPU and each further one, ms from a
+	// wave's first copy to the CPU's start (each the median of recent
+	// samples), ms to copy a record to the GPU (auto only); 0 where
+	// unmeasured.
 	CPUFirstMS   float64 `json:"cpu_first_ms,omitempty"`
 	CPUExpertMS  float64 `json:"cpu_ms_per_expert,omitempty"`
 	CPULeadMS    float64 `json:"cpu_lead_ms,omitempty"`

@@ -626,7 +626,7 @@ func TestGPUExpertPool(t *testing.T) {
 						t.Logf("pool %s (%d of %d records), rows %d: %d hits, %d misses, %.1f MB copied; decode %d hits, %d misses; host pinned %v %s",
 							pname, ps.Slots, ps.Records, rows, ps.Hits, ps.Misses, float64(ps.BytesUp)/1e6,
 							ps.DecodeHits, ps.DecodeMisses, ps.HostPinned, ps.PinNote)
-						t.Logf("  lookahead: %d prefetched, %d used, %d held back; %d misses computed on the CPU (%.3f ms a wave's first, %.3f ms a further one, %.3f ms a record copied); %.2f ms waited for copies", ps.Prefetched, ps.PrefetchUsed, ps.PrefetchSkipped, ps.CPUComputed, ps.CPUFirstMS, ps.CPUExpertMS, ps.CopyRecordMS, ps.CopyWaitMS)
+						t.Logf("  lookahead: %d prefetched, %d used, %d held back; %d misses computed on the CPU (%.3f ms a flush's first, %.3f ms a further one, %.3f ms a record copied); %.2f ms waited for copies", ps.Prefetched, ps.PrefetchUsed, ps.PrefetchSkipped, ps.CPUComputed, ps.CPUFirstMS, ps.CPUExpertMS, ps.CopyRecordMS, ps.CopyWaitMS)
 						tiers := strings.HasPrefix(pname, "tiers")
 						if tiers != (e.Stream != nil) {
 							t.Errorf("pool %s: host stream %v", pname, e.Stream != nil)
@@ -645,7 +645,7 @@ func TestGPUExpertPool(t *testing.T) {
 						// computes; the link's for the cost model (whose
 						// first layer with misses gives the CPU one).
 						if hybrid, auto := xo.GPUCPUShare > 0 || xo.GPUCPUAuto, xo.GPUCPUAuto; hybrid != (ps.CPUFirstMS > 0) || auto != (ps.CopyRecordMS > 0) {
-							t.Errorf("pool %s, rows %d: cost model %.3f ms a wave's first expert on the CPU, %.3f ms a record copied", pname, rows, ps.CPUFirstMS, ps.CopyRecordMS)
+							t.Errorf("pool %s, rows %d: cost model %.3f ms a flush's first expert on the CPU, %.3f ms a record copied", pname, rows, ps.CPUFirstMS, ps.CopyRecordMS)
 						}
 						if ps.DecodeHits+ps.DecodeMisses == 0 || ps.DecodeBytesUp != (ps.DecodeMisses-ps.CPUComputed+ps.Prefetched)*uint64(ps.RecordBytes) {
 							t.Errorf("pool %s: decode counts %d hits, %d misses, %d bytes", pname, ps.DecodeHits, ps.DecodeMisses, ps.DecodeBytesUp)
