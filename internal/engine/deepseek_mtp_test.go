@@ -2,23 +2,16 @@ package engine_test
 
 import (
 	"context"
-	"encoding/binary"
-	"encoding/json"
-	"fmt"
 	"math"
 	"math/rand/v2"
-	"os"
 	"path/filepath"
 	"slices"
-	"sort"
-	"strings"
 	"testing"
 
 	"github.com/sluicelm/sluice/internal/engine"
 	"github.com/sluicelm/sluice/internal/experts"
 	"github.com/sluicelm/sluice/internal/model"
 	"github.com/sluicelm/sluice/internal/pack"
-	"github.com/sluicelm/sluice/internal/safetensors"
 	"github.com/sluicelm/sluice/internal/testutil"
 )
 
@@ -37,118 +30,11 @@ func deepSeekMTPCheckpoint(t *testing.T, zero string) string {
 	return mtpCheckpoint(t, dsModel, zero)
 }
 
-// mtpCheckpoint is deepSeekMTPCheckpoint for any model whose MTP module
-// has DeepSeek-V3's layout (deepseek_v32, glm4_moe) and whose layer 1 is
-// a MoE layer.
+// mtpCheckpoint is testutil.WithDeepSeekMTP: deepSeekMTPCheckpoint for
+// any model whose MTP module has DeepSeek-V3's layout (deepseek_v32,
+// glm4_moe) and whose layer 1 is a MoE layer.
 func mtpCheckpoint(t *testing.T, name, zero string) string {
-	t.Helper()
-	src := testutil.ModelDir(t, name)
-	dir := t.TempDir()
-	cfg := testutil.ReadJSON(t, filepath.Join(src, "config.json"))
-	cfg["num_nextn_predict_layers"] = 1
-	testutil.WriteJSON(t, filepath.Join(dir, "config.json"), cfg)
-	ents, err := os.ReadDir(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range ents {
-		if n := e.Name(); n != "config.json" && n != "model.safetensors.index.json" {
-			testutil.Link(t, filepath.Join(src, n), filepath.Join(dir, n))
-		}
-	}
-	ck, err := safetensors.OpenDir(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ck.Close()
-	L := int(cfg["num_hidden_layers"].(float64))
-	H := int(cfg["hidden_size"].(float64))
-	rng := rand.New(rand.NewPCG(12, 34))
-	type tensor struct {
-		shape []int
-		v     []float32
-	}
-	out := map[string]tensor{}
-	normal := func(n int, mean, sd float64) []float32 {
-		v := make([]float32, n)
-		for i := range v {
-			v[i] = float32(mean + sd*rng.NormFloat64())
-		}
-		return v
-	}
-	from := "model.layers.1."
-	for _, name := range ck.Names() {
-		if !strings.HasPrefix(name, from) {
-			continue
-		}
-		tt := ck.Tensors[name]
-		x, err := tt.Float32()
-		if err != nil {
-			t.Fatal(err)
-		}
-		var s, s2 float64
-		for _, f := range x {
-			s += float64(f)
-			s2 += float64(f) * float64(f)
-		}
-		mean := s / float64(len(x))
-		sd := math.Sqrt(max(s2/float64(len(x))-mean*mean, 0))
-		out[fmt.Sprintf("model.layers.%d.", L)+name[len(from):]] = tensor{tt.Shape, normal(len(x), mean, sd)}
-	}
-	p := fmt.Sprintf("model.layers.%d.", L)
-	out[p+"enorm.weight"] = tensor{[]int{H}, normal(H, 1, 0.1)}
-	out[p+"hnorm.weight"] = tensor{[]int{H}, normal(H, 1, 0.1)}
-	out[p+"shared_head.norm.weight"] = tensor{[]int{H}, normal(H, 1, 0.1)}
-	eh := normal(2*H*H, 0, 1/math.Sqrt(float64(2*H)))
-	for r := 0; r < H && zero != ""; r++ {
-		c0 := 0
-		if zero == "hidden" {
-			c0 = H
-		}
-		clear(eh[r*2*H+c0 : r*2*H+c0+H])
-	}
-	out[p+"eh_proj.weight"] = tensor{[]int{H, 2 * H}, eh}
-	for to, fromName := range map[string]string{p + "embed_tokens.weight": "model.embed_tokens.weight", p + "shared_head.head.weight": "lm_head.weight"} {
-		x, err := ck.Tensors[fromName].Float32() // copies of the trunk's, as released
-		if err != nil {
-			t.Fatal(err)
-		}
-		out[to] = tensor{ck.Tensors[fromName].Shape, x}
-	}
-	// Write them as one F32 safetensors file and extend the index.
-	names := make([]string, 0, len(out))
-	for n := range out {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	hdr := map[string]any{}
-	off := 0
-	for _, n := range names {
-		hdr[n] = map[string]any{"dtype": "F32", "shape": out[n].shape, "data_offsets": []int{off, off + 4*len(out[n].v)}}
-		off += 4 * len(out[n].v)
-	}
-	hb, _ := json.Marshal(hdr)
-	for len(hb)%8 != 0 {
-		hb = append(hb, ' ')
-	}
-	buf := binary.LittleEndian.AppendUint64(nil, uint64(len(hb)))
-	buf = append(buf, hb...)
-	for _, n := range names {
-		for _, f := range out[n].v {
-			buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(f))
-		}
-	}
-	const file = "model-mtp.safetensors"
-	if err := os.WriteFile(filepath.Join(dir, file), buf, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	ix := testutil.ReadJSON(t, filepath.Join(src, "model.safetensors.index.json"))
-	wm := ix["weight_map"].(map[string]any)
-	for _, n := range names {
-		wm[n] = file
-	}
-	testutil.WriteJSON(t, filepath.Join(dir, "model.safetensors.index.json"), ix)
-	return dir
+	return testutil.WithDeepSeekMTP(t, name, zero)
 }
 
 // TestDeepSeekMTPDrafts: a DeepSeek checkpoint with an MTP module packs it

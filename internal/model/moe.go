@@ -479,12 +479,13 @@ func (t *moeTask) Run(lo, hi int) {
 	}
 }
 
-// routeGroups is DeepSeek's routing of one row: sigmoid scores p (in
-// place of the logits), the choice = p + correction restricted to the
-// TopGroups groups whose two best choices sum highest (the lower group
-// first on ties), the k best choices there, weighted by their scores,
-// renormalised when NormTopK, times Scale.
-func (r *Runner) routeGroups(m *block.MoE, p, choice []float32, ids []int, w []float32) {
+// RouteGroups is DeepSeek's routing (block.SigmoidGroups) of one row:
+// sigmoid scores p (in place of the logits), the choice = p + correction
+// restricted to the TopGroups groups whose two best choices sum highest
+// (the lower group first on ties), the k best choices there, weighted by
+// their scores, renormalised when NormTopK, times Scale. choice is
+// scratch of len(p). The GPU's route_groups kernel computes the same bits.
+func RouteGroups(m *block.MoE, p, choice []float32, ids []int, w []float32) {
 	E, K := len(p), len(ids)
 	for e := range p {
 		p[e] = kernels.Sigmoid(p[e])

@@ -23,7 +23,6 @@ func TestRouteGroups(t *testing.T) {
 	for e := range m.Correction {
 		m.Correction[e] = float32(rng.NormFloat64() * 0.1)
 	}
-	r := &Runner{}
 	for trial := 0; trial < 200; trial++ {
 		logits := make([]float32, E)
 		for e := range logits {
@@ -66,7 +65,7 @@ func TestRouteGroups(t *testing.T) {
 		}
 
 		ids, w := make([]int, K), make([]float32, K)
-		r.routeGroups(m, logits, make([]float32, E), ids, w)
+		RouteGroups(m, logits, make([]float32, E), ids, w)
 		if !slices.Equal(ids, want) {
 			t.Fatalf("trial %d: experts %v, want %v", trial, ids, want)
 		}

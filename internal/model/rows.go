@@ -125,7 +125,7 @@ func (t *rowTask) Run(lo, hi int) {
 			ids, w := s.ids[i*K:(i+1)*K], s.w[i*K:(i+1)*K]
 			switch t.moe.Score {
 			case block.SigmoidGroups:
-				r.routeGroups(t.moe, p, s.choice[i*E:(i+1)*E], ids, w)
+				RouteGroups(t.moe, p, s.choice[i*E:(i+1)*E], ids, w)
 			case block.TopKSoftmax:
 				Route(p, K, false, ids, w)
 				kernels.Softmax(w)

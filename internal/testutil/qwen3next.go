@@ -1,11 +1,9 @@
 package testutil
 
 import (
-	"encoding/binary"
 	"encoding/json"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"testing"
 
@@ -70,34 +68,11 @@ func WriteAsQwen3Next(t testing.TB, src, dst string) {
 		out[p+"linear_attn.in_proj_qkvz.weight"] = tensor{x.DType, []int{x.Shape[0] + z.Shape[0], H}, qkvz}
 		out[p+"linear_attn.in_proj_ba.weight"] = tensor{b.DType, []int{2 * b.Shape[0], H}, ba}
 	}
-	// One safetensors file: an 8-byte header length, the JSON header, the data.
-	names := make([]string, 0, len(out))
-	for n := range out {
-		names = append(names, n)
+	st := map[string]STensor{}
+	for n, x := range out {
+		st[n] = STensor{x.dtype, x.shape, x.data}
 	}
-	sort.Strings(names)
-	hdr := map[string]any{}
-	var off int
-	for _, n := range names {
-		x := out[n]
-		hdr[n] = map[string]any{"dtype": x.dtype, "shape": x.shape, "data_offsets": []int{off, off + len(x.data)}}
-		off += len(x.data)
-	}
-	hb, err := json.Marshal(hdr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for len(hb)%8 != 0 {
-		hb = append(hb, ' ')
-	}
-	buf := binary.LittleEndian.AppendUint64(nil, uint64(len(hb)))
-	buf = append(buf, hb...)
-	for _, n := range names {
-		buf = append(buf, out[n].data...)
-	}
-	if err := os.WriteFile(filepath.Join(dst, "model.safetensors"), buf, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	WriteSafetensors(t, filepath.Join(dst, "model.safetensors"), st)
 	var cfg map[string]any
 	cb, err := os.ReadFile(filepath.Join(src, "config.json"))
 	if err != nil {
