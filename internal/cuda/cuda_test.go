@@ -11,8 +11,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sluicelm/sluice/internal/block"
 	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/kernels"
+	"github.com/sluicelm/sluice/internal/model"
 	"github.com/sluicelm/sluice/internal/quant"
 )
 
@@ -576,6 +578,77 @@ func TestRoute(t *testing.T) {
 			}
 			e.exact(fmt.Sprintf("route E=%d K=%d weights", c.E, c.K), down[float32](e, wd, nb*c.K), wantW)
 		}
+	})
+}
+
+// TestRouteGroups checks DeepSeek-V3's group-limited sigmoid router
+// against the CPU's model.RouteGroups, bit for bit: one group (GLM-4.5),
+// DeepSeek-V3's 8 groups keeping 4, groups past a warp's lanes, the
+// largest expert count, without renormalising; with ties planted in the
+// logits and the correction.
+func TestRouteGroups(t *testing.T) {
+	onGPU(t, func(e *env) {
+		r := rand.New(rand.NewPCG(8, 9))
+		for _, c := range []struct {
+			E, K, G, TG int
+			norm        bool
+			scale       float32
+		}{{128, 8, 1, 1, true, 1}, {160, 8, 1, 1, true, 2.5}, {256, 8, 8, 4, true, 2.5}, {128, 4, 64, 40, true, 1.5},
+			{1024, 32, 32, 2, false, 2}, {64, 6, 8, 3, true, 2.5}} {
+			const nb = 13
+			logits := randF32(r, nb*c.E, 3)
+			for i := range logits {
+				if i%3 == 0 { // coarse values: many exact ties
+					logits[i] = float32(math.Round(float64(logits[i])))
+				}
+			}
+			corr := randF32(r, c.E, 0.1)
+			for i := range corr {
+				if i%4 == 0 {
+					corr[i] = 0
+				}
+			}
+			m := &block.MoE{Score: block.SigmoidGroups, NormTopK: c.norm, Groups: c.G, TopGroups: c.TG, Scale: c.scale, Correction: corr}
+			probs := append([]float32(nil), logits...)
+			wantIDs, wantW := make([]int32, nb*c.K), make([]float32, nb*c.K)
+			ids, choice := make([]int, c.K), make([]float32, c.E)
+			for i := 0; i < nb; i++ {
+				model.RouteGroups(m, probs[i*c.E:(i+1)*c.E], choice, ids, wantW[i*c.K:(i+1)*c.K])
+				for k, id := range ids {
+					wantIDs[i*c.K+k] = int32(id)
+				}
+			}
+			ld := up(e, logits)
+			idd, wd := e.alloc(4*nb*c.K), e.alloc(4*nb*c.K)
+			g := Groups{Corr: up(e, corr), Groups: c.G, Top: c.TG, Norm: c.norm, Scale: c.scale}
+			must(e.k.RouteGroups(e.s, ld, ld, idd, wd, nb, c.E, c.K, g))
+			what := fmt.Sprintf("route_groups E=%d K=%d G=%d/%d", c.E, c.K, c.TG, c.G)
+			gotIDs := down[int32](e, idd, nb*c.K)
+			for i := range wantIDs {
+				if gotIDs[i] != wantIDs[i] {
+					t.Errorf("%s: row %d slot %d: expert %d, want %d", what, i/c.K, i%c.K, gotIDs[i], wantIDs[i])
+					break
+				}
+			}
+			e.exact(what+" weights", down[float32](e, wd, nb*c.K), wantW)
+			e.exact(what+" scores", down[float32](e, ld, nb*c.E), probs)
+		}
+	})
+}
+
+// TestAddRows checks the projections' bias add.
+func TestAddRows(t *testing.T) {
+	onGPU(t, func(e *env) {
+		r := rand.New(rand.NewPCG(8, 10))
+		const rows, n = 7, 1000
+		x, b := randF32(r, rows*n, 3), randF32(r, n, 1)
+		want := append([]float32(nil), x...)
+		for i := 0; i < rows; i++ {
+			kernels.Add(want[i*n:(i+1)*n], b)
+		}
+		xd := up(e, x)
+		must(e.k.AddRows(e.s, xd, up(e, b), rows, n))
+		e.exact("add_rows", down[float32](e, xd, rows*n), want)
 	})
 }
 

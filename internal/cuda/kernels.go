@@ -94,7 +94,7 @@ func LoadKernels(d *Device) (*Kernels, error) {
 	k := &Kernels{d: d, f: map[string]Func{}}
 	names := map[string][]string{
 		"matvec": {"prep_x", "q4_mv", "q4_mv2", "q4_mm8", "q4_mma", "q3_mv", "q3_mm8", "q2_mv", "q2_mm8", "q8_mv", "q8_mm8", "bf16_mv", "bf16_mm8", "q4_ex", "q8_ex", "bf16_ex"},
-		"ops":    {"rmsnorm", "rope", "swiglu", "route", "argmax", "dn_qk_norm", "dn_gates"},
+		"ops":    {"rmsnorm", "rope", "swiglu", "route", "route_groups", "add_rows", "argmax", "dn_qk_norm", "dn_gates"},
 		"attn":   {"attend_part", "attend_combine"},
 		"delta":  {"dn_conv", "dn_rule32", "dn_rule64", "dn_rule128", "bench_empty"},
 		"fwd":    {"f32_mv", "gather_rows", "moe_combine", "kv_append"},
@@ -306,6 +306,41 @@ func (k *Kernels) Route(s Stream, logits, probs, ids, w uintptr, nb, E, topK int
 	}
 	return k.d.Launch(k.f["route"], Dim3{ceil(nb, 8), 1, 1}, Dim3{256, 1, 1}, 0, s,
 		P(logits), P(probs), P(ids), P(w), I(nb), I(E), I(topK), I(nm))
+}
+
+// Groups is DeepSeek-V3's router (block.SigmoidGroups) for RouteGroups.
+type Groups struct {
+	Corr        uintptr // the correction bias [E], added for the choice only
+	Groups, Top int     // the groups the experts split into, and how many stay
+	Norm        bool    // the weights divided by their sum
+	Scale       float32 // the weights' final factor
+}
+
+// RouteGroups takes the sigmoid of nb rows of E router logits into probs
+// (may be logits) and each row's top-k experts under g into ids (int32
+// [nb][k]) and w ([nb][k]): model.RouteGroups, bit for bit. k is at most
+// 32, E at most 1024, the groups at most 64.
+func (k *Kernels) RouteGroups(s Stream, logits, probs, ids, w uintptr, nb, E, topK int, g Groups) error {
+	switch {
+	case topK < 1 || topK > 32 || topK > E:
+		return fmt.Errorf("cuda: route top-%d of %d experts (at most 32)", topK, E)
+	case E > 1024:
+		return fmt.Errorf("cuda: grouped routing over %d experts (at most 1024)", E)
+	case g.Groups < 1 || g.Groups > 64 || E%g.Groups != 0 || g.Top < 1 || g.Top > g.Groups:
+		return fmt.Errorf("cuda: %d of %d groups over %d experts", g.Top, g.Groups, E)
+	}
+	nm := 0
+	if g.Norm {
+		nm = 1
+	}
+	return k.d.Launch(k.f["route_groups"], Dim3{ceil(nb, 8), 1, 1}, Dim3{256, 1, 1}, 0, s,
+		P(logits), P(probs), P(g.Corr), P(ids), P(w), I(nb), I(E), I(topK), I(g.Groups), I(g.Top), I(nm), F(g.Scale))
+}
+
+// AddRows adds b (n floats) to each of rows rows of x: a projection's
+// bias, with kernels.Add's bits.
+func (k *Kernels) AddRows(s Stream, x, b uintptr, rows, n int) error {
+	return k.d.Launch(k.f["add_rows"], Dim3{ceil(rows*n, 256), 1, 1}, Dim3{256, 1, 1}, 0, s, P(x), P(b), I(rows), I(n))
 }
 
 // Argmax writes, for each of nb rows of V floats, the index of the largest

@@ -455,10 +455,10 @@ func TestDeviceOptionRefusals(t *testing.T) {
 			t.Errorf("%+v: err %v, want one saying %q", c.o, err, c.want)
 		}
 	}
-	// Device auto with a model the GPU does not run (GLM-4.5's family,
+	// Device auto with a model the GPU does not run (gpt-oss's family,
 	// and no GPU at all on most machines) runs on the CPU, says why, and
 	// says that the GPU's sizes go unused.
-	const cpuOnly = "tiny-glm4-moe"
+	const cpuOnly = "tiny-gpt-oss"
 	e := open(t, cpuOnly, engine.Options{Device: "auto", Experts: engine.ExpertOptions{GPUPoolShare: 0.25}})
 	if e.OnGPU() || e.DeviceNote == "" || !strings.HasSuffix(e.DeviceNote, "; --gpu-pool-mb is unused") {
 		t.Errorf("auto with --gpu-pool-mb: device %q, note %q", e.Device, e.DeviceNote)
@@ -513,5 +513,31 @@ func TestGPUPoolStats(t *testing.T) {
 		DecodeHitRate: 5.0 / 10, DecodeBytesCopied: 500, Prefetched: 5, PrefetchUsed: 5, CopyWaitMS: 4, DecodeCopyWaitMS: 2.5}
 	if s.GPUPool == nil || *s.GPUPool != want {
 		t.Errorf("gpu_pool %+v, want %+v", s.GPUPool, want)
+	}
+}
+
+// TestDeviceFallback: the GPU backend does not run gpt_oss; --device auto
+// falls back to the CPU saying why, and --device cuda is an error that
+// says why, whether or not this machine has a GPU (the family is checked
+// before the driver).
+func TestDeviceFallback(t *testing.T) {
+	const cpuOnly = "tiny-gpt-oss"
+	e := open(t, cpuOnly, engine.Options{Device: "auto"})
+	if e.Device != "cpu" || e.OnGPU() || !strings.HasPrefix(e.DeviceNote, "device: cpu (") {
+		t.Fatalf("device %q, note %q", e.Device, e.DeviceNote)
+	}
+	why := []string{"gpt_oss runs on the CPU only", "without CUDA support", "linux only"}
+	if !slices.ContainsFunc(why, func(s string) bool { return strings.Contains(e.DeviceNote, s) }) {
+		t.Errorf("note %q names no reason", e.DeviceNote)
+	}
+	_, err := engine.Open(context.Background(), testutil.Packed(t, cpuOnly, 16), engine.Options{Device: "cuda", Threads: 2})
+	if err == nil || !strings.Contains(err.Error(), "device cuda") ||
+		!slices.ContainsFunc(why, func(s string) bool { return strings.Contains(err.Error(), s) }) {
+		t.Errorf("--device cuda: err %v", err)
+	}
+	// The fallback decodes as the CPU does.
+	c := testutil.LoadRefs(t, cpuOnly).Cases[1]
+	if got, _ := generate(t, e, c.Prompt, greedy48, nil); !slices.Equal(got, c.Greedy) {
+		t.Errorf("tokens %v, want %v", got, c.Greedy)
 	}
 }

@@ -1,9 +1,7 @@
 package engine_test
 
 import (
-	"context"
 	"slices"
-	"strings"
 	"testing"
 
 	"github.com/sluicelm/sluice/internal/engine"
@@ -43,28 +41,3 @@ func TestGLMMTPDrafts(t *testing.T) { testMTPDrafts(t, glmModel) }
 // TestGLMMTPFollowChunked: GLM-4.5's MTP layer fed chunk by chunk fills its
 // KV cache as one batch does, bit for bit.
 func TestGLMMTPFollowChunked(t *testing.T) { testMTPFollowChunked(t, glmModel) }
-
-// TestGLMDeviceFallback: the GPU backend does not run glm4_moe; --device
-// auto falls back to the CPU saying why, and --device cuda is an error
-// that says why, whether or not this machine has a GPU (the family is
-// checked before the driver).
-func TestGLMDeviceFallback(t *testing.T) {
-	e := open(t, glmModel, engine.Options{Device: "auto"})
-	if e.Device != "cpu" || e.OnGPU() || !strings.HasPrefix(e.DeviceNote, "device: cpu (") {
-		t.Fatalf("device %q, note %q", e.Device, e.DeviceNote)
-	}
-	why := []string{"glm4_moe runs on the CPU only", "without CUDA support", "linux only"}
-	if !slices.ContainsFunc(why, func(s string) bool { return strings.Contains(e.DeviceNote, s) }) {
-		t.Errorf("note %q names no reason", e.DeviceNote)
-	}
-	_, err := engine.Open(context.Background(), testutil.Packed(t, glmModel, 16), engine.Options{Device: "cuda", Threads: 2})
-	if err == nil || !strings.Contains(err.Error(), "device cuda") ||
-		!slices.ContainsFunc(why, func(s string) bool { return strings.Contains(err.Error(), s) }) {
-		t.Errorf("--device cuda: err %v", err)
-	}
-	// The fallback decodes as the CPU does.
-	c := testutil.LoadRefs(t, glmModel).Cases[1]
-	if got, _ := generate(t, e, c.Prompt, greedy48, nil); !slices.Equal(got, c.Greedy) {
-		t.Errorf("tokens %v, want %v", got, c.Greedy)
-	}
-}

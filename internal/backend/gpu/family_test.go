@@ -13,28 +13,28 @@ import (
 	"github.com/sluicelm/sluice/internal/testutil"
 )
 
-// TestGPUFamilyFallback: a family the GPU backend does not run (glm4_moe)
+// TestGPUFamilyFallback: a family the GPU backend does not run (gpt_oss)
 // is refused by name: device auto runs it on the CPU and says why, and
-// device cuda is an error; a qwen3_next pack, Qwen3.5's blocks, is
-// accepted. Needs no GPU.
+// device cuda is an error; a qwen3_next pack (Qwen3.5's blocks) and a
+// glm4_moe pack are accepted. Needs no GPU.
 func TestGPUFamilyFallback(t *testing.T) {
 	for _, name := range []string{"tiny-qwen3-next", "tiny-glm4-moe"} {
 		if !testutil.ExtraPresent(name) {
 			t.Skipf("model %s: its archive is not where the checkout was when this binary was built", name)
 		}
+		m, err := model.Load(testutil.Packed(t, name, 4))
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = gpu.Supported(m)
+		m.Close()
+		if err != nil {
+			t.Errorf("gpu.Supported(%s) = %v, want nil", name, err)
+		}
 	}
-	m, err := model.Load(testutil.Packed(t, "tiny-qwen3-next", 4))
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = gpu.Supported(m)
-	m.Close()
-	if err != nil {
-		t.Errorf("gpu.Supported(tiny-qwen3-next) = %v, want nil", err)
-	}
-	const name, family = "tiny-glm4-moe", "glm4_moe"
-	dir := testutil.Packed(t, name, 4)
-	m, err = model.Load(dir)
+	const name, family = "tiny-gpt-oss", "gpt_oss"
+	dir := packed(t, name, 4)
+	m, err := model.Load(dir)
 	if err != nil {
 		t.Fatal(err)
 	}

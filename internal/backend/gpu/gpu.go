@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"slices"
 	"sync"
 	"unsafe"
 	"weak"
@@ -158,18 +159,20 @@ var _ block.Backend = (*Runner)(nil)
 func Supported(m *model.Model) error {
 	c := &m.Config
 	// qwen3_next is packed into qwen3_5_moe's tensors and block order.
-	if c.Family != "qwen3_moe" && c.Family != "qwen3_5_moe" && c.Family != "qwen3_next" {
-		return fmt.Errorf("the GPU backend runs qwen3_moe, qwen3_5_moe and qwen3_next; %s runs on the CPU only for now", c.Family)
+	switch c.Family {
+	case "qwen3_moe", "qwen3_5_moe", "qwen3_next", "glm4_moe":
+	default:
+		return fmt.Errorf("the GPU backend runs qwen3_moe, qwen3_5_moe, qwen3_next and glm4_moe; %s runs on the CPU only for now", c.Family)
 	}
-	layers := m.Arch.Layers
-	if m.MTP != nil {
-		layers = append(layers[:len(layers):len(layers)], m.MTP.Layer)
+	layers := allLayers(m)
+	if !slices.ContainsFunc(layers, func(L block.Layer) bool { return L.MoE() != nil }) {
+		return fmt.Errorf("the model has no MoE layer")
 	}
 	for i := range layers {
 		L := &layers[i]
 		switch x := L.Mixer.(type) {
 		case *block.Attn:
-			if x.Window > 0 || x.Sinks != nil || x.QB != nil || x.OB != nil || x.QNorm == nil || x.KNorm == nil {
+			if x.Window > 0 || x.Sinks != nil || (x.QNorm == nil) != (x.KNorm == nil) {
 				return fmt.Errorf("layer %d: attention variant not supported on the GPU", i)
 			}
 		case *block.DeltaNet:
@@ -179,8 +182,17 @@ func Supported(m *model.Model) error {
 		default:
 			return fmt.Errorf("layer %d: mixer %T not supported on the GPU", i, L.Mixer)
 		}
+		if _, ok := L.FFN.(*block.MLP); ok {
+			continue // a dense layer: SwiGLU
+		}
 		moe := L.MoE()
-		if moe == nil || moe.Score != block.SoftmaxTopK || moe.Act != block.SwiGLU || moe.RouterBias != nil {
+		ok := moe != nil && moe.Act == block.SwiGLU && moe.RouterBias == nil
+		if ok && moe.Score == block.SigmoidGroups {
+			ok = c.Experts <= 1024 && moe.Groups >= 1 && moe.Groups <= 64
+		} else if ok {
+			ok = moe.Score == block.SoftmaxTopK
+		}
+		if !ok {
 			return fmt.Errorf("layer %d: feed-forward block not supported on the GPU", i)
 		}
 	}
@@ -190,12 +202,29 @@ func Supported(m *model.Model) error {
 	return nil
 }
 
+// allLayers is m's trunk, then its MTP layer when it has one: the layers
+// whose weights and experts live on the device.
+func allLayers(m *model.Model) []block.Layer {
+	layers := m.Arch.Layers
+	if m.MTP != nil {
+		layers = append(layers[:len(layers):len(layers)], m.MTP.Layer)
+	}
+	return layers
+}
+
 // NeedBytes is the device memory m's weights need: dense weights and every
-// expert (scratch and each sequence's state come on top).
+// expert of the MoE layers (scratch and each sequence's state come on
+// top). A dense layer's records are holes in the store, never uploaded.
 func NeedBytes(m *model.Model) (dense, experts int64) {
 	dense = m.Manifest.DenseBytes
+	n := 0
+	for _, L := range allLayers(m) {
+		if L.MoE() != nil {
+			n++
+		}
+	}
 	for _, st := range m.Manifest.Stores[:1] {
-		experts = int64(m.Manifest.ExpertLayers) * int64(m.Manifest.Experts) * st.Stride
+		experts = int64(n) * int64(m.Manifest.Experts) * st.Stride
 	}
 	return dense, experts
 }
@@ -542,14 +571,18 @@ func (r *Runner) upload() error {
 	}
 	w(&a.LMHead)
 	v(a.Norm.W)
-	layers := a.Layers
 	if mt := r.M.MTP; mt != nil {
 		w(&mt.FC)
 		v(mt.NormEmbed.W)
 		v(mt.NormHidden.W)
 		v(mt.Norm.W)
-		layers = append(layers[:len(layers):len(layers)], mt.Layer)
 	}
+	mlp := func(m *block.MLP) {
+		w(&m.Gate)
+		w(&m.Up)
+		w(&m.Down)
+	}
+	layers := allLayers(r.M)
 	for i := range layers {
 		L := &layers[i]
 		v(L.In.W)
@@ -560,8 +593,14 @@ func (r *Runner) upload() error {
 			w(&x.K)
 			w(&x.V)
 			w(&x.O)
-			v(x.QNorm.W)
-			v(x.KNorm.W)
+			v(x.QB)
+			v(x.KB)
+			v(x.VB)
+			v(x.OB)
+			if x.QNorm != nil {
+				v(x.QNorm.W)
+				v(x.KNorm.W)
+			}
 		case *block.DeltaNet:
 			w(&x.QKV)
 			w(&x.Z)
@@ -573,13 +612,16 @@ func (r *Runner) upload() error {
 			v(x.DtBias)
 			v(x.GNorm.W)
 		}
-		m := L.MoE()
-		w(&m.Router)
-		if m.Shared != nil {
-			w(&m.Shared.Gate)
-			w(&m.Shared.Up)
-			w(&m.Shared.Down)
-			w(&m.SharedGate)
+		switch f := L.FFN.(type) {
+		case *block.MLP:
+			mlp(f)
+		case *block.MoE:
+			w(&f.Router)
+			v(f.Correction)
+			if f.Shared != nil {
+				mlp(f.Shared)
+				w(&f.SharedGate)
+			}
 		}
 	}
 	buf, err := ar.commit(r.Dev)
@@ -610,7 +652,14 @@ func (r *Runner) upload() error {
 	}
 	var ea arena
 	offs := make([][3]matOffsets, r.xl*r.E)
+	first := -1 // the first MoE layer
 	for l := 0; l < r.xl; l++ {
+		if layers[l].MoE() == nil {
+			continue // a dense layer: its records are holes
+		}
+		if first < 0 {
+			first = l
+		}
 		if err := prov.Begin(l, all, model.Hint{}); err != nil {
 			return err
 		}
@@ -634,7 +683,8 @@ func (r *Runner) upload() error {
 	for i, o := range offs {
 		r.experts[i] = expert{o[0].at(ebuf.Ptr), o[1].at(ebuf.Ptr), o[2].at(ebuf.Ptr)}
 	}
-	switch r.experts[0].gate.kind {
+	ex0 := &r.experts[first*r.E]
+	switch ex0.gate.kind {
 	case format.Q4:
 		r.exKind = "q4"
 	case format.Q8:
@@ -647,9 +697,13 @@ func (r *Runner) upload() error {
 	// shape and kind: one launch per product serves both.
 	r.sharedSlot = true
 	for i := range layers {
-		sh := layers[i].MoE().Shared
-		if sh == nil || sh.Inter != r.I || r.wmat(&sh.Gate).kind != r.experts[0].gate.kind ||
-			r.wmat(&sh.Up).kind != r.experts[0].up.kind || r.wmat(&sh.Down).kind != r.experts[0].down.kind {
+		m := layers[i].MoE()
+		if m == nil {
+			continue
+		}
+		sh := m.Shared
+		if sh == nil || sh.Inter != r.I || r.wmat(&sh.Gate).kind != ex0.gate.kind ||
+			r.wmat(&sh.Up).kind != ex0.up.kind || r.wmat(&sh.Down).kind != ex0.down.kind {
 			r.sharedSlot = false
 		}
 	}
@@ -672,13 +726,17 @@ func (r *Runner) upload() error {
 		}
 	}
 	for l := 0; l < nx; l++ {
+		m := layers[l].MoE()
+		if m == nil {
+			continue // a dense layer: no table is read
+		}
 		for e := 0; e < r.E; e++ {
 			ex := &r.experts[l*r.E+e]
 			put(0, l, e, ex.gate)
 			put(1, l, e, ex.up)
 			put(2, l, e, ex.down)
 		}
-		if sh := layers[l].MoE().Shared; r.sharedSlot {
+		if sh := m.Shared; r.sharedSlot {
 			put(0, l, r.E, r.wmat(&sh.Gate))
 			put(1, l, r.E, r.wmat(&sh.Up))
 			put(2, l, r.E, r.wmat(&sh.Down))
@@ -721,12 +779,18 @@ func (r *Runner) alloc() error {
 	c := &r.M.Config
 	R, H, K := r.maxRows, r.H, r.K
 	I := max(c.MoEInter, c.SharedInter)
+	mlpI := c.SharedInter // the widest shared expert or dense layer
+	for _, L := range allLayers(r.M) {
+		if m, ok := L.FFN.(*block.MLP); ok {
+			mlpI = max(mlpI, m.Inter)
+		}
+	}
 	qw := 2 * c.Heads * c.HeadDim
 	kvw := c.KVHeads * c.HeadDim
 	kd, vd := c.LinearKeyHeads*c.LinearKeyDim, c.LinearValueHeads*c.LinearValueDim
 	cd := 2*kd + vd
 	rh := r.M.Arch.Rope.Dim / 2
-	wide := max(H, c.Heads*c.HeadDim, vd, I)
+	wide := max(H, c.Heads*c.HeadDim, vd, I, mlpI)
 	if r.M.MTP != nil {
 		wide = max(wide, 2*H) // the MTP head's input
 	}
@@ -769,8 +833,8 @@ func (r *Runner) alloc() error {
 	add(&r.g, (R*K+1)*I) // +1: the shared expert's row of a recorded step
 	add(&r.u, (R*K+1)*I)
 	add(&r.outk, (R*K+1)*H)
-	add(&r.sg, R*I)
-	add(&r.su, R*I)
+	add(&r.sg, R*mlpI)
+	add(&r.su, R*mlpI)
 	add(&r.shared, R*H)
 	add(&r.sgate, R)
 	add(&r.logits, R*r.V)
@@ -1450,6 +1514,16 @@ func (r *Runner) Project(L *block.Attn) {
 	}
 	r.mulPrepared(r.kk, r.wmat(&L.K), a, 0, r.nb)
 	r.mulPrepared(r.v, r.wmat(&L.V), a, 0, r.nb)
+	r.bias(r.q, L.QB)
+	r.bias(r.kk, L.KB)
+	r.bias(r.v, L.VB)
+}
+
+// bias adds b, when present, to each of the step's rows of x.
+func (r *Runner) bias(x uintptr, b []float32) {
+	if len(b) > 0 {
+		r.check(r.k.AddRows(r.s, x, r.vecs[&b[0]], r.nb, len(b)))
+	}
 }
 
 // Prep implements block.Backend.
@@ -1459,9 +1533,10 @@ func (r *Runner) Prep(L *block.Attn, cache int) {
 	qw, qstride := qwidth(L)
 	kvw := L.KVHeads * hd
 	rh := r.M.Arch.Rope.Dim / 2
-	qn, kn := L.QNorm, L.KNorm
-	r.check(r.k.RMSNorm(r.s, r.q, r.q, 0, r.vecs[&qn.W[0]], nb*L.Heads, hd, qstride, qn.Eps, qn.ZeroCentred))
-	r.check(r.k.RMSNorm(r.s, r.kk, r.kk, 0, r.vecs[&kn.W[0]], nb*L.KVHeads, hd, hd, kn.Eps, kn.ZeroCentred))
+	if qn, kn := L.QNorm, L.KNorm; qn != nil {
+		r.check(r.k.RMSNorm(r.s, r.q, r.q, 0, r.vecs[&qn.W[0]], nb*L.Heads, hd, qstride, qn.Eps, qn.ZeroCentred))
+		r.check(r.k.RMSNorm(r.s, r.kk, r.kk, 0, r.vecs[&kn.W[0]], nb*L.KVHeads, hd, hd, kn.Eps, kn.ZeroCentred))
+	}
 	if rh > 0 {
 		r.check(r.k.Rope(r.s, r.q, r.cos, r.sin, nb, L.Heads, qw, qstride, rh))
 		r.check(r.k.Rope(r.s, r.kk, r.cos, r.sin, nb, L.KVHeads, kvw, hd, rh))
@@ -1496,6 +1571,7 @@ func (r *Runner) Attend(L *block.Attn, cache int) {
 func (r *Runner) AttnOut(L *block.Attn) {
 	r.mark("attn_out")
 	r.mul(r.y, r.wmat(&L.O), r.o, r.nb, L.Heads*L.HeadDim)
+	r.bias(r.y, L.OB)
 }
 
 func dnShape(d *block.DeltaNet) cuda.DN {
@@ -1563,7 +1639,18 @@ func (r *Runner) Route(m *block.MoE) {
 	if r.graphing && r.nb == 1 {
 		ids = r.idsG
 	}
-	r.check(r.k.Route(r.s, r.rl, r.rl, ids, r.w, r.nb, r.E, r.K, m.NormTopK))
+	r.route(m, r.rl, ids, r.w, r.nb)
+}
+
+// route writes the top-k choice of nb rows of router logits (overwritten
+// by the router's scores) into ids and w, by m's rule.
+func (r *Runner) route(m *block.MoE, logits, ids, w uintptr, nb int) {
+	if m.Score == block.SigmoidGroups {
+		g := cuda.Groups{Corr: r.vecs[&m.Correction[0]], Groups: m.Groups, Top: m.TopGroups, Norm: m.NormTopK, Scale: m.Scale}
+		r.check(r.k.RouteGroups(r.s, logits, logits, ids, w, nb, r.E, r.K, g))
+		return
+	}
+	r.check(r.k.Route(r.s, logits, logits, ids, w, nb, r.E, r.K, m.NormTopK))
 }
 
 // Experts implements block.Backend: the chosen experts come back to the
@@ -1695,19 +1782,27 @@ func (r *Runner) expertsOnDevice(m *block.MoE) {
 
 // shared1 computes the shared expert and its gate of every row.
 func (r *Runner) shared1(m *block.MoE) {
-	nb, H := r.nb, r.H
 	if sh := m.Shared; sh != nil {
 		r.mark("shared")
-		gw := r.wmat(&sh.Gate)
-		a := r.prepare(r.h, nb, H, gw.kind)
-		r.mulPrepared(r.sg, gw, a, 0, nb)
-		r.mulPrepared(r.su, r.wmat(&sh.Up), a, 0, nb)
-		r.check(r.k.SwiGLU(r.s, r.sg, r.sg, r.su, nb*sh.Inter))
-		r.mul(r.shared, r.wmat(&sh.Down), r.sg, nb, sh.Inter)
+		r.mlp(r.shared, sh)
 		if m.SharedGate.Present() {
-			r.mul(r.sgate, r.wmat(&m.SharedGate), r.h, nb, H)
+			r.mul(r.sgate, r.wmat(&m.SharedGate), r.h, r.nb, r.H)
 		}
 	}
+}
+
+// mlp writes out = down(silu(gate(H))·up(H)) for the step's rows.
+func (r *Runner) mlp(out uintptr, m *block.MLP) {
+	nb := r.nb
+	gw := r.wmat(&m.Gate)
+	a := r.prepare(r.h, nb, r.H, gw.kind)
+	r.mulPrepared(r.sg, gw, a, 0, nb)
+	if uw := r.wmat(&m.Up); uw.kind != gw.kind {
+		a = r.prepare(r.h, nb, r.H, uw.kind)
+	}
+	r.mulPrepared(r.su, r.wmat(&m.Up), a, 0, nb)
+	r.check(r.k.SwiGLU(r.s, r.sg, r.sg, r.su, nb*m.Inter))
+	r.mul(out, r.wmat(&m.Down), r.sg, nb, m.Inter)
 }
 
 // Combine implements block.Backend.
@@ -1730,8 +1825,11 @@ func (r *Runner) Combine(m *block.MoE) {
 	r.check(r.k.MoECombine(r.s, r.y, r.outk, pos, r.w, shared, r.sgate, r.nb, r.K, r.H, mode))
 }
 
-// Dense implements block.Backend (no GPU family has dense layers yet).
-func (r *Runner) Dense(m *block.MLP) { r.check(fmt.Errorf("gpu: dense MLP layers are not supported")) }
+// Dense implements block.Backend: a dense layer's MLP, as a shared expert.
+func (r *Runner) Dense(m *block.MLP) {
+	r.mark("dense")
+	r.mlp(r.y, m)
+}
 
 // MLAProject implements block.Backend (latent attention is CPU-only).
 func (r *Runner) MLAProject(m *block.MLA) {

@@ -37,9 +37,10 @@ import (
 )
 
 // gpuModels are the models every GPU test runs: the shared checkpoints,
-// then the repository's own Qwen3-Next (testutil.Extra), whose pack has
-// Qwen3.5's blocks.
-var gpuModels = []string{"tiny-qwen3-moe", "tiny-qwen3-5-moe", "tiny-qwen3-next"}
+// then the repository's own (testutil.Extra): Qwen3-Next, whose pack has
+// Qwen3.5's blocks, and GLM-4.5 (attention biases, a dense first layer,
+// the grouped sigmoid router).
+var gpuModels = []string{"tiny-qwen3-moe", "tiny-qwen3-5-moe", "tiny-qwen3-next", "tiny-glm4-moe"}
 
 func TestMain(m *testing.M) {
 	code := m.Run()
@@ -84,6 +85,13 @@ var (
 // shared copy of the model, or the repository's archive, is absent.
 func packed(t testing.TB, name string, bits int) string {
 	t.Helper()
+	return packedFrom(t, name, name, bits, func() string { return modelSrc(t, name) })
+}
+
+// modelSrc is the checkpoint directory of a shared model or one of the
+// repository's own; it skips the test when it is absent.
+func modelSrc(t testing.TB, name string) string {
+	t.Helper()
 	var src string
 	if slices.Contains(testutil.Extra, name) {
 		if !testutil.ExtraPresent(name) {
@@ -96,6 +104,14 @@ func packed(t testing.TB, name string, bits int) string {
 	if _, err := os.Stat(filepath.Join(src, "config.json")); err != nil {
 		t.Skipf("model %s not found in the shared data", name)
 	}
+	return src
+}
+
+// packedFrom is packed for the checkpoint src gives (called only when no
+// pack is kept under key), for a test model of name.
+func packedFrom(t testing.TB, name, key string, bits int, src func() string) string {
+	t.Helper()
+	modelSrc(t, name)
 	packMu.Lock()
 	defer packMu.Unlock()
 	if packDir == "" {
@@ -108,12 +124,12 @@ func packed(t testing.TB, name string, bits int) string {
 			packDir = d
 		}
 	}
-	dst := filepath.Join(packDir, fmt.Sprintf("%s-%d", name, bits))
+	dst := filepath.Join(packDir, fmt.Sprintf("%s-%d", key, bits))
 	if _, err := os.Stat(filepath.Join(dst, "manifest.json")); err == nil {
 		return dst
 	}
-	if err := pack.Pack(context.Background(), src, dst, pack.Options{Bits: bits, Force: true}); err != nil {
-		t.Fatalf("pack %s at %d bits: %v", name, bits, err)
+	if err := pack.Pack(context.Background(), src(), dst, pack.Options{Bits: bits, Force: true}); err != nil {
+		t.Fatalf("pack %s at %d bits: %v", key, bits, err)
 	}
 	return dst
 }

@@ -832,7 +832,7 @@ func (r *Runner) lookahead(m *block.MoE) int {
 	}
 	r.mark("pool_lookahead")
 	r.mul(r.rl2, r.wmat(&nm.Router), r.h, 1, r.H)
-	r.check(r.k.Route(r.s, r.rl2, r.rl2, r.ids2, r.w2, 1, r.E, r.K, nm.NormTopK))
+	r.route(nm, r.rl2, r.ids2, r.w2, 1)
 	return m.Layer + 1
 }
 

@@ -124,6 +124,92 @@ extern "C" __global__ void route(const float* logits, float* probs, int* __restr
     if (norm && lane < K) wts[row * K + lane] = __fdiv_rn(wts[row * K + lane], sum);
 }
 
+// route_groups: per row, DeepSeek-V3's router as model.RouteGroups: p =
+// sigmoid(logit) into probs (which may be logits); choice = p + corr; with
+// G > TG groups, each group scored by the sum of its two best choices and
+// the TG best groups kept (ties to the lower group); the top K of the kept
+// choices (ties to the lower id), weighted by their p, divided by their sum
+// (plus 1e-20, summed in order) when norm, then times scale. One warp per
+// row; E is at most 1024 (a lane's chosen entries are bits of one word), G
+// at most 64.
+extern "C" __global__ void route_groups(const float* logits, float* probs, const float* __restrict__ corr,
+                                        int* __restrict__ ids, float* __restrict__ wts, int nb, int E, int K, int G,
+                                        int TG, int norm, float scale) {
+    int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= nb) return;
+    int lane = threadIdx.x & 31;
+    const float* lr = logits + (size_t)row * E;
+    float* pr = probs + (size_t)row * E;
+    for (int i = lane; i < E; i += 32) pr[i] = sl_sigmoid(lr[i]);
+    __syncwarp();
+    const float ninf = __int_as_float(0xff800000);
+    const int none = 0x7fffffff;
+    int gs = E / G;
+    unsigned long long keep = ~0ull;
+    if (G > 1 && TG < G) {
+        float sc[2] = {ninf, ninf}; // groups lane and lane+32
+        for (int g = lane, j = 0; g < G; g += 32, j++) {
+            float a = ninf, b = ninf;
+            for (int e = g * gs; e < (g + 1) * gs; e++) {
+                float v = __fadd_rn(pr[e], corr[e]);
+                if (v > a) b = a, a = v;
+                else if (v > b) b = v;
+            }
+            sc[j] = __fadd_rn(a, b);
+        }
+        keep = 0;
+        for (int t = 0; t < TG; t++) {
+            float bv = ninf;
+            int bi = none;
+            if (lane < G && !((keep >> lane) & 1)) bv = sc[0], bi = lane;
+            if (lane + 32 < G && !((keep >> (lane + 32)) & 1) && (bi == none || sc[1] > bv)) bv = sc[1], bi = lane + 32;
+#pragma unroll
+            for (int s = 16; s > 0; s >>= 1) {
+                float ov = __shfl_xor_sync(FULL_MASK, bv, s);
+                int oi = __shfl_xor_sync(FULL_MASK, bi, s);
+                if (oi != none && (bi == none || ov > bv || (ov == bv && oi < bi))) bv = ov, bi = oi;
+            }
+            if (bi != none) keep |= 1ull << bi;
+        }
+    }
+    unsigned chosen = 0; // bit j: entry lane + 32·j
+    float sum = 0.0f;
+    for (int k = 0; k < K; k++) {
+        float bv = ninf;
+        int bi = none;
+        for (int i = lane, j = 0; i < E; i += 32, j++) {
+            if (((chosen >> j) & 1) || !((keep >> (i / gs)) & 1)) continue;
+            float v = __fadd_rn(pr[i], corr[i]);
+            if (bi == none || v > bv) bv = v, bi = i;
+        }
+#pragma unroll
+        for (int s = 16; s > 0; s >>= 1) {
+            float ov = __shfl_xor_sync(FULL_MASK, bv, s);
+            int oi = __shfl_xor_sync(FULL_MASK, bi, s);
+            if (oi != none && (bi == none || ov > bv || (ov == bv && oi < bi))) bv = ov, bi = oi;
+        }
+        if (bi == none) bi = 0; // only NaN choices left
+        if ((bi & 31) == lane) chosen |= 1u << (bi >> 5);
+        float p = pr[bi];
+        if (lane == 0) ids[row * K + k] = bi, wts[row * K + k] = p;
+        sum = __fadd_rn(sum, p);
+    }
+    __syncwarp();
+    if (lane < K) {
+        float w = wts[row * K + lane];
+        if (norm) w = __fdiv_rn(w, __fadd_rn(sum, 1e-20f));
+        wts[row * K + lane] = __fmul_rn(w, scale);
+    }
+}
+
+// add_rows: x row r += b for rows rows of n floats (the projections'
+// biases), as kernels.Add.
+extern "C" __global__ void add_rows(float* x, const float* __restrict__ b, int rows, int n) {
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= rows * n) return;
+    x[t] = __fadd_rn(x[t], b[t % n]);
+}
+
 // argmax: per row of V logits the index of the largest, ties to the lowest
 // index (as sample's greedy argmax); a row of only NaN or -Inf gives 0.
 // One block of 256 threads per row.
