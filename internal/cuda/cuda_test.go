@@ -729,6 +729,132 @@ func TestAttend(t *testing.T) {
 	})
 }
 
+// TestAttendWindow checks gpt-oss's attention, a sliding window with a
+// sink per head, over a plain cache and over a ring of window + rows rows
+// (before and after it wraps, the window across a chunk boundary or not),
+// against kernels.AttendRing within float32 rounding, and that each row
+// alone gives the batch's bits; and KVAppend's ring row.
+func TestAttendWindow(t *testing.T) {
+	onGPU(t, func(e *env) {
+		r := rand.New(rand.NewPCG(10, 11))
+		const nb, nh, nkv, hd, W = 6, 8, 2, 64, 128
+		for _, c := range []struct {
+			pos  int
+			ring bool
+		}{{37, false}, {37, true}, {300, true}, {700, false}, {700, true}, {1021, true}} {
+			pos := c.pos
+			kvw := nkv * hd
+			n := pos + nb
+			rows, ring := n, 0
+			if c.ring {
+				rows, ring = W+nb, W+nb
+			}
+			q := randF32(r, nb*nh*hd, 2)
+			kl, vl := randF32(r, n*kvw, 2), randF32(r, n*kvw, 2) // position p's key at p·kvw
+			sinks := randF32(r, nh, 3)
+			kc, vc := make([]float32, rows*kvw), make([]float32, rows*kvw)
+			for p := max(0, n-rows); p < n; p++ {
+				at := p % rows * kvw
+				copy(kc[at:at+kvw], kl[p*kvw:(p+1)*kvw])
+				copy(vc[at:at+kvw], vl[p*kvw:(p+1)*kvw])
+			}
+			scale := float32(1 / math.Sqrt(hd))
+			want := make([]float32, nb*nh*hd)
+			sc := make([]float32, W)
+			for i := 0; i < nb; i++ {
+				m := pos + i + 1
+				first := max(0, m-W)
+				for h := 0; h < nh; h++ {
+					g := h / (nh / nkv)
+					o := want[i*nh*hd+h*hd : i*nh*hd+(h+1)*hd]
+					kernels.AttendRing(o, q[i*nh*hd+h*hd:i*nh*hd+(h+1)*hd], kc[g*hd:], vc[g*hd:], kvw, rows, first, m-first, scale, sinks[h:h+1], sc)
+				}
+			}
+			qd, kd, vd := up(e, q), up(e, kc), up(e, vc)
+			a := Attn{Pos: pos, Rows: nb, Heads: nh, KVHeads: nkv, HeadDim: hd, QRow: nh * hd, QHead: hd, ORow: nh * hd, Scale: scale,
+				Window: W, Ring: ring, Sinks: up(e, sinks)}
+			od := e.alloc(4 * nb * nh * hd)
+			must(e.k.Attend(e.s, od, qd, kd, vd, e.alloc(AttendScratch(a)), a))
+			what := fmt.Sprintf("windowed attention pos=%d ring=%d", pos, ring)
+			full := down[float32](e, od, nb*nh*hd)
+			e.close(what, full, want, 2e-6)
+			for i := 0; i < nb; i++ {
+				b := a
+				b.Pos, b.Rows = pos+i, 1
+				o1 := e.alloc(4 * nh * hd)
+				must(e.k.Attend(e.s, o1, qd+uintptr(4*i*nh*hd), kd, vd, e.alloc(AttendScratch(b)), b))
+				e.exact(fmt.Sprintf("%s: row %d alone vs in the batch", what, i), down[float32](e, o1, nh*hd), full[i*nh*hd:(i+1)*nh*hd])
+			}
+		}
+		// KVAppend into a ring: position 1000 of a ring of 134 rows is row 62.
+		const R, w, p = 134, 16, 1000
+		key, val := randF32(r, w, 1), randF32(r, w, 1)
+		kd, vd := e.alloc(4*R*w), e.alloc(4*R*w)
+		must(e.d.Fill32Async(kd, 0, R*w, e.s))
+		must(e.d.Fill32Async(vd, 0, R*w, e.s))
+		must(e.k.KVAppend(e.s, kd, vd, up(e, key), up(e, val), up(e, []int32{p}), w, R))
+		wantK, wantV := make([]float32, R*w), make([]float32, R*w)
+		copy(wantK[p%R*w:], key)
+		copy(wantV[p%R*w:], val)
+		e.exact("kv_append ring keys", down[float32](e, kd, R*w), wantK)
+		e.exact("kv_append ring values", down[float32](e, vd, R*w), wantV)
+	})
+}
+
+// TestRouteTopK checks gpt-oss's router (the top k of the logits, then the
+// softmax over them) against model.Route and kernels.Softmax, bit for bit,
+// with ties planted.
+func TestRouteTopK(t *testing.T) {
+	onGPU(t, func(e *env) {
+		r := rand.New(rand.NewPCG(8, 11))
+		for _, c := range []struct{ E, K int }{{32, 4}, {128, 4}, {1024, 32}, {40, 9}} {
+			const nb = 13
+			logits := randF32(r, nb*c.E, 4)
+			for i := range logits {
+				if i%3 == 0 {
+					logits[i] = float32(math.Round(float64(logits[i])))
+				}
+			}
+			wantIDs, wantW := make([]int32, nb*c.K), make([]float32, nb*c.K)
+			ids := make([]int, c.K)
+			for i := 0; i < nb; i++ {
+				w := wantW[i*c.K : (i+1)*c.K]
+				model.Route(append([]float32(nil), logits[i*c.E:(i+1)*c.E]...), c.K, false, ids, w)
+				kernels.Softmax(w)
+				for k, id := range ids {
+					wantIDs[i*c.K+k] = int32(id)
+				}
+			}
+			idd, wd := e.alloc(4*nb*c.K), e.alloc(4*nb*c.K)
+			must(e.k.RouteTopK(e.s, up(e, logits), idd, wd, nb, c.E, c.K))
+			what := fmt.Sprintf("route_topk E=%d K=%d", c.E, c.K)
+			gotIDs := down[int32](e, idd, nb*c.K)
+			for i := range wantIDs {
+				if gotIDs[i] != wantIDs[i] {
+					t.Errorf("%s: row %d slot %d: expert %d, want %d", what, i/c.K, i%c.K, gotIDs[i], wantIDs[i])
+					break
+				}
+			}
+			e.exact(what+" weights", down[float32](e, wd, nb*c.K), wantW)
+		}
+	})
+}
+
+// TestClampedSwiGLU checks gpt-oss's activation bit for bit, over a range
+// that reaches both clamps.
+func TestClampedSwiGLU(t *testing.T) {
+	onGPU(t, func(e *env) {
+		r := rand.New(rand.NewPCG(7, 8))
+		n := 100003
+		g, u := randF32(r, n, 12), randF32(r, n, 12)
+		want := make([]float32, n)
+		kernels.ClampedSwiGLU(want, g, u)
+		out := e.alloc(4 * n)
+		must(e.k.ClampedSwiGLU(e.s, out, up(e, g), up(e, u), n))
+		e.exact("clamped_swiglu", down[float32](e, out, n), want)
+	})
+}
+
 // dnShape is a small DeltaNet: 2 key heads, 4 value heads.
 var dnShape = DN{KeyHeads: 2, ValueHeads: 4, KeyDim: 128, ValueDim: 128}
 

@@ -94,7 +94,7 @@ func LoadKernels(d *Device) (*Kernels, error) {
 	k := &Kernels{d: d, f: map[string]Func{}}
 	names := map[string][]string{
 		"matvec": {"prep_x", "q4_mv", "q4_mv2", "q4_mm8", "q4_mma", "q3_mv", "q3_mm8", "q2_mv", "q2_mm8", "q8_mv", "q8_mm8", "bf16_mv", "bf16_mm8", "q4_ex", "q8_ex", "bf16_ex"},
-		"ops":    {"rmsnorm", "rope", "swiglu", "route", "route_groups", "add_rows", "argmax", "dn_qk_norm", "dn_gates"},
+		"ops":    {"rmsnorm", "rope", "swiglu", "route", "route_groups", "route_topk", "clamped_swiglu", "add_rows", "argmax", "dn_qk_norm", "dn_gates"},
 		"attn":   {"attend_part", "attend_combine"},
 		"delta":  {"dn_conv", "dn_rule32", "dn_rule64", "dn_rule128", "bench_empty"},
 		"fwd":    {"f32_mv", "gather_rows", "moe_combine", "kv_append"},
@@ -337,6 +337,24 @@ func (k *Kernels) RouteGroups(s Stream, logits, probs, ids, w uintptr, nb, E, to
 		P(logits), P(probs), P(g.Corr), P(ids), P(w), I(nb), I(E), I(topK), I(g.Groups), I(g.Top), I(nm), F(g.Scale))
 }
 
+// RouteTopK writes each of nb rows' top-k of E logits into ids (int32
+// [nb][k]) and the softmax over those k into w ([nb][k]): gpt-oss's router
+// (block.TopKSoftmax), model.Route then kernels.Softmax bit for bit. k is
+// at most 32, E at most 1024.
+func (k *Kernels) RouteTopK(s Stream, logits, ids, w uintptr, nb, E, topK int) error {
+	if topK < 1 || topK > 32 || topK > E || E > 1024 {
+		return fmt.Errorf("cuda: route top-%d of %d experts (at most 32 of 1024)", topK, E)
+	}
+	return k.d.Launch(k.f["route_topk"], Dim3{ceil(nb, 8), 1, 1}, Dim3{256, 1, 1}, 0, s,
+		P(logits), P(ids), P(w), I(nb), I(E), I(topK))
+}
+
+// ClampedSwiGLU sets dst = gpt-oss's activation of gate and up over n
+// floats (kernels.ClampedSwiGLU's bits).
+func (k *Kernels) ClampedSwiGLU(s Stream, dst, gate, up uintptr, n int) error {
+	return k.d.Launch(k.f["clamped_swiglu"], Dim3{ceil(n, 256), 1, 1}, Dim3{256, 1, 1}, 0, s, P(dst), P(gate), P(up), I(n))
+}
+
 // AddRows adds b (n floats) to each of rows rows of x: a projection's
 // bias, with kernels.Add's bits.
 func (k *Kernels) AddRows(s Stream, x, b uintptr, rows, n int) error {
@@ -356,6 +374,12 @@ type Attn struct {
 	QRow, QHead, ORow                  int // strides in floats
 	Scale                              float32
 	Gated                              bool // the head's output gate follows its query (QHead = 2·HeadDim)
+	// Window > 0 attends to the last Window positions only (the row's own
+	// included); Ring > 0 is a cache of Ring rows holding position j at
+	// row j % Ring (at least Window + Rows); Sinks, when set, is a device
+	// float per head that joins each softmax with no value.
+	Window, Ring int
+	Sinks        uintptr
 	// PosDev, when set, is a device int32 holding Pos, read by the
 	// kernels (a step recorded once and replayed at any position); the
 	// grid then covers MaxPos positions.
@@ -387,9 +411,12 @@ func (k *Kernels) Attend(s Stream, o, q, kc, vc, scratch uintptr, a Attn) error 
 	if nc > 1024 {
 		return fmt.Errorf("cuda: attention over %d positions, at most %d", a.Pos+a.Rows, 1024*attChunk)
 	}
+	if a.Window < 0 || a.Ring < 0 || (a.Ring > 0 && a.Ring < a.Window+a.Rows) {
+		return fmt.Errorf("cuda: attention over a window of %d in a ring of %d rows, %d rows a step", a.Window, a.Ring, a.Rows)
+	}
 	if err := k.d.Launch(k.f["attend_part"], Dim3{a.Heads, a.Rows, nc}, Dim3{128, 1, 1}, 4*a.HeadDim, s,
 		P(scratch), P(q), P(kc), P(vc), I(a.Pos), I(a.Heads), I(a.KVHeads), I(a.HeadDim),
-		I(a.QRow), I(a.QHead), I(a.KVHeads*a.HeadDim), F(a.Scale), I(nc), P(a.PosDev)); err != nil {
+		I(a.QRow), I(a.QHead), I(a.KVHeads*a.HeadDim), F(a.Scale), I(nc), P(a.PosDev), I(a.Window), I(a.Ring)); err != nil {
 		return err
 	}
 	g := 0
@@ -397,7 +424,8 @@ func (k *Kernels) Attend(s Stream, o, q, kc, vc, scratch uintptr, a Attn) error 
 		g = 1
 	}
 	return k.d.Launch(k.f["attend_combine"], Dim3{a.Heads, a.Rows, 1}, Dim3{128, 1, 1}, 0, s,
-		P(o), P(scratch), P(q), I(a.Pos), I(a.Heads), I(a.HeadDim), I(a.QRow), I(a.QHead), I(a.ORow), I(nc), I(g), P(a.PosDev))
+		P(o), P(scratch), P(q), I(a.Pos), I(a.Heads), I(a.HeadDim), I(a.QRow), I(a.QHead), I(a.ORow), I(nc), I(g), P(a.PosDev),
+		I(a.Window), P(a.Sinks))
 }
 
 // DNConv runs the DeltaNet's causal conv (kernel K, 2..8) and SiLU over nb
@@ -503,9 +531,10 @@ func (k *Kernels) MatEx(s Stream, kind string, out, tab, ids uintptr, O int, a A
 	return fmt.Errorf("cuda: expert products of kind %q", kind)
 }
 
-// KVAppend writes one row's keys and values (n floats each) into cache row
-// *posp (a device int32).
-func (k *Kernels) KVAppend(s Stream, kc, vc, key, val, posp uintptr, n int) error {
+// KVAppend writes one row's keys and values (n floats each) into the cache
+// row of position *posp (a device int32): row *posp % ring in a ring of
+// ring rows, or row *posp when ring is 0.
+func (k *Kernels) KVAppend(s Stream, kc, vc, key, val, posp uintptr, n, ring int) error {
 	return k.d.Launch(k.f["kv_append"], Dim3{ceil(n, 256), 1, 1}, Dim3{256, 1, 1}, 0, s,
-		P(kc), P(vc), P(key), P(val), P(posp), I(n))
+		P(kc), P(vc), P(key), P(val), P(posp), I(n), I(ring))
 }

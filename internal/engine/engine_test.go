@@ -455,10 +455,10 @@ func TestDeviceOptionRefusals(t *testing.T) {
 			t.Errorf("%+v: err %v, want one saying %q", c.o, err, c.want)
 		}
 	}
-	// Device auto with a model the GPU does not run (gpt-oss's family,
+	// Device auto with a model the GPU does not run (DeepSeek's family,
 	// and no GPU at all on most machines) runs on the CPU, says why, and
 	// says that the GPU's sizes go unused.
-	const cpuOnly = "tiny-gpt-oss"
+	const cpuOnly = "tiny-deepseek-v32"
 	e := open(t, cpuOnly, engine.Options{Device: "auto", Experts: engine.ExpertOptions{GPUPoolShare: 0.25}})
 	if e.OnGPU() || e.DeviceNote == "" || !strings.HasSuffix(e.DeviceNote, "; --gpu-pool-mb is unused") {
 		t.Errorf("auto with --gpu-pool-mb: device %q, note %q", e.Device, e.DeviceNote)
@@ -516,17 +516,17 @@ func TestGPUPoolStats(t *testing.T) {
 	}
 }
 
-// TestDeviceFallback: the GPU backend does not run gpt_oss; --device auto
+// TestDeviceFallback: the GPU backend does not run deepseek_v32; --device auto
 // falls back to the CPU saying why, and --device cuda is an error that
 // says why, whether or not this machine has a GPU (the family is checked
 // before the driver).
 func TestDeviceFallback(t *testing.T) {
-	const cpuOnly = "tiny-gpt-oss"
+	const cpuOnly = "tiny-deepseek-v32"
 	e := open(t, cpuOnly, engine.Options{Device: "auto"})
 	if e.Device != "cpu" || e.OnGPU() || !strings.HasPrefix(e.DeviceNote, "device: cpu (") {
 		t.Fatalf("device %q, note %q", e.Device, e.DeviceNote)
 	}
-	why := []string{"gpt_oss runs on the CPU only", "without CUDA support", "linux only"}
+	why := []string{"deepseek_v32 runs on the CPU only", "without CUDA support", "linux only"}
 	if !slices.ContainsFunc(why, func(s string) bool { return strings.Contains(e.DeviceNote, s) }) {
 		t.Errorf("note %q names no reason", e.DeviceNote)
 	}

@@ -13,10 +13,10 @@ import (
 	"github.com/sluicelm/sluice/internal/testutil"
 )
 
-// TestGPUFamilyFallback: a family the GPU backend does not run (gpt_oss)
+// TestGPUFamilyFallback: a family the GPU backend does not run (deepseek_v32)
 // is refused by name: device auto runs it on the CPU and says why, and
-// device cuda is an error; a qwen3_next pack (Qwen3.5's blocks) and a
-// glm4_moe pack are accepted. Needs no GPU.
+// device cuda is an error; a qwen3_next pack (Qwen3.5's blocks), a
+// glm4_moe pack and a gpt_oss pack are accepted. Needs no GPU.
 func TestGPUFamilyFallback(t *testing.T) {
 	for _, name := range []string{"tiny-qwen3-next", "tiny-glm4-moe"} {
 		if !testutil.ExtraPresent(name) {
@@ -32,7 +32,18 @@ func TestGPUFamilyFallback(t *testing.T) {
 			t.Errorf("gpu.Supported(%s) = %v, want nil", name, err)
 		}
 	}
-	const name, family = "tiny-gpt-oss", "gpt_oss"
+	if dir := packed(t, "tiny-gpt-oss", 4); dir != "" {
+		m, err := model.Load(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = gpu.Supported(m)
+		m.Close()
+		if err != nil {
+			t.Errorf("gpu.Supported(tiny-gpt-oss) = %v, want nil", err)
+		}
+	}
+	const name, family = "tiny-deepseek-v32", "deepseek_v32"
 	dir := packed(t, name, 4)
 	m, err := model.Load(dir)
 	if err != nil {

@@ -37,6 +37,7 @@ type mat struct {
 	rows, cols int
 	q, s, b    uintptr // quantised: codes, scales, biases
 	p          uintptr // bf16 or f32 values
+	bias       uintptr // f32 [rows] added to every product (an expert's bias), 0 when none
 }
 
 // expert is one routed expert on the device.
@@ -50,6 +51,7 @@ type dstate struct {
 	ctx       int
 	pos       int       // positions the device state holds
 	kc, vc    []uintptr // per layer, then the MTP layer's (index len(layers)) when the model has one
+	ring      []int     // per layer as kc: a sliding window's ring of rows (position p at row p % ring), 0 for a plain cache
 	conv, rec []uintptr
 	convN     []int // floats of conv and rec per layer
 	recN      []int
@@ -160,9 +162,9 @@ func Supported(m *model.Model) error {
 	c := &m.Config
 	// qwen3_next is packed into qwen3_5_moe's tensors and block order.
 	switch c.Family {
-	case "qwen3_moe", "qwen3_5_moe", "qwen3_next", "glm4_moe":
+	case "qwen3_moe", "qwen3_5_moe", "qwen3_next", "glm4_moe", "gpt_oss":
 	default:
-		return fmt.Errorf("the GPU backend runs qwen3_moe, qwen3_5_moe, qwen3_next and glm4_moe; %s runs on the CPU only for now", c.Family)
+		return fmt.Errorf("the GPU backend runs qwen3_moe, qwen3_5_moe, qwen3_next, glm4_moe and gpt_oss; %s runs on the CPU only for now", c.Family)
 	}
 	layers := allLayers(m)
 	if !slices.ContainsFunc(layers, func(L block.Layer) bool { return L.MoE() != nil }) {
@@ -172,7 +174,7 @@ func Supported(m *model.Model) error {
 		L := &layers[i]
 		switch x := L.Mixer.(type) {
 		case *block.Attn:
-			if x.Window > 0 || x.Sinks != nil || (x.QNorm == nil) != (x.KNorm == nil) {
+			if (x.QNorm == nil) != (x.KNorm == nil) {
 				return fmt.Errorf("layer %d: attention variant not supported on the GPU", i)
 			}
 		case *block.DeltaNet:
@@ -186,11 +188,14 @@ func Supported(m *model.Model) error {
 			continue // a dense layer: SwiGLU
 		}
 		moe := L.MoE()
-		ok := moe != nil && moe.Act == block.SwiGLU && moe.RouterBias == nil
-		if ok && moe.Score == block.SigmoidGroups {
-			ok = c.Experts <= 1024 && moe.Groups >= 1 && moe.Groups <= 64
-		} else if ok {
-			ok = moe.Score == block.SoftmaxTopK
+		ok := moe != nil && (moe.Act == block.SwiGLU || moe.Act == block.ClampedSwiGLU)
+		if ok {
+			switch moe.Score {
+			case block.SigmoidGroups:
+				ok = c.Experts <= 1024 && moe.Groups >= 1 && moe.Groups <= 64
+			case block.TopKSoftmax:
+				ok = c.Experts <= 1024
+			}
 		}
 		if !ok {
 			return fmt.Errorf("layer %d: feed-forward block not supported on the GPU", i)
@@ -200,6 +205,11 @@ func Supported(m *model.Model) error {
 		return fmt.Errorf("top-%d routing not supported on the GPU (at most 32)", c.TopK)
 	}
 	return nil
+}
+
+// plainSwiGLU reports whether every MoE of layers runs SwiGLU.
+func plainSwiGLU(layers []block.Layer) bool {
+	return !slices.ContainsFunc(layers, func(L block.Layer) bool { m := L.MoE(); return m != nil && m.Act != block.SwiGLU })
 }
 
 // allLayers is m's trunk, then its MTP layer when it has one: the layers
@@ -389,7 +399,60 @@ func (r *Runner) reserve() int64 { return ScratchReserve + r.stateBytes() + r.sn
 // stateBytes is the device memory of the sequences' states (Config.States)
 // at the runner's context length.
 func (r *Runner) stateBytes() int64 {
-	return int64(r.nstates) * experts.StateBytes(&r.M.Config, r.ctx)
+	var f int64
+	for _, sp := range r.M.Arch.States {
+		switch sp.Kind {
+		case block.KV, block.Ring:
+			f += 2 * int64(r.cacheRows(sp, r.ctx)) * int64(sp.KVWidth)
+		case block.Recurrent:
+			f += int64(sp.ConvFloats + sp.RecFloats)
+		}
+	}
+	if r.M.MTP != nil {
+		f += 2 * int64(r.ctx) * int64(r.M.Arch.MTPState.KVWidth)
+	}
+	return 4 * int64(r.nstates) * f
+}
+
+// cacheRows is the rows of a layer's key (and value) cache in a sequence
+// state of ctx positions: ctx, or for a sliding window its ring, the
+// window plus one step's rows (so no row of a step overwrites a position
+// another row of it still attends to, nor one a rolled-back verify's
+// next step needs).
+func (r *Runner) cacheRows(sp block.StateSpec, ctx int) int {
+	if sp.Kind == block.Ring {
+		return min(ctx, sp.Window+r.maxRows)
+	}
+	return ctx
+}
+
+// ringRuns calls f(p, n) for runs of the positions a..b-1 that lie in
+// consecutive rows both of a cache of dr rows and of one of sr rows (a
+// ring holds position p at row p % rows; 0 rows: a plain cache, position
+// p at row p).
+func ringRuns(a, b, dr, sr int, f func(p, n int) error) error {
+	for p := a; p < b; {
+		n := b - p
+		if dr > 0 {
+			n = min(n, dr-p%dr)
+		}
+		if sr > 0 {
+			n = min(n, sr-p%sr)
+		}
+		if err := f(p, n); err != nil {
+			return err
+		}
+		p += n
+	}
+	return nil
+}
+
+// ringRow is position p's row in a cache of rows rows (0: a plain cache).
+func ringRow(p, rows int) int {
+	if rows > 0 {
+		return p % rows
+	}
+	return p
 }
 
 // poolPlan sizes the pool, given the device memory free once the dense
@@ -520,6 +583,7 @@ type matOffsets struct {
 	m       mat
 	q, s, b int
 	p       int
+	bias    int // the bias vector's offset; 0 for none (a matrix's data comes first)
 }
 
 func putMat(a *arena, km *kernels.Mat) matOffsets {
@@ -547,6 +611,9 @@ func (o matOffsets) at(base uintptr) mat {
 		m.q, m.s, m.b = base+uintptr(o.q), base+uintptr(o.s), base+uintptr(o.b)
 	default:
 		m.p = base + uintptr(o.p)
+	}
+	if o.bias > 0 {
+		m.bias = base + uintptr(o.bias)
 	}
 	return m
 }
@@ -597,6 +664,7 @@ func (r *Runner) upload() error {
 			v(x.KB)
 			v(x.VB)
 			v(x.OB)
+			v(x.Sinks)
 			if x.QNorm != nil {
 				v(x.QNorm.W)
 				v(x.KNorm.W)
@@ -617,6 +685,7 @@ func (r *Runner) upload() error {
 			mlp(f)
 		case *block.MoE:
 			w(&f.Router)
+			v(f.RouterBias)
 			v(f.Correction)
 			if f.Shared != nil {
 				mlp(f.Shared)
@@ -668,10 +737,11 @@ func (r *Runner) upload() error {
 			if err != nil {
 				return err
 			}
-			offs[l*r.E+e] = [3]matOffsets{putMat(&ea, &ex.Gate), putMat(&ea, &ex.Up), putMat(&ea, &ex.Down)}
+			o := [3]matOffsets{putMat(&ea, &ex.Gate), putMat(&ea, &ex.Up), putMat(&ea, &ex.Down)}
 			if ex.GateBias != nil {
-				return fmt.Errorf("experts with biases are not supported on the GPU")
+				o[0].bias, o[1].bias, o[2].bias = ea.put(bytesOf(ex.GateBias)), ea.put(bytesOf(ex.UpBias)), ea.put(bytesOf(ex.DownBias))
 			}
+			offs[l*r.E+e] = o
 		}
 	}
 	ebuf, err := ea.commit(r.Dev)
@@ -691,6 +761,9 @@ func (r *Runner) upload() error {
 		r.exKind = "q8"
 	case format.BF16:
 		r.exKind = "bf16"
+	}
+	if ex0.gate.bias != 0 || !plainSwiGLU(layers) {
+		r.exKind = "" // a recorded step's expert products add no biases and run SwiGLU
 	}
 	// The shared expert joins the routed ones in a recorded one-row step
 	// as entry E of every table (slot K, with id E), when it has their
@@ -1000,11 +1073,15 @@ func (r *Runner) state(st *model.State) (*dstate, error) {
 	var slots []slot
 	n := len(a.States)
 	ds.kc, ds.vc, ds.conv, ds.rec = make([]uintptr, n+1), make([]uintptr, n+1), make([]uintptr, n), make([]uintptr, n)
-	ds.convN, ds.recN = make([]int, n), make([]int, n)
+	ds.convN, ds.recN, ds.ring = make([]int, n), make([]int, n), make([]int, n+1)
 	for l, sp := range a.States {
 		switch sp.Kind {
-		case block.KV:
-			slots = append(slots, slot{&ds.kc[l], st.Ctx * sp.KVWidth}, slot{&ds.vc[l], st.Ctx * sp.KVWidth})
+		case block.KV, block.Ring:
+			rows := r.cacheRows(sp, st.Ctx)
+			if rows < st.Ctx {
+				ds.ring[l] = rows
+			}
+			slots = append(slots, slot{&ds.kc[l], rows * sp.KVWidth}, slot{&ds.vc[l], rows * sp.KVWidth})
 		case block.Recurrent:
 			ds.convN[l], ds.recN[l] = sp.ConvFloats, sp.RecFloats
 			slots = append(slots, slot{&ds.conv[l], sp.ConvFloats}, slot{&ds.rec[l], sp.RecFloats})
@@ -1064,11 +1141,25 @@ func (r *Runner) CopyState(dst, src *model.State) error {
 		for l, sp := range r.M.Arch.States {
 			var err error
 			switch {
-			case sp.Kind == block.KV:
-				n := 4 * src.Pos * sp.KVWidth
-				if err = r.Dev.CopyDAsync(dds.kc[l], sds.kc[l], n, r.s); err == nil {
-					err = r.Dev.CopyDAsync(dds.vc[l], sds.vc[l], n, r.s)
+			case sp.Kind == block.KV || sp.Kind == block.Ring:
+				// A ring holds the last positions only: those both rings
+				// hold (a plain cache's ring size is 0: every position).
+				dr, sr := dds.ring[l], sds.ring[l]
+				hold := src.Pos
+				for _, rows := range []int{dr, sr} {
+					if rows > 0 {
+						hold = min(hold, rows)
+					}
 				}
+				a := src.Pos - hold
+				w := 4 * sp.KVWidth
+				err = ringRuns(a, src.Pos, dr, sr, func(p, n int) error {
+					do, so := uintptr(w*ringRow(p, dr)), uintptr(w*ringRow(p, sr))
+					if err := r.Dev.CopyDAsync(dds.kc[l]+do, sds.kc[l]+so, n*w, r.s); err != nil {
+						return err
+					}
+					return r.Dev.CopyDAsync(dds.vc[l]+do, sds.vc[l]+so, n*w, r.s)
+				})
 			case sds.conv[l] != 0:
 				if err = r.Dev.CopyDAsync(dds.conv[l], sds.conv[l], 4*sds.convN[l], r.s); err == nil {
 					err = r.Dev.CopyDAsync(dds.rec[l], sds.rec[l], 4*sds.recN[l], r.s)
@@ -1473,6 +1564,9 @@ func (r *Runner) mulPrepared(out uintptr, w mat, a acts, from, n int) {
 	default:
 		r.check(r.k.MatF32(r.s, out, w.p, w.rows, w.cols, a.x+uintptr(4*from*C), n))
 	}
+	if w.bias != 0 {
+		r.check(r.k.AddRows(r.s, out, w.bias, n, w.rows))
+	}
 }
 
 // mul writes out = W·x for nb rows of cols floats.
@@ -1522,7 +1616,12 @@ func (r *Runner) Project(L *block.Attn) {
 // bias adds b, when present, to each of the step's rows of x.
 func (r *Runner) bias(x uintptr, b []float32) {
 	if len(b) > 0 {
-		r.check(r.k.AddRows(r.s, x, r.vecs[&b[0]], r.nb, len(b)))
+		p, ok := r.vecs[&b[0]]
+		if !ok {
+			r.check(fmt.Errorf("gpu: a bias of %d floats is not on the device", len(b)))
+			return
+		}
+		r.check(r.k.AddRows(r.s, x, p, r.nb, len(b)))
 	}
 }
 
@@ -1542,15 +1641,21 @@ func (r *Runner) Prep(L *block.Attn, cache int) {
 		r.check(r.k.Rope(r.s, r.kk, r.cos, r.sin, nb, L.KVHeads, kvw, hd, rh))
 	}
 	ds := r.cur
+	ring := ds.ring[cache]
 	if r.graphing {
 		for i := range nb {
 			o := uintptr(4 * i * kvw)
-			r.check(r.k.KVAppend(r.s, ds.kc[cache], ds.vc[cache], r.kk+o, r.v+o, r.posDev+uintptr(4*i), kvw))
+			r.check(r.k.KVAppend(r.s, ds.kc[cache], ds.vc[cache], r.kk+o, r.v+o, r.posDev+uintptr(4*i), kvw, ring))
 		}
 		return
 	}
-	r.check(r.Dev.CopyDAsync(ds.kc[cache]+uintptr(4*r.pos*kvw), r.kk, 4*nb*kvw, r.s))
-	r.check(r.Dev.CopyDAsync(ds.vc[cache]+uintptr(4*r.pos*kvw), r.v, 4*nb*kvw, r.s))
+	r.check(ringRuns(r.pos, r.pos+nb, ring, 0, func(p, n int) error {
+		do, so := uintptr(4*kvw*ringRow(p, ring)), uintptr(4*kvw*(p-r.pos))
+		if err := r.Dev.CopyDAsync(ds.kc[cache]+do, r.kk+so, 4*n*kvw, r.s); err != nil {
+			return err
+		}
+		return r.Dev.CopyDAsync(ds.vc[cache]+do, r.v+so, 4*n*kvw, r.s)
+	}))
 }
 
 // Attend implements block.Backend.
@@ -1560,7 +1665,10 @@ func (r *Runner) Attend(L *block.Attn, cache int) {
 	ds := r.cur
 	at := cuda.Attn{Pos: r.pos, Rows: r.nb,
 		Heads: L.Heads, KVHeads: L.KVHeads, HeadDim: L.HeadDim, QRow: qw, QHead: qstride, ORow: L.Heads * L.HeadDim,
-		Scale: L.Scale, Gated: L.Gate}
+		Scale: L.Scale, Gated: L.Gate, Window: L.Window, Ring: ds.ring[cache]}
+	if len(L.Sinks) > 0 {
+		at.Sinks = r.vecs[&L.Sinks[0]]
+	}
 	if r.graphing {
 		at.PosDev, at.MaxPos = r.posDev, ds.ctx
 	}
@@ -1631,6 +1739,7 @@ func (r *Runner) DNOut(d *block.DeltaNet) {
 func (r *Runner) RouterLogits(m *block.MoE) {
 	r.mark("router")
 	r.mul(r.rl, r.wmat(&m.Router), r.h, r.nb, r.H)
+	r.bias(r.rl, m.RouterBias)
 }
 
 // Route implements block.Backend.
@@ -1645,12 +1754,25 @@ func (r *Runner) Route(m *block.MoE) {
 // route writes the top-k choice of nb rows of router logits (overwritten
 // by the router's scores) into ids and w, by m's rule.
 func (r *Runner) route(m *block.MoE, logits, ids, w uintptr, nb int) {
-	if m.Score == block.SigmoidGroups {
+	switch m.Score {
+	case block.SigmoidGroups:
 		g := cuda.Groups{Corr: r.vecs[&m.Correction[0]], Groups: m.Groups, Top: m.TopGroups, Norm: m.NormTopK, Scale: m.Scale}
 		r.check(r.k.RouteGroups(r.s, logits, logits, ids, w, nb, r.E, r.K, g))
+	case block.TopKSoftmax:
+		r.check(r.k.RouteTopK(r.s, logits, ids, w, nb, r.E, r.K))
+	default:
+		r.check(r.k.Route(r.s, logits, logits, ids, w, nb, r.E, r.K, m.NormTopK))
+	}
+}
+
+// act writes the experts' activation of n floats of gate and up into dst,
+// by m's rule.
+func (r *Runner) act(m *block.MoE, dst, gate, up uintptr, n int) {
+	if m.Act == block.ClampedSwiGLU {
+		r.check(r.k.ClampedSwiGLU(r.s, dst, gate, up, n))
 		return
 	}
-	r.check(r.k.Route(r.s, logits, logits, ids, w, nb, r.E, r.K, m.NormTopK))
+	r.check(r.k.SwiGLU(r.s, dst, gate, up, n))
 }
 
 // Experts implements block.Backend: the chosen experts come back to the
@@ -1717,7 +1839,7 @@ func (r *Runner) Experts(m *block.MoE) error {
 	r.check(r.Dev.UploadAsync(r.posd, r.pin, r.offPos, 4*n, r.s))
 	r.check(r.k.GatherRows(r.s, r.gin, r.h, r.gidx, n, H))
 	if r.pool != nil {
-		r.pooledExperts(m.Layer)
+		r.pooledExperts(m)
 		if next >= 0 {
 			r.prefetch(next) // nothing after an error
 		}
@@ -1738,7 +1860,7 @@ func (r *Runner) Experts(m *block.MoE) error {
 		r.mulPrepared(r.g+uintptr(4*b*I), ex.gate, a, b, rows)
 		r.mulPrepared(r.u+uintptr(4*b*I), ex.up, a, b, rows)
 	}
-	r.check(r.k.SwiGLU(r.s, r.g, r.g, r.u, n*I))
+	r.act(m, r.g, r.g, r.u, n*I)
 	a = r.prepare(r.g, n, I, kind)
 	for di, e := range r.distinct {
 		b, rows := r.base[di], r.nrows[di]

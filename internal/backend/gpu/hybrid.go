@@ -3,6 +3,7 @@
 package gpu
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"runtime"
@@ -172,14 +173,21 @@ func (r *Runner) newHybrid(cfg Config) error {
 		return nil
 	}
 	for _, o := range p.lay {
-		if o.m.kind == format.Q4 {
+		var why string
+		switch {
+		case o.m.kind != format.Q4:
+			why = fmt.Sprintf("the CPU computes misses of q4 experts only (these are %s): its product is then the GPU's bit for bit", o.m.kind)
+		case o.bias != 0 || !plainSwiGLU(allLayers(r.M)):
+			// The CPU's product of a miss adds no biases and runs SwiGLU.
+			why = "the CPU computes misses of experts without biases, with SwiGLU, only"
+		default:
 			continue
 		}
 		if r.hyb.auto {
 			r.hyb.auto = false // the cost model's choice: the GPU computes them all
 			return nil
 		}
-		return fmt.Errorf("the CPU computes misses of q4 experts only (these are %s): its product is then the GPU's bit for bit", o.m.kind)
+		return errors.New(why)
 	}
 	hy := &r.hyb
 	for i := range hy.copyEv {

@@ -306,9 +306,6 @@ func storeLayout(m *model.Model) (lay [3]matOffsets, stride int, err error) {
 
 // layoutOf is storeLayout for one store's record layout.
 func layoutOf(st *format.ExpertStore) (lay [3]matOffsets, stride int, err error) {
-	if st.GateBias != nil {
-		return lay, 0, fmt.Errorf("experts with biases are not supported on the GPU")
-	}
 	for i, t := range []*format.Tensor{&st.Gate, &st.Up, &st.Down} {
 		if len(t.Shape) != 2 {
 			return lay, 0, fmt.Errorf("expert store: a matrix of shape %v", t.Shape)
@@ -320,6 +317,16 @@ func layoutOf(st *format.ExpertStore) (lay [3]matOffsets, stride int, err error)
 		}
 		lay[i] = matOffsets{m: mat{kind: t.Kind, rows: t.Shape[0], cols: t.Shape[1]},
 			q: int(t.Offset), s: int(t.ScaleOffset), b: int(t.BiasOffset), p: int(t.Offset)}
+	}
+	// gpt-oss's experts carry a bias per product, after the matrices.
+	for i, b := range []*format.Tensor{st.GateBias, st.UpBias, st.DownBias} {
+		if b == nil {
+			continue
+		}
+		if b.Offset <= 0 || b.Offset%16 != 0 || len(b.Shape) != 1 || b.Shape[0] != lay[i].m.rows {
+			return lay, 0, fmt.Errorf("expert store: a bias of shape %v at offset %d", b.Shape, b.Offset)
+		}
+		lay[i].bias = int(b.Offset)
 	}
 	return lay, int(st.Stride), nil
 }
@@ -543,7 +550,8 @@ func (p *vpool) slotExpert(s int) expert {
 // A wave's rows are consecutive in gin, so each wave prepares and
 // multiplies exactly the rows one pass over all of them would, and the
 // products are batch-invariant: the outputs are the resident path's bits.
-func (r *Runner) pooledExperts(layer int) {
+func (r *Runner) pooledExperts(m *block.MoE) {
+	layer := m.Layer
 	p := r.pool
 	if r.err != nil {
 		return // the step failed: queue no copies that nothing would wait for
@@ -612,7 +620,7 @@ func (r *Runner) pooledExperts(layer int) {
 			}
 		}
 		r.mark("pool_down")
-		r.check(r.k.SwiGLU(r.s, r.g+uintptr(4*b0*I), r.g+uintptr(4*b0*I), r.u+uintptr(4*b0*I), (b1-b0)*I))
+		r.act(m, r.g+uintptr(4*b0*I), r.g+uintptr(4*b0*I), r.u+uintptr(4*b0*I), (b1-b0)*I)
 		a = r.prepare(r.g+uintptr(4*b0*I), b1-b0, I, kind)
 		for di := w0; di < w1; di++ {
 			b, rows := r.base[di], r.nrows[di]
@@ -832,6 +840,7 @@ func (r *Runner) lookahead(m *block.MoE) int {
 	}
 	r.mark("pool_lookahead")
 	r.mul(r.rl2, r.wmat(&nm.Router), r.h, 1, r.H)
+	r.bias(r.rl2, nm.RouterBias)
 	r.route(nm, r.rl2, r.ids2, r.w2, 1)
 	return m.Layer + 1
 }

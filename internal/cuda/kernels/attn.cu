@@ -18,6 +18,13 @@
 // (one thread per dim, positions in order). attend_combine: per (head,
 // row), M = max m_c, w_c = Exp(m_c − M), o = (Σ_c w_c·o_c)·(1/Σ_c w_c·l_c)
 // in chunk order, and with the gate o·sigmoid(g).
+//
+// A sliding window (win > 0) restricts row i to positions n−win..n−1, n =
+// pos+i+1: a chunk keeps its place, only the positions before the window
+// drop out of it. A ring cache (ring > 0 rows) holds position j at row
+// j % ring (model.State's ring). A sink (per head, sinks not null) joins
+// the combine's max and denominator with no value (gpt-oss), as
+// kernels.AttendRing.
 #include "common.cuh"
 
 #define ATT_THREADS 128
@@ -33,23 +40,27 @@
 extern "C" __global__ void __launch_bounds__(ATT_THREADS)
 attend_part(float* __restrict__ part, const float* __restrict__ q, const float* __restrict__ kc,
             const float* __restrict__ vc, int pos, int nh, int nkv, int hd, int qRow, int qHead, int kvw, float scale,
-            int nc, const int* __restrict__ posp) {
+            int nc, const int* __restrict__ posp, int win, int ring) {
     if (posp != nullptr) pos = *posp; // a recorded step reads its position on the device
     extern __shared__ float qs[]; // [hd]
     __shared__ float sc[ATT_CHUNK];
     __shared__ float red[ATT_THREADS / 32];
     int h = blockIdx.x, i = blockIdx.y, c = blockIdx.z;
     int n = pos + i + 1;
+    int lo = win > 0 ? max(n - win, 0) : 0;
     int jc = c * ATT_CHUNK;
-    if (jc >= n) return; // whole blocks
-    int len = min(ATT_CHUNK, n - jc);
+    if (jc >= n || jc + ATT_CHUNK <= lo) return; // whole blocks
+    int j1 = max(jc, lo);                           // the chunk's first position in the window
+    int len = min(jc + ATT_CHUNK, n) - j1;
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const float* qp = q + (size_t)i * qRow + (size_t)h * qHead;
     for (int d = tid; d < hd; d += ATT_THREADS) qs[d] = qp[d];
     __syncthreads();
     int g = h / (nh / nkv);
-    const float* kb = kc + (size_t)jc * kvw + (size_t)g * hd;
-    const float* vb = vc + (size_t)jc * kvw + (size_t)g * hd;
+    const float* kb = kc + (size_t)g * hd;
+    const float* vb = vc + (size_t)g * hd;
+    // The cache row of the chunk's position j1 + j.
+#define ROW(j) ((size_t)(ring > 0 ? (j1 + (j)) % ring : j1 + (j)) * kvw)
     // Four positions per warp at a time: their loads are in flight
     // together. Each score is still one lane split and one butterfly.
     for (int j0 = 4 * warp; j0 < len; j0 += 4 * (ATT_THREADS / 32)) {
@@ -58,7 +69,7 @@ attend_part(float* __restrict__ part, const float* __restrict__ q, const float* 
             float qd = qs[d];
 #pragma unroll
             for (int u = 0; u < 4; u++)
-                if (j0 + u < len) p[u] = fmaf(qd, kb[(size_t)(j0 + u) * kvw + d], p[u]);
+                if (j0 + u < len) p[u] = fmaf(qd, kb[ROW(j0 + u) + d], p[u]);
         }
 #pragma unroll
         for (int u = 0; u < 4; u++) {
@@ -98,32 +109,37 @@ attend_part(float* __restrict__ part, const float* __restrict__ q, const float* 
         for (; j + 8 <= len; j += 8) {
             float v[8];
 #pragma unroll
-            for (int u = 0; u < 8; u++) v[u] = vb[(size_t)(j + u) * kvw + d];
+            for (int u = 0; u < 8; u++) v[u] = vb[ROW(j + u) + d];
 #pragma unroll
             for (int u = 0; u < 8; u++) a = fmaf(sc[j + u], v[u], a);
         }
-        for (; j < len; j++) a = fmaf(sc[j], vb[(size_t)j * kvw + d], a);
+        for (; j < len; j++) a = fmaf(sc[j], vb[ROW(j) + d], a);
         pp[d] = a;
     }
+#undef ROW
 }
 
 extern "C" __global__ void __launch_bounds__(ATT_THREADS)
 attend_combine(float* __restrict__ o, const float* __restrict__ part, const float* __restrict__ q, int pos, int nh,
-               int hd, int qRow, int qHead, int oRow, int nc, int gated, const int* __restrict__ posp) {
+               int hd, int qRow, int qHead, int oRow, int nc, int gated, const int* __restrict__ posp, int win,
+               const float* __restrict__ sinks) {
     if (posp != nullptr) pos = *posp;
     __shared__ float w[ATT_MAX_CHUNKS];
     __shared__ float inv;
     int h = blockIdx.x, i = blockIdx.y;
     int n = pos + i + 1;
     int cn = (n + ATT_CHUNK - 1) / ATT_CHUNK;
+    int c0 = win > 0 ? max(n - win, 0) / ATT_CHUNK : 0; // the window's first chunk
     const float* pb = part + (size_t)(i * nh + h) * nc * (hd + 2);
     float M = __int_as_float(0xff800000);
-    for (int c = 0; c < cn; c++) M = fmaxf(M, pb[(size_t)c * (hd + 2) + hd]);
-    for (int c = threadIdx.x; c < cn; c += ATT_THREADS) w[c] = sl_exp(__fsub_rn(pb[(size_t)c * (hd + 2) + hd], M));
+    for (int c = c0; c < cn; c++) M = fmaxf(M, pb[(size_t)c * (hd + 2) + hd]);
+    if (sinks != nullptr) M = fmaxf(M, sinks[h]);
+    for (int c = c0 + threadIdx.x; c < cn; c += ATT_THREADS) w[c] = sl_exp(__fsub_rn(pb[(size_t)c * (hd + 2) + hd], M));
     __syncthreads();
     if (threadIdx.x == 0) {
         float L = 0.0f;
-        for (int c = 0; c < cn; c++) L = fmaf(w[c], pb[(size_t)c * (hd + 2) + hd + 1], L);
+        for (int c = c0; c < cn; c++) L = fmaf(w[c], pb[(size_t)c * (hd + 2) + hd + 1], L);
+        if (sinks != nullptr) L = __fadd_rn(L, sl_exp(__fsub_rn(sinks[h], M)));
         inv = __fdiv_rn(1.0f, L);
     }
     __syncthreads();
@@ -131,7 +147,7 @@ attend_combine(float* __restrict__ o, const float* __restrict__ part, const floa
     float* op = o + (size_t)i * oRow + (size_t)h * hd;
     for (int d = threadIdx.x; d < hd; d += ATT_THREADS) {
         float a = 0.0f;
-        for (int c = 0; c < cn; c++) a = fmaf(w[c], pb[(size_t)c * (hd + 2) + d], a);
+        for (int c = c0; c < cn; c++) a = fmaf(w[c], pb[(size_t)c * (hd + 2) + d], a);
         float r = __fmul_rn(a, inv);
         if (gated) r = __fmul_rn(r, sl_sigmoid(gp[d]));
         op[d] = r;

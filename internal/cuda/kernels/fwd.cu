@@ -49,14 +49,16 @@ extern "C" __global__ void moe_combine(float* __restrict__ y, const float* __res
     y[t] = a;
 }
 
-// kv_append: one row's keys and values (n floats each) into cache row
-// *posp, the position read on the device so that a recorded decode step
-// replays at any position.
+// kv_append: one row's keys and values (n floats each) into the cache row
+// of position *posp (*posp % ring in a ring of ring rows, ring > 0), the
+// position read on the device so that a recorded decode step replays at
+// any position.
 extern "C" __global__ void kv_append(float* __restrict__ kc, float* __restrict__ vc, const float* __restrict__ k,
-                                     const float* __restrict__ v, const int* __restrict__ posp, int n) {
+                                     const float* __restrict__ v, const int* __restrict__ posp, int n, int ring) {
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n) return;
-    size_t off = (size_t)(*posp) * n + t;
+    int p = *posp;
+    size_t off = (size_t)(ring > 0 ? p % ring : p) * n + t;
     kc[off] = k[t];
     vc[off] = v[t];
 }

@@ -202,6 +202,61 @@ extern "C" __global__ void route_groups(const float* logits, float* probs, const
     }
 }
 
+// route_topk: per row, gpt-oss's router (block.TopKSoftmax): the top k of
+// E logits (model.Route: in order, ties to the lower id), then
+// kernels.Softmax over those k (max, Exp(x−max), the sum in 8 lanes by
+// index mod 8 then hsum8, x·(1/sum)). One warp per row; the logits are
+// left as they were.
+extern "C" __global__ void route_topk(const float* __restrict__ logits, int* __restrict__ ids, float* __restrict__ wts,
+                                      int nb, int E, int K) {
+    int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= nb) return;
+    int lane = threadIdx.x & 31;
+    const float* lr = logits + (size_t)row * E;
+    const int none = 0x7fffffff;
+    unsigned chosen = 0; // bit j: entry lane + 32·j
+    float mine = 0.0f;   // lane k < K: the k-th choice's logit
+    for (int k = 0; k < K; k++) {
+        float bv = __int_as_float(0xff800000);
+        int bi = none;
+        for (int i = lane, j = 0; i < E; i += 32, j++) {
+            if ((chosen >> j) & 1) continue;
+            float v = lr[i];
+            if (bi == none || v > bv) bv = v, bi = i;
+        }
+#pragma unroll
+        for (int s = 16; s > 0; s >>= 1) {
+            float ov = __shfl_xor_sync(FULL_MASK, bv, s);
+            int oi = __shfl_xor_sync(FULL_MASK, bi, s);
+            if (oi != none && (bi == none || ov > bv || (ov == bv && oi < bi))) bv = ov, bi = oi;
+        }
+        if (bi == none) bi = 0; // only NaN logits left
+        if ((bi & 31) == lane) chosen |= 1u << (bi >> 5);
+        if (lane == k) mine = bv;
+        if (lane == 0) ids[row * K + k] = bi;
+    }
+    float m = __shfl_sync(FULL_MASK, mine, 0);
+    for (int k = 1; k < K; k++) m = fmaxf(m, __shfl_sync(FULL_MASK, mine, k));
+    float e = lane < K ? sl_exp(__fsub_rn(mine, m)) : 0.0f;
+    float a = 0.0f; // lane l < 8: the sum of e_k for k ≡ l mod 8, in order
+    for (int k = 0; k < K; k++) {
+        float ek = __shfl_sync(FULL_MASK, e, k);
+        if ((k & 7) == lane) a = __fadd_rn(a, ek);
+    }
+    float inv = __fdiv_rn(1.0f, hsum8_lanes(a));
+    if (lane < K) wts[row * K + lane] = __fmul_rn(e, inv);
+}
+
+// clamped_swiglu: gpt-oss's expert activation, as kernels.ClampedSwiGLU:
+// g = min(gate, 7), u = clamp(up, ±7), dst = (u+1)·(g·sigmoid(1.702·g)).
+extern "C" __global__ void clamped_swiglu(float* dst, const float* gate, const float* up, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float g = fminf(gate[i], 7.0f);
+    float u = fminf(fmaxf(up[i], -7.0f), 7.0f);
+    dst[i] = __fmul_rn(__fadd_rn(u, 1.0f), __fmul_rn(g, sl_sigmoid(__fmul_rn(g, 1.702f))));
+}
+
 // add_rows: x row r += b for rows rows of n floats (the projections'
 // biases), as kernels.Add.
 extern "C" __global__ void add_rows(float* x, const float* __restrict__ b, int rows, int n) {
