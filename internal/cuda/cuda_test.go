@@ -652,6 +652,31 @@ func TestAddRows(t *testing.T) {
 	})
 }
 
+// TestAddEx checks a recorded step's expert biases: each slot's row gets
+// its expert's vector, none where the table holds 0.
+func TestAddEx(t *testing.T) {
+	onGPU(t, func(e *env) {
+		r := rand.New(rand.NewPCG(8, 12))
+		const O, E = 300, 3
+		ids := []int32{2, 0, 3, 2} // expert 3: the shared slot, no bias
+		x := randF32(r, len(ids)*O, 3)
+		bias := [E][]float32{randF32(r, O, 1), randF32(r, O, 1), randF32(r, O, 1)}
+		tab := make([]uint64, 3*(E+1))
+		for i, b := range bias {
+			tab[3*i+1] = uint64(up(e, b)) // the up bias
+		}
+		want := append([]float32(nil), x...)
+		for k, id := range ids {
+			if int(id) < E {
+				kernels.Add(want[k*O:(k+1)*O], bias[id])
+			}
+		}
+		xd := up(e, x)
+		must(e.k.AddEx(e.s, xd, up(e, tab), up(e, ids), 1, O, len(ids)))
+		e.exact("add_ex", down[float32](e, xd, len(ids)*O), want)
+	})
+}
+
 // TestArgmax checks greedy argmax with planted ties.
 func TestArgmax(t *testing.T) {
 	onGPU(t, func(e *env) {

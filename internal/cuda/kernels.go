@@ -94,7 +94,7 @@ func LoadKernels(d *Device) (*Kernels, error) {
 	k := &Kernels{d: d, f: map[string]Func{}}
 	names := map[string][]string{
 		"matvec": {"prep_x", "q4_mv", "q4_mv2", "q4_mm8", "q4_mma", "q3_mv", "q3_mm8", "q2_mv", "q2_mm8", "q8_mv", "q8_mm8", "bf16_mv", "bf16_mm8", "q4_ex", "q8_ex", "bf16_ex"},
-		"ops":    {"rmsnorm", "rope", "swiglu", "route", "route_groups", "route_topk", "clamped_swiglu", "add_rows", "argmax", "dn_qk_norm", "dn_gates"},
+		"ops":    {"rmsnorm", "rope", "swiglu", "route", "route_groups", "route_topk", "clamped_swiglu", "add_rows", "add_ex", "argmax", "dn_qk_norm", "dn_gates"},
 		"attn":   {"attend_part", "attend_combine"},
 		"delta":  {"dn_conv", "dn_rule32", "dn_rule64", "dn_rule128", "bench_empty"},
 		"fwd":    {"f32_mv", "gather_rows", "moe_combine", "kv_append"},
@@ -353,6 +353,15 @@ func (k *Kernels) RouteTopK(s Stream, logits, ids, w uintptr, nb, E, topK int) e
 // floats (kernels.ClampedSwiGLU's bits).
 func (k *Kernels) ClampedSwiGLU(s Stream, dst, gate, up uintptr, n int) error {
 	return k.d.Launch(k.f["clamped_swiglu"], Dim3{ceil(n, 256), 1, 1}, Dim3{256, 1, 1}, 0, s, P(dst), P(gate), P(up), I(n))
+}
+
+// AddEx adds, to each of nk rows of out (O floats), the bias of its slot's
+// expert: the vector at tab[ids[k]][which] (tab [E+1][3] uint64 device
+// addresses, 0 for none), with AddRows' bits. A recorded step's expert
+// biases.
+func (k *Kernels) AddEx(s Stream, out, tab, ids uintptr, which, O, nk int) error {
+	return k.d.Launch(k.f["add_ex"], Dim3{ceil(nk*O, 256), 1, 1}, Dim3{256, 1, 1}, 0, s,
+		P(out), P(tab), P(ids), I(which), I(O), I(nk))
 }
 
 // AddRows adds b (n floats) to each of rows rows of x: a projection's

@@ -88,6 +88,10 @@ type Runner struct {
 	// choice through; exKind is their kind ("" when a recorded step cannot
 	// run these experts).
 	tabGate, tabUp, tabDown []uintptr
+	// tabBias, when the experts carry biases, is per expert layer the
+	// device table [E+1][3] of their addresses (gate, up, down; 0 for the
+	// shared expert's slot).
+	tabBias []uintptr
 	exKind                  string
 	posK                    uintptr // int32 [Rows·K+1] = 0, 1, ...: a recorded step's combine order
 	rowOf                   uintptr // int32 [Rows·K+1] = j/K: the row slot j of a recorded multi-row step reads
@@ -762,9 +766,6 @@ func (r *Runner) upload() error {
 	case format.BF16:
 		r.exKind = "bf16"
 	}
-	if ex0.gate.bias != 0 || !plainSwiGLU(layers) {
-		r.exKind = "" // a recorded step's expert products add no biases and run SwiGLU
-	}
 	// The shared expert joins the routed ones in a recorded one-row step
 	// as entry E of every table (slot K, with id E), when it has their
 	// shape and kind: one launch per product serves both.
@@ -790,6 +791,11 @@ func (r *Runner) upload() error {
 	nx := r.xl
 	E1 := r.E + 1
 	tabs := make([]uint64, 3*nx*E1*3)
+	biased := ex0.gate.bias != 0
+	var btabs []uint64 // [nx][E1][3]
+	if biased {
+		btabs = make([]uint64, nx*E1*3)
+	}
 	put := func(j, l, e int, m mat) {
 		t := tabs[j*3*nx*E1+3*(l*E1+e):]
 		if m.kind == format.Q4 || m.kind == format.Q8 {
@@ -808,6 +814,10 @@ func (r *Runner) upload() error {
 			put(0, l, e, ex.gate)
 			put(1, l, e, ex.up)
 			put(2, l, e, ex.down)
+			if biased {
+				b := btabs[3*(l*E1+e):]
+				b[0], b[1], b[2] = uint64(ex.gate.bias), uint64(ex.up.bias), uint64(ex.down.bias)
+			}
 		}
 		if sh := m.Shared; r.sharedSlot {
 			put(0, l, r.E, r.wmat(&sh.Gate))
@@ -828,6 +838,10 @@ func (r *Runner) upload() error {
 	roff := ta.put(bytesOf(rowOf))
 	ioff := ta.put(bytesOf(idsG))
 	doff := ta.put(make([]byte, 4*r.maxRows))
+	boff := 0
+	if biased {
+		boff = ta.put(bytesOf(btabs))
+	}
 	tbuf, err := ta.commit(r.Dev)
 	if err != nil {
 		return err
@@ -839,6 +853,9 @@ func (r *Runner) upload() error {
 		r.tabGate = append(r.tabGate, base+uintptr(l*per))
 		r.tabUp = append(r.tabUp, base+uintptr(nx*per+l*per))
 		r.tabDown = append(r.tabDown, base+uintptr(2*nx*per+l*per))
+		if biased {
+			r.tabBias = append(r.tabBias, tbuf.Ptr+uintptr(boff+l*per))
+		}
 	}
 	r.posK = tbuf.Ptr + uintptr(poff)
 	r.rowOf = tbuf.Ptr + uintptr(roff)
@@ -1894,12 +1911,19 @@ func (r *Runner) expertsOnDevice(m *block.MoE) {
 	}
 	r.check(r.k.MatEx(r.s, r.exKind, r.g, r.tabGate[l], ids, I, x8, n, own))
 	r.check(r.k.MatEx(r.s, r.exKind, r.u, r.tabUp[l], ids, I, x8, n, own))
-	r.check(r.k.SwiGLU(r.s, r.g, r.g, r.u, n*I))
+	if r.tabBias != nil {
+		r.check(r.k.AddEx(r.s, r.g, r.tabBias[l], ids, 0, I, n))
+		r.check(r.k.AddEx(r.s, r.u, r.tabBias[l], ids, 1, I, n))
+	}
+	r.act(m, r.g, r.g, r.u, n*I)
 	g8 := cuda.Acts{X: r.g, X8: r.x8, XS: r.xs, XSum: r.xsum, Rows: n, Cols: I}
 	if r.exKind != "bf16" {
 		r.check(r.k.PrepQ4(r.s, g8))
 	}
 	r.check(r.k.MatEx(r.s, r.exKind, r.outk, r.tabDown[l], ids, H, g8, n, true))
+	if r.tabBias != nil {
+		r.check(r.k.AddEx(r.s, r.outk, r.tabBias[l], ids, 2, H, n))
+	}
 }
 
 // shared1 computes the shared expert and its gate of every row.

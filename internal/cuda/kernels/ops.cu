@@ -257,6 +257,17 @@ extern "C" __global__ void clamped_swiglu(float* dst, const float* gate, const f
     dst[i] = __fmul_rn(__fadd_rn(u, 1.0f), __fmul_rn(g, sl_sigmoid(__fmul_rn(g, 1.702f))));
 }
 
+// add_ex: the expert biases of a recorded step: out row k += the bias
+// vector tab[ids[k]][which] (O floats; none where the address is 0), as
+// add_rows adds each expert's.
+extern "C" __global__ void add_ex(float* out, const unsigned long long* __restrict__ tab, const int* __restrict__ ids,
+                                  int which, int O, int nk) {
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= nk * O) return;
+    const float* b = (const float*)tab[3 * (size_t)ids[t / O] + which];
+    if (b != nullptr) out[t] = __fadd_rn(out[t], b[t % O]);
+}
+
 // add_rows: x row r += b for rows rows of n floats (the projections'
 // biases), as kernels.Add.
 extern "C" __global__ void add_rows(float* x, const float* __restrict__ b, int rows, int n) {
