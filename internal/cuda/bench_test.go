@@ -190,6 +190,32 @@ func TestGPUBench(t *testing.T) {
 			report("delta rule decode, 64 value heads of 128x128: %.2f us (%.0f GB/s of state read+written)", ms*1e3, float64(2*dn.ValueHeads*128*128*4)/(ms/1e3)/1e9)
 		}
 
+		// One-row ops of every decode layer, each kernel timed in a graph
+		// of 256 (no host launch cost): the residual add and RMSNorm of a
+		// hidden row, and the f32 router product.
+		inGraph := func(n int, launch func()) float64 {
+			must(d.BeginCapture(s))
+			for i := 0; i < n; i++ {
+				launch()
+			}
+			g, err := d.EndCapture(s)
+			must(err)
+			ms := timed(3, func(int) { must(d.LaunchGraph(g, s)) }) / float64(n)
+			must(d.DestroyGraph(g))
+			return ms
+		}
+		for _, H := range []int{2880, 4096} {
+			x, add, w := up(e, randF32(r, H, 1)), up(e, randF32(r, H, 1)), up(e, randF32(r, H, 1))
+			dst := e.alloc(4 * H)
+			ms := inGraph(256, func() { must(e.k.RMSNorm(s, dst, x, add, w, 1, H, H, 1e-6, false)) })
+			report("rmsnorm with the residual add, one row of %d: %.2f us/kernel in a graph", H, ms*1e3)
+			const E = 128
+			wr := up(e, randF32(r, E*H, 1))
+			out := e.alloc(4 * E)
+			ms = inGraph(256, func() { must(e.k.MatF32(s, out, wr, E, H, x, 1)) })
+			report("f32 router %dx%d, one row: %.2f us/kernel in a graph", E, H, ms*1e3)
+		}
+
 		// Launch overhead: an empty kernel, 20000 times.
 		const L = 20000
 		must(e.k.Empty(s))

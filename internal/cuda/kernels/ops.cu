@@ -12,7 +12,17 @@ __device__ __forceinline__ float sum_squares32(const float* x, int n) {
     int lane = threadIdx.x & 31;
     int n32 = n & ~31;
     float a = 0.0f;
-    for (int i = lane; i < n32; i += 32) {
+    int i = lane;
+    // Eight loads in flight before their adds, which keep their order: a
+    // row of thousands is otherwise one load's latency per 32 floats.
+    for (; i + 7 * 32 < n32; i += 8 * 32) {
+        float v[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) v[u] = x[i + 32 * u];
+#pragma unroll
+        for (int u = 0; u < 8; u++) a = __fadd_rn(a, __fmul_rn(v[u], v[u]));
+    }
+    for (; i < n32; i += 32) {
         float v = x[i];
         a = __fadd_rn(a, __fmul_rn(v, v));
     }
@@ -37,12 +47,28 @@ extern "C" __global__ void rmsnorm(float* dst, float* x, const float* __restrict
     float* dr = dst + (size_t)row * stride;
     if (add != nullptr) {
         const float* ar = add + (size_t)row * stride;
-        for (int i = lane; i < n; i += 32) xr[i] = __fadd_rn(xr[i], ar[i]);
+        int i = lane;
+        for (; i + 7 * 32 < n; i += 8 * 32) { // eight loads of each in flight
+            float v[8], b[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) v[u] = xr[i + 32 * u], b[u] = ar[i + 32 * u];
+#pragma unroll
+            for (int u = 0; u < 8; u++) xr[i + 32 * u] = __fadd_rn(v[u], b[u]);
+        }
+        for (; i < n; i += 32) xr[i] = __fadd_rn(xr[i], ar[i]);
         __syncwarp();
     }
     float ss = sum_squares32(xr, n);
     float inv = (float)(1.0 / sqrt((double)__fadd_rn(__fdiv_rn(ss, (float)n), eps)));
-    for (int i = lane; i < n; i += 32) {
+    int i = lane;
+    for (; i + 7 * 32 < n; i += 8 * 32) {
+        float v[8], g[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) v[u] = xr[i + 32 * u], g[u] = w[i + 32 * u];
+#pragma unroll
+        for (int u = 0; u < 8; u++) dr[i + 32 * u] = __fmul_rn(__fmul_rn(v[u], inv), zc ? __fadd_rn(1.0f, g[u]) : g[u]);
+    }
+    for (; i < n; i += 32) {
         float v = __fmul_rn(xr[i], inv);
         float g = zc ? __fadd_rn(1.0f, w[i]) : w[i];
         dr[i] = __fmul_rn(v, g);
