@@ -195,10 +195,13 @@ func Supported(m *model.Model) error {
 		ok := moe != nil && (moe.Act == block.SwiGLU || moe.Act == block.ClampedSwiGLU)
 		if ok {
 			switch moe.Score {
+			case block.SoftmaxTopK:
 			case block.SigmoidGroups:
 				ok = c.Experts <= 1024 && moe.Groups >= 1 && moe.Groups <= 64
 			case block.TopKSoftmax:
 				ok = c.Experts <= 1024
+			default:
+				ok = false
 			}
 		}
 		if !ok {
@@ -1768,8 +1771,9 @@ func (r *Runner) Route(m *block.MoE) {
 	r.route(m, r.rl, ids, r.w, r.nb)
 }
 
-// route writes the top-k choice of nb rows of router logits (overwritten
-// by the router's scores) into ids and w, by m's rule.
+// route writes the top-k choice of nb rows of router logits into ids and
+// w, by m's rule (the softmax and sigmoid rules leave their scores in
+// place of the logits).
 func (r *Runner) route(m *block.MoE, logits, ids, w uintptr, nb int) {
 	switch m.Score {
 	case block.SigmoidGroups:
