@@ -153,6 +153,17 @@ func (e *env) exact(what string, got, want []float32) {
 	}
 }
 
+// sameIDs checks a router's choices, k a row, against want.
+func (e *env) sameIDs(what string, got, want []int32, k int) {
+	e.t.Helper()
+	for i := range want {
+		if got[i] != want[i] {
+			e.t.Errorf("%s: row %d slot %d: expert %d, want %d", what, i/k, i%k, got[i], want[i])
+			return
+		}
+	}
+}
+
 // close checks ‖got−want‖/‖want‖ ≤ tol and that nothing is NaN.
 func (e *env) close(what string, got, want []float32, tol float64) {
 	e.t.Helper()
@@ -569,13 +580,7 @@ func TestRoute(t *testing.T) {
 			ld, pd := up(e, logits), e.alloc(4*nb*c.E)
 			idd, wd := e.alloc(4*nb*c.K), e.alloc(4*nb*c.K)
 			must(e.k.Route(e.s, ld, pd, idd, wd, nb, c.E, c.K, c.norm))
-			gotIDs := down[int32](e, idd, nb*c.K)
-			for i := range wantIDs {
-				if gotIDs[i] != wantIDs[i] {
-					t.Errorf("route E=%d K=%d: row %d slot %d: expert %d, want %d", c.E, c.K, i/c.K, i%c.K, gotIDs[i], wantIDs[i])
-					break
-				}
-			}
+			e.sameIDs(fmt.Sprintf("route E=%d K=%d", c.E, c.K), down[int32](e, idd, nb*c.K), wantIDs, c.K)
 			e.exact(fmt.Sprintf("route E=%d K=%d weights", c.E, c.K), down[float32](e, wd, nb*c.K), wantW)
 		}
 	})
@@ -623,13 +628,7 @@ func TestRouteGroups(t *testing.T) {
 			g := Groups{Corr: up(e, corr), Groups: c.G, Top: c.TG, Norm: c.norm, Scale: c.scale}
 			must(e.k.RouteGroups(e.s, ld, ld, idd, wd, nb, c.E, c.K, g))
 			what := fmt.Sprintf("route_groups E=%d K=%d G=%d/%d", c.E, c.K, c.TG, c.G)
-			gotIDs := down[int32](e, idd, nb*c.K)
-			for i := range wantIDs {
-				if gotIDs[i] != wantIDs[i] {
-					t.Errorf("%s: row %d slot %d: expert %d, want %d", what, i/c.K, i%c.K, gotIDs[i], wantIDs[i])
-					break
-				}
-			}
+			e.sameIDs(what, down[int32](e, idd, nb*c.K), wantIDs, c.K)
 			e.exact(what+" weights", down[float32](e, wd, nb*c.K), wantW)
 			e.exact(what+" scores", down[float32](e, ld, nb*c.E), probs)
 		}
@@ -853,13 +852,7 @@ func TestRouteTopK(t *testing.T) {
 			idd, wd := e.alloc(4*nb*c.K), e.alloc(4*nb*c.K)
 			must(e.k.RouteTopK(e.s, up(e, logits), idd, wd, nb, c.E, c.K))
 			what := fmt.Sprintf("route_topk E=%d K=%d", c.E, c.K)
-			gotIDs := down[int32](e, idd, nb*c.K)
-			for i := range wantIDs {
-				if gotIDs[i] != wantIDs[i] {
-					t.Errorf("%s: row %d slot %d: expert %d, want %d", what, i/c.K, i%c.K, gotIDs[i], wantIDs[i])
-					break
-				}
-			}
+			e.sameIDs(what, down[int32](e, idd, nb*c.K), wantIDs, c.K)
 			e.exact(what+" weights", down[float32](e, wd, nb*c.K), wantW)
 		}
 	})

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -13,7 +12,6 @@ import (
 	"reflect"
 	"regexp"
 	"runtime"
-	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -42,37 +40,13 @@ type rawTensor struct {
 	Data  []byte
 }
 
-// writeSafetensors writes a single safetensors file: 8-byte little-endian
-// header length, JSON header (dtype, shape, data_offsets), then the data.
+// writeSafetensors writes a single safetensors file (testutil's writer).
 func writeSafetensors(t testing.TB, path string, ts map[string]rawTensor) {
-	t.Helper()
-	names := make([]string, 0, len(ts))
-	for n := range ts {
-		names = append(names, n)
+	st := make(map[string]testutil.STensor, len(ts))
+	for n, x := range ts {
+		st[n] = testutil.STensor(x)
 	}
-	sort.Strings(names)
-	hdr := map[string]any{"__metadata__": map[string]string{"format": "pt"}}
-	var size int64
-	for _, n := range names {
-		hdr[n] = map[string]any{"dtype": ts[n].DType, "shape": ts[n].Shape, "data_offsets": []int64{size, size + int64(len(ts[n].Data))}}
-		size += int64(len(ts[n].Data))
-	}
-	hb, err := json.Marshal(hdr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for len(hb)%8 != 0 {
-		hb = append(hb, ' ')
-	}
-	buf := make([]byte, 0, 8+len(hb)+int(size))
-	buf = binary.LittleEndian.AppendUint64(buf, uint64(len(hb)))
-	buf = append(buf, hb...)
-	for _, n := range names {
-		buf = append(buf, ts[n].Data...)
-	}
-	if err := os.WriteFile(path, buf, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testutil.WriteSafetensors(t, path, st)
 }
 
 // variant describes how to rewrite a shared checkpoint.

@@ -24,8 +24,8 @@ type STensor struct {
 }
 
 // WriteSafetensors writes tensors as one safetensors file at path: an
-// 8-byte header length, the JSON header (names in order, padded to 8
-// bytes), the data.
+// 8-byte header length, the JSON header (names in order, with the
+// "__metadata__" entry torch writes, padded to 8 bytes), the data.
 func WriteSafetensors(t testing.TB, path string, tensors map[string]STensor) {
 	t.Helper()
 	names := make([]string, 0, len(tensors))
@@ -33,7 +33,7 @@ func WriteSafetensors(t testing.TB, path string, tensors map[string]STensor) {
 		names = append(names, n)
 	}
 	sort.Strings(names)
-	hdr := map[string]any{}
+	hdr := map[string]any{"__metadata__": map[string]string{"format": "pt"}}
 	var off int
 	for _, n := range names {
 		x := tensors[n]

@@ -150,6 +150,43 @@ extern "C" __global__ void route(const float* logits, float* probs, int* __restr
     if (norm && lane < K) wts[row * K + lane] = __fdiv_rn(wts[row * K + lane], sum);
 }
 
+// NONE is "no entry" in a warp's search for its best.
+#define NONE 0x7fffffff
+
+// warp_best reduces the lanes' candidates (bv, bi; bi == NONE: none) to
+// the warp's best, the larger value with ties to the lower index. Every
+// lane returns it.
+__device__ __forceinline__ void warp_best(float& bv, int& bi) {
+#pragma unroll
+    for (int s = 16; s > 0; s >>= 1) {
+        float ov = __shfl_xor_sync(FULL_MASK, bv, s);
+        int oi = __shfl_xor_sync(FULL_MASK, bi, s);
+        if (oi != NONE && (bi == NONE || ov > bv || (ov == bv && oi < bi))) bv = ov, bi = oi;
+    }
+}
+
+// pick_next is one step of a warp's top-k over E entries, as model.Route
+// takes them: the best entry not chosen yet (chosen holds this lane's
+// entries lane + 32·j as bit j) among those val(i, v) gives a value v for
+// (it returns false to skip one), ties to the lower index. It marks the
+// entry chosen and returns it, its value in best; every lane gets both.
+template <typename F>
+__device__ __forceinline__ int pick_next(int E, unsigned& chosen, F val, float& best) {
+    int lane = threadIdx.x & 31;
+    float bv = __int_as_float(0xff800000);
+    int bi = NONE;
+    for (int i = lane, j = 0; i < E; i += 32, j++) {
+        float v;
+        if (((chosen >> j) & 1) || !val(i, v)) continue;
+        if (bi == NONE || v > bv) bv = v, bi = i;
+    }
+    warp_best(bv, bi);
+    if (bi == NONE) bi = 0; // only NaN values left
+    if ((bi & 31) == lane) chosen |= 1u << (bi >> 5);
+    best = bv;
+    return bi;
+}
+
 // route_groups: per row, DeepSeek-V3's router as model.RouteGroups: p =
 // sigmoid(logit) into probs (which may be logits); choice = p + corr; with
 // G > TG groups, each group scored by the sum of its two best choices and
@@ -169,7 +206,6 @@ extern "C" __global__ void route_groups(const float* logits, float* probs, const
     for (int i = lane; i < E; i += 32) pr[i] = sl_sigmoid(lr[i]);
     __syncwarp();
     const float ninf = __int_as_float(0xff800000);
-    const int none = 0x7fffffff;
     int gs = E / G;
     unsigned long long keep = ~0ull;
     if (G > 1 && TG < G) {
@@ -186,36 +222,25 @@ extern "C" __global__ void route_groups(const float* logits, float* probs, const
         keep = 0;
         for (int t = 0; t < TG; t++) {
             float bv = ninf;
-            int bi = none;
+            int bi = NONE;
             if (lane < G && !((keep >> lane) & 1)) bv = sc[0], bi = lane;
-            if (lane + 32 < G && !((keep >> (lane + 32)) & 1) && (bi == none || sc[1] > bv)) bv = sc[1], bi = lane + 32;
-#pragma unroll
-            for (int s = 16; s > 0; s >>= 1) {
-                float ov = __shfl_xor_sync(FULL_MASK, bv, s);
-                int oi = __shfl_xor_sync(FULL_MASK, bi, s);
-                if (oi != none && (bi == none || ov > bv || (ov == bv && oi < bi))) bv = ov, bi = oi;
-            }
-            if (bi != none) keep |= 1ull << bi;
+            if (lane + 32 < G && !((keep >> (lane + 32)) & 1) && (bi == NONE || sc[1] > bv)) bv = sc[1], bi = lane + 32;
+            warp_best(bv, bi);
+            if (bi != NONE) keep |= 1ull << bi;
         }
     }
     unsigned chosen = 0; // bit j: entry lane + 32·j
     float sum = 0.0f;
     for (int k = 0; k < K; k++) {
-        float bv = ninf;
-        int bi = none;
-        for (int i = lane, j = 0; i < E; i += 32, j++) {
-            if (((chosen >> j) & 1) || !((keep >> (i / gs)) & 1)) continue;
-            float v = __fadd_rn(pr[i], corr[i]);
-            if (bi == none || v > bv) bv = v, bi = i;
-        }
-#pragma unroll
-        for (int s = 16; s > 0; s >>= 1) {
-            float ov = __shfl_xor_sync(FULL_MASK, bv, s);
-            int oi = __shfl_xor_sync(FULL_MASK, bi, s);
-            if (oi != none && (bi == none || ov > bv || (ov == bv && oi < bi))) bv = ov, bi = oi;
-        }
-        if (bi == none) bi = 0; // only NaN choices left
-        if ((bi & 31) == lane) chosen |= 1u << (bi >> 5);
+        float bv;
+        int bi = pick_next(
+            E, chosen,
+            [&](int i, float& v) {
+                if (!((keep >> (i / gs)) & 1)) return false; // a dropped group
+                v = __fadd_rn(pr[i], corr[i]);
+                return true;
+            },
+            bv);
         float p = pr[bi];
         if (lane == 0) ids[row * K + k] = bi, wts[row * K + k] = p;
         sum = __fadd_rn(sum, p);
@@ -239,25 +264,17 @@ extern "C" __global__ void route_topk(const float* __restrict__ logits, int* __r
     if (row >= nb) return;
     int lane = threadIdx.x & 31;
     const float* lr = logits + (size_t)row * E;
-    const int none = 0x7fffffff;
     unsigned chosen = 0; // bit j: entry lane + 32·j
     float mine = 0.0f;   // lane k < K: the k-th choice's logit
     for (int k = 0; k < K; k++) {
-        float bv = __int_as_float(0xff800000);
-        int bi = none;
-        for (int i = lane, j = 0; i < E; i += 32, j++) {
-            if ((chosen >> j) & 1) continue;
-            float v = lr[i];
-            if (bi == none || v > bv) bv = v, bi = i;
-        }
-#pragma unroll
-        for (int s = 16; s > 0; s >>= 1) {
-            float ov = __shfl_xor_sync(FULL_MASK, bv, s);
-            int oi = __shfl_xor_sync(FULL_MASK, bi, s);
-            if (oi != none && (bi == none || ov > bv || (ov == bv && oi < bi))) bv = ov, bi = oi;
-        }
-        if (bi == none) bi = 0; // only NaN logits left
-        if ((bi & 31) == lane) chosen |= 1u << (bi >> 5);
+        float bv;
+        int bi = pick_next(
+            E, chosen,
+            [&](int i, float& v) {
+                v = lr[i];
+                return true;
+            },
+            bv);
         if (lane == k) mine = bv;
         if (lane == 0) ids[row * K + k] = bi;
     }
