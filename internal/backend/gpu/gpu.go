@@ -91,13 +91,13 @@ type Runner struct {
 	// tabBias, when the experts carry biases, is per expert layer the
 	// device table [E+1][3] of their addresses (gate, up, down; 0 for the
 	// shared expert's slot).
-	tabBias []uintptr
-	exKind                  string
-	posK                    uintptr // int32 [Rows·K+1] = 0, 1, ...: a recorded step's combine order
-	rowOf                   uintptr // int32 [Rows·K+1] = j/K: the row slot j of a recorded multi-row step reads
-	idsG                    uintptr // int32 [K+1]: a recorded one-row step's experts, then E (the shared expert)
-	sharedSlot              bool    // the shared expert runs as slot K of a recorded step
-	posDev                  uintptr // int32 [Rows]: the positions of a recorded step's rows
+	tabBias    []uintptr
+	exKind     string
+	posK       uintptr // int32 [Rows·K+1] = 0, 1, ...: a recorded step's combine order
+	rowOf      uintptr // int32 [Rows·K+1] = j/K: the row slot j of a recorded multi-row step reads
+	idsG       uintptr // int32 [K+1]: a recorded one-row step's experts, then E (the shared expert)
+	sharedSlot bool    // the shared expert runs as slot K of a recorded step
+	posDev     uintptr // int32 [Rows]: the positions of a recorded step's rows
 
 	// NoGraphs turns off recording and replaying the decode step (one row
 	// per step): every op is then launched from the host.
