@@ -508,17 +508,30 @@ func TestRope(t *testing.T) {
 	})
 }
 
-// TestSwiGLU checks silu(gate)·up over a range that reaches Exp's cut-offs.
+// TestSwiGLU checks the experts' activations bit for bit: silu(gate)·up
+// over a range that reaches Exp's cut-offs, and gpt-oss's clamped one over
+// a range that reaches both clamps.
 func TestSwiGLU(t *testing.T) {
 	onGPU(t, func(e *env) {
-		r := rand.New(rand.NewPCG(7, 7))
-		n := 100003
-		g, u := randF32(r, n, 100), randF32(r, n, 3)
-		want := make([]float32, n)
-		kernels.SwiGLU(want, g, u)
-		out := e.alloc(4 * n)
-		must(e.k.SwiGLU(e.s, out, up(e, g), up(e, u), n))
-		e.exact("swiglu", down[float32](e, out, n), want)
+		for _, c := range []struct {
+			name     string
+			seed     uint64
+			gate, up float32
+			cpu      func(dst, gate, up []float32)
+			gpu      func(s Stream, dst, gate, up uintptr, n int) error
+		}{
+			{"swiglu", 7, 100, 3, kernels.SwiGLU, e.k.SwiGLU},
+			{"clamped_swiglu", 8, 12, 12, kernels.ClampedSwiGLU, e.k.ClampedSwiGLU},
+		} {
+			r := rand.New(rand.NewPCG(7, c.seed))
+			n := 100003
+			g, u := randF32(r, n, c.gate), randF32(r, n, c.up)
+			want := make([]float32, n)
+			c.cpu(want, g, u)
+			out := e.alloc(4 * n)
+			must(c.gpu(e.s, out, up(e, g), up(e, u), n))
+			e.exact(c.name, down[float32](e, out, n), want)
+		}
 	})
 }
 
@@ -855,21 +868,6 @@ func TestRouteTopK(t *testing.T) {
 			e.sameIDs(what, down[int32](e, idd, nb*c.K), wantIDs, c.K)
 			e.exact(what+" weights", down[float32](e, wd, nb*c.K), wantW)
 		}
-	})
-}
-
-// TestClampedSwiGLU checks gpt-oss's activation bit for bit, over a range
-// that reaches both clamps.
-func TestClampedSwiGLU(t *testing.T) {
-	onGPU(t, func(e *env) {
-		r := rand.New(rand.NewPCG(7, 8))
-		n := 100003
-		g, u := randF32(r, n, 12), randF32(r, n, 12)
-		want := make([]float32, n)
-		kernels.ClampedSwiGLU(want, g, u)
-		out := e.alloc(4 * n)
-		must(e.k.ClampedSwiGLU(e.s, out, up(e, g), up(e, u), n))
-		e.exact("clamped_swiglu", down[float32](e, out, n), want)
 	})
 }
 
