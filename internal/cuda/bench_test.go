@@ -190,32 +190,6 @@ func TestGPUBench(t *testing.T) {
 			report("delta rule decode, 64 value heads of 128x128: %.2f us (%.0f GB/s of state read+written)", ms*1e3, float64(2*dn.ValueHeads*128*128*4)/(ms/1e3)/1e9)
 		}
 
-		// One-row ops of every decode layer, each kernel timed in a graph
-		// of 256 (no host launch cost): the residual add and RMSNorm of a
-		// hidden row, and the f32 router product.
-		inGraph := func(n int, launch func()) float64 {
-			must(d.BeginCapture(s))
-			for i := 0; i < n; i++ {
-				launch()
-			}
-			g, err := d.EndCapture(s)
-			must(err)
-			ms := timed(3, func(int) { must(d.LaunchGraph(g, s)) }) / float64(n)
-			must(d.DestroyGraph(g))
-			return ms
-		}
-		for _, H := range []int{2880, 4096} {
-			x, add, w := up(e, randF32(r, H, 1)), up(e, randF32(r, H, 1)), up(e, randF32(r, H, 1))
-			dst := e.alloc(4 * H)
-			ms := inGraph(256, func() { must(e.k.RMSNorm(s, dst, x, add, w, 1, H, H, 1e-6, false)) })
-			report("rmsnorm with the residual add, one row of %d: %.2f us/kernel in a graph", H, ms*1e3)
-			const E = 128
-			wr := up(e, randF32(r, E*H, 1))
-			out := e.alloc(4 * E)
-			ms = inGraph(256, func() { must(e.k.MatF32(s, out, wr, E, H, x, 1)) })
-			report("f32 router %dx%d, one row: %.2f us/kernel in a graph", E, H, ms*1e3)
-		}
-
 		// Launch overhead: an empty kernel, 20000 times.
 		const L = 20000
 		must(e.k.Empty(s))
@@ -281,5 +255,65 @@ func TestGPUProfile(t *testing.T) {
 		kc, vc := up(e, randF32(r, n*nkv*hd, 1)), up(e, randF32(r, n*nkv*hd, 1))
 		a := Attn{Pos: n - 1, Rows: 1, Heads: nh, KVHeads: nkv, HeadDim: hd, QRow: nh * 2 * hd, QHead: 2 * hd, ORow: nh * hd, Scale: 0.0625, Gated: true}
 		must(e.k.Attend(e.s, e.alloc(4*nh*hd), q, kc, vc, e.alloc(AttendScratch(a)), a))
+	})
+}
+
+// TestGPUBenchOps (SLUICE_GPU_BENCH=1) times the one-row ops every decode
+// layer runs, each kernel in a graph of 256 (no host launch cost): the
+// residual add and RMSNorm of a hidden row, the activations' int8
+// preparation for a q4 product, and the f32 router product. It asserts
+// nothing about speed.
+func TestGPUBenchOps(t *testing.T) {
+	if os.Getenv("SLUICE_GPU_BENCH") == "" {
+		t.Skip("set SLUICE_GPU_BENCH=1 to run the GPU benchmarks")
+	}
+	onGPU(t, func(e *env) {
+		d := e.d
+		s, err := d.NewStream()
+		must(err)
+		defer d.DestroyStream(s)
+		ev0, _ := d.NewEvent()
+		ev1, _ := d.NewEvent()
+		defer d.DestroyEvent(ev0)
+		defer d.DestroyEvent(ev1)
+		// inGraph returns the median device time of one of n launches
+		// replayed from a graph, over three replays.
+		inGraph := func(n int, launch func()) float64 {
+			must(d.BeginCapture(s))
+			for i := 0; i < n; i++ {
+				launch()
+			}
+			g, err := d.EndCapture(s)
+			must(err)
+			defer d.DestroyGraph(g)
+			must(d.LaunchGraph(g, s)) // warm-up
+			var ms []float64
+			for trial := 0; trial < 3; trial++ {
+				must(d.Record(ev0, s))
+				must(d.LaunchGraph(g, s))
+				must(d.Record(ev1, s))
+				must(d.WaitEvent(ev1))
+				m, err := d.Elapsed(ev0, ev1)
+				must(err)
+				ms = append(ms, float64(m)/float64(n))
+			}
+			sort.Float64s(ms)
+			return ms[1]
+		}
+		r := rand.New(rand.NewPCG(21, 21))
+		for _, H := range []int{2880, 4096} {
+			x, add, w := up(e, randF32(r, H, 1)), up(e, randF32(r, H, 1)), up(e, randF32(r, H, 1))
+			dst := e.alloc(4 * H)
+			ms := inGraph(256, func() { must(e.k.RMSNorm(s, dst, x, add, w, 1, H, H, 1e-6, false)) })
+			fmt.Printf("bench: rmsnorm with the residual add, one row of %d: %.2f us/kernel in a graph\n", H, ms*1e3)
+			act := Acts{X: x, X8: e.alloc(H), XS: e.alloc(4 * H / 64), XSum: e.alloc(4 * H / 64), Rows: 1, Cols: H}
+			ms = inGraph(256, func() { must(e.k.PrepQ4(s, act)) })
+			fmt.Printf("bench: prep_x (int8 activations for q4), one row of %d: %.2f us/kernel in a graph\n", H, ms*1e3)
+			const E = 128
+			wr := up(e, randF32(r, E*H, 1))
+			out := e.alloc(4 * E)
+			ms = inGraph(256, func() { must(e.k.MatF32(s, out, wr, E, H, x, 1)) })
+			fmt.Printf("bench: f32 router %dx%d, one row: %.2f us/kernel in a graph\n", E, H, ms*1e3)
+		}
 	})
 }

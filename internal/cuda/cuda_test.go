@@ -689,6 +689,39 @@ func TestAddEx(t *testing.T) {
 	})
 }
 
+// TestMatF32 checks the float32 product (routers, the shared expert's
+// gate) against float64 sums, and that a row's bits do not depend on the
+// rows beside it, for widths with and without a remainder past the
+// eight-load steps.
+func TestMatF32(t *testing.T) {
+	onGPU(t, func(e *env) {
+		r := rand.New(rand.NewPCG(9, 10))
+		for _, C := range []int{2880, 4096, 100, 7} {
+			const O, nb = 129, 5
+			w, x := randF32(r, O*C, 1), randF32(r, nb*C, 1)
+			want := make([]float32, nb*O)
+			for i := 0; i < nb; i++ {
+				for o := 0; o < O; o++ {
+					var s float64
+					for c := 0; c < C; c++ {
+						s += float64(w[o*C+c]) * float64(x[i*C+c])
+					}
+					want[i*O+o] = float32(s)
+				}
+			}
+			wd, xd, out := up(e, w), up(e, x), e.alloc(4*nb*O)
+			must(e.k.MatF32(e.s, out, wd, O, C, xd, nb))
+			all := down[float32](e, out, nb*O)
+			e.close(fmt.Sprintf("f32 product C=%d", C), all, want, 1e-5)
+			for i := 0; i < nb; i++ {
+				one := e.alloc(4 * O)
+				must(e.k.MatF32(e.s, one, wd, O, C, xd+uintptr(4*i*C), 1))
+				e.exact(fmt.Sprintf("f32 product C=%d: row %d alone vs in the batch", C, i), down[float32](e, one, O), all[i*O:(i+1)*O])
+			}
+		}
+	})
+}
+
 // TestArgmax checks greedy argmax with planted ties.
 func TestArgmax(t *testing.T) {
 	onGPU(t, func(e *env) {

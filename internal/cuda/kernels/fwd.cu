@@ -16,7 +16,15 @@ extern "C" __global__ void f32_mv(const float* __restrict__ W, const float* __re
     const float* w = W + (size_t)o * C;
     const float* xr = x + (size_t)r * C;
     float a = 0.0f;
-    for (int i = lane; i < C; i += 32) a = fmaf(w[i], xr[i], a);
+    int i = lane;
+    for (; i + 7 * 32 < C; i += 8 * 32) { // eight loads of each in flight, then the chain in order
+        float wv[8], xv[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) wv[u] = w[i + 32 * u], xv[u] = xr[i + 32 * u];
+#pragma unroll
+        for (int u = 0; u < 8; u++) a = fmaf(wv[u], xv[u], a);
+    }
+    for (; i < C; i += 32) a = fmaf(w[i], xr[i], a);
     a = lanes32_sum(a);
     if (lane == 0) out[(size_t)r * O + o] = a;
 }

@@ -16,7 +16,9 @@
 // (kernels.GroupSums: four strided chains, then (s0+s1)+(s2+s3)) and, when
 // x8 is not null, the symmetric int8 quantisation of kernels.QuantizeRow8:
 // xs = max|x|/127, x8 = round-to-even(x/xs) by the 1.5·2^23 trick. One
-// thread per (row, group); total = nb·C/64.
+// thread per (row, group); total = nb·C/64. The loops unroll whole, so a
+// group's sixteen loads are in flight together (a hidden row has only a
+// few dozen groups: each thread's latency is the kernel's).
 extern "C" __global__ void prep_x(const float* __restrict__ x, int8_t* __restrict__ x8,
                                   float* __restrict__ xs, float* __restrict__ xsum, int C, int total) {
     int t = blockIdx.x * blockDim.x + threadIdx.x;
@@ -25,7 +27,7 @@ extern "C" __global__ void prep_x(const float* __restrict__ x, int8_t* __restric
     int r = t / ng, g = t - r * ng;
     const float* p = x + (size_t)r * C + g * 64;
     float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f, m = 0.0f;
-#pragma unroll 4
+#pragma unroll
     for (int j = 0; j < 64; j += 4) {
         float4 v = *(const float4*)(p + j);
         s0 = __fadd_rn(s0, v.x);
@@ -41,7 +43,7 @@ extern "C" __global__ void prep_x(const float* __restrict__ x, int8_t* __restric
     float inv = sc > 0.0f ? __fdiv_rn(1.0f, sc) : 0.0f;
     const float magic = 12582912.0f;
     int8_t* d = x8 + (size_t)r * C + g * 64;
-#pragma unroll 4
+#pragma unroll
     for (int j = 0; j < 64; j += 4) {
         float4 v = *(const float4*)(p + j);
         char4 q;
