@@ -3,7 +3,10 @@ package experts
 import (
 	"fmt"
 
+	"github.com/sluicelm/sluice/internal/block"
+	"github.com/sluicelm/sluice/internal/family"
 	"github.com/sluicelm/sluice/internal/format"
+	"github.com/sluicelm/sluice/internal/model"
 	"github.com/sluicelm/sluice/internal/platform"
 )
 
@@ -91,9 +94,29 @@ func pct(n, records int) float64 { return 100 * float64(n) / float64(records) }
 // none): see platform.Available.
 func Available() (int64, string) { return platform.Available() }
 
-// StateBytes estimates a sequence state of ctx positions plus a runner's
-// scratch for rows rows: what the budget must leave besides the pool.
+// StateBytes is a sequence state of ctx positions as a model of c's
+// family allocates it (model.StatesBytes over the family's layer states,
+// with rings of window + model.DefaultMaxBatch rows): what the budget must
+// leave besides the pool for each sequence. A config the family cannot
+// lay out (refused later, when it loads) gets the plain-attention estimate
+// of roughStateBytes.
 func StateBytes(c *format.Config, ctx int) int64 {
+	if f, err := family.Named(c.Family); err == nil {
+		if a, err := f.Build(c, block.Specs()); err == nil {
+			var mtp *block.StateSpec
+			if a.MTP != nil {
+				mtp = &a.MTPState
+			}
+			return model.StatesBytes(a.States, mtp, ctx, model.DefaultMaxBatch, c.Hidden)
+		}
+	}
+	return roughStateBytes(c, ctx)
+}
+
+// roughStateBytes estimates a state from the config alone: every
+// full-attention layer (and an MTP layer) a KV cache of ctx positions,
+// every other layer a DeltaNet's conv history and recurrent matrix.
+func roughStateBytes(c *format.Config, ctx int) int64 {
 	var n int64
 	kvw := int64(c.KVHeads * c.HeadDim)
 	convDim := int64(2*c.LinearKeyHeads*c.LinearKeyDim + c.LinearValueHeads*c.LinearValueDim)

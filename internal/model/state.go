@@ -89,6 +89,37 @@ func (m *Model) NewState(ctx int) (*State, error) {
 	return s, nil
 }
 
+// StatesBytes is the memory NewState allocates for a model whose layers
+// keep states (and whose MTP layer keeps mtp, when not nil) at ctx
+// positions, with its rings of window + maxBatch rows and hidden floats
+// for the MTP head's last hidden row; a verify's snapshots come on top.
+// experts.StateBytes budgets with it before a model is loaded, and the
+// GPU's states have the same layout (less the hidden row).
+func StatesBytes(states []block.StateSpec, mtp *block.StateSpec, ctx, maxBatch, hidden int) int64 {
+	var f int64
+	for _, sp := range states {
+		w := int64(sp.KVWidth)
+		switch sp.Kind {
+		case block.KV:
+			f += 2 * int64(ctx) * w
+		case block.Ring:
+			f += 2 * int64(min(ctx, sp.Window+maxBatch)) * w
+		case block.Latent:
+			f += int64(ctx) * (w + int64(sp.IndexWidth))
+		default:
+			f += int64(sp.ConvFloats + sp.RecFloats)
+		}
+	}
+	if mtp != nil {
+		vw := mtp.KVWidth
+		if mtp.Kind == block.Latent {
+			vw = mtp.IndexWidth
+		}
+		f += int64(ctx)*int64(mtp.KVWidth+vw) + int64(hidden)
+	}
+	return 4 * f
+}
+
 // kv returns the KV cache of layer l (l = the trunk's layer count: the MTP
 // layer's) and its rows.
 func (s *State) kv(l int) (kc, vc []float32, rows int) {

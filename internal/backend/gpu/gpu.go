@@ -406,19 +406,13 @@ func (r *Runner) reserve() int64 { return ScratchReserve + r.stateBytes() + r.sn
 // stateBytes is the device memory of the sequences' states (Config.States)
 // at the runner's context length.
 func (r *Runner) stateBytes() int64 {
-	var f int64
-	for _, sp := range r.M.Arch.States {
-		switch sp.Kind {
-		case block.KV, block.Ring:
-			f += 2 * int64(r.cacheRows(sp, r.ctx)) * int64(sp.KVWidth)
-		case block.Recurrent:
-			f += int64(sp.ConvFloats + sp.RecFloats)
-		}
-	}
+	var mtp *block.StateSpec
 	if r.M.MTP != nil {
-		f += 2 * int64(r.ctx) * int64(r.M.Arch.MTPState.KVWidth)
+		mtp = &r.M.Arch.MTPState
 	}
-	return 4 * int64(r.nstates) * f
+	// The host's layout, rings of window + the runner's rows (cacheRows),
+	// without the host's copy of the MTP head's hidden row.
+	return int64(r.nstates) * model.StatesBytes(r.M.Arch.States, mtp, r.ctx, r.maxRows, 0)
 }
 
 // cacheRows is the rows of a layer's key (and value) cache in a sequence
