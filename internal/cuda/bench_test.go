@@ -25,34 +25,9 @@ func TestGPUBench(t *testing.T) {
 		t.Skip("set SLUICE_GPU_BENCH=1 to run the GPU benchmarks")
 	}
 	onGPU(t, func(e *env) {
-		d := e.d
-		s, err := d.NewStream()
-		must(err)
-		defer d.DestroyStream(s)
-		ev0, _ := d.NewEvent()
-		ev1, _ := d.NewEvent()
-		defer d.DestroyEvent(ev0)
-		defer d.DestroyEvent(ev1)
-		// timed runs f reps times between two events, three times over,
-		// and returns the median milliseconds per rep.
-		timed := func(reps int, f func(i int)) float64 {
-			f(0) // warm-up
-			must(d.SyncStream(s))
-			var ms []float64
-			for trial := 0; trial < 3; trial++ {
-				must(d.Record(ev0, s))
-				for i := 0; i < reps; i++ {
-					f(i)
-				}
-				must(d.Record(ev1, s))
-				must(d.WaitEvent(ev1))
-				m, err := d.Elapsed(ev0, ev1)
-				must(err)
-				ms = append(ms, float64(m)/float64(reps))
-			}
-			sort.Float64s(ms)
-			return ms[1]
-		}
+		bn := newBench(e)
+		defer bn.close()
+		d, s, timed := e.d, bn.s, bn.timed
 		report := func(format string, a ...any) { fmt.Printf("bench: "+format+"\n", a...) }
 		report("%v", d.Info)
 
@@ -268,38 +243,9 @@ func TestGPUBenchOps(t *testing.T) {
 		t.Skip("set SLUICE_GPU_BENCH=1 to run the GPU benchmarks")
 	}
 	onGPU(t, func(e *env) {
-		d := e.d
-		s, err := d.NewStream()
-		must(err)
-		defer d.DestroyStream(s)
-		ev0, _ := d.NewEvent()
-		ev1, _ := d.NewEvent()
-		defer d.DestroyEvent(ev0)
-		defer d.DestroyEvent(ev1)
-		// inGraph returns the median device time of one of n launches
-		// replayed from a graph, over three replays.
-		inGraph := func(n int, launch func()) float64 {
-			must(d.BeginCapture(s))
-			for i := 0; i < n; i++ {
-				launch()
-			}
-			g, err := d.EndCapture(s)
-			must(err)
-			defer d.DestroyGraph(g)
-			must(d.LaunchGraph(g, s)) // warm-up
-			var ms []float64
-			for trial := 0; trial < 3; trial++ {
-				must(d.Record(ev0, s))
-				must(d.LaunchGraph(g, s))
-				must(d.Record(ev1, s))
-				must(d.WaitEvent(ev1))
-				m, err := d.Elapsed(ev0, ev1)
-				must(err)
-				ms = append(ms, float64(m)/float64(n))
-			}
-			sort.Float64s(ms)
-			return ms[1]
-		}
+		bn := newBench(e)
+		defer bn.close()
+		s, inGraph := bn.s, bn.inGraph
 		r := rand.New(rand.NewPCG(21, 21))
 		for _, H := range []int{2880, 4096} {
 			x, add, w := up(e, randF32(r, H, 1)), up(e, randF32(r, H, 1)), up(e, randF32(r, H, 1))
@@ -316,4 +262,64 @@ func TestGPUBenchOps(t *testing.T) {
 			fmt.Printf("bench: f32 router %dx%d, one row: %.2f us/kernel in a graph\n", E, H, ms*1e3)
 		}
 	})
+}
+
+// bench times kernels on a stream of its own between two events.
+type bench struct {
+	d        *Device
+	s        Stream
+	ev0, ev1 Event
+}
+
+func newBench(e *env) *bench {
+	b := &bench{d: e.d}
+	var err error
+	b.s, err = e.d.NewStream()
+	must(err)
+	b.ev0, err = e.d.NewEvent()
+	must(err)
+	b.ev1, err = e.d.NewEvent()
+	must(err)
+	return b
+}
+
+func (b *bench) close() {
+	b.d.DestroyEvent(b.ev0)
+	b.d.DestroyEvent(b.ev1)
+	b.d.DestroyStream(b.s)
+}
+
+// timed runs f reps times between two events, three times over after a
+// warm-up call, and returns the median milliseconds per rep.
+func (b *bench) timed(reps int, f func(i int)) float64 {
+	d, s := b.d, b.s
+	f(0)
+	must(d.SyncStream(s))
+	var ms []float64
+	for trial := 0; trial < 3; trial++ {
+		must(d.Record(b.ev0, s))
+		for i := 0; i < reps; i++ {
+			f(i)
+		}
+		must(d.Record(b.ev1, s))
+		must(d.WaitEvent(b.ev1))
+		m, err := d.Elapsed(b.ev0, b.ev1)
+		must(err)
+		ms = append(ms, float64(m)/float64(reps))
+	}
+	sort.Float64s(ms)
+	return ms[1]
+}
+
+// inGraph returns the median device time of one of n launches captured
+// in a graph and replayed (no host launch cost between them).
+func (b *bench) inGraph(n int, launch func()) float64 {
+	must(b.d.BeginCapture(b.s))
+	for i := 0; i < n; i++ {
+		launch()
+	}
+	g, err := b.d.EndCapture(b.s)
+	must(err)
+	defer b.d.DestroyGraph(g)
+	return b.timed(1, func(int) { must(b.d.LaunchGraph(g, b.s)) }) / float64(n)
 }
