@@ -406,9 +406,11 @@ func AttendScratch(a Attn) int {
 }
 
 // Attend computes causal attention of a.Rows query rows over the cache
-// (kc, vc hold positions 0..Pos+Rows-1, row j at j·KVHeads·HeadDim
-// floats), split over positions in chunks of 256 and combined in order;
-// scratch holds AttendScratch(a) bytes.
+// (kc, vc hold positions 0..Pos+Rows-1, position j at row j, or j % Ring
+// in a ring, of KVHeads·HeadDim floats; with a window, only the last
+// Window of a row's positions need be there), split over positions in
+// chunks of 256 and combined in order; scratch holds AttendScratch(a)
+// bytes.
 func (k *Kernels) Attend(s Stream, o, q, kc, vc, scratch uintptr, a Attn) error {
 	if a.KVHeads < 1 || a.Heads%a.KVHeads != 0 {
 		return fmt.Errorf("cuda: attention with %d heads over %d kv heads", a.Heads, a.KVHeads)
