@@ -439,3 +439,46 @@ func TestRecentMedian(t *testing.T) {
 		t.Errorf("firsts of 0.1 ms against 1 ms a record, no further expert measured: %d of 6 misses on the CPU, want 6", k)
 	}
 }
+
+// TestRingRuns checks the runs a copy between two caches takes (no GPU
+// needed): they cover the positions in order, none crosses a ring's wrap
+// in either cache, and each ends only where one of them wraps or the
+// positions end; a plain cache (0 rows) keeps position p at row p.
+func TestRingRuns(t *testing.T) {
+	r := rand.New(rand.NewPCG(4, 4))
+	for trial := 0; trial < 2000; trial++ {
+		dr, sr := r.IntN(4)*(1+r.IntN(40)), r.IntN(4)*(1+r.IntN(40)) // 0 a quarter of the time
+		a := r.IntN(300)
+		b := a + r.IntN(200)
+		next := a
+		err := ringRuns(a, b, dr, sr, func(p, n int) error {
+			if p != next || n <= 0 || p+n > b {
+				return fmt.Errorf("run %d+%d after %d, positions %d..%d", p, n, next, a, b)
+			}
+			for _, rows := range []int{dr, sr} {
+				if rows > 0 && ringRow(p, rows)+n > rows {
+					return fmt.Errorf("run %d+%d crosses the wrap of a ring of %d", p, n, rows)
+				}
+			}
+			end := p + n
+			wraps := end == b || (dr > 0 && end%dr == 0) || (sr > 0 && end%sr == 0)
+			if !wraps {
+				return fmt.Errorf("run %d+%d ends at no wrap (rings %d, %d) before %d", p, n, dr, sr, b)
+			}
+			next = end
+			return nil
+		})
+		if err == nil && next != b {
+			err = fmt.Errorf("runs ended at %d, want %d", next, b)
+		}
+		if err != nil {
+			t.Fatalf("trial %d (rings %d, %d): %v", trial, dr, sr, err)
+		}
+	}
+	if got := ringRow(1000, 134); got != 1000%134 {
+		t.Errorf("ringRow(1000, 134) = %d", got)
+	}
+	if got := ringRow(1000, 0); got != 1000 {
+		t.Errorf("ringRow(1000, 0) = %d, want the position", got)
+	}
+}
