@@ -70,3 +70,26 @@ func TestGPUFamilyFallback(t *testing.T) {
 		t.Errorf("device cuda: %v, want an error naming %s", err, family)
 	}
 }
+
+// TestNeedBytes: the device memory a model's experts need counts the MoE
+// layers only: a dense layer's records are holes in the store, never
+// uploaded (GLM-4.5's first layer). Needs no GPU.
+func TestNeedBytes(t *testing.T) {
+	const name = "tiny-glm4-moe"
+	if !testutil.ExtraPresent(name) {
+		t.Skipf("model %s: its archive is not where the checkout was when this binary was built", name)
+	}
+	m, err := model.Load(testutil.Packed(t, name, 4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	c, man := &m.Config, m.Manifest
+	if c.FirstDense != 1 || man.ExpertLayers != c.Layers {
+		t.Fatalf("%s: %d leading dense layers, %d expert layers of %d: not the shape this test expects", name, c.FirstDense, man.ExpertLayers, c.Layers)
+	}
+	dense, exps := gpu.NeedBytes(m)
+	if want := int64(c.Layers-c.FirstDense) * int64(man.Experts) * man.Stores[0].Stride; exps != want || dense != man.DenseBytes {
+		t.Errorf("NeedBytes = %d dense, %d experts; want %d, %d (%d MoE layers of %d records)", dense, exps, man.DenseBytes, want, c.Layers-c.FirstDense, man.Experts)
+	}
+}
