@@ -9,7 +9,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sluicelm/sluice/internal/block"
 	"github.com/sluicelm/sluice/internal/experts"
+	"github.com/sluicelm/sluice/internal/family"
 	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/model"
 )
@@ -480,5 +482,34 @@ func TestRingRuns(t *testing.T) {
 	}
 	if got := ringRow(1000, 0); got != 1000 {
 		t.Errorf("ringRow(1000, 0) = %d, want the position", got)
+	}
+}
+
+// TestSupportedRouting: the GPU takes the routing rules it has kernels
+// for, within their limits, and refuses any other by layer rather than
+// running it as a softmax (no GPU needed).
+func TestSupportedRouting(t *testing.T) {
+	mk := func(experts int, moe *block.MoE) *model.Model {
+		moe.Act = block.SwiGLU
+		return &model.Model{Config: format.Config{Family: "qwen3_moe", Experts: experts, TopK: 4},
+			Arch: &family.Arch{Layers: []block.Layer{{Mixer: &block.Attn{}, FFN: moe}}}}
+	}
+	for _, c := range []struct {
+		name    string
+		experts int
+		moe     *block.MoE
+		ok      bool
+	}{
+		{"softmax", 2048, &block.MoE{Score: block.SoftmaxTopK}, true},
+		{"top-k softmax", 128, &block.MoE{Score: block.TopKSoftmax}, true},
+		{"top-k softmax over 2048", 2048, &block.MoE{Score: block.TopKSoftmax}, false},
+		{"groups", 256, &block.MoE{Score: block.SigmoidGroups, Groups: 8, TopGroups: 4}, true},
+		{"65 groups", 260, &block.MoE{Score: block.SigmoidGroups, Groups: 65, TopGroups: 4}, false},
+		{"an unknown rule", 128, &block.MoE{Score: block.Score(99)}, false},
+	} {
+		err := Supported(mk(c.experts, c.moe))
+		if (err == nil) != c.ok || err != nil && !strings.Contains(err.Error(), "layer 0") {
+			t.Errorf("%s: Supported = %v, want ok %v", c.name, err, c.ok)
+		}
 	}
 }
