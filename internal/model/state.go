@@ -58,7 +58,7 @@ func (m *Model) NewState(ctx int) (*State, error) {
 		case block.KV:
 			rows = ctx
 		case block.Ring:
-			rows, win = min(ctx, sp.Window+m.MaxBatch), sp.Window
+			rows, win = CacheRows(sp, ctx, m.MaxBatch), sp.Window
 		case block.Latent:
 			rows, vw = ctx, sp.IndexWidth
 		}
@@ -89,6 +89,18 @@ func (m *Model) NewState(ctx int) (*State, error) {
 	return s, nil
 }
 
+// CacheRows is the rows of a KV or ring layer's key (and value) cache in a
+// state of ctx positions: ctx, or for a sliding window the window plus one
+// step's rows (maxBatch), so that no row of a step overwrites a position
+// another row of it, or a rolled-back verify's next step, still attends
+// to.
+func CacheRows(sp block.StateSpec, ctx, maxBatch int) int {
+	if sp.Kind == block.Ring {
+		return min(ctx, sp.Window+maxBatch)
+	}
+	return ctx
+}
+
 // StatesBytes is the memory NewState allocates for a model whose layers
 // keep states (and whose MTP layer keeps mtp, when not nil) at ctx
 // positions, with its rings of window + maxBatch rows and hidden floats
@@ -100,10 +112,8 @@ func StatesBytes(states []block.StateSpec, mtp *block.StateSpec, ctx, maxBatch, 
 	for _, sp := range states {
 		w := int64(sp.KVWidth)
 		switch sp.Kind {
-		case block.KV:
-			f += 2 * int64(ctx) * w
-		case block.Ring:
-			f += 2 * int64(min(ctx, sp.Window+maxBatch)) * w
+		case block.KV, block.Ring:
+			f += 2 * int64(CacheRows(sp, ctx, maxBatch)) * w
 		case block.Latent:
 			f += int64(ctx) * (w + int64(sp.IndexWidth))
 		default:

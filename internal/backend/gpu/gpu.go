@@ -415,16 +415,10 @@ func (r *Runner) stateBytes() int64 {
 	return int64(r.nstates) * model.StatesBytes(r.M.Arch.States, mtp, r.ctx, r.maxRows, 0)
 }
 
-// cacheRows is the rows of a layer's key (and value) cache in a sequence
-// state of ctx positions: ctx, or for a sliding window its ring, the
-// window plus one step's rows (so no row of a step overwrites a position
-// another row of it still attends to, nor one a rolled-back verify's
-// next step needs).
+// cacheRows is a layer's cache rows on the device: the host's layout
+// (model.CacheRows), with rings of window + the runner's rows.
 func (r *Runner) cacheRows(sp block.StateSpec, ctx int) int {
-	if sp.Kind == block.Ring {
-		return min(ctx, sp.Window+r.maxRows)
-	}
-	return ctx
+	return model.CacheRows(sp, ctx, r.maxRows)
 }
 
 // ringRuns calls f(p, n) for runs of the positions a..b-1 that lie in
