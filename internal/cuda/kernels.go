@@ -25,7 +25,7 @@ var ptxFS embed.FS
 var srcFS embed.FS
 
 // modules are the PTX files, one module each.
-var modules = []string{"matvec", "ops", "attn", "delta", "fwd"}
+var modules = []string{"matvec", "ops", "attn", "delta", "fwd", "mla"}
 
 // SourcesHash is the sha256 of the kernel sources (.cu and .cuh files in
 // name order, concatenated) as scripts/gpu-ptx.sh computes it.
@@ -98,6 +98,7 @@ func LoadKernels(d *Device) (*Kernels, error) {
 		"attn":   {"attend_part", "attend_combine"},
 		"delta":  {"dn_conv", "dn_rule32", "dn_rule64", "dn_rule128", "bench_empty"},
 		"fwd":    {"f32_mv", "gather_rows", "moe_combine", "kv_append"},
+		"mla":    {"mla_absorb", "mla_vout", "layer_norm", "index_scores", "index_select"},
 	}
 	for _, m := range modules {
 		ptx, err := PTX(m)
@@ -389,6 +390,14 @@ type Attn struct {
 	// float per head that joins each softmax with no value.
 	Window, Ring int
 	Sinks        uintptr
+	// VDim, when set, is the values' dims where they are the first VDim
+	// of the key's HeadDim (DeepSeek's latent: vc = kc); the output has
+	// VDim floats a head. Sel, when set, is the device int32 [Rows][TopK]
+	// of the positions each row attends to, ascending (the indexer's
+	// choice: min(n, TopK) of them for a row of n positions).
+	VDim int
+	Sel  uintptr
+	TopK int
 	// PosDev, when set, is a device int32 holding Pos, read by the
 	// kernels (a step recorded once and replayed at any position); the
 	// grid then covers MaxPos positions.
@@ -400,9 +409,26 @@ type Attn struct {
 const attChunk = 256
 
 // AttendScratch is the scratch Attend needs for a, in bytes: per (row,
-// head, chunk of 256 positions) HeadDim+2 floats.
+// head, chunk of 256 positions) VDim+2 floats.
 func AttendScratch(a Attn) int {
-	return 4 * a.Rows * a.Heads * ceil(a.Pos+a.Rows, attChunk) * (a.HeadDim + 2)
+	return 4 * a.Rows * a.Heads * ceil(a.positions(a.Pos+a.Rows), attChunk) * (a.vdim() + 2)
+}
+
+// vdim is the values' dims.
+func (a Attn) vdim() int {
+	if a.VDim > 0 {
+		return a.VDim
+	}
+	return a.HeadDim
+}
+
+// positions is how many positions a row of n reads: n, or at most TopK
+// with a selection.
+func (a Attn) positions(n int) int {
+	if a.TopK > 0 {
+		return min(n, a.TopK)
+	}
+	return n
 }
 
 // Attend computes causal attention of a.Rows query rows over the cache
@@ -415,9 +441,12 @@ func (k *Kernels) Attend(s Stream, o, q, kc, vc, scratch uintptr, a Attn) error 
 	if a.KVHeads < 1 || a.Heads%a.KVHeads != 0 {
 		return fmt.Errorf("cuda: attention with %d heads over %d kv heads", a.Heads, a.KVHeads)
 	}
-	nc := ceil(a.Pos+a.Rows, attChunk)
+	nc := ceil(a.positions(a.Pos+a.Rows), attChunk)
 	if a.PosDev != 0 {
-		nc = ceil(a.MaxPos, attChunk)
+		nc = ceil(a.positions(a.MaxPos), attChunk)
+	}
+	if a.VDim > a.HeadDim || (a.Sel != 0) != (a.TopK > 0) || (a.Sel != 0 && (a.Window > 0 || a.Ring > 0)) {
+		return fmt.Errorf("cuda: attention of %d value dims over keys of %d, a selection of %d, a window of %d", a.VDim, a.HeadDim, a.TopK, a.Window)
 	}
 	if nc > 1024 {
 		return fmt.Errorf("cuda: attention over %d positions, at most %d", a.Pos+a.Rows, 1024*attChunk)
@@ -427,7 +456,8 @@ func (k *Kernels) Attend(s Stream, o, q, kc, vc, scratch uintptr, a Attn) error 
 	}
 	if err := k.d.Launch(k.f["attend_part"], Dim3{a.Heads, a.Rows, nc}, Dim3{128, 1, 1}, 4*a.HeadDim, s,
 		P(scratch), P(q), P(kc), P(vc), I(a.Pos), I(a.Heads), I(a.KVHeads), I(a.HeadDim),
-		I(a.QRow), I(a.QHead), I(a.KVHeads*a.HeadDim), F(a.Scale), I(nc), P(a.PosDev), I(a.Window), I(a.Ring)); err != nil {
+		I(a.QRow), I(a.QHead), I(a.KVHeads*a.HeadDim), F(a.Scale), I(nc), P(a.PosDev), I(a.Window), I(a.Ring),
+		I(a.vdim()), P(a.Sel), I(a.TopK)); err != nil {
 		return err
 	}
 	g := 0
@@ -436,7 +466,7 @@ func (k *Kernels) Attend(s Stream, o, q, kc, vc, scratch uintptr, a Attn) error 
 	}
 	return k.d.Launch(k.f["attend_combine"], Dim3{a.Heads, a.Rows, 1}, Dim3{128, 1, 1}, 0, s,
 		P(o), P(scratch), P(q), I(a.Pos), I(a.Heads), I(a.HeadDim), I(a.QRow), I(a.QHead), I(a.ORow), I(nc), I(g), P(a.PosDev),
-		I(a.Window), P(a.Sinks))
+		I(a.Window), P(a.Sinks), I(a.vdim()), I(a.TopK))
 }
 
 // DNConv runs the DeltaNet's causal conv (kernel K, 2..8) and SiLU over nb
@@ -544,8 +574,71 @@ func (k *Kernels) MatEx(s Stream, kind string, out, tab, ids uintptr, O int, a A
 
 // KVAppend writes one row's keys and values (n floats each) into the cache
 // row of position *posp (a device int32): row *posp % ring in a ring of
-// ring rows, or row *posp when ring is 0.
+// ring rows, or row *posp when ring is 0. With vc 0 only the keys are
+// written (val is unused).
 func (k *Kernels) KVAppend(s Stream, kc, vc, key, val, posp uintptr, n, ring int) error {
 	return k.d.Launch(k.f["kv_append"], Dim3{ceil(n, 256), 1, 1}, Dim3{256, 1, 1}, 0, s,
 		P(kc), P(vc), P(key), P(val), P(posp), I(n), I(ring))
+}
+
+// MLA is one latent attention layer's shape (block.MLA's).
+type MLA struct {
+	Heads, Nope, Rope, V, KVLora int
+}
+
+// MLAAbsorb writes each of nb rows' absorbed queries qabs [nb][Heads]
+// [KVLora+Rope] from q [nb][Heads][Nope+Rope] and kv_b_proj kvb (float32
+// [Heads][Nope+V][KVLora]): W_k^T·q_nope, then q_rot, as the CPU's MLAPrep.
+func (k *Kernels) MLAAbsorb(s Stream, qabs, q, kvb uintptr, nb int, m MLA) error {
+	return k.d.Launch(k.f["mla_absorb"], Dim3{m.Heads, nb, 1}, Dim3{128, 1, 1}, 4*max(m.Nope, 1), s,
+		P(qabs), P(q), P(kvb), I(m.Heads), I(m.Nope), I(m.Rope), I(m.V), I(m.KVLora))
+}
+
+// MLAVOut writes o [nb][Heads][V] = W_v·olat per head from the latent
+// attention's output olat [nb][Heads][KVLora].
+func (k *Kernels) MLAVOut(s Stream, o, olat, kvb uintptr, nb int, m MLA) error {
+	return k.d.Launch(k.f["mla_vout"], Dim3{ceil(m.V, 8), m.Heads, nb}, Dim3{256, 1, 1}, 0, s,
+		P(o), P(olat), P(kvb), I(m.Heads), I(m.Nope), I(m.V), I(m.KVLora))
+}
+
+// LayerNorm sets dst = (x − mean)/sqrt(var + eps)·w + b over rows rows of
+// n floats (dst may be x): kernels.LayerNorm within rounding.
+func (k *Kernels) LayerNorm(s Stream, dst, x, w, b uintptr, rows, n int, eps float32) error {
+	return k.d.Launch(k.f["layer_norm"], Dim3{ceil(rows, 8), 1, 1}, Dim3{256, 1, 1}, 0, s,
+		P(dst), P(x), P(w), P(b), I(rows), I(n), F(eps))
+}
+
+// Index is a lightning indexer's step: Rows query rows at positions
+// Pos.. (or *PosDev, a recorded step's, with MaxPos the most positions),
+// Heads heads of Dim dims, each row keeping its TopK best positions; the
+// scores are [Rows][Stride] floats.
+type Index struct {
+	Pos, Rows, Heads, Dim, TopK, Stride int
+	Scale, WScale                       float32
+	PosDev                              uintptr
+	MaxPos                              int
+}
+
+// IndexSelect scores the positions of each row (DeepSeek-V3.2's indexer:
+// Σ_h w_h·WScale·relu(Scale·q_h·k_t)) from the queries q [Rows][Heads][Dim],
+// the key cache kc [positions][Dim] and the weights w [Rows][Heads] into
+// sc, and writes each row's TopK best positions (the lower first on
+// ties, as model.TopK), ascending, into sel (int32 [Rows][TopK]); a row of
+// n ≤ TopK positions gets 0..n-1 and scores nothing.
+func (k *Kernels) IndexSelect(s Stream, sel, sc, q, kc, w uintptr, x Index) error {
+	n := x.Pos + x.Rows
+	if x.PosDev != 0 {
+		n = x.MaxPos
+	}
+	if x.TopK < 1 || n > x.Stride {
+		return fmt.Errorf("cuda: an indexer keeping %d of %d positions in rows of %d scores", x.TopK, n, x.Stride)
+	}
+	if n > x.TopK {
+		if err := k.d.Launch(k.f["index_scores"], Dim3{ceil(n, 8), x.Rows, 1}, Dim3{256, 1, 1}, 0, s,
+			P(sc), P(q), P(kc), P(w), I(x.Pos), P(x.PosDev), I(x.Heads), I(x.Dim), F(x.Scale), F(x.WScale), I(x.TopK), I(x.Stride)); err != nil {
+			return err
+		}
+	}
+	return k.d.Launch(k.f["index_select"], Dim3{x.Rows, 1, 1}, Dim3{256, 1, 1}, 0, s,
+		P(sel), P(sc), I(x.Pos), P(x.PosDev), I(x.TopK), I(x.Stride))
 }

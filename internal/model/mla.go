@@ -179,7 +179,7 @@ func (r *Runner) selectRows(m *block.MLA, vc []float32, pos, nb, lo, hi int) {
 			}
 			sc[t] = v
 		}
-		topK(sel, sc[:n], ord[:ix.TopK])
+		TopK(sel, sc[:n], ord[:ix.TopK])
 		slices.Sort(sel)
 		s.nsel[i] = ix.TopK
 	}
@@ -218,10 +218,11 @@ func (t *mlaTask) Run(lo, hi int) {
 	}
 }
 
-// topK writes into sel the positions of the len(sel) best scores, the
+// TopK writes into sel the positions of the len(sel) best scores, the
 // lower position first on ties, in no particular order: a bounded heap
 // whose root is the worst kept, O(n log k). heap is scratch of len(sel).
-func topK(sel []int, sc []float32, heap []int) {
+// It is the indexer's choice; the GPU's index_select keeps the same set.
+func TopK(sel []int, sc []float32, heap []int) {
 	k := len(sel)
 	better := func(a, b int) bool { return sc[a] > sc[b] || sc[a] == sc[b] && a < b }
 	down := func(i int) {

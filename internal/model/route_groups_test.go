@@ -98,7 +98,7 @@ func TestTopK(t *testing.T) {
 		want := slices.Clone(ord[:k])
 		slices.Sort(want)
 		got := make([]int, k)
-		topK(got, sc, make([]int, k))
+		TopK(got, sc, make([]int, k))
 		slices.Sort(got)
 		if !slices.Equal(got, want) {
 			t.Fatalf("n %d k %d: %v, want %v", n, k, got, want)

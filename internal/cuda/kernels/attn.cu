@@ -19,6 +19,12 @@
 // row), M = max m_c, w_c = Exp(m_c − M), o = (Σ_c w_c·o_c)·(1/Σ_c w_c·l_c)
 // in chunk order, and with the gate o·sigmoid(g).
 //
+// Latent attention (DeepSeek's MLA, absorbed) is one kv head whose value
+// is the first vd dims of the key (vc = kc, vd < hd): o_c and o hold vd
+// floats. With sel set (the indexer's choice), row i attends to the
+// min(n, topk) positions sel[i·topk + j], ascending, in that order, and the
+// chunks split that list.
+//
 // A sliding window (win > 0) restricts row i to positions n−win..n−1, n =
 // pos+i+1: a chunk keeps its place, only the positions before the window
 // drop out of it. A ring cache (ring > 0 rows) holds position j at row
@@ -35,18 +41,23 @@
 // graph) and nc, the grid's chunk count, covers the longest context; the
 // chunks past a row's position return at once, as they always did.
 //
-// part holds, per (row, head, chunk), hd floats of o_c, then m_c and l_c:
-// part + ((i·nh + h)·nc + c)·(hd+2); nc = chunks of the longest row.
+// part holds, per (row, head, chunk), vd floats of o_c, then m_c and l_c:
+// part + ((i·nh + h)·nc + c)·(vd+2); nc = chunks of the longest row.
 extern "C" __global__ void __launch_bounds__(ATT_THREADS)
 attend_part(float* __restrict__ part, const float* __restrict__ q, const float* __restrict__ kc,
             const float* __restrict__ vc, int pos, int nh, int nkv, int hd, int qRow, int qHead, int kvw, float scale,
-            int nc, const int* __restrict__ posp, int win, int ring) {
+            int nc, const int* __restrict__ posp, int win, int ring, int vd, const int* __restrict__ sel, int topk) {
     if (posp != nullptr) pos = *posp; // a recorded step reads its position on the device
     extern __shared__ float qs[]; // [hd]
     __shared__ float sc[ATT_CHUNK];
     __shared__ float red[ATT_THREADS / 32];
     int h = blockIdx.x, i = blockIdx.y, c = blockIdx.z;
     int n = pos + i + 1;
+    const int* rs = nullptr; // the row's selected positions
+    if (sel != nullptr) {
+        rs = sel + (size_t)i * topk;
+        n = min(n, topk);
+    }
     int lo = win > 0 ? max(n - win, 0) : 0;
     int jc = c * ATT_CHUNK;
     if (jc >= n || jc + ATT_CHUNK <= lo) return; // whole blocks
@@ -60,7 +71,7 @@ attend_part(float* __restrict__ part, const float* __restrict__ q, const float* 
     const float* kb = kc + (size_t)g * hd;
     const float* vb = vc + (size_t)g * hd;
     // The cache row of the chunk's position j1 + j.
-#define ROW(j) ((size_t)(ring > 0 ? (j1 + (j)) % ring : j1 + (j)) * kvw)
+#define ROW(j) ((size_t)(rs != nullptr ? rs[j1 + (j)] : ring > 0 ? (j1 + (j)) % ring : j1 + (j)) * kvw)
     // Four positions per warp at a time: their loads are in flight
     // together. Each score is still one lane split and one butterfly.
     for (int j0 = 4 * warp; j0 < len; j0 += 4 * (ATT_THREADS / 32)) {
@@ -96,14 +107,14 @@ attend_part(float* __restrict__ part, const float* __restrict__ q, const float* 
     if (lane == 0) red[warp] = l;
     __syncthreads();
     l = __fadd_rn(__fadd_rn(red[0], red[1]), __fadd_rn(red[2], red[3]));
-    float* pp = part + ((size_t)(i * nh + h) * nc + c) * (hd + 2);
+    float* pp = part + ((size_t)(i * nh + h) * nc + c) * (vd + 2);
     if (tid == 0) {
-        pp[hd] = m;
-        pp[hd + 1] = l;
+        pp[vd] = m;
+        pp[vd + 1] = l;
     }
     // Each dim is one chain over the chunk's positions in order, eight
     // loads in flight per step.
-    for (int d = tid; d < hd; d += ATT_THREADS) {
+    for (int d = tid; d < vd; d += ATT_THREADS) {
         float a = 0.0f;
         int j = 0;
         for (; j + 8 <= len; j += 8) {
@@ -122,32 +133,33 @@ attend_part(float* __restrict__ part, const float* __restrict__ q, const float* 
 extern "C" __global__ void __launch_bounds__(ATT_THREADS)
 attend_combine(float* __restrict__ o, const float* __restrict__ part, const float* __restrict__ q, int pos, int nh,
                int hd, int qRow, int qHead, int oRow, int nc, int gated, const int* __restrict__ posp, int win,
-               const float* __restrict__ sinks) {
+               const float* __restrict__ sinks, int vd, int topk) {
     if (posp != nullptr) pos = *posp;
     __shared__ float w[ATT_MAX_CHUNKS];
     __shared__ float inv;
     int h = blockIdx.x, i = blockIdx.y;
     int n = pos + i + 1;
+    if (topk > 0) n = min(n, topk); // the selected positions
     int cn = (n + ATT_CHUNK - 1) / ATT_CHUNK;
     int c0 = win > 0 ? max(n - win, 0) / ATT_CHUNK : 0; // the window's first chunk
-    const float* pb = part + (size_t)(i * nh + h) * nc * (hd + 2);
+    const float* pb = part + (size_t)(i * nh + h) * nc * (vd + 2);
     float M = __int_as_float(0xff800000);
-    for (int c = c0; c < cn; c++) M = fmaxf(M, pb[(size_t)c * (hd + 2) + hd]);
+    for (int c = c0; c < cn; c++) M = fmaxf(M, pb[(size_t)c * (vd + 2) + vd]);
     if (sinks != nullptr) M = fmaxf(M, sinks[h]);
-    for (int c = c0 + threadIdx.x; c < cn; c += ATT_THREADS) w[c] = sl_exp(__fsub_rn(pb[(size_t)c * (hd + 2) + hd], M));
+    for (int c = c0 + threadIdx.x; c < cn; c += ATT_THREADS) w[c] = sl_exp(__fsub_rn(pb[(size_t)c * (vd + 2) + vd], M));
     __syncthreads();
     if (threadIdx.x == 0) {
         float L = 0.0f;
-        for (int c = c0; c < cn; c++) L = fmaf(w[c], pb[(size_t)c * (hd + 2) + hd + 1], L);
+        for (int c = c0; c < cn; c++) L = fmaf(w[c], pb[(size_t)c * (vd + 2) + vd + 1], L);
         if (sinks != nullptr) L = __fadd_rn(L, sl_exp(__fsub_rn(sinks[h], M)));
         inv = __fdiv_rn(1.0f, L);
     }
     __syncthreads();
     const float* gp = q + (size_t)i * qRow + (size_t)h * qHead + hd;
-    float* op = o + (size_t)i * oRow + (size_t)h * hd;
-    for (int d = threadIdx.x; d < hd; d += ATT_THREADS) {
+    float* op = o + (size_t)i * oRow + (size_t)h * vd;
+    for (int d = threadIdx.x; d < vd; d += ATT_THREADS) {
         float a = 0.0f;
-        for (int c = c0; c < cn; c++) a = fmaf(w[c], pb[(size_t)c * (hd + 2) + d], a);
+        for (int c = c0; c < cn; c++) a = fmaf(w[c], pb[(size_t)c * (vd + 2) + d], a);
         float r = __fmul_rn(a, inv);
         if (gated) r = __fmul_rn(r, sl_sigmoid(gp[d]));
         op[d] = r;

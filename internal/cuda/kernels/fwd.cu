@@ -60,7 +60,7 @@ extern "C" __global__ void moe_combine(float* __restrict__ y, const float* __res
 // kv_append: one row's keys and values (n floats each) into the cache row
 // of position *posp (*posp % ring in a ring of ring rows, ring > 0), the
 // position read on the device so that a recorded decode step replays at
-// any position.
+// any position. vc may be null: a latent cache has one row per position.
 extern "C" __global__ void kv_append(float* __restrict__ kc, float* __restrict__ vc, const float* __restrict__ k,
                                      const float* __restrict__ v, const int* __restrict__ posp, int n, int ring) {
     int t = blockIdx.x * blockDim.x + threadIdx.x;
@@ -68,5 +68,5 @@ extern "C" __global__ void kv_append(float* __restrict__ kc, float* __restrict__
     int p = *posp;
     size_t off = (size_t)(ring > 0 ? p % ring : p) * n + t;
     kc[off] = k[t];
-    vc[off] = v[t];
+    if (vc != nullptr) vc[off] = v[t];
 }

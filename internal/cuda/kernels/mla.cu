@@ -1,0 +1,195 @@
+// DeepSeek's multi-head latent attention, run absorbed as the CPU runs it
+// (internal/model/mla.go), and DeepSeek-V3.2's lightning indexer. The
+// attention itself is attn.cu's over one kv head (the latent), whose value
+// is the latent's first kvl dims; these kernels do what comes before and
+// after it and choose the positions it reads.
+//
+// Layouts, per row i: q [heads][nope+rope]; the absorbed query qabs
+// [heads][kvl+rope]; kv_b_proj kvb [heads][nope+v][kvl] (W_k then W_v per
+// head, float32); the latent attention's output olat [heads][kvl]; o
+// [heads][v].
+#include "common.cuh"
+
+// mla_absorb: qabs[i][h] = [W_k,h^T·q_nope ‖ q_rot]: element c < kvl is
+// Σ_j q[j]·kvb[h][j][c], j in order, fused (the CPU's Axpy per j). One
+// block of 128 threads per (head, row), threads over c.
+extern "C" __global__ void __launch_bounds__(128)
+mla_absorb(float* __restrict__ qabs, const float* __restrict__ q, const float* __restrict__ kvb, int heads, int nope,
+           int rope, int v, int kvl) {
+    extern __shared__ float qs[]; // [nope]
+    int h = blockIdx.x, i = blockIdx.y;
+    const float* qh = q + ((size_t)i * heads + h) * (nope + rope);
+    float* out = qabs + ((size_t)i * heads + h) * (kvl + rope);
+    for (int j = threadIdx.x; j < nope; j += blockDim.x) qs[j] = qh[j];
+    __syncthreads();
+    const float* wk = kvb + (size_t)h * (nope + v) * kvl;
+    for (int c = threadIdx.x; c < kvl; c += blockDim.x) {
+        float a = 0.0f;
+        int j = 0;
+        for (; j + 4 <= nope; j += 4) { // four loads in flight
+            float w0 = wk[(size_t)j * kvl + c], w1 = wk[(size_t)(j + 1) * kvl + c];
+            float w2 = wk[(size_t)(j + 2) * kvl + c], w3 = wk[(size_t)(j + 3) * kvl + c];
+            a = fmaf(qs[j], w0, a);
+            a = fmaf(qs[j + 1], w1, a);
+            a = fmaf(qs[j + 2], w2, a);
+            a = fmaf(qs[j + 3], w3, a);
+        }
+        for (; j < nope; j++) a = fmaf(qs[j], wk[(size_t)j * kvl + c], a);
+        out[c] = a;
+    }
+    for (int c = threadIdx.x; c < rope; c += blockDim.x) out[kvl + c] = qh[nope + c];
+}
+
+// mla_vout: o[i][h][j] = W_v,h[j]·olat[i][h]. One warp per output (lanes
+// over kvl, a butterfly sum), eight per block; grid (⌈v/8⌉, heads, rows).
+extern "C" __global__ void __launch_bounds__(256)
+mla_vout(float* __restrict__ o, const float* __restrict__ olat, const float* __restrict__ kvb, int heads, int nope,
+         int v, int kvl) {
+    int lane = threadIdx.x & 31;
+    int j = blockIdx.x * 8 + (threadIdx.x >> 5), h = blockIdx.y, i = blockIdx.z;
+    if (j >= v) return;
+    const float* w = kvb + ((size_t)h * (nope + v) + nope + j) * kvl;
+    const float* x = olat + ((size_t)i * heads + h) * kvl;
+    float a = 0.0f;
+    for (int c = lane; c < kvl; c += 32) a = fmaf(w[c], x[c], a);
+    a = warp_sum32(a);
+    if (lane == 0) o[((size_t)i * heads + h) * v + j] = a;
+}
+
+// layer_norm: dst = (x − mean)/sqrt(var + eps)·w + b over rows of n floats
+// (the biased variance, as torch's LayerNorm). One warp per row, eight
+// rows a block; dst may be x.
+extern "C" __global__ void __launch_bounds__(256)
+layer_norm(float* dst, const float* x, const float* __restrict__ w, const float* __restrict__ b, int rows, int n,
+           float eps) {
+    int lane = threadIdx.x & 31;
+    int r = blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (r >= rows) return;
+    const float* xr = x + (size_t)r * n;
+    float* dr = dst + (size_t)r * n;
+    float s = 0.0f;
+    for (int c = lane; c < n; c += 32) s = __fadd_rn(s, xr[c]);
+    float mean = __fdiv_rn(warp_sum32(s), (float)n);
+    float v = 0.0f;
+    for (int c = lane; c < n; c += 32) {
+        float d = __fsub_rn(xr[c], mean);
+        v = __fadd_rn(v, __fmul_rn(d, d));
+    }
+    float var = __fdiv_rn(warp_sum32(v), (float)n);
+    float inv = (float)(1.0 / sqrt((double)__fadd_rn(var, eps)));
+    for (int c = lane; c < n; c += 32) dr[c] = __fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(xr[c], mean), inv), w[c]), b[c]);
+}
+
+// index_scores: for row i (at position pos+i, n = pos+i+1 positions) and
+// each position t < n, sc[i·stride + t] = Σ_h (w[i][h]·wscale)·relu(scale·
+// q[i][h]·k[t]), heads in order, where q is [rows][heads][dim] and k the
+// indexer's key cache [positions][dim]. Rows with n ≤ topk attend to every
+// position and score nothing. One warp per position (lanes over dim, a
+// butterfly sum per head), eight per block; grid (⌈positions/8⌉, rows).
+// With posp set, pos is read from the device (a recorded step).
+extern "C" __global__ void __launch_bounds__(256)
+index_scores(float* __restrict__ sc, const float* __restrict__ q, const float* __restrict__ k,
+             const float* __restrict__ w, int pos, const int* __restrict__ posp, int heads, int dim, float scale,
+             float wscale, int topk, int stride) {
+    if (posp != nullptr) pos = *posp;
+    int lane = threadIdx.x & 31;
+    int t = blockIdx.x * 8 + (threadIdx.x >> 5), i = blockIdx.y;
+    int n = pos + i + 1;
+    if (n <= topk || t >= n) return;
+    const float* kt = k + (size_t)t * dim;
+    const float* qi = q + (size_t)i * heads * dim;
+    const float* wi = w + (size_t)i * heads;
+    float s = 0.0f;
+    for (int h = 0; h < heads; h++) {
+        float d = 0.0f;
+        for (int c = lane; c < dim; c += 32) d = fmaf(qi[(size_t)h * dim + c], kt[c], d);
+        d = __fmul_rn(warp_sum32(d), scale);
+        s = __fadd_rn(s, __fmul_rn(__fmul_rn(wi[h], wscale), fmaxf(d, 0.0f)));
+    }
+    if (lane == 0) sc[(size_t)i * stride + t] = s;
+}
+
+// key orders floats as unsigned integers: a larger float, a larger key.
+__device__ __forceinline__ unsigned key(float f) {
+    unsigned u = __float_as_uint(f == 0.0f ? 0.0f : f); // -0 is +0, as the CPU compares them
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+#define SEL_THREADS 256
+
+// index_select writes row i's topk best positions by score (the lower
+// position first on ties: model.TopK's choice) into sel[i·topk ..] in
+// ascending order, or every position 0..n-1 while n ≤ topk. One block per
+// row: a radix select of the topk-th largest key, 8 bits a pass, then
+// one pass in position order that keeps the keys above it and the first
+// of those equal to it.
+extern "C" __global__ void __launch_bounds__(SEL_THREADS)
+index_select(int* __restrict__ sel, const float* __restrict__ sc, int pos, const int* __restrict__ posp, int topk,
+             int stride) {
+    if (posp != nullptr) pos = *posp;
+    __shared__ unsigned hist[256];
+    __shared__ unsigned sprefix, swant;
+    __shared__ int weq[SEL_THREADS / 32], wtk[SEL_THREADS / 32];
+    int i = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int n = pos + i + 1;
+    int* out = sel + (size_t)i * topk;
+    if (n <= topk) {
+        for (int t = tid; t < n; t += SEL_THREADS) out[t] = t;
+        return;
+    }
+    const float* s = sc + (size_t)i * stride;
+    // want: the rank, among the keys that match prefix under mask, of the
+    // topk-th largest key.
+    unsigned prefix = 0, mask = 0, want = topk;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int b = tid; b < 256; b += SEL_THREADS) hist[b] = 0;
+        __syncthreads();
+        for (int t = tid; t < n; t += SEL_THREADS) {
+            unsigned u = key(s[t]);
+            if ((u & mask) == prefix) atomicAdd(&hist[(u >> shift) & 255], 1u);
+        }
+        __syncthreads();
+        if (tid == 0) {
+            unsigned above = 0;
+            int b = 255;
+            for (; b > 0 && above + hist[b] < want; b--) above += hist[b];
+            swant = want - above;
+            sprefix = prefix | ((unsigned)b << shift);
+        }
+        __syncthreads();
+        want = swant;
+        prefix = sprefix;
+        mask |= 255u << shift;
+        __syncthreads();
+    }
+    // prefix is the topk-th largest key; keep every key above it and the
+    // first want keys equal to it, in position order.
+    unsigned before = (1u << lane) - 1;
+    int taken = 0, eqSeen = 0;
+    for (int t0 = 0; t0 < n; t0 += SEL_THREADS) {
+        int t = t0 + tid;
+        unsigned u = t < n ? key(s[t]) : 0;
+        bool eq = t < n && u == prefix;
+        unsigned be = __ballot_sync(FULL_MASK, eq);
+        if (lane == 0) weq[warp] = __popc(be);
+        __syncthreads();
+        int eqBefore = eqSeen + __popc(be & before), eqAll = 0;
+        for (int x = 0; x < SEL_THREADS / 32; x++) {
+            if (x < warp) eqBefore += weq[x];
+            eqAll += weq[x];
+        }
+        bool take = (t < n && u > prefix) || (eq && eqBefore < (int)want);
+        unsigned bt = __ballot_sync(FULL_MASK, take);
+        if (lane == 0) wtk[warp] = __popc(bt);
+        __syncthreads();
+        int at = taken + __popc(bt & before), all = 0;
+        for (int x = 0; x < SEL_THREADS / 32; x++) {
+            if (x < warp) at += wtk[x];
+            all += wtk[x];
+        }
+        if (take) out[at] = t;
+        taken += all;
+        eqSeen += eqAll;
+        __syncthreads();
+    }
+}

@@ -1,0 +1,186 @@
+//go:build linux
+
+package cuda
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/sluicelm/sluice/internal/kernels"
+	"github.com/sluicelm/sluice/internal/model"
+)
+
+// smallInts is n random integers in -m..m as floats: their products and
+// sums are exact, so the GPU's scores equal the CPU's whatever the order,
+// with many ties.
+func smallInts(r *rand.Rand, n, m int) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = float32(r.IntN(2*m+1) - m)
+	}
+	return v
+}
+
+// TestIndexSelect checks the lightning indexer's choice against the CPU's
+// (model.TopK, sorted): every position while a row has at most TopK, else
+// the TopK best scores with ties to the lower position, for scores that
+// are exact on both sides and tie often; rows below and above TopK in one
+// step; and the same choice with the position read from the device (a
+// recorded step).
+func TestIndexSelect(t *testing.T) {
+	onGPU(t, func(e *env) {
+		r := rand.New(rand.NewPCG(11, 1))
+		for _, c := range []struct{ pos, rows, heads, dim, topK int }{
+			{60, 6, 4, 32, 64}, {1000, 3, 4, 32, 64}, {300, 2, 8, 64, 256}, {5000, 2, 2, 128, 2048}, {9, 1, 64, 128, 2048},
+		} {
+			n := c.pos + c.rows
+			stride := n + 7
+			q := smallInts(r, c.rows*c.heads*c.dim, 2)
+			k := smallInts(r, n*c.dim, 1)
+			w := smallInts(r, c.rows*c.heads, 3)
+			want := make([][]int, c.rows)
+			for i := range c.rows {
+				m := c.pos + i + 1
+				if m <= c.topK {
+					want[i] = make([]int, m)
+					for t := range m {
+						want[i][t] = t
+					}
+					continue
+				}
+				sc := make([]float32, m)
+				for t := range m {
+					var v float32
+					for h := range c.heads {
+						d := kernels.Dot(q[(i*c.heads+h)*c.dim:(i*c.heads+h+1)*c.dim], k[t*c.dim:(t+1)*c.dim])
+						v += w[i*c.heads+h] * max(d, 0)
+					}
+					sc[t] = v
+				}
+				want[i] = make([]int, c.topK)
+				model.TopK(want[i], sc, make([]int, c.topK))
+				slices.Sort(want[i])
+			}
+			qd, kd, wd := up(e, q), up(e, k), up(e, w)
+			x := Index{Pos: c.pos, Rows: c.rows, Heads: c.heads, Dim: c.dim, TopK: c.topK, Stride: stride, Scale: 1, WScale: 1}
+			for _, dev := range []bool{false, true} {
+				if dev {
+					x.PosDev, x.MaxPos = up(e, []int32{int32(c.pos)}), n
+				}
+				sel, sc := e.alloc(4*c.rows*c.topK), e.alloc(4*c.rows*stride)
+				must(e.k.IndexSelect(e.s, sel, sc, qd, kd, wd, x))
+				got := down[int32](e, sel, c.rows*c.topK)
+				for i := range c.rows {
+					g := got[i*c.topK : i*c.topK+len(want[i])]
+					for j, p := range want[i] {
+						if int(g[j]) != p {
+							t.Fatalf("pos %d row %d of %d, top %d (position on the device: %v): selection differs at %d: got %v, want %v",
+								c.pos, i, c.rows, c.topK, dev, j, g[j:min(j+8, len(g))], want[i][j:min(j+8, len(want[i]))])
+						}
+					}
+				}
+			}
+		}
+	})
+}
+
+// TestAttendLatent checks DeepSeek's absorbed attention, one latent head
+// whose value is the key's first dims, over every position and over an
+// indexer's selection, against kernels.AttendLatent within float32
+// rounding; and the absorb, W_v and layer norm kernels against their CPU
+// counterparts.
+func TestAttendLatent(t *testing.T) {
+	onGPU(t, func(e *env) {
+		r := rand.New(rand.NewPCG(11, 2))
+		const nb, heads, kvl, rope, nope, vd = 5, 4, 128, 32, 48, 40
+		const w = kvl + rope
+		for _, c := range []struct{ pos, topK int }{{37, 0}, {600, 0}, {600, 64}, {900, 300}} {
+			n := c.pos + nb
+			q := randF32(r, nb*heads*w, 1)
+			kc := randF32(r, n*w, 1)
+			var sel []int32
+			if c.topK > 0 {
+				sel = make([]int32, nb*c.topK)
+				for i := range nb {
+					m := c.pos + i + 1
+					ps := r.Perm(m)[:min(m, c.topK)]
+					slices.Sort(ps)
+					for j, p := range ps {
+						sel[i*c.topK+j] = int32(p)
+					}
+				}
+			}
+			scale := float32(0.07)
+			want := make([]float32, nb*heads*kvl)
+			sc := make([]float32, n)
+			for i := range nb {
+				var rs []int
+				if sel != nil {
+					for _, p := range sel[i*c.topK : i*c.topK+min(c.pos+i+1, c.topK)] {
+						rs = append(rs, int(p))
+					}
+				}
+				for h := range heads {
+					kernels.AttendLatent(want[(i*heads+h)*kvl:(i*heads+h+1)*kvl], q[(i*heads+h)*w:(i*heads+h+1)*w], kc, w, rs, c.pos+i+1, scale, sc)
+				}
+			}
+			a := Attn{Pos: c.pos, Rows: nb, Heads: heads, KVHeads: 1, HeadDim: w, VDim: kvl, QRow: heads * w, QHead: w, ORow: heads * kvl, Scale: scale}
+			if sel != nil {
+				a.Sel, a.TopK = up(e, sel), c.topK
+			}
+			kd := up(e, kc)
+			od := e.alloc(4 * nb * heads * kvl)
+			must(e.k.Attend(e.s, od, up(e, q), kd, kd, e.alloc(AttendScratch(a)), a))
+			e.close(fmt.Sprintf("latent attention pos=%d top %d", c.pos, c.topK), down[float32](e, od, nb*heads*kvl), want, 2e-6)
+		}
+
+		// Absorb and W_v: kv_b_proj [heads][nope+v][kvl].
+		kvb := randF32(r, heads*(nope+vd)*kvl, 0.5)
+		qn := randF32(r, nb*heads*(nope+rope), 1)
+		wantQ := make([]float32, nb*heads*w)
+		for i := range nb {
+			for h := range heads {
+				qa := wantQ[(i*heads+h)*w : (i*heads+h+1)*w]
+				qh := qn[(i*heads+h)*(nope+rope):]
+				for j := range nope {
+					kernels.Axpy(qa[:kvl], qh[j], kvb[(h*(nope+vd)+j)*kvl:(h*(nope+vd)+j+1)*kvl])
+				}
+				copy(qa[kvl:], qh[nope:nope+rope])
+			}
+		}
+		sh := MLA{Heads: heads, Nope: nope, Rope: rope, V: vd, KVLora: kvl}
+		kvbd := up(e, kvb)
+		qd := e.alloc(4 * nb * heads * w)
+		must(e.k.MLAAbsorb(e.s, qd, up(e, qn), kvbd, nb, sh))
+		e.close("mla_absorb", down[float32](e, qd, nb*heads*w), wantQ, 1e-6)
+		olat := randF32(r, nb*heads*kvl, 1)
+		wantO := make([]float32, nb*heads*vd)
+		for i := range nb {
+			for h := range heads {
+				for j := range vd {
+					at := (h*(nope+vd) + nope + j) * kvl
+					wantO[(i*heads+h)*vd+j] = kernels.Dot(kvb[at:at+kvl], olat[(i*heads+h)*kvl:(i*heads+h+1)*kvl])
+				}
+			}
+		}
+		od := e.alloc(4 * nb * heads * vd)
+		must(e.k.MLAVOut(e.s, od, up(e, olat), kvbd, nb, sh))
+		e.close("mla_vout", down[float32](e, od, nb*heads*vd), wantO, 1e-6)
+
+		// The indexer's key norm.
+		const rows, dim = 7, 128
+		x, gw, gb := randF32(r, rows*dim, 3), randF32(r, dim, 1), randF32(r, dim, 1)
+		for i := range x[:dim] {
+			x[i] += 5 // a row far from zero mean
+		}
+		wantN := make([]float32, rows*dim)
+		for i := range rows {
+			kernels.LayerNorm(wantN[i*dim:(i+1)*dim], x[i*dim:(i+1)*dim], gw, gb, 1e-6)
+		}
+		xd := up(e, x)
+		must(e.k.LayerNorm(e.s, xd, xd, up(e, gw), up(e, gb), rows, dim, 1e-6))
+		e.close("layer_norm", down[float32](e, xd, rows*dim), wantN, 1e-6)
+	})
+}
