@@ -455,17 +455,25 @@ func TestDeviceOptionRefusals(t *testing.T) {
 			t.Errorf("%+v: err %v, want one saying %q", c.o, err, c.want)
 		}
 	}
-	// Device auto with a model the GPU does not run (DeepSeek's family,
-	// and no GPU at all on most machines) runs on the CPU, says why, and
-	// says that the GPU's sizes go unused.
-	const cpuOnly = "tiny-deepseek-v32"
-	e := open(t, cpuOnly, engine.Options{Device: "auto", Experts: engine.ExpertOptions{GPUPoolShare: 0.25}})
-	if e.OnGPU() || e.DeviceNote == "" || !strings.HasSuffix(e.DeviceNote, "; --gpu-pool-mb is unused") {
-		t.Errorf("auto with --gpu-pool-mb: device %q, note %q", e.Device, e.DeviceNote)
-	}
-	e = open(t, cpuOnly, engine.Options{Device: "auto", Experts: engine.ExpertOptions{GPUPoolShare: 0.25, VRAMBytes: 8 << 30}})
-	if e.OnGPU() || !strings.HasSuffix(e.DeviceNote, "; --gpu-pool-mb and --vram-gb are unused") {
-		t.Errorf("auto with --gpu-pool-mb and --vram-gb: device %q, note %q", e.Device, e.DeviceNote)
+	// Device auto with a model the GPU does not run (top-33 routing, and
+	// no GPU at all on most machines) runs on the CPU, says why, and says
+	// that the GPU's sizes go unused.
+	cpuOnly := testutil.PackedVariant(t, "tiny-deepseek-v32", 4, testutil.GPURefused)
+	for _, c := range []struct {
+		xo   engine.ExpertOptions
+		want string
+	}{
+		{engine.ExpertOptions{GPUPoolShare: 0.25}, "; --gpu-pool-mb is unused"},
+		{engine.ExpertOptions{GPUPoolShare: 0.25, VRAMBytes: 8 << 30}, "; --gpu-pool-mb and --vram-gb are unused"},
+	} {
+		e, err := engine.Open(context.Background(), cpuOnly, engine.Options{Device: "auto", Threads: 2, Experts: c.xo})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e.OnGPU() || !strings.HasSuffix(e.DeviceNote, c.want) {
+			t.Errorf("auto with %+v: device %q, note %q", c.xo, e.Device, e.DeviceNote)
+		}
+		e.Close()
 	}
 }
 
@@ -516,28 +524,41 @@ func TestGPUPoolStats(t *testing.T) {
 	}
 }
 
-// TestDeviceFallback: the GPU backend does not run deepseek_v32; --device auto
-// falls back to the CPU saying why, and --device cuda is an error that
-// says why, whether or not this machine has a GPU (the family is checked
-// before the driver).
+// TestDeviceFallback: the GPU backend does not run top-33 routing (its
+// routers keep at most 32); --device auto falls back to the CPU saying
+// why, and --device cuda is an error that says why, whether or not this
+// machine has a GPU (the model is checked before the driver). The
+// fallback decodes as --device cpu does.
 func TestDeviceFallback(t *testing.T) {
-	const cpuOnly = "tiny-deepseek-v32"
-	e := open(t, cpuOnly, engine.Options{Device: "auto"})
+	cpuOnly := testutil.PackedVariant(t, "tiny-deepseek-v32", 4, testutil.GPURefused)
+	openOn := func(device string) (*engine.Engine, error) {
+		return engine.Open(context.Background(), cpuOnly, engine.Options{Device: device, Threads: 2})
+	}
+	e, err := openOn("auto")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
 	if e.Device != "cpu" || e.OnGPU() || !strings.HasPrefix(e.DeviceNote, "device: cpu (") {
 		t.Fatalf("device %q, note %q", e.Device, e.DeviceNote)
 	}
-	why := []string{"deepseek_v32 runs on the CPU only", "without CUDA support", "linux only"}
+	why := []string{"top-33 routing not supported on the GPU", "without CUDA support", "linux only"}
 	if !slices.ContainsFunc(why, func(s string) bool { return strings.Contains(e.DeviceNote, s) }) {
 		t.Errorf("note %q names no reason", e.DeviceNote)
 	}
-	_, err := engine.Open(context.Background(), testutil.Packed(t, cpuOnly, 16), engine.Options{Device: "cuda", Threads: 2})
+	_, err = openOn("cuda")
 	if err == nil || !strings.Contains(err.Error(), "device cuda") ||
 		!slices.ContainsFunc(why, func(s string) bool { return strings.Contains(err.Error(), s) }) {
 		t.Errorf("--device cuda: err %v", err)
 	}
-	// The fallback decodes as the CPU does.
-	c := testutil.LoadRefs(t, cpuOnly).Cases[1]
-	if got, _ := generate(t, e, c.Prompt, greedy48, nil); !slices.Equal(got, c.Greedy) {
-		t.Errorf("tokens %v, want %v", got, c.Greedy)
+	c, err2 := openOn("cpu")
+	if err2 != nil {
+		t.Fatal(err2)
+	}
+	defer c.Close()
+	prompt := testutil.LoadRefs(t, "tiny-deepseek-v32").Cases[1].Prompt
+	want, _ := generate(t, c, prompt, greedy48, nil)
+	if got, _ := generate(t, e, prompt, greedy48, nil); !slices.Equal(got, want) {
+		t.Errorf("tokens %v, want %v (--device cpu)", got, want)
 	}
 }

@@ -191,9 +191,13 @@ func writeFile(path string, b []byte) error {
 	return os.WriteFile(path, b, 0o644)
 }
 
-// Shared returns the path of ../shared beside the repository root.
+// Shared returns the path of ../shared beside the repository root, or
+// $SLUICE_SHARED when set.
 func Shared(t testing.TB) string {
 	p := filepath.Join(repoRoot(), "..", "shared")
+	if d := os.Getenv("SLUICE_SHARED"); d != "" {
+		p = d // a test binary run away from its checkout (the GPU machine)
+	}
 	if _, err := os.Stat(p); err != nil {
 		t.Fatalf("shared test data not found at %s: %v", p, err)
 	}
@@ -289,6 +293,39 @@ func Packed(t testing.TB, name string, bits int) string {
 		t.Fatalf("pack %s at %d bits: %v", name, bits, err)
 	}
 	packed[key] = dst
+	return dst
+}
+
+// GPURefused is a variant of tiny-deepseek-v32 that the GPU backend
+// refuses whatever the machine (top-33 routing, over all four groups;
+// the GPU's routers keep at most 32): the tests of device auto's fallback
+// to the CPU use it.
+var GPURefused = map[string]any{"num_experts_per_tok": 33, "topk_group": 4}
+
+// PackedVariant packs, at bits, a copy of the test model name whose
+// config.json has edits applied (its other files are linked), and
+// returns the packed directory, under t.TempDir.
+func PackedVariant(t testing.TB, name string, bits int, edits map[string]any) string {
+	t.Helper()
+	src, dir := ModelDir(t, name), t.TempDir()
+	ents, err := os.ReadDir(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if n := e.Name(); n != "config.json" {
+			Link(t, filepath.Join(src, n), filepath.Join(dir, n))
+		}
+	}
+	cfg := ReadJSON(t, filepath.Join(src, "config.json"))
+	for k, v := range edits {
+		cfg[k] = v
+	}
+	WriteJSON(t, filepath.Join(dir, "config.json"), cfg)
+	dst := filepath.Join(t.TempDir(), name+"-variant")
+	if err := pack.Pack(context.Background(), dir, dst, pack.Options{Bits: bits}); err != nil {
+		t.Fatalf("pack a variant of %s at %d bits: %v", name, bits, err)
+	}
 	return dst
 }
 

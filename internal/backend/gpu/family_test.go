@@ -13,16 +13,14 @@ import (
 	"github.com/sluicelm/sluice/internal/testutil"
 )
 
-// TestGPUFamilyFallback: a family the GPU backend does not run (deepseek_v32)
-// is refused by name: device auto runs it on the CPU and says why, and
-// device cuda is an error; a qwen3_next pack (Qwen3.5's blocks), a
-// glm4_moe pack and a gpt_oss pack are accepted. Needs no GPU.
+// TestGPUFamilyFallback: every family's pack is accepted (qwen3_next
+// as Qwen3.5's blocks, glm4_moe, gpt_oss, deepseek_v32), and a model the
+// GPU does not run (top-33 routing) is refused saying why: device auto
+// runs it on the CPU and says why, and device cuda is an error. Needs no
+// GPU.
 func TestGPUFamilyFallback(t *testing.T) {
-	for _, name := range []string{"tiny-qwen3-next", "tiny-glm4-moe"} {
-		if !testutil.ExtraPresent(name) {
-			t.Skipf("model %s: its archive is not where the checkout was when this binary was built", name)
-		}
-		m, err := model.Load(testutil.Packed(t, name, 4))
+	supported := func(name, dir string) {
+		m, err := model.Load(dir)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -32,42 +30,42 @@ func TestGPUFamilyFallback(t *testing.T) {
 			t.Errorf("gpu.Supported(%s) = %v, want nil", name, err)
 		}
 	}
-	if dir := packed(t, "tiny-gpt-oss", 4); dir != "" {
-		m, err := model.Load(dir)
-		if err != nil {
-			t.Fatal(err)
+	for _, name := range []string{"tiny-qwen3-next", "tiny-glm4-moe"} {
+		if !testutil.ExtraPresent(name) {
+			t.Skipf("model %s: its archive is not where the checkout was when this binary was built", name)
 		}
-		err = gpu.Supported(m)
-		m.Close()
-		if err != nil {
-			t.Errorf("gpu.Supported(tiny-gpt-oss) = %v, want nil", err)
+		supported(name, testutil.Packed(t, name, 4))
+	}
+	for _, name := range []string{"tiny-gpt-oss", "tiny-deepseek-v32"} {
+		if dir := packed(t, name, 4); dir != "" {
+			supported(name, dir)
 		}
 	}
-	const name, family = "tiny-deepseek-v32", "deepseek_v32"
-	dir := packed(t, name, 4)
+	const why = "top-33 routing not supported on the GPU"
+	dir := testutil.PackedVariant(t, "tiny-deepseek-v32", 4, testutil.GPURefused)
 	m, err := model.Load(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	err = gpu.Supported(m)
 	m.Close()
-	if err == nil || !strings.Contains(err.Error(), family) {
-		t.Errorf("gpu.Supported(%s) = %v, want a refusal naming %s", name, err, family)
+	if err == nil || !strings.Contains(err.Error(), why) {
+		t.Errorf("gpu.Supported(top-33) = %v, want a refusal saying %q", err, why)
 	}
 	e, err := engine.Open(context.Background(), dir, engine.Options{Device: "auto", Ctx: 256})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if e.OnGPU() || !strings.Contains(e.DeviceNote, family) {
-		t.Errorf("device auto: device %q, note %q; want the CPU and a note naming %s", e.Device, e.DeviceNote, family)
+	if e.OnGPU() || !strings.Contains(e.DeviceNote, why) {
+		t.Errorf("device auto: device %q, note %q; want the CPU and a note saying %q", e.Device, e.DeviceNote, why)
 	}
 	e.Close()
 	e, err = engine.Open(context.Background(), dir, engine.Options{Device: "cuda", Ctx: 256})
 	if err == nil {
 		e.Close()
 	}
-	if err == nil || !strings.Contains(err.Error(), family) {
-		t.Errorf("device cuda: %v, want an error naming %s", err, family)
+	if err == nil || !strings.Contains(err.Error(), why) {
+		t.Errorf("device cuda: %v, want an error saying %q", err, why)
 	}
 }
 

@@ -72,6 +72,7 @@ type Runner struct {
 	xl                     int // expert layers: the trunk's, then the MTP layer's when there is one
 
 	mtp mtpHead // the MTP head and the speculative verify (mtp.go)
+	mla mlaBufs // DeepSeek's latent attention's scratch (mla.go)
 	hyb hybrid  // the CPU's share of a decode step's pool misses (hybrid.go)
 
 	mats    map[*block.Weight]mat
@@ -166,9 +167,9 @@ func Supported(m *model.Model) error {
 	c := &m.Config
 	// qwen3_next is packed into qwen3_5_moe's tensors and block order.
 	switch c.Family {
-	case "qwen3_moe", "qwen3_5_moe", "qwen3_next", "glm4_moe", "gpt_oss":
+	case "qwen3_moe", "qwen3_5_moe", "qwen3_next", "glm4_moe", "gpt_oss", "deepseek_v32":
 	default:
-		return fmt.Errorf("the GPU backend runs qwen3_moe, qwen3_5_moe, qwen3_next, glm4_moe and gpt_oss; %s runs on the CPU only for now", c.Family)
+		return fmt.Errorf("the GPU backend runs qwen3_moe, qwen3_5_moe, qwen3_next, glm4_moe, gpt_oss and deepseek_v32; %s runs on the CPU only", c.Family)
 	}
 	layers := allLayers(m)
 	if !slices.ContainsFunc(layers, func(L block.Layer) bool { return L.MoE() != nil }) {
@@ -184,6 +185,10 @@ func Supported(m *model.Model) error {
 		case *block.DeltaNet:
 			if x.KeyDim != 32 && x.KeyDim != 64 && x.KeyDim != 128 {
 				return fmt.Errorf("layer %d: DeltaNet key dim %d not supported on the GPU (32, 64 or 128)", i, x.KeyDim)
+			}
+		case *block.MLA:
+			if x.Index != nil && x.Index.TopK < 1 {
+				return fmt.Errorf("layer %d: an indexer keeping %d positions", i, x.Index.TopK)
 			}
 		default:
 			return fmt.Errorf("layer %d: mixer %T not supported on the GPU", i, L.Mixer)
@@ -419,6 +424,16 @@ func (r *Runner) stateBytes() int64 {
 // (model.CacheRows), with rings of window + the runner's rows.
 func (r *Runner) cacheRows(sp block.StateSpec, ctx int) int {
 	return model.CacheRows(sp, ctx, r.maxRows)
+}
+
+// latentWidths is the floats a position takes in a layer's two caches:
+// keys and values alike, or for a latent layer the latent and the
+// indexer's key (0 without an indexer).
+func latentWidths(sp block.StateSpec) (kw, vw int) {
+	if sp.Kind == block.Latent {
+		return sp.KVWidth, sp.IndexWidth
+	}
+	return sp.KVWidth, sp.KVWidth
 }
 
 // ringRuns calls f(p, n) for runs of the positions a..b-1 that lie in
@@ -664,6 +679,8 @@ func (r *Runner) upload() error {
 				v(x.QNorm.W)
 				v(x.KNorm.W)
 			}
+		case *block.MLA:
+			uploadMLA(x, w, v)
 		case *block.DeltaNet:
 			w(&x.QKV)
 			w(&x.Z)
@@ -875,6 +892,10 @@ func (r *Runner) alloc() error {
 	if r.M.MTP != nil {
 		wide = max(wide, 2*H) // the MTP head's input
 	}
+	mla := firstMLA(allLayers(r.M))
+	if mla != nil {
+		wide = max(wide, mla.QLora, mla.Heads*mla.V) // q_b's and o_proj's inputs
+	}
 	acts := max((R*K+1)*max(H, I), R*wide)
 	attS := cuda.AttendScratch(cuda.Attn{Pos: r.ctx, Rows: R, Heads: c.Heads, HeadDim: c.HeadDim})
 	var sz int
@@ -896,6 +917,9 @@ func (r *Runner) alloc() error {
 	add(&r.kk, R*kvw)
 	add(&r.v, R*kvw)
 	add(&r.o, R*c.Heads*c.HeadDim)
+	if mla != nil {
+		attS = max(attS, mlaScratch(mla, &r.mla, R, r.ctx, add))
+	}
 	add(&r.attS, attS/4)
 	add(&r.qkv, R*cd)
 	add(&r.z, R*vd)
@@ -1093,13 +1117,15 @@ func (r *Runner) state(st *model.State) (*dstate, error) {
 		case block.Recurrent:
 			ds.convN[l], ds.recN[l] = sp.ConvFloats, sp.RecFloats
 			slots = append(slots, slot{&ds.conv[l], sp.ConvFloats}, slot{&ds.rec[l], sp.RecFloats})
+		case block.Latent:
+			slots = append(slots, slot{&ds.kc[l], st.Ctx * sp.KVWidth}, slot{&ds.vc[l], st.Ctx * sp.IndexWidth})
 		default:
 			return nil, fmt.Errorf("gpu: state kind %d not supported", sp.Kind)
 		}
 	}
 	if r.M.MTP != nil {
-		w := a.MTPState.KVWidth
-		slots = append(slots, slot{&ds.kc[n], st.Ctx * w}, slot{&ds.vc[n], st.Ctx * w})
+		kw, vw := latentWidths(a.MTPState)
+		slots = append(slots, slot{&ds.kc[n], st.Ctx * kw}, slot{&ds.vc[n], st.Ctx * vw})
 	}
 	offs := make([]int, len(slots))
 	for i, s := range slots {
@@ -1168,6 +1194,11 @@ func (r *Runner) CopyState(dst, src *model.State) error {
 					}
 					return r.Dev.CopyDAsync(dds.vc[l]+do, sds.vc[l]+so, n*w, r.s)
 				})
+			case sp.Kind == block.Latent:
+				kw, vw := latentWidths(sp)
+				if err = r.Dev.CopyDAsync(dds.kc[l], sds.kc[l], 4*src.Pos*kw, r.s); err == nil && vw > 0 {
+					err = r.Dev.CopyDAsync(dds.vc[l], sds.vc[l], 4*src.Pos*vw, r.s)
+				}
 			case sds.conv[l] != 0:
 				if err = r.Dev.CopyDAsync(dds.conv[l], sds.conv[l], 4*sds.convN[l], r.s); err == nil {
 					err = r.Dev.CopyDAsync(dds.rec[l], sds.rec[l], 4*sds.recN[l], r.s)
@@ -1178,11 +1209,12 @@ func (r *Runner) CopyState(dst, src *model.State) error {
 			}
 		}
 		if nl := len(r.M.Arch.States); r.M.MTP != nil {
-			n := 4 * min(src.MTPPos, dst.Ctx) * r.M.Arch.MTPState.KVWidth
-			if err := r.Dev.CopyDAsync(dds.kc[nl], sds.kc[nl], n, r.s); err != nil {
+			kw, vw := latentWidths(r.M.Arch.MTPState)
+			n := 4 * min(src.MTPPos, dst.Ctx)
+			if err := r.Dev.CopyDAsync(dds.kc[nl], sds.kc[nl], n*kw, r.s); err != nil {
 				return err
 			}
-			if err := r.Dev.CopyDAsync(dds.vc[nl], sds.vc[nl], n, r.s); err != nil {
+			if err := r.Dev.CopyDAsync(dds.vc[nl], sds.vc[nl], n*vw, r.s); err != nil {
 				return err
 			}
 		}
@@ -1968,20 +2000,6 @@ func (r *Runner) Dense(m *block.MLP) {
 	r.mark("dense")
 	r.mlp(r.y, m)
 }
-
-// MLAProject implements block.Backend (latent attention is CPU-only).
-func (r *Runner) MLAProject(m *block.MLA) {
-	r.check(fmt.Errorf("gpu: latent attention is not supported"))
-}
-
-// MLAPrep implements block.Backend.
-func (r *Runner) MLAPrep(m *block.MLA, cache int) {}
-
-// Select implements block.Backend.
-func (r *Runner) Select(m *block.MLA, cache int) {}
-
-// MLAAttend implements block.Backend.
-func (r *Runner) MLAAttend(m *block.MLA, cache int) {}
 
 // Emit implements block.Backend: tracing is a CPU feature.
 func (r *Runner) Emit(name string, layer int, b block.Buf) {}

@@ -42,7 +42,7 @@ import (
 // (testutil.Extra): Qwen3-Next, whose pack has Qwen3.5's blocks, and
 // GLM-4.5 (attention biases, a dense first layer, the grouped sigmoid
 // router).
-var gpuModels = []string{"tiny-qwen3-moe", "tiny-qwen3-5-moe", "tiny-gpt-oss", "tiny-qwen3-next", "tiny-glm4-moe"}
+var gpuModels = []string{"tiny-qwen3-moe", "tiny-qwen3-5-moe", "tiny-gpt-oss", "tiny-qwen3-next", "tiny-glm4-moe", "tiny-deepseek-v32"}
 
 func TestMain(m *testing.M) {
 	code := m.Run()
