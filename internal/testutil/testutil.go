@@ -303,8 +303,8 @@ func Packed(t testing.TB, name string, bits int) string {
 var GPURefused = map[string]any{"num_experts_per_tok": 33, "topk_group": 4}
 
 // PackedVariant packs, at bits, a copy of the test model name whose
-// config.json has edits applied (its other files are linked), and
-// returns the packed directory, under t.TempDir.
+// config.json has edits applied (a nil value deletes the key; its other
+// files are linked), and returns the packed directory, under t.TempDir.
 func PackedVariant(t testing.TB, name string, bits int, edits map[string]any) string {
 	t.Helper()
 	src, dir := ModelDir(t, name), t.TempDir()
@@ -319,7 +319,11 @@ func PackedVariant(t testing.TB, name string, bits int, edits map[string]any) st
 	}
 	cfg := ReadJSON(t, filepath.Join(src, "config.json"))
 	for k, v := range edits {
-		cfg[k] = v
+		if v == nil {
+			delete(cfg, k)
+		} else {
+			cfg[k] = v
+		}
 	}
 	WriteJSON(t, filepath.Join(dir, "config.json"), cfg)
 	dst := filepath.Join(t.TempDir(), name+"-variant")
