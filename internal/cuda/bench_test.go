@@ -156,6 +156,22 @@ func TestGPUBench(t *testing.T) {
 			scr := e.alloc(AttendScratch(a))
 			ms := timed(200, func(int) { must(e.k.Attend(s, o, q, kc, vc, scr, a)) })
 			report("attention decode, %d positions, %d/%d heads of %d: %.2f us (%.0f GB/s of KV cache)", n, nh, nkv, hd, ms*1e3, float64(2*n*nkv*hd*4)/(ms/1e3)/1e9)
+			// DeepSeek-V3's latent attention: 128 heads over one latent of
+			// 512+64 floats a position, by head and by eight heads a block.
+			{
+				const n, nh, w, kvl = 4096, 128, 576, 512
+				q, kc := up(e, randF32(r, nh*w, 1)), up(e, randF32(r, n*w, 1))
+				o := e.alloc(4 * nh * kvl)
+				a := Attn{Pos: n - 1, Rows: 1, Heads: nh, KVHeads: 1, HeadDim: w, VDim: kvl, QRow: nh * w, QHead: w, ORow: nh * kvl, Scale: 0.07}
+				scr := e.alloc(AttendScratch(a))
+				by := timed(100, func(int) { must(e.k.Attend(s, o, q, kc, kc, scr, a)) })
+				if latentHeads(a) == 1 {
+					panic("AttendLatent would take a head a block")
+				}
+				lat := timed(100, func(int) { must(e.k.AttendLatent(s, o, q, kc, scr, a)) })
+				report("latent attention decode, %d positions, %d heads of %d: %.2f us a head a block, %.2f us eight heads a block (%.0f GB/s of latents)",
+					n, nh, w, by*1e3, lat*1e3, float64(n*w*4)/(lat/1e3)/1e9)
+			}
 			dn := DN{KeyHeads: 16, ValueHeads: 64, KeyDim: 128, ValueDim: 128}
 			S := up(e, randF32(r, dn.ValueHeads*128*128, 0.1))
 			qkv := up(e, randF32(r, dn.Conv(), 0.1))

@@ -98,7 +98,7 @@ func LoadKernels(d *Device) (*Kernels, error) {
 		"attn":   {"attend_part", "attend_combine"},
 		"delta":  {"dn_conv", "dn_rule32", "dn_rule64", "dn_rule128", "bench_empty"},
 		"fwd":    {"f32_mv", "gather_rows", "moe_combine", "kv_append"},
-		"mla":    {"mla_absorb", "mla_vout", "layer_norm", "index_scores", "index_select"},
+		"mla":    {"mla_absorb", "mla_vout", "layer_norm", "index_scores", "index_select", "mla_attend_part"},
 	}
 	for _, m := range modules {
 		ptx, err := PTX(m)
@@ -438,21 +438,9 @@ func (a Attn) positions(n int) int {
 // chunks of 256 and combined in order; scratch holds AttendScratch(a)
 // bytes.
 func (k *Kernels) Attend(s Stream, o, q, kc, vc, scratch uintptr, a Attn) error {
-	if a.KVHeads < 1 || a.Heads%a.KVHeads != 0 {
-		return fmt.Errorf("cuda: attention with %d heads over %d kv heads", a.Heads, a.KVHeads)
-	}
-	nc := ceil(a.positions(a.Pos+a.Rows), attChunk)
-	if a.PosDev != 0 {
-		nc = ceil(a.positions(a.MaxPos), attChunk)
-	}
-	if a.VDim > a.HeadDim || (a.Sel != 0) != (a.TopK > 0) || (a.Sel != 0 && (a.Window > 0 || a.Ring > 0)) {
-		return fmt.Errorf("cuda: attention of %d value dims over keys of %d, a selection of %d, a window of %d", a.VDim, a.HeadDim, a.TopK, a.Window)
-	}
-	if nc > 1024 {
-		return fmt.Errorf("cuda: attention over %d positions, at most %d", a.Pos+a.Rows, 1024*attChunk)
-	}
-	if a.Window < 0 || a.Ring < 0 || (a.Ring > 0 && a.Ring < a.Window+a.Rows) {
-		return fmt.Errorf("cuda: attention over a window of %d in a ring of %d rows, %d rows a step", a.Window, a.Ring, a.Rows)
+	nc, err := a.chunks()
+	if err != nil {
+		return err
 	}
 	if err := k.d.Launch(k.f["attend_part"], Dim3{a.Heads, a.Rows, nc}, Dim3{128, 1, 1}, 4*a.HeadDim, s,
 		P(scratch), P(q), P(kc), P(vc), I(a.Pos), I(a.Heads), I(a.KVHeads), I(a.HeadDim),
@@ -460,6 +448,32 @@ func (k *Kernels) Attend(s Stream, o, q, kc, vc, scratch uintptr, a Attn) error 
 		I(a.vdim()), P(a.Sel), I(a.TopK)); err != nil {
 		return err
 	}
+	return k.combine(s, o, q, scratch, a, nc)
+}
+
+// chunks checks a and returns the chunks of 256 positions its grid covers.
+func (a Attn) chunks() (int, error) {
+	if a.KVHeads < 1 || a.Heads%a.KVHeads != 0 {
+		return 0, fmt.Errorf("cuda: attention with %d heads over %d kv heads", a.Heads, a.KVHeads)
+	}
+	nc := ceil(a.positions(a.Pos+a.Rows), attChunk)
+	if a.PosDev != 0 {
+		nc = ceil(a.positions(a.MaxPos), attChunk)
+	}
+	if a.VDim > a.HeadDim || (a.Sel != 0) != (a.TopK > 0) || (a.Sel != 0 && (a.Window > 0 || a.Ring > 0)) {
+		return 0, fmt.Errorf("cuda: attention of %d value dims over keys of %d, a selection of %d, a window of %d", a.VDim, a.HeadDim, a.TopK, a.Window)
+	}
+	if nc > 1024 {
+		return 0, fmt.Errorf("cuda: attention over %d positions, at most %d", a.Pos+a.Rows, 1024*attChunk)
+	}
+	if a.Window < 0 || a.Ring < 0 || (a.Ring > 0 && a.Ring < a.Window+a.Rows) {
+		return 0, fmt.Errorf("cuda: attention over a window of %d in a ring of %d rows, %d rows a step", a.Window, a.Ring, a.Rows)
+	}
+	return nc, nil
+}
+
+// combine launches attend_combine over the parts of nc chunks.
+func (k *Kernels) combine(s Stream, o, q, scratch uintptr, a Attn, nc int) error {
 	g := 0
 	if a.Gated {
 		g = 1
@@ -467,6 +481,56 @@ func (k *Kernels) Attend(s Stream, o, q, kc, vc, scratch uintptr, a Attn) error 
 	return k.d.Launch(k.f["attend_combine"], Dim3{a.Heads, a.Rows, 1}, Dim3{128, 1, 1}, 0, s,
 		P(o), P(scratch), P(q), I(a.Pos), I(a.Heads), I(a.HeadDim), I(a.QRow), I(a.QHead), I(a.ORow), I(nc), I(g), P(a.PosDev),
 		I(a.Window), P(a.Sinks), I(a.vdim()), I(a.TopK))
+}
+
+// latentMinBlocks is the fewest blocks with work that AttendLatent's
+// several heads a block must keep (about two per SM of an H200); with
+// fewer, a block's heads would run one after another on idle SMs, so
+// each head takes a block instead (Attend). Tests set it to 0.
+var latentMinBlocks = 256
+
+// latentHeads is how many heads AttendLatent takes a block for a: up to
+// 8, their queries within 32 KiB of shared memory, or 1 where that leaves
+// fewer than latentMinBlocks blocks with work (a recorded step's
+// positions are unknown when it is recorded: it counts one chunk).
+func latentHeads(a Attn) int {
+	hb := min(8, a.Heads)
+	for hb > 1 && 4*hb*a.HeadDim > 32<<10 {
+		hb /= 2
+	}
+	busy := ceil(a.positions(a.Pos+a.Rows), attChunk)
+	if a.PosDev != 0 {
+		busy = 1
+	}
+	if ceil(a.Heads, hb)*a.Rows*busy < latentMinBlocks {
+		return 1
+	}
+	return hb
+}
+
+// AttendLatent is Attend for a latent cache (DeepSeek's MLA: one kv head,
+// a.KVHeads 1, whose values are the keys' first a.VDim dims; no window).
+// Where the step has work enough (prefill, long contexts), a block takes
+// up to 8 heads (mla_attend_part), so that each position's latent is read
+// once for them all. Its output is Attend's, bit for bit, either way.
+func (k *Kernels) AttendLatent(s Stream, o, q, kc, scratch uintptr, a Attn) error {
+	if a.KVHeads != 1 || a.Window > 0 || a.Ring > 0 || a.Gated || a.Sinks != 0 {
+		return fmt.Errorf("cuda: latent attention over %d kv heads, a window of %d", a.KVHeads, a.Window)
+	}
+	hb := latentHeads(a)
+	if hb == 1 {
+		return k.Attend(s, o, q, kc, kc, scratch, a)
+	}
+	nc, err := a.chunks()
+	if err != nil {
+		return err
+	}
+	if err := k.d.Launch(k.f["mla_attend_part"], Dim3{ceil(a.Heads, hb), a.Rows, nc}, Dim3{128, 1, 1}, 4*hb*a.HeadDim, s,
+		P(scratch), P(q), P(kc), I(a.Pos), I(a.Heads), I(hb), I(a.HeadDim), I(a.vdim()), I(a.QRow), I(a.QHead),
+		F(a.Scale), I(nc), P(a.PosDev), P(a.Sel), I(a.TopK)); err != nil {
+		return err
+	}
+	return k.combine(s, o, q, scratch, a, nc)
 }
 
 // DNConv runs the DeltaNet's causal conv (kernel K, 2..8) and SiLU over nb

@@ -89,9 +89,12 @@ func TestIndexSelect(t *testing.T) {
 // TestAttendLatent checks DeepSeek's absorbed attention, one latent head
 // whose value is the key's first dims, over every position and over an
 // indexer's selection, against kernels.AttendLatent within float32
-// rounding; and the absorb, W_v and layer norm kernels against their CPU
+// rounding, and AttendLatent (several heads a block) against Attend bit
+// for bit; and the absorb, W_v and layer norm kernels against their CPU
 // counterparts.
 func TestAttendLatent(t *testing.T) {
+	defer func(n int) { latentMinBlocks = n }(latentMinBlocks)
+	latentMinBlocks = 0 // several heads a block, however small the step
 	onGPU(t, func(e *env) {
 		r := rand.New(rand.NewPCG(11, 2))
 		const nb, heads, kvl, rope, nope, vd = 5, 4, 128, 32, 48, 40
@@ -130,10 +133,26 @@ func TestAttendLatent(t *testing.T) {
 			if sel != nil {
 				a.Sel, a.TopK = up(e, sel), c.topK
 			}
-			kd := up(e, kc)
+			kd, qd := up(e, kc), up(e, q)
 			od := e.alloc(4 * nb * heads * kvl)
-			must(e.k.Attend(e.s, od, up(e, q), kd, kd, e.alloc(AttendScratch(a)), a))
-			e.close(fmt.Sprintf("latent attention pos=%d top %d", c.pos, c.topK), down[float32](e, od, nb*heads*kvl), want, 2e-6)
+			must(e.k.Attend(e.s, od, qd, kd, kd, e.alloc(AttendScratch(a)), a))
+			what := fmt.Sprintf("latent attention pos=%d top %d", c.pos, c.topK)
+			got := down[float32](e, od, nb*heads*kvl)
+			e.close(what, got, want, 2e-6)
+			must(e.k.AttendLatent(e.s, od, qd, kd, e.alloc(AttendScratch(a)), a))
+			e.exact(what+": eight heads a block", down[float32](e, od, nb*heads*kvl), got)
+		}
+		// More heads than a block takes, and not a multiple of it.
+		{
+			const nh, pos = 20, 300
+			n := pos + nb
+			q, kc := randF32(r, nb*nh*w, 1), randF32(r, n*w, 1)
+			a := Attn{Pos: pos, Rows: nb, Heads: nh, KVHeads: 1, HeadDim: w, VDim: kvl, QRow: nh * w, QHead: w, ORow: nh * kvl, Scale: 0.05}
+			qd, kd := up(e, q), up(e, kc)
+			o1, o2 := e.alloc(4*nb*nh*kvl), e.alloc(4*nb*nh*kvl)
+			must(e.k.Attend(e.s, o1, qd, kd, kd, e.alloc(AttendScratch(a)), a))
+			must(e.k.AttendLatent(e.s, o2, qd, kd, e.alloc(AttendScratch(a)), a))
+			e.exact("latent attention, 20 heads: eight heads a block", down[float32](e, o2, nb*nh*kvl), down[float32](e, o1, nb*nh*kvl))
 		}
 
 		// Absorb and W_v: kv_b_proj [heads][nope+v][kvl].
@@ -183,4 +202,30 @@ func TestAttendLatent(t *testing.T) {
 		must(e.k.LayerNorm(e.s, xd, xd, up(e, gw), up(e, gb), rows, dim, 1e-6))
 		e.close("layer_norm", down[float32](e, xd, rows*dim), wantN, 1e-6)
 	})
+}
+
+// TestLatentHeads: AttendLatent takes eight heads a block where the step
+// keeps enough blocks busy (a prefill chunk, a long context) and a head a
+// block where it would not (a decode at a short context, a recorded step,
+// whose positions are unknown), within the shared memory. Needs no GPU.
+func TestLatentHeads(t *testing.T) {
+	ds := Attn{Heads: 128, KVHeads: 1, HeadDim: 576, VDim: 512}
+	for _, c := range []struct {
+		pos, rows int
+		dev       bool
+		want      int
+	}{{0, 64, false, 8}, {100, 1, false, 1}, {4095, 1, false, 8}, {4095, 1, true, 1}, {2000, 4, false, 8}, {500, 4, false, 1}} {
+		a := ds
+		a.Pos, a.Rows = c.pos, c.rows
+		if c.dev {
+			a.PosDev, a.MaxPos = 1, 8192
+		}
+		if got := latentHeads(a); got != c.want {
+			t.Errorf("pos %d, %d rows, position on the device %v: %d heads a block, want %d", c.pos, c.rows, c.dev, got, c.want)
+		}
+	}
+	wide := Attn{Heads: 64, KVHeads: 1, HeadDim: 2048, Rows: 256}
+	if got := latentHeads(wide); got != 4 {
+		t.Errorf("heads of 2048 dims: %d a block, want 4 (32 KiB of queries)", got)
+	}
 }

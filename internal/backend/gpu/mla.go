@@ -170,7 +170,7 @@ func (r *Runner) MLAAttend(m *block.MLA, cache int) {
 		at.PosDev, at.MaxPos = r.posDev, ds.ctx
 	}
 	kc := ds.kc[cache]
-	r.check(r.k.Attend(r.s, b.olat, b.qabs, kc, kc, r.attS, at))
+	r.check(r.k.AttendLatent(r.s, b.olat, b.qabs, kc, r.attS, at))
 	r.check(r.k.MLAVOut(r.s, b.o, b.olat, r.vecs[&m.KVB[0]], r.nb, mlaShape(m)))
 	r.mark("attn_out")
 	r.mul(r.y, r.wmat(&m.O), b.o, r.nb, m.Heads*m.V)

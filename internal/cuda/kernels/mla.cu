@@ -193,3 +193,134 @@ index_select(int* __restrict__ sel, const float* __restrict__ sc, int pos, const
         __syncthreads();
     }
 }
+
+#define MLA_THREADS 128
+#define MLA_CHUNK 256 // attn.cu's ATT_CHUNK: the combine reads the same parts
+#define MLA_HEADS 8   // the most heads a block takes
+
+// mla_attend_part is attn.cu's attend_part for a latent cache (one kv
+// head, the value the key's first vd dims, no window) with hb heads a
+// block: each position's latent is loaded once for the block's heads
+// instead of once a head. Per head it does attend_part's operations in
+// attend_part's order, so the parts, and the combine's output, are its
+// bits. Grid (⌈nh/hb⌉, rows, chunks); qs takes hb·hd floats of dynamic
+// shared memory.
+extern "C" __global__ void __launch_bounds__(MLA_THREADS)
+mla_attend_part(float* __restrict__ part, const float* __restrict__ q, const float* __restrict__ kc, int pos, int nh,
+                int hb, int hd, int vd, int qRow, int qHead, float scale, int nc, const int* __restrict__ posp,
+                const int* __restrict__ sel, int topk) {
+    if (posp != nullptr) pos = *posp;
+    extern __shared__ float qs[]; // [hb][hd]
+    __shared__ float sc[MLA_HEADS][MLA_CHUNK];
+    __shared__ float red[MLA_HEADS][MLA_THREADS / 32];
+    int h0 = blockIdx.x * hb, i = blockIdx.y, c = blockIdx.z;
+    int nhb = min(hb, nh - h0); // the heads of this block
+    int n = pos + i + 1;
+    const int* rs = nullptr;
+    if (sel != nullptr) {
+        rs = sel + (size_t)i * topk;
+        n = min(n, topk);
+    }
+    int j1 = c * MLA_CHUNK;
+    if (j1 >= n) return;
+    int len = min(j1 + MLA_CHUNK, n) - j1;
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    for (int x = tid; x < nhb * hd; x += MLA_THREADS) {
+        int b = x / hd, d = x % hd;
+        qs[x] = q[(size_t)i * qRow + (size_t)(h0 + b) * qHead + d];
+    }
+    __syncthreads();
+#define LROW(j) ((size_t)(rs != nullptr ? rs[j1 + (j)] : j1 + (j)) * hd)
+    // Scores: four positions per warp at a time, every head of the block
+    // on each loaded element.
+    for (int j0 = 4 * warp; j0 < len; j0 += 4 * (MLA_THREADS / 32)) {
+        float p[4][MLA_HEADS];
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+#pragma unroll
+            for (int b = 0; b < MLA_HEADS; b++) p[u][b] = 0.0f;
+        for (int d = lane; d < hd; d += 32) {
+            float k[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) k[u] = j0 + u < len ? kc[LROW(j0 + u) + d] : 0.0f;
+#pragma unroll
+            for (int b = 0; b < MLA_HEADS; b++) {
+                if (b < nhb) {
+                    float qd = qs[b * hd + d];
+#pragma unroll
+                    for (int u = 0; u < 4; u++) p[u][b] = fmaf(qd, k[u], p[u][b]);
+                }
+            }
+        }
+#pragma unroll
+        for (int b = 0; b < MLA_HEADS; b++) {
+            if (b < nhb) {
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    float t = warp_sum32(p[u][b]);
+                    if (lane == 0 && j0 + u < len) sc[b][j0 + u] = __fmul_rn(t, scale);
+                }
+            }
+        }
+    }
+    __syncthreads();
+    // Per head: the chunk's max, e_j and their sum, as attend_part.
+    float ms[MLA_HEADS], ls[MLA_HEADS];
+    for (int b = 0; b < nhb; b++) {
+        float m = __int_as_float(0xff800000);
+        for (int j = tid; j < len; j += MLA_THREADS) m = fmaxf(m, sc[b][j]);
+#pragma unroll
+        for (int s = 16; s > 0; s >>= 1) m = fmaxf(m, __shfl_xor_sync(FULL_MASK, m, s));
+        if (lane == 0) red[b][warp] = m;
+    }
+    __syncthreads();
+    for (int b = 0; b < nhb; b++) ms[b] = fmaxf(fmaxf(red[b][0], red[b][1]), fmaxf(red[b][2], red[b][3]));
+    __syncthreads();
+    for (int b = 0; b < nhb; b++) {
+        float l = 0.0f;
+        for (int j = tid; j < len; j += MLA_THREADS) {
+            float e = sl_exp(__fsub_rn(sc[b][j], ms[b]));
+            sc[b][j] = e;
+            l = __fadd_rn(l, e);
+        }
+        l = warp_sum32(l);
+        if (lane == 0) red[b][warp] = l;
+    }
+    __syncthreads();
+    for (int b = 0; b < nhb; b++) ls[b] = __fadd_rn(__fadd_rn(red[b][0], red[b][1]), __fadd_rn(red[b][2], red[b][3]));
+    if (tid == 0) {
+        for (int b = 0; b < nhb; b++) {
+            float* pp = part + ((size_t)(i * nh + h0 + b) * nc + c) * (vd + 2);
+            pp[vd] = ms[b];
+            pp[vd + 1] = ls[b];
+        }
+    }
+    // Values: each dim one chain per head over the chunk's positions in
+    // order, each value loaded once for every head.
+    for (int d = tid; d < vd; d += MLA_THREADS) {
+        float a[MLA_HEADS];
+#pragma unroll
+        for (int b = 0; b < MLA_HEADS; b++) a[b] = 0.0f;
+        int j = 0;
+        for (; j + 8 <= len; j += 8) {
+            float v[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) v[u] = kc[LROW(j + u) + d];
+#pragma unroll
+            for (int b = 0; b < MLA_HEADS; b++)
+                if (b < nhb)
+#pragma unroll
+                    for (int u = 0; u < 8; u++) a[b] = fmaf(sc[b][j + u], v[u], a[b]);
+        }
+        for (; j < len; j++) {
+            float v = kc[LROW(j) + d];
+#pragma unroll
+            for (int b = 0; b < MLA_HEADS; b++)
+                if (b < nhb) a[b] = fmaf(sc[b][j], v, a[b]);
+        }
+#pragma unroll
+        for (int b = 0; b < MLA_HEADS; b++)
+            if (b < nhb) part[((size_t)(i * nh + h0 + b) * nc + c) * (vd + 2) + d] = a[b];
+    }
+#undef LROW
+}
