@@ -1,14 +1,10 @@
 package model
 
 import (
-	"context"
 	"math"
-	"os"
-	"path/filepath"
 	"testing"
 
 	"github.com/sluicelm/sluice/internal/block"
-	"github.com/sluicelm/sluice/internal/pack"
 	"github.com/sluicelm/sluice/internal/testutil"
 )
 
@@ -18,28 +14,7 @@ import (
 // indexer selects every position anyway.
 func TestDeepSeekV3Path(t *testing.T) {
 	const name = "tiny-deepseek-v32"
-	src := testutil.ModelDir(t, name)
-	dir := t.TempDir()
-	cfg := testutil.ReadJSON(t, filepath.Join(src, "config.json"))
-	cfg["model_type"] = "deepseek_v3"
-	cfg["architectures"] = []string{"DeepseekV3ForCausalLM"}
-	for _, k := range []string{"index_topk", "index_head_dim", "index_n_heads", "layer_types"} {
-		delete(cfg, k)
-	}
-	testutil.WriteJSON(t, filepath.Join(dir, "config.json"), cfg)
-	ents, err := os.ReadDir(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range ents {
-		if e.Name() != "config.json" {
-			testutil.Link(t, filepath.Join(src, e.Name()), filepath.Join(dir, e.Name()))
-		}
-	}
-	v3dir := filepath.Join(t.TempDir(), "packed")
-	if err := pack.Pack(context.Background(), dir, v3dir, pack.Options{Bits: 16}); err != nil {
-		t.Fatal(err)
-	}
+	v3dir := testutil.PackedVariant(t, name, 16, testutil.DeepSeekV3)
 	v3, err := Load(v3dir)
 	if err != nil {
 		t.Fatal(err)

@@ -302,6 +302,11 @@ func Packed(t testing.TB, name string, bits int) string {
 // to the CPU use it.
 var GPURefused = map[string]any{"num_experts_per_tok": 33, "topk_group": 4}
 
+// DeepSeekV3 makes tiny-deepseek-v32 a deepseek_v3 config: the same
+// weights, no indexer (every row attends to every position).
+var DeepSeekV3 = map[string]any{"model_type": "deepseek_v3", "architectures": []string{"DeepseekV3ForCausalLM"},
+	"index_topk": nil, "index_head_dim": nil, "index_n_heads": nil, "layer_types": nil}
+
 // PackedVariant packs, at bits, a copy of the test model name whose
 // config.json has edits applied (a nil value deletes the key; its other
 // files are linked), and returns the packed directory, under t.TempDir.

@@ -102,8 +102,7 @@ func TestGPUDeepSeekV3(t *testing.T) {
 	needGPU(t)
 	const name = "tiny-deepseek-v32"
 	modelSrc(t, name)
-	dir := testutil.PackedVariant(t, name, 16, map[string]any{"model_type": "deepseek_v3", "architectures": []string{"DeepseekV3ForCausalLM"},
-		"index_topk": nil, "index_head_dim": nil, "index_n_heads": nil, "layer_types": nil})
+	dir := testutil.PackedVariant(t, name, 16, testutil.DeepSeekV3)
 	g, c := open(t, dir, "cuda", 64), open(t, dir, "cpu", 64)
 	if m, ok := g.Model.Arch.Layers[1].Mixer.(*block.MLA); !ok || m.Index != nil {
 		t.Fatal("the deepseek_v3 config did not build an MLA without indexer")
