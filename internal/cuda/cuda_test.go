@@ -788,6 +788,7 @@ func TestAttend(t *testing.T) {
 			must(e.k.Attend(e.s, od, qd, kd, vd, e.alloc(AttendScratch(a)), a))
 			full := down[float32](e, od, nb*nh*hd)
 			e.close(fmt.Sprintf("attention pos=%d gated=%v", pos, gated), full, want, 2e-6)
+			e.grouped(fmt.Sprintf("attention pos=%d gated=%v", pos, gated), a, full, func(g Attn, o, scr uintptr) error { return e.k.Attend(e.s, o, qd, kd, vd, scr, g) })
 			for i := 0; i < nb; i++ {
 				b := a
 				b.Pos, b.Rows = pos+i, 1
@@ -797,6 +798,17 @@ func TestAttend(t *testing.T) {
 			}
 		}
 	})
+}
+
+// grouped checks that an attention whose scratch holds two rows' parts,
+// its rows taken two at a time, gives the bits full gives for all of them
+// at once (run launches the attention g with its output and scratch).
+func (e *env) grouped(what string, a Attn, full []float32, run func(g Attn, o, scr uintptr) error) {
+	g := a
+	g.Scratch = 2 * a.rowParts()
+	o := e.alloc(4 * len(full))
+	must(run(g, o, e.alloc(g.Scratch)))
+	e.exact(what+": two rows at a time", down[float32](e, o, len(full)), full)
 }
 
 // TestAttendWindow checks gpt-oss's attention, a sliding window with a
@@ -848,6 +860,7 @@ func TestAttendWindow(t *testing.T) {
 			what := fmt.Sprintf("windowed attention pos=%d ring=%d", pos, ring)
 			full := down[float32](e, od, nb*nh*hd)
 			e.close(what, full, want, 2e-6)
+			e.grouped(what, a, full, func(g Attn, o, scr uintptr) error { return e.k.Attend(e.s, o, qd, kd, vd, scr, g) })
 			for i := 0; i < nb; i++ {
 				b := a
 				b.Pos, b.Rows = pos+i, 1

@@ -403,15 +403,68 @@ type Attn struct {
 	// grid then covers MaxPos positions.
 	PosDev uintptr
 	MaxPos int
+	// Scratch is the bytes of the scratch passed (0: AttendScratch(a)).
+	// Where it holds fewer rows' parts than a.Rows, the rows are taken a
+	// group at a time; a row's bits do not depend on its group.
+	Scratch int
 }
 
 // attChunk is the kernels' ATT_CHUNK: positions per partial block.
 const attChunk = 256
 
-// AttendScratch is the scratch Attend needs for a, in bytes: per (row,
-// head, chunk of 256 positions) VDim+2 floats.
+// AttendScratch is the scratch Attend needs for a in one launch, in
+// bytes: per (row, head, chunk of 256 positions) VDim+2 floats.
 func AttendScratch(a Attn) int {
-	return 4 * a.Rows * a.Heads * ceil(a.positions(a.Pos+a.Rows), attChunk) * (a.vdim() + 2)
+	return a.Rows * a.rowParts()
+}
+
+// AttendScratchMax is what AttendScratchFor keeps an attention's scratch
+// within where it can: the parts of a prefill chunk's rows over a long
+// context would take gigabytes (DeepSeek-V3's 128 heads, 256 rows, 32K
+// positions: 8.6 GB), and the rows' groups take turns in it instead.
+const AttendScratchMax = 128 << 20
+
+// AttendScratchFor is the scratch for steps of up to a.Rows rows over up
+// to a.Pos+a.Rows positions: AttendScratch(a), or AttendScratchMax where
+// that is less and holds the parts of whole rows (those of a recorded
+// step, which one launch must take) at once. Pass it as Attn.Scratch.
+func AttendScratchFor(a Attn, whole int) int {
+	return min(AttendScratch(a), max(AttendScratchMax, max(whole, 1)*a.rowParts()))
+}
+
+// rowParts is the bytes of one row's parts in a launch of a: its chunks
+// are those of a's last row (the grid's, with a.PosDev).
+func (a Attn) rowParts() int {
+	n := a.Pos + a.Rows
+	if a.PosDev != 0 {
+		n = a.MaxPos
+	}
+	return 4 * a.Heads * ceil(a.positions(n), attChunk) * (a.vdim() + 2)
+}
+
+// groups calls f for a's rows a group at a time, as many as a.Scratch
+// holds the parts of (all of them when it is 0), with the group's first
+// position, queries, outputs and selection. A recorded step's rows
+// (a.PosDev) must fit in one group: their positions are on the device.
+func (a Attn) groups(q, o uintptr, f func(b Attn, q, o uintptr) error) error {
+	g := a.Rows
+	if a.Scratch > 0 {
+		g = min(g, a.Scratch/a.rowParts())
+	}
+	if g < 1 || a.PosDev != 0 && g < a.Rows {
+		return fmt.Errorf("cuda: an attention scratch of %d bytes for %d rows of %d bytes", a.Scratch, a.Rows, a.rowParts())
+	}
+	for r0 := 0; r0 < a.Rows; r0 += g {
+		b := a
+		b.Pos, b.Rows = a.Pos+r0, min(g, a.Rows-r0)
+		if b.Sel != 0 {
+			b.Sel += uintptr(4 * r0 * a.TopK)
+		}
+		if err := f(b, q+uintptr(4*r0*a.QRow), o+uintptr(4*r0*a.ORow)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // vdim is the values' dims.
@@ -438,17 +491,19 @@ func (a Attn) positions(n int) int {
 // chunks of 256 and combined in order; scratch holds AttendScratch(a)
 // bytes.
 func (k *Kernels) Attend(s Stream, o, q, kc, vc, scratch uintptr, a Attn) error {
-	nc, err := a.chunks()
-	if err != nil {
+	if _, err := a.chunks(); err != nil {
 		return err
 	}
-	if err := k.d.Launch(k.f["attend_part"], Dim3{a.Heads, a.Rows, nc}, Dim3{128, 1, 1}, 4*a.HeadDim, s,
-		P(scratch), P(q), P(kc), P(vc), I(a.Pos), I(a.Heads), I(a.KVHeads), I(a.HeadDim),
-		I(a.QRow), I(a.QHead), I(a.KVHeads*a.HeadDim), F(a.Scale), I(nc), P(a.PosDev), I(a.Window), I(a.Ring),
-		I(a.vdim()), P(a.Sel), I(a.TopK)); err != nil {
-		return err
-	}
-	return k.combine(s, o, q, scratch, a, nc)
+	return a.groups(q, o, func(b Attn, q, o uintptr) error {
+		nc, _ := b.chunks()
+		if err := k.d.Launch(k.f["attend_part"], Dim3{b.Heads, b.Rows, nc}, Dim3{128, 1, 1}, 4*b.HeadDim, s,
+			P(scratch), P(q), P(kc), P(vc), I(b.Pos), I(b.Heads), I(b.KVHeads), I(b.HeadDim),
+			I(b.QRow), I(b.QHead), I(b.KVHeads*b.HeadDim), F(b.Scale), I(nc), P(b.PosDev), I(b.Window), I(b.Ring),
+			I(b.vdim()), P(b.Sel), I(b.TopK)); err != nil {
+			return err
+		}
+		return k.combine(s, o, q, scratch, b, nc)
+	})
 }
 
 // chunks checks a and returns the chunks of 256 positions its grid covers.
@@ -521,16 +576,18 @@ func (k *Kernels) AttendLatent(s Stream, o, q, kc, scratch uintptr, a Attn) erro
 	if hb == 1 {
 		return k.Attend(s, o, q, kc, kc, scratch, a)
 	}
-	nc, err := a.chunks()
-	if err != nil {
+	if _, err := a.chunks(); err != nil {
 		return err
 	}
-	if err := k.d.Launch(k.f["mla_attend_part"], Dim3{ceil(a.Heads, hb), a.Rows, nc}, Dim3{128, 1, 1}, 4*hb*a.HeadDim, s,
-		P(scratch), P(q), P(kc), I(a.Pos), I(a.Heads), I(hb), I(a.HeadDim), I(a.vdim()), I(a.QRow), I(a.QHead),
-		F(a.Scale), I(nc), P(a.PosDev), P(a.Sel), I(a.TopK)); err != nil {
-		return err
-	}
-	return k.combine(s, o, q, scratch, a, nc)
+	return a.groups(q, o, func(b Attn, q, o uintptr) error {
+		nc, _ := b.chunks()
+		if err := k.d.Launch(k.f["mla_attend_part"], Dim3{ceil(b.Heads, hb), b.Rows, nc}, Dim3{128, 1, 1}, 4*hb*b.HeadDim, s,
+			P(scratch), P(q), P(kc), I(b.Pos), I(b.Heads), I(hb), I(b.HeadDim), I(b.vdim()), I(b.QRow), I(b.QHead),
+			F(b.Scale), I(nc), P(b.PosDev), P(b.Sel), I(b.TopK)); err != nil {
+			return err
+		}
+		return k.combine(s, o, q, scratch, b, nc)
+	})
 }
 
 // DNConv runs the DeltaNet's causal conv (kernel K, 2..8) and SiLU over nb

@@ -141,6 +141,8 @@ func TestAttendLatent(t *testing.T) {
 			e.close(what, got, want, 2e-6)
 			must(e.k.AttendLatent(e.s, od, qd, kd, e.alloc(AttendScratch(a)), a))
 			e.exact(what+": eight heads a block", down[float32](e, od, nb*heads*kvl), got)
+			e.grouped(what, a, got, func(g Attn, o, scr uintptr) error { return e.k.Attend(e.s, o, qd, kd, kd, scr, g) })
+			e.grouped(what+", eight heads a block", a, got, func(g Attn, o, scr uintptr) error { return e.k.AttendLatent(e.s, o, qd, kd, scr, g) })
 		}
 		// More heads than a block takes, and not a multiple of it.
 		{
@@ -227,5 +229,44 @@ func TestLatentHeads(t *testing.T) {
 	wide := Attn{Heads: 64, KVHeads: 1, HeadDim: 2048, Rows: 256}
 	if got := latentHeads(wide); got != 4 {
 		t.Errorf("heads of 2048 dims: %d a block, want 4 (32 KiB of queries)", got)
+	}
+}
+
+// TestAttendScratchFor: the attention's scratch is what one launch needs
+// while that is at most AttendScratchMax, else AttendScratchMax or a
+// recorded step's whole rows; a scratch that holds no row, or fewer rows
+// than a recorded step has, is refused. Needs no GPU.
+func TestAttendScratchFor(t *testing.T) {
+	small := Attn{Pos: 4096, Rows: 64, Heads: 32, KVHeads: 4, HeadDim: 128}
+	if got, want := AttendScratchFor(small, 1), AttendScratch(small); got != want {
+		t.Errorf("small: %d bytes, want all of %d", got, want)
+	}
+	ds := Attn{Pos: 32768, Rows: 256, Heads: 128, KVHeads: 1, HeadDim: 576, VDim: 512}
+	if got := AttendScratchFor(ds, 1); got != AttendScratchMax {
+		t.Errorf("DeepSeek-V3, 256 rows over 32K positions: %d bytes, want %d (of %d)", got, AttendScratchMax, AttendScratch(ds))
+	}
+	if got, want := AttendScratchFor(ds, 64), 64*ds.rowParts(); got != want {
+		t.Errorf("with 64 rows recorded together: %d bytes, want %d", got, want)
+	}
+	groups := 0
+	a := ds
+	a.Scratch = AttendScratchMax
+	if err := a.groups(0, 0, func(b Attn, q, o uintptr) error {
+		if AttendScratch(b) > a.Scratch {
+			t.Errorf("a group of %d rows at %d needs %d bytes of %d", b.Rows, b.Pos, AttendScratch(b), a.Scratch)
+		}
+		groups++
+		return nil
+	}); err != nil || groups < 2 {
+		t.Errorf("%d groups, %v", groups, err)
+	}
+	a.Scratch = a.rowParts() - 4
+	if err := a.groups(0, 0, func(Attn, uintptr, uintptr) error { return nil }); err == nil {
+		t.Error("a scratch short of one row: no error")
+	}
+	rec := ds
+	rec.Rows, rec.PosDev, rec.MaxPos, rec.Scratch = 4, 1, 32768, 2*ds.rowParts()
+	if err := rec.groups(0, 0, func(Attn, uintptr, uintptr) error { return nil }); err == nil {
+		t.Error("a recorded step of 4 rows in a scratch of 2: no error")
 	}
 }

@@ -111,6 +111,7 @@ type Runner struct {
 	scratch                  cuda.Buf
 	x, h, y, final, cos, sin uintptr
 	q, kk, v, o, attS        uintptr
+	attSBytes                int // attS's size: the attention takes its rows in groups that fit
 	qkv, z, db, da, dno      uintptr
 	rl, ids, w, gidx, posd   uintptr
 	rl2, ids2, w2            uintptr // the next layer's router on this layer's input (the pool's lookahead)
@@ -897,7 +898,9 @@ func (r *Runner) alloc() error {
 		wide = max(wide, mla.QLora, mla.Heads*mla.V) // q_b's and o_proj's inputs
 	}
 	acts := max((R*K+1)*max(H, I), R*wide)
-	attS := cuda.AttendScratch(cuda.Attn{Pos: r.ctx, Rows: R, Heads: c.Heads, HeadDim: c.HeadDim})
+	// A recorded step's rows (a decode's, a verify's) share one launch.
+	whole := r.mtp.drafts + 1
+	attS := cuda.AttendScratchFor(cuda.Attn{Pos: r.ctx, Rows: R, Heads: c.Heads, HeadDim: c.HeadDim}, whole)
 	var sz int
 	f := func(floats int) int { // reserve floats, 256-byte aligned
 		off := sz
@@ -918,8 +921,9 @@ func (r *Runner) alloc() error {
 	add(&r.v, R*kvw)
 	add(&r.o, R*c.Heads*c.HeadDim)
 	if mla != nil {
-		attS = max(attS, mlaScratch(mla, &r.mla, R, r.ctx, add))
+		attS = max(attS, mlaScratch(mla, &r.mla, R, r.ctx, whole, add))
 	}
+	r.attSBytes = attS
 	add(&r.attS, attS/4)
 	add(&r.qkv, R*cd)
 	add(&r.z, R*vd)
@@ -1705,7 +1709,7 @@ func (r *Runner) Attend(L *block.Attn, cache int) {
 	ds := r.cur
 	at := cuda.Attn{Pos: r.pos, Rows: r.nb,
 		Heads: L.Heads, KVHeads: L.KVHeads, HeadDim: L.HeadDim, QRow: qw, QHead: qstride, ORow: L.Heads * L.HeadDim,
-		Scale: L.Scale, Gated: L.Gate, Window: L.Window, Ring: ds.ring[cache]}
+		Scale: L.Scale, Gated: L.Gate, Window: L.Window, Ring: ds.ring[cache], Scratch: r.attSBytes}
 	if len(L.Sinks) > 0 {
 		at.Sinks = r.vecs[&L.Sinks[0]]
 	}

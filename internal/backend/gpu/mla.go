@@ -45,7 +45,7 @@ func mlaShape(m *block.MLA) cuda.MLA {
 func (r *Runner) mlaAttn(m *block.MLA, pos, nb int) cuda.Attn {
 	w := m.KVLora + m.RopeDim
 	a := cuda.Attn{Pos: pos, Rows: nb, Heads: m.Heads, KVHeads: 1, HeadDim: w, VDim: m.KVLora,
-		QRow: m.Heads * w, QHead: w, ORow: m.Heads * m.KVLora, Scale: m.Scale}
+		QRow: m.Heads * w, QHead: w, ORow: m.Heads * m.KVLora, Scale: m.Scale, Scratch: r.attSBytes}
 	if m.Index != nil {
 		a.Sel, a.TopK = r.mla.sel, m.Index.TopK
 	}
@@ -54,8 +54,9 @@ func (r *Runner) mlaAttn(m *block.MLA, pos, nb int) cuda.Attn {
 
 // mlaScratch adds the latent attention's buffers for rows rows over ctx
 // positions to the scratch layout (add reserves floats), and returns the
-// attention scratch it needs in bytes.
-func mlaScratch(m *block.MLA, b *mlaBufs, rows, ctx int, add func(*uintptr, int)) int {
+// attention scratch it needs in bytes (whole rows at once:
+// cuda.AttendScratchFor).
+func mlaScratch(m *block.MLA, b *mlaBufs, rows, ctx, whole int, add func(*uintptr, int)) int {
 	w := m.KVLora + m.RopeDim
 	add(&b.qa, rows*m.QLora)
 	add(&b.q, rows*m.Heads*(m.Nope+m.RopeDim))
@@ -72,7 +73,7 @@ func mlaScratch(m *block.MLA, b *mlaBufs, rows, ctx int, add func(*uintptr, int)
 		add(&b.sel, rows*ix.TopK)
 		topK = ix.TopK
 	}
-	return cuda.AttendScratch(cuda.Attn{Pos: ctx, Rows: rows, Heads: m.Heads, HeadDim: w, VDim: m.KVLora, TopK: topK})
+	return cuda.AttendScratchFor(cuda.Attn{Pos: ctx, Rows: rows, Heads: m.Heads, HeadDim: w, VDim: m.KVLora, TopK: topK}, whole)
 }
 
 // uploadMLA names m's weights for the upload (w: a matrix, v: a vector).
