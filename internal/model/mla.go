@@ -25,6 +25,8 @@ type mlaScratch struct {
 	order  []int     // [threads][ctx] the indexer's ranking, grown on demand
 	olat   []float32 // [threads][kv_lora]
 	task   mlaTask
+	absorb absorbTask
+	score  scoreTask
 }
 
 func (s *mlaScratch) init(m *block.MLA, rows, threads int) {
@@ -70,17 +72,114 @@ func (r *Runner) MLAProject(m *block.MLA) {
 	}
 }
 
-// MLAPrep implements block.Backend.
+// MLAPrep implements block.Backend. W_k is absorbed into the queries
+// per (row, head) across the pool's threads: a decode's one row still
+// reads all of kv_b_proj's W_k (32 MB a layer at DeepSeek-V3's shapes),
+// which one thread would read at one core's bandwidth.
 func (r *Runner) MLAPrep(m *block.MLA, cache int) {
 	kc, vc, _ := r.st.kv(cache)
 	r.rows(rowTask{op: opMLAPrep, mla: m, kc: kc, vc: vc, pos: r.pos}, r.nb)
+	s := &r.mla
+	s.absorb = absorbTask{r: r, m: m}
+	r.Pool.Parallel(r.nb*m.Heads, 1, &s.absorb)
+	s.absorb = absorbTask{}
 }
 
-// Select implements block.Backend.
+// absorbTask writes the absorbed queries of (row, head) pairs:
+// [W_k^T·q_nope ‖ q_rot], the query already rotated.
+type absorbTask struct {
+	r *Runner
+	m *block.MLA
+}
+
+func (t *absorbTask) Run(lo, hi int) {
+	m, s := t.m, &t.r.mla
+	w := m.KVLora + m.RopeDim
+	qw := m.Nope + m.RopeDim
+	for idx := lo; idx < hi; idx++ {
+		h := idx % m.Heads
+		q := s.q[idx*qw : (idx+1)*qw]
+		qa := s.qabs[idx*w : (idx+1)*w]
+		clear(qa[:m.KVLora])
+		wk := m.KVB[h*(m.Nope+m.V)*m.KVLora:]
+		for j := 0; j < m.Nope; j++ {
+			kernels.Axpy(qa[:m.KVLora], q[j], wk[j*m.KVLora:(j+1)*m.KVLora])
+		}
+		copy(qa[m.KVLora:], q[m.Nope:])
+	}
+}
+
+// Select implements block.Backend. A step of many rows scores and
+// chooses each row's positions on one thread a row; a step of fewer than
+// would keep the threads busy (a decode) splits each row's positions
+// over the threads instead, since a row's scores cost O(context) (64
+// heads of 128 dims a position at DeepSeek-V3.2's shapes). The scores,
+// and so the choice, are the same either way.
 func (r *Runner) Select(m *block.MLA, cache int) {
 	kc, vc, _ := r.st.kv(cache)
-	r.mla.grow(r.Pool.Threads(), r.pos+r.nb)
-	r.rows(rowTask{op: opSelect, mla: m, kc: kc, vc: vc, pos: r.pos, nb: r.nb}, r.nb)
+	s := &r.mla
+	s.grow(r.Pool.Threads(), r.pos+r.nb)
+	if r.nb >= rowGrain*r.Pool.Threads() {
+		r.rows(rowTask{op: opSelect, mla: m, kc: kc, vc: vc, pos: r.pos, nb: r.nb}, r.nb)
+		return
+	}
+	ix := m.Index
+	for i := 0; i < r.nb; i++ {
+		n := r.pos + i + 1
+		sel := s.sel[i*ix.TopK : (i+1)*ix.TopK]
+		if s.every(i, n, sel) {
+			continue
+		}
+		sc := s.scores[:n] // thread 0's span: no task runs beside this one
+		s.score = scoreTask{r: r, ix: ix, vc: vc, row: i, sc: sc}
+		r.Pool.Parallel(n, 256, &s.score)
+		s.score = scoreTask{}
+		TopK(sel, sc, s.order[:ix.TopK])
+		slices.Sort(sel)
+		s.nsel[i] = ix.TopK
+	}
+}
+
+// every selects all n positions of row i, when they are no more than
+// sel holds, and reports whether it did.
+func (s *mlaScratch) every(i, n int, sel []int) bool {
+	if n > len(sel) {
+		return false
+	}
+	s.nsel[i] = n
+	for t := range n {
+		sel[t] = t
+	}
+	return true
+}
+
+// scoreTask scores positions lo..hi of one row for the indexer.
+type scoreTask struct {
+	r   *Runner
+	ix  *block.Indexer
+	vc  []float32
+	row int
+	sc  []float32
+}
+
+func (t *scoreTask) Run(lo, hi int) { t.r.indexScores(t.ix, t.vc, t.row, lo, hi, t.sc) }
+
+// indexScores writes into sc[lo:hi] the indexer's scores of positions
+// lo..hi for row i: Σ_h w_h·heads^-½·relu(dim^-½·q_h·k_t), heads in order.
+func (r *Runner) indexScores(ix *block.Indexer, vc []float32, i, lo, hi int, sc []float32) {
+	s := &r.mla
+	scale := float32(1 / math.Sqrt(float64(ix.Dim)))
+	wscale := float32(1 / math.Sqrt(float64(ix.Heads)))
+	wts := s.wts[i*ix.Heads : (i+1)*ix.Heads]
+	for t := lo; t < hi; t++ {
+		k := vc[t*ix.Dim : (t+1)*ix.Dim]
+		var v float32
+		for h := 0; h < ix.Heads; h++ {
+			d := kernels.Dot(s.qi[(i*ix.Heads+h)*ix.Dim:(i*ix.Heads+h+1)*ix.Dim], k) * scale
+			v += float32(wts[h] * wscale * max(d, 0)) // rounded before the sum on every CPU; weights_proj·heads^-½, relu(scale·q·k)
+		}
+		sc[t] = v
+	}
 }
 
 // MLAAttend implements block.Backend.
@@ -109,9 +208,9 @@ func (r *Runner) mlaNorm(m *block.MLA, lo, hi int) {
 	}
 }
 
-// mlaPrep norms and rotates the latents and queries of rows lo..hi,
-// absorbs W_k into the queries and appends the latents (and the indexer's
-// keys) to the cache.
+// mlaPrep norms and rotates the latents and queries of rows lo..hi and
+// appends the latents (and the indexer's keys) to the cache; absorbTask
+// then absorbs W_k into the queries.
 func (r *Runner) mlaPrep(m *block.MLA, kc, vc []float32, pos, lo, hi int) {
 	s := &r.mla
 	w := m.KVLora + m.RopeDim
@@ -124,15 +223,7 @@ func (r *Runner) mlaPrep(m *block.MLA, kc, vc []float32, pos, lo, hi int) {
 		kernels.RMSNorm(c[:m.KVLora], c[:m.KVLora], kn.W, kn.Eps, kn.ZeroCentred)
 		kernels.Rope(c[m.KVLora:], cos, sin)
 		for h := 0; h < m.Heads; h++ {
-			q := s.q[(i*m.Heads+h)*qw : (i*m.Heads+h+1)*qw]
-			kernels.Rope(q[m.Nope:], cos, sin)
-			qa := s.qabs[(i*m.Heads+h)*w : (i*m.Heads+h+1)*w]
-			clear(qa[:m.KVLora])
-			wk := m.KVB[h*(m.Nope+m.V)*m.KVLora:]
-			for j := 0; j < m.Nope; j++ {
-				kernels.Axpy(qa[:m.KVLora], q[j], wk[j*m.KVLora:(j+1)*m.KVLora])
-			}
-			copy(qa[m.KVLora:], q[m.Nope:])
+			kernels.Rope(s.q[(i*m.Heads+h)*qw+m.Nope:(i*m.Heads+h+1)*qw], cos, sin)
 		}
 		copy(kc[(pos+i)*w:(pos+i+1)*w], c)
 		if ix := m.Index; ix != nil {
@@ -157,28 +248,13 @@ func (r *Runner) selectRows(m *block.MLA, vc []float32, pos, nb, lo, hi int) {
 	span := len(s.scores) / r.Pool.Threads()
 	sc := s.scores[part*span : (part+1)*span]
 	ord := s.order[part*span : (part+1)*span]
-	scale := float32(1 / math.Sqrt(float64(ix.Dim)))
-	wscale := float32(1 / math.Sqrt(float64(ix.Heads)))
 	for i := lo; i < hi; i++ {
 		n := pos + i + 1
 		sel := s.sel[i*ix.TopK : (i+1)*ix.TopK]
-		if n <= ix.TopK {
-			s.nsel[i] = n
-			for t := range n {
-				sel[t] = t
-			}
+		if s.every(i, n, sel) {
 			continue
 		}
-		wts := s.wts[i*ix.Heads : (i+1)*ix.Heads]
-		for t := 0; t < n; t++ {
-			k := vc[t*ix.Dim : (t+1)*ix.Dim]
-			var v float32
-			for h := 0; h < ix.Heads; h++ {
-				d := kernels.Dot(s.qi[(i*ix.Heads+h)*ix.Dim:(i*ix.Heads+h+1)*ix.Dim], k) * scale
-				v += float32(wts[h] * wscale * max(d, 0)) // rounded before the sum on every CPU; weights_proj·heads^-½, relu(scale·q·k)
-			}
-			sc[t] = v
-		}
+		r.indexScores(ix, vc, i, 0, n, sc)
 		TopK(sel, sc[:n], ord[:ix.TopK])
 		slices.Sort(sel)
 		s.nsel[i] = ix.TopK

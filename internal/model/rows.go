@@ -34,7 +34,8 @@ const (
 	opBias
 	// opMLANorm: q_a_layernorm of the latent attention's query.
 	opMLANorm
-	// opMLAPrep: latent norm, rope, absorbed queries, cache append.
+	// opMLAPrep: latent norm, rope, cache append (MLAPrep then absorbs
+	// W_k into the queries per row and head).
 	opMLAPrep
 	// opSelect: the indexer's choice of positions per row.
 	opSelect
