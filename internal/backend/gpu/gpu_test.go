@@ -1029,13 +1029,15 @@ func TestGPUPoolReadError(t *testing.T) {
 // has no device copy to give, and copying from it is refused. gpt-oss's
 // sliding windows keep rings of 96 rows here (a window of 32 and steps of
 // 64 rows): its copy starts from 120 positions, so the rings have wrapped
-// and the saved state is a ring too.
+// and the saved state is a ring too. DeepSeek-V3.2's copy of 80
+// positions carries latents and indexer keys past its top-k of 64, which
+// the resumed rows then choose among.
 func TestGPUCopyState(t *testing.T) {
 	needGPU(t)
 	for _, m := range []struct {
 		name     string
 		cs, keep int // the case, and the positions copied (0: half)
-	}{{gpuModels[1], 1, 0}, {"tiny-gpt-oss", 3, 120}} {
+	}{{gpuModels[1], 1, 0}, {"tiny-gpt-oss", 3, 120}, {"tiny-deepseek-v32", 0, 80}} {
 		t.Run(m.name, func(t *testing.T) { copyState(t, m.name, m.cs, m.keep) })
 	}
 }
