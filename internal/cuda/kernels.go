@@ -488,8 +488,8 @@ func (a Attn) positions(n int) int {
 // (kc, vc hold positions 0..Pos+Rows-1, position j at row j, or j % Ring
 // in a ring, of KVHeads·HeadDim floats; with a window, only the last
 // Window of a row's positions need be there), split over positions in
-// chunks of 256 and combined in order; scratch holds AttendScratch(a)
-// bytes.
+// chunks of 256 and combined in order; scratch holds a.Scratch bytes
+// (AttendScratch(a) when 0), the rows taken in groups that fit.
 func (k *Kernels) Attend(s Stream, o, q, kc, vc, scratch uintptr, a Attn) error {
 	if _, err := a.chunks(); err != nil {
 		return err
