@@ -26,7 +26,7 @@ func TestAutoPoolCountsDenseOnce(t *testing.T) {
 	st := man.Stores[0]
 	records := man.ExpertLayers * man.Experts
 	const ctxLen = 256
-	fixed := man.DenseBytes + experts.StateBytes(c, ctxLen) + experts.ScratchBytes(c, 64) +
+	fixed := man.DenseBytes + experts.StateBytes(c, ctxLen) + experts.ScratchBytes(c, defaultChunk, 1, ctxLen) +
 		experts.PolicyBytes(experts.DefaultPolicy, man.ExpertLayers, man.Experts) + experts.Overhead
 	want := records / 3
 	// Below 2.5 GiB the headroom is its floor of 256 MiB.

@@ -22,11 +22,16 @@ import (
 	"github.com/sluicelm/sluice/internal/tokenizer"
 )
 
+// defaultChunk is the prefill chunk (rows a step) when Options.ChunkRows
+// is 0, for the runner and the memory budget alike: 256-row chunks
+// prefilled about 28% faster than 64-row ones on the tiny models.
+const defaultChunk = 256
+
 // Options configure an Engine.
 type Options struct {
 	Threads   int       // worker threads; 0 = one per CPU
 	Ctx       int       // context length in tokens; 0 = min(model max, 4096)
-	ChunkRows int       // prefill chunk size; 0 = 256 (measured: 256-row chunks prefill about 28% faster than 64-row ones on the tiny models)
+	ChunkRows int       // prefill chunk size; 0 = defaultChunk
 	PackBits  int       // bits for packing a Hugging Face directory; 0 = 4
 	CacheDir  string    // where packed copies of Hugging Face directories go; "" = user cache
 	Progress  io.Writer // pack progress; nil = silent
@@ -117,7 +122,7 @@ func Open(ctx context.Context, dir string, o Options) (*Engine, error) {
 	}
 	chunk := o.ChunkRows
 	if chunk <= 0 {
-		chunk = 256
+		chunk = defaultChunk
 	}
 	e.Runner = model.NewRunner(m, o.Threads, chunk)
 	if e.Runner.Routes, err = experts.LoadRoutes(packed, &m.Config); err != nil {

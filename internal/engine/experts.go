@@ -66,7 +66,7 @@ func openExperts(ctx context.Context, m *model.Model, o Options, avail int64, av
 	}
 	rows := o.ChunkRows
 	if rows <= 0 {
-		rows = 64
+		rows = defaultChunk
 	}
 	st := &m.Manifest.Stores[0]
 	records := m.Manifest.ExpertLayers * m.Manifest.Experts
@@ -74,7 +74,7 @@ func openExperts(ctx context.Context, m *model.Model, o Options, avail int64, av
 		xo.PoolBytes = max(int64(xo.PoolShare*float64(records))*st.Stride, int64(experts.MinSlots(c))*st.Stride)
 	}
 	b := experts.Budget{PoolBytes: xo.PoolBytes, MemoryBytes: xo.MemoryBytes, DenseBytes: m.DenseBytes(),
-		StateBytes: experts.StateBytes(c, ctxLen), ScratchBytes: experts.ScratchBytes(c, rows),
+		StateBytes: experts.StateBytes(c, ctxLen), ScratchBytes: experts.ScratchBytes(c, rows, o.Threads, ctxLen),
 		PolicyBytes: experts.PolicyBytes(xo.Policy, m.Manifest.ExpertLayers, m.Manifest.Experts),
 		Avail:       avail, AvailFrom: availFrom}
 	plan, err := b.Size(c, st, records)

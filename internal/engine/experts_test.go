@@ -53,7 +53,7 @@ func TestMemoryBudget(t *testing.T) {
 	c := &man.Config
 	st := man.Stores[0]
 	all := int64(man.ExpertLayers*man.Experts) * st.Stride
-	budget := experts.Overhead + man.DenseBytes + experts.StateBytes(c, 512) + experts.ScratchBytes(c, 64) + all/4
+	budget := experts.Overhead + man.DenseBytes + experts.StateBytes(c, 512) + experts.ScratchBytes(c, 64, 2, 512) + all/4
 	cmd := exec.Command(os.Args[0], "-test.run=^TestMemoryBudget$", "-test.v")
 	cmd.Env = append(os.Environ(), "SLUICE_BUDGET_DIR="+dir, "SLUICE_BUDGET="+strconv.FormatInt(budget, 10))
 	out, err := cmd.CombinedOutput()

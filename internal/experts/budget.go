@@ -2,6 +2,7 @@ package experts
 
 import (
 	"fmt"
+	"runtime"
 
 	"github.com/sluicelm/sluice/internal/block"
 	"github.com/sluicelm/sluice/internal/family"
@@ -133,12 +134,63 @@ func roughStateBytes(c *format.Config, ctx int) int64 {
 	return n
 }
 
-// ScratchBytes estimates a runner's buffers for batches of rows rows.
-func ScratchBytes(c *format.Config, rows int) int64 {
-	r := int64(rows)
+// ScratchBytes bounds a runner's buffers for batches of rows rows on
+// threads threads (0: one per CPU, as the runner's pool takes them) over
+// ctx positions: the rows' own buffers, each thread's expert buffers and
+// int8 activations, and the attention's softmax weights, which grow with
+// the context. With the family's blocks (built from c, as StateBytes
+// builds them) it counts the dense layers' intermediate and DeepSeek's
+// latent attention too.
+func ScratchBytes(c *format.Config, rows, threads, ctx int) int64 {
+	if threads <= 0 {
+		threads = runtime.NumCPU()
+	}
+	r, T := int64(rows), int64(threads)
 	H, E, K := int64(c.Hidden), int64(c.Experts), int64(c.TopK)
-	I := int64(max(c.MoEInter, c.SharedInter))
+	Imoe := int64(max(c.MoEInter, c.SharedInter))
+	I, wide := Imoe, max(2*H, Imoe, int64(c.Heads*c.HeadDim))
+	var extra int64 // floats
+	// Softmax weights, grown to a power of two of at least 4096 positions
+	// per thread and head of a decode's group.
+	span := int64(4096)
+	for span < int64(ctx) {
+		span *= 2
+	}
+	extra += T * 8 * span
+	if f, err := family.Named(c.Family); err == nil {
+		if a, err := f.Build(c, block.Specs()); err == nil {
+			layers := a.Layers
+			if a.MTP != nil {
+				layers = append(layers[:len(layers):len(layers)], a.MTP.Layer)
+			}
+			mla := false
+			for _, L := range layers {
+				if m, ok := L.FFN.(*block.MLP); ok {
+					I = max(I, int64(m.Inter))
+					wide = max(wide, int64(m.Inter))
+				}
+				if m, ok := L.Mixer.(*block.MLA); ok && !mla {
+					mla = true
+					w := int64(m.KVLora + m.RopeDim)
+					nh := int64(m.Heads)
+					extra += r * (int64(m.QLora) + nh*int64(m.Nope+m.RopeDim) + w + nh*w + nh*int64(m.V))
+					extra += T * int64(m.KVLora)
+					wide = max(wide, int64(m.QLora), nh*int64(m.V))
+					if ix := m.Index; ix != nil {
+						extra += r * (int64(ix.Heads*ix.Dim) + int64(ix.Dim) + int64(ix.Heads) + 2*int64(ix.TopK) + 2)
+					}
+					extra += T * span * 3 // the indexer's scores and order, per thread
+				}
+			}
+		}
+	}
 	qkv := int64(max(c.Heads*c.HeadDim*2, 2*c.LinearKeyHeads*c.LinearKeyDim+c.LinearValueHeads*c.LinearValueDim))
-	perRow := 8*H + int64(c.Vocab) + 2*E + K*H + 4*I + 4*qkv
-	return 4*r*perRow + 4*int64(c.Vocab)
+	wide = max(wide, qkv)
+	perRow := 8*H + int64(c.Vocab) + 2*E + K*H + 4*I + 4*qkv + 3*H // + the MTP head's rows
+	// Each thread's expert buffers (input, gate, up) and int8 activations
+	// with their group scales and sums; the pool's own activations for
+	// the widest product.
+	perThread := r*(H+2*Imoe)*4 + r*max(H, Imoe)*9/8
+	main := r * wide * 9 / 8
+	return 4*r*perRow + 4*int64(c.Vocab) + 4*extra + T*perThread + main
 }

@@ -925,7 +925,7 @@ func TestGPUHostBudget(t *testing.T) {
 	}
 	c := &man.Config
 	all := int64(man.ExpertLayers*man.Experts) * man.Stores[0].Stride
-	budget := experts.Overhead + man.DenseBytes + experts.StateBytes(c, 512) + experts.ScratchBytes(c, 64) +
+	budget := experts.Overhead + man.DenseBytes + experts.StateBytes(c, 512) + experts.ScratchBytes(c, 64, 0, 512) +
 		experts.PolicyBytes("", man.ExpertLayers, man.Experts) + all/4
 	cmd := exec.Command(os.Args[0], "-test.run=^TestGPUHostBudget$", "-test.v")
 	cmd.Env = append(os.Environ(), "SLUICE_GPU_BUDGET_DIR="+dir, "SLUICE_GPU_BUDGET="+strconv.FormatInt(budget, 10))
