@@ -386,7 +386,8 @@ type Attn struct {
 	Gated                              bool // the head's output gate follows its query (QHead = 2·HeadDim)
 	// Window > 0 attends to the last Window positions only (the row's own
 	// included); Ring > 0 is a cache of Ring rows holding position j at
-	// row j % Ring (at least Window + Rows); Sinks, when set, is a device
+	// row j % Ring (at least Window + Rows; a ring needs a window, so a
+	// chunk's positions wrap at most once); Sinks, when set, is a device
 	// float per head that joins each softmax with no value.
 	Window, Ring int
 	Sinks        uintptr
@@ -521,7 +522,7 @@ func (a Attn) chunks() (int, error) {
 	if nc > 1024 {
 		return 0, fmt.Errorf("cuda: attention over %d positions, at most %d", a.Pos+a.Rows, 1024*attChunk)
 	}
-	if a.Window < 0 || a.Ring < 0 || (a.Ring > 0 && a.Ring < a.Window+a.Rows) {
+	if a.Window < 0 || a.Ring < 0 || (a.Ring > 0 && (a.Window == 0 || a.Ring < a.Window+a.Rows)) {
 		return 0, fmt.Errorf("cuda: attention over a window of %d in a ring of %d rows, %d rows a step", a.Window, a.Ring, a.Rows)
 	}
 	return nc, nil

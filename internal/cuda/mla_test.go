@@ -270,3 +270,32 @@ func TestAttendScratchFor(t *testing.T) {
 		t.Error("a recorded step of 4 rows in a scratch of 2: no error")
 	}
 }
+
+// TestAttnChecks checks that attention shapes the kernels can't take are
+// refused before a launch: attend_part wraps a ring's chunk at most once,
+// so a ring needs a window no longer than the ring less the step's rows.
+func TestAttnChecks(t *testing.T) {
+	ok := Attn{Pos: 300, Rows: 6, Heads: 8, KVHeads: 2, HeadDim: 64, Window: 128, Ring: 134}
+	if _, err := ok.chunks(); err != nil {
+		t.Fatalf("a window of 128 in a ring of 134: %v", err)
+	}
+	for _, c := range []struct {
+		what string
+		edit func(*Attn)
+	}{
+		{"a ring without a window", func(a *Attn) { a.Window = 0 }},
+		{"a ring shorter than the window and the step", func(a *Attn) { a.Ring = 133 }},
+		{"a negative window", func(a *Attn) { a.Window, a.Ring = -1, 0 }},
+		{"heads not a multiple of the kv heads", func(a *Attn) { a.KVHeads = 3 }},
+		{"values wider than the keys", func(a *Attn) { a.VDim = 65 }},
+		{"a selection with a window", func(a *Attn) { a.Sel, a.TopK = 1, 64 }},
+		{"a selection without its count", func(a *Attn) { a.Window, a.Ring, a.Sel = 0, 0, 1 }},
+		{"more than 1024 chunks", func(a *Attn) { a.Window, a.Ring, a.Pos = 0, 0, 1024*256 }},
+	} {
+		a := ok
+		c.edit(&a)
+		if _, err := a.chunks(); err == nil {
+			t.Errorf("%s: no error", c.what)
+		}
+	}
+}

@@ -37,41 +37,36 @@
 #define ATT_CHUNK 256
 #define ATT_MAX_CHUNKS 1024
 
-// With posp set, pos is read from the device (a step replayed from a
-// graph) and nc, the grid's chunk count, covers the longest context; the
-// chunks past a row's position return at once, as they always did.
-//
-// part holds, per (row, head, chunk), vd floats of o_c, then m_c and l_c:
-// part + ((i·nh + h)·nc + c)·(vd+2); nc = chunks of the longest row.
-extern "C" __global__ void __launch_bounds__(ATT_THREADS)
-attend_part(float* __restrict__ part, const float* __restrict__ q, const float* __restrict__ kc,
-            const float* __restrict__ vc, int pos, int nh, int nkv, int hd, int qRow, int qHead, int kvw, float scale,
-            int nc, const int* __restrict__ posp, int win, int ring, int vd, const int* __restrict__ sel, int topk) {
-    if (posp != nullptr) pos = *posp; // a recorded step reads its position on the device
-    extern __shared__ float qs[]; // [hd]
-    __shared__ float sc[ATT_CHUNK];
-    __shared__ float red[ATT_THREADS / 32];
-    int h = blockIdx.x, i = blockIdx.y, c = blockIdx.z;
-    int n = pos + i + 1;
-    const int* rs = nullptr; // the row's selected positions
-    if (sel != nullptr) {
-        rs = sel + (size_t)i * topk;
-        n = min(n, topk);
+// How a chunk finds its positions' cache rows. The mode is a template
+// parameter, so that a plain cache's loops carry no branch and no modulo
+// per load (the inner loops issue one load per position and dim).
+enum { ROWS_PLAIN, ROWS_RING, ROWS_SEL };
+
+// att_row is the cache row of the chunk's j-th position, relative to the
+// chunk's base: plain, j (the base is the chunk's first row); a ring, the
+// first position's row r1 = j1 % ring plus j, wrapped once (a chunk spans
+// at most ring positions: the window is no longer than the ring); selected,
+// rs[j] (rs is the row's list from the chunk's first entry).
+template <int MODE>
+__device__ __forceinline__ size_t att_row(const int* __restrict__ rs, int r1, int ring, int j) {
+    if (MODE == ROWS_SEL) return (size_t)rs[j];
+    if (MODE == ROWS_RING) {
+        int r = r1 + j;
+        return (size_t)(r >= ring ? r - ring : r);
     }
-    int lo = win > 0 ? max(n - win, 0) : 0;
-    int jc = c * ATT_CHUNK;
-    if (jc >= n || jc + ATT_CHUNK <= lo) return; // whole blocks
-    int j1 = max(jc, lo);                           // the chunk's first position in the window
-    int len = min(jc + ATT_CHUNK, n) - j1;
+    return (size_t)j;
+}
+
+// attend_chunk is attend_part's work on one (head, row, chunk) once the
+// chunk's positions are known: kb and vb point at the kv head's first
+// float in the chunk's base row, qs holds the query.
+template <int MODE>
+__device__ __forceinline__ void attend_chunk(float* __restrict__ pp, const float* __restrict__ qs,
+                                             const float* __restrict__ kb, const float* __restrict__ vb,
+                                             const int* __restrict__ rs, int r1, int ring, int len, int hd, int kvw,
+                                             float scale, int vd, float* sc, float* red) {
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const float* qp = q + (size_t)i * qRow + (size_t)h * qHead;
-    for (int d = tid; d < hd; d += ATT_THREADS) qs[d] = qp[d];
-    __syncthreads();
-    int g = h / (nh / nkv);
-    const float* kb = kc + (size_t)g * hd;
-    const float* vb = vc + (size_t)g * hd;
-    // The cache row of the chunk's position j1 + j.
-#define ROW(j) ((size_t)(rs != nullptr ? rs[j1 + (j)] : ring > 0 ? (j1 + (j)) % ring : j1 + (j)) * kvw)
+#define ROW(j) (att_row<MODE>(rs, r1, ring, (j)) * (size_t)kvw)
     // Four positions per warp at a time: their loads are in flight
     // together. Each score is still one lane split and one butterfly.
     for (int j0 = 4 * warp; j0 < len; j0 += 4 * (ATT_THREADS / 32)) {
@@ -107,7 +102,6 @@ attend_part(float* __restrict__ part, const float* __restrict__ q, const float* 
     if (lane == 0) red[warp] = l;
     __syncthreads();
     l = __fadd_rn(__fadd_rn(red[0], red[1]), __fadd_rn(red[2], red[3]));
-    float* pp = part + ((size_t)(i * nh + h) * nc + c) * (vd + 2);
     if (tid == 0) {
         pp[vd] = m;
         pp[vd + 1] = l;
@@ -128,6 +122,44 @@ attend_part(float* __restrict__ part, const float* __restrict__ q, const float* 
         pp[d] = a;
     }
 #undef ROW
+}
+
+// With posp set, pos is read from the device (a step replayed from a
+// graph) and nc, the grid's chunk count, covers the longest context; the
+// chunks past a row's position return at once, as they always did.
+//
+// part holds, per (row, head, chunk), vd floats of o_c, then m_c and l_c:
+// part + ((i·nh + h)·nc + c)·(vd+2); nc = chunks of the longest row.
+extern "C" __global__ void __launch_bounds__(ATT_THREADS)
+attend_part(float* __restrict__ part, const float* __restrict__ q, const float* __restrict__ kc,
+            const float* __restrict__ vc, int pos, int nh, int nkv, int hd, int qRow, int qHead, int kvw, float scale,
+            int nc, const int* __restrict__ posp, int win, int ring, int vd, const int* __restrict__ sel, int topk) {
+    if (posp != nullptr) pos = *posp; // a recorded step reads its position on the device
+    extern __shared__ float qs[]; // [hd]
+    __shared__ float sc[ATT_CHUNK];
+    __shared__ float red[ATT_THREADS / 32];
+    int h = blockIdx.x, i = blockIdx.y, c = blockIdx.z;
+    int n = pos + i + 1;
+    if (sel != nullptr) n = min(n, topk);
+    int lo = win > 0 ? max(n - win, 0) : 0;
+    int jc = c * ATT_CHUNK;
+    if (jc >= n || jc + ATT_CHUNK <= lo) return; // whole blocks
+    int j1 = max(jc, lo);                           // the chunk's first position in the window
+    int len = min(jc + ATT_CHUNK, n) - j1;
+    const float* qp = q + (size_t)i * qRow + (size_t)h * qHead;
+    for (int d = threadIdx.x; d < hd; d += ATT_THREADS) qs[d] = qp[d];
+    __syncthreads();
+    int g = h / (nh / nkv);
+    const float* kb = kc + (size_t)g * hd;
+    const float* vb = vc + (size_t)g * hd;
+    float* pp = part + ((size_t)(i * nh + h) * nc + c) * (vd + 2);
+    if (sel != nullptr)
+        attend_chunk<ROWS_SEL>(pp, qs, kb, vb, sel + (size_t)i * topk + j1, 0, 0, len, hd, kvw, scale, vd, sc, red);
+    else if (ring > 0)
+        attend_chunk<ROWS_RING>(pp, qs, kb, vb, nullptr, j1 % ring, ring, len, hd, kvw, scale, vd, sc, red);
+    else
+        attend_chunk<ROWS_PLAIN>(pp, qs, kb + (size_t)j1 * kvw, vb + (size_t)j1 * kvw, nullptr, 0, 0, len, hd, kvw,
+                                 scale, vd, sc, red);
 }
 
 extern "C" __global__ void __launch_bounds__(ATT_THREADS)
