@@ -157,20 +157,29 @@ func TestGPUBench(t *testing.T) {
 			ms := timed(200, func(int) { must(e.k.Attend(s, o, q, kc, vc, scr, a)) })
 			report("attention decode, %d positions, %d/%d heads of %d: %.2f us (%.0f GB/s of KV cache)", n, nh, nkv, hd, ms*1e3, float64(2*n*nkv*hd*4)/(ms/1e3)/1e9)
 			// DeepSeek-V3's latent attention: 128 heads over one latent of
-			// 512+64 floats a position, by head and by eight heads a block.
+			// 512+64 floats a position, a head a block (Attend) against
+			// eight heads a block (mla_attend_part), for a decode row at
+			// 4096 and for prefill chunks of 256 rows at 0 and at 3840.
 			{
-				const n, nh, w, kvl = 4096, 128, 576, 512
-				q, kc := up(e, randF32(r, nh*w, 1)), up(e, randF32(r, n*w, 1))
-				o := e.alloc(4 * nh * kvl)
-				a := Attn{Pos: n - 1, Rows: 1, Heads: nh, KVHeads: 1, HeadDim: w, VDim: kvl, QRow: nh * w, QHead: w, ORow: nh * kvl, Scale: 0.07}
-				scr := e.alloc(AttendScratch(a))
-				by := timed(100, func(int) { must(e.k.Attend(s, o, q, kc, kc, scr, a)) })
-				if latentHeads(a) == 1 {
-					panic("AttendLatent would take a head a block")
+				const nh, w, kvl = 128, 576, 512
+				kc := up(e, randF32(r, 4096*w, 1))
+				for _, sh := range []struct {
+					what      string
+					pos, rows int
+				}{{"decode at 4096", 4095, 1}, {"256 rows at 0", 0, 256}, {"256 rows at 3840", 3840, 256}} {
+					q := up(e, randF32(r, sh.rows*nh*w, 1))
+					o := e.alloc(4 * sh.rows * nh * kvl)
+					a := Attn{Pos: sh.pos, Rows: sh.rows, Heads: nh, KVHeads: 1, HeadDim: w, VDim: kvl, QRow: nh * w, QHead: w, ORow: nh * kvl, Scale: 0.07}
+					scr := e.alloc(AttendScratch(a))
+					keep := latentMinBlocks
+					latentMinBlocks = 1 << 30
+					by := timed(50, func(int) { must(e.k.AttendLatent(s, o, q, kc, scr, a)) })
+					latentMinBlocks = 0
+					eight := timed(50, func(int) { must(e.k.AttendLatent(s, o, q, kc, scr, a)) })
+					latentMinBlocks = keep
+					report("latent attention, %s, %d heads of %d: %.2f us a head a block, %.2f us eight heads a block, AttendLatent takes %d a block",
+						sh.what, nh, w, by*1e3, eight*1e3, latentHeads(a))
 				}
-				lat := timed(100, func(int) { must(e.k.AttendLatent(s, o, q, kc, scr, a)) })
-				report("latent attention decode, %d positions, %d heads of %d: %.2f us a head a block, %.2f us eight heads a block (%.0f GB/s of latents)",
-					n, nh, w, by*1e3, lat*1e3, float64(n*w*4)/(lat/1e3)/1e9)
 			}
 			dn := DN{KeyHeads: 16, ValueHeads: 64, KeyDim: 128, ValueDim: 128}
 			S := up(e, randF32(r, dn.ValueHeads*128*128, 0.1))

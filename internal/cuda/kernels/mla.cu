@@ -198,39 +198,18 @@ index_select(int* __restrict__ sel, const float* __restrict__ sc, int pos, const
 #define MLA_CHUNK 256 // attn.cu's ATT_CHUNK: the combine reads the same parts
 #define MLA_HEADS 8   // the most heads a block takes
 
-// mla_attend_part is attn.cu's attend_part for a latent cache (one kv
-// head, the value the key's first vd dims, no window) with hb heads a
-// block: each position's latent is loaded once for the block's heads
-// instead of once a head. Per head it does attend_part's operations in
-// attend_part's order, so the parts, and the combine's output, are its
-// bits. Grid (⌈nh/hb⌉, rows, chunks); qs takes hb·hd floats of dynamic
-// shared memory.
-extern "C" __global__ void __launch_bounds__(MLA_THREADS)
-mla_attend_part(float* __restrict__ part, const float* __restrict__ q, const float* __restrict__ kc, int pos, int nh,
-                int hb, int hd, int vd, int qRow, int qHead, float scale, int nc, const int* __restrict__ posp,
-                const int* __restrict__ sel, int topk) {
-    if (posp != nullptr) pos = *posp;
-    extern __shared__ float qs[]; // [hb][hd]
-    __shared__ float sc[MLA_HEADS][MLA_CHUNK];
-    __shared__ float red[MLA_HEADS][MLA_THREADS / 32];
-    int h0 = blockIdx.x * hb, i = blockIdx.y, c = blockIdx.z;
-    int nhb = min(hb, nh - h0); // the heads of this block
-    int n = pos + i + 1;
-    const int* rs = nullptr;
-    if (sel != nullptr) {
-        rs = sel + (size_t)i * topk;
-        n = min(n, topk);
-    }
-    int j1 = c * MLA_CHUNK;
-    if (j1 >= n) return;
-    int len = min(j1 + MLA_CHUNK, n) - j1;
+// mla_chunk is mla_attend_part's work on one (head group, row, chunk)
+// once its positions are known: kc is the latent of the chunk's first row
+// (plain) or of row 0 (SEL, rs the row's list from the chunk's first entry).
+// SEL is a template parameter so that the plain cache's loops carry no
+// branch per load (attn.cu's attend_chunk, for the same reason).
+template <bool SEL>
+__device__ __forceinline__ void mla_chunk(float* __restrict__ part, const float* __restrict__ qs,
+                                          const float* __restrict__ kc, const int* __restrict__ rs, int len, int hd,
+                                          int vd, float scale, int nhb, int h0, int i, int nh, int nc, int c,
+                                          float (*sc)[MLA_CHUNK], float (*red)[MLA_THREADS / 32]) {
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    for (int x = tid; x < nhb * hd; x += MLA_THREADS) {
-        int b = x / hd, d = x % hd;
-        qs[x] = q[(size_t)i * qRow + (size_t)(h0 + b) * qHead + d];
-    }
-    __syncthreads();
-#define LROW(j) ((size_t)(rs != nullptr ? rs[j1 + (j)] : j1 + (j)) * hd)
+#define LROW(j) ((SEL ? (size_t)rs[j] : (size_t)(j)) * hd)
     // Scores: four positions per warp at a time, every head of the block
     // on each loaded element.
     for (int j0 = 4 * warp; j0 < len; j0 += 4 * (MLA_THREADS / 32)) {
@@ -323,4 +302,37 @@ mla_attend_part(float* __restrict__ part, const float* __restrict__ q, const flo
             if (b < nhb) part[((size_t)(i * nh + h0 + b) * nc + c) * (vd + 2) + d] = a[b];
     }
 #undef LROW
+}
+
+// mla_attend_part is attn.cu's attend_part for a latent cache (one kv
+// head, the value the key's first vd dims, no window) with hb heads a
+// block: each position's latent is loaded once for the block's heads
+// instead of once a head. Per head it does attend_part's operations in
+// attend_part's order, so the parts, and the combine's output, are its
+// bits. Grid (⌈nh/hb⌉, rows, chunks); qs takes hb·hd floats of dynamic
+// shared memory.
+extern "C" __global__ void __launch_bounds__(MLA_THREADS)
+mla_attend_part(float* __restrict__ part, const float* __restrict__ q, const float* __restrict__ kc, int pos, int nh,
+                int hb, int hd, int vd, int qRow, int qHead, float scale, int nc, const int* __restrict__ posp,
+                const int* __restrict__ sel, int topk) {
+    if (posp != nullptr) pos = *posp;
+    extern __shared__ float qs[]; // [hb][hd]
+    __shared__ float sc[MLA_HEADS][MLA_CHUNK];
+    __shared__ float red[MLA_HEADS][MLA_THREADS / 32];
+    int h0 = blockIdx.x * hb, i = blockIdx.y, c = blockIdx.z;
+    int nhb = min(hb, nh - h0); // the heads of this block
+    int n = pos + i + 1;
+    if (sel != nullptr) n = min(n, topk);
+    int j1 = c * MLA_CHUNK;
+    if (j1 >= n) return;
+    int len = min(j1 + MLA_CHUNK, n) - j1;
+    for (int x = threadIdx.x; x < nhb * hd; x += MLA_THREADS) {
+        int b = x / hd, d = x % hd;
+        qs[x] = q[(size_t)i * qRow + (size_t)(h0 + b) * qHead + d];
+    }
+    __syncthreads();
+    if (sel != nullptr)
+        mla_chunk<true>(part, qs, kc, sel + (size_t)i * topk + j1, len, hd, vd, scale, nhb, h0, i, nh, nc, c, sc, red);
+    else
+        mla_chunk<false>(part, qs, kc + (size_t)j1 * hd, nullptr, len, hd, vd, scale, nhb, h0, i, nh, nc, c, sc, red);
 }
