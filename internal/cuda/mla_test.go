@@ -216,7 +216,8 @@ func TestLatentHeads(t *testing.T) {
 		pos, rows int
 		dev       bool
 		want      int
-	}{{0, 64, false, 8}, {100, 1, false, 1}, {4095, 1, false, 8}, {4095, 1, true, 1}, {2000, 4, false, 8}, {500, 4, false, 1}} {
+	}{{0, 64, false, 8}, {0, 32, false, 1}, {100, 1, false, 1}, {4095, 1, false, 1}, {16383, 1, false, 8}, {4095, 1, true, 1},
+		{2000, 16, false, 8}, {2000, 4, false, 1}, {3840, 256, false, 8}} {
 		a := ds
 		a.Pos, a.Rows = c.pos, c.rows
 		if c.dev {
