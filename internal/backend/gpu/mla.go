@@ -41,10 +41,10 @@ func mlaShape(m *block.MLA) cuda.MLA {
 	return cuda.MLA{Heads: m.Heads, Nope: m.Nope, Rope: m.RopeDim, V: m.V, KVLora: m.KVLora}
 }
 
-// mlaAttn is the attention of nb rows at pos over m's latent cache.
-func (r *Runner) mlaAttn(m *block.MLA, pos, nb int) cuda.Attn {
+// mlaAttn is the attention of the step's rows over m's latent cache.
+func (r *Runner) mlaAttn(m *block.MLA) cuda.Attn {
 	w := m.KVLora + m.RopeDim
-	a := cuda.Attn{Pos: pos, Rows: nb, Heads: m.Heads, KVHeads: 1, HeadDim: w, VDim: m.KVLora,
+	a := cuda.Attn{Pos: r.pos, Rows: r.nb, Heads: m.Heads, KVHeads: 1, HeadDim: w, VDim: m.KVLora,
 		QRow: m.Heads * w, QHead: w, ORow: m.Heads * m.KVLora, Scale: m.Scale, Scratch: r.attSBytes}
 	if m.Index != nil {
 		a.Sel, a.TopK = r.mla.sel, m.Index.TopK
@@ -166,7 +166,7 @@ func (r *Runner) Select(m *block.MLA, cache int) {
 func (r *Runner) MLAAttend(m *block.MLA, cache int) {
 	r.mark("attend")
 	b, ds := &r.mla, r.cur
-	at := r.mlaAttn(m, r.pos, r.nb)
+	at := r.mlaAttn(m)
 	if r.graphing {
 		at.PosDev, at.MaxPos = r.posDev, ds.ctx
 	}
