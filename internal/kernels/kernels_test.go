@@ -675,3 +675,58 @@ func TestQuantizeRow8Twin(t *testing.T) {
 		}
 	}
 }
+
+// TestViewAndDotRows: a view of whole rows (tiled q4 included, on tile
+// boundaries) multiplies as those rows of the whole matrix do, bit for
+// bit, at one activation row and at several; DotRows gives dotRow's
+// values; a view off a tile's boundary, or out of range, is refused.
+func TestViewAndDotRows(t *testing.T) {
+	r := rand.New(rand.NewPCG(23, 24))
+	var sc Scratch
+	for _, c := range []struct {
+		k     format.Kind
+		tiled bool
+	}{{format.F32, false}, {format.BF16, false}, {format.Q8, false}, {format.Q4, false}, {format.Q4, true}} {
+		const rows, cols, lo, hi = 64, 128, 16, 40
+		m, _ := encodeMat(t, randVec(r, rows*cols), rows, cols, c.k)
+		if c.tiled {
+			TileQ4(m.Q, rows, cols, nil)
+			m.Tiled = true
+		}
+		for _, nb := range []int{1, 3} {
+			x := randVec(r, nb*cols)
+			whole, part := make([]float32, nb*rows), make([]float32, nb*(hi-lo))
+			sc.MatMul(whole, &m, x, nb)
+			v, ok := m.View(lo, hi)
+			if !ok {
+				t.Fatalf("%s tiled %v: rows %d..%d refused", c.k, c.tiled, lo, hi)
+			}
+			sc.MatMul(part, &v, x, nb)
+			for i := 0; i < nb; i++ {
+				for j := 0; j < hi-lo; j++ {
+					if got, want := part[i*(hi-lo)+j], whole[i*rows+lo+j]; math.Float32bits(got) != math.Float32bits(want) {
+						t.Fatalf("%s tiled %v, %d rows: view row %d = %v, whole %v", c.k, c.tiled, nb, j, got, want)
+					}
+				}
+			}
+		}
+		x := randVec(r, cols)
+		xsum := make([]float32, cols/format.GroupSize)
+		GroupSums(xsum, x)
+		out := make([]float32, hi-lo)
+		m.DotRows(out, lo, x, make([]float32, cols/format.GroupSize))
+		for j := range out {
+			if want := m.dotRow(lo+j, x, xsum); math.Float32bits(out[j]) != math.Float32bits(want) {
+				t.Fatalf("%s tiled %v: DotRows row %d = %v, dotRow %v", c.k, c.tiled, lo+j, out[j], want)
+			}
+		}
+		for _, bad := range [][2]int{{-1, 8}, {8, rows + 1}, {20, 10}} {
+			if _, ok := m.View(bad[0], bad[1]); ok {
+				t.Errorf("%s: view of rows %d..%d accepted", c.k, bad[0], bad[1])
+			}
+		}
+		if _, ok := m.View(4, 16); ok == c.tiled {
+			t.Errorf("%s tiled %v: view of rows 4..16 ok %v", c.k, c.tiled, ok)
+		}
+	}
+}

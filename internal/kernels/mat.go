@@ -128,6 +128,49 @@ func (m *Mat) Row(dst []float32, r int) {
 	}
 }
 
+// View is rows lo..hi of m as a matrix of their own (a head's block of
+// DeepSeek's W_k^T or W_v), sharing m's memory; ok is false where m is
+// tiled and lo or hi is not on a tile's boundary, or the rows are out of
+// range.
+func (m *Mat) View(lo, hi int) (v Mat, ok bool) {
+	if lo < 0 || hi > m.Rows || lo > hi || (m.Tiled && (lo%TileRows != 0 || hi%TileRows != 0)) {
+		return Mat{}, false
+	}
+	C := m.Cols
+	v = Mat{Rows: hi - lo, Cols: C, Kind: m.Kind, Tiled: m.Tiled}
+	switch m.Kind {
+	case format.F32:
+		v.F32 = m.F32[lo*C : hi*C]
+	case format.BF16:
+		v.BF16 = m.BF16[lo*C : hi*C]
+	case format.Q8, format.Q4:
+		// A tile holds TileRows whole rows' bytes, so whole tiles are
+		// the same byte range as the rows they hold.
+		b := m.Kind.Bits()
+		v.Q = m.Q[lo*C*b/8 : hi*C*b/8]
+		ng := C / format.GroupSize
+		v.Scales, v.Biases = m.Scales[lo*ng:hi*ng], m.Biases[lo*ng:hi*ng]
+	default:
+		return Mat{}, false
+	}
+	return v, true
+}
+
+// DotRows writes out[j] = W[lo+j]·x for j < len(out) on the calling
+// goroutine: a product of a few rows with one activation row, as
+// DeepSeek's absorb and W_v take per (row, head) on every thread. Each
+// element is dotRow's, as a matrix product's is. xsum is scratch of at
+// least Cols/GroupSize floats for quantised kinds.
+func (m *Mat) DotRows(out []float32, lo int, x, xsum []float32) {
+	if m.Kind.Quantised() {
+		xsum = xsum[:m.Cols/format.GroupSize]
+		GroupSums(xsum, x[:m.Cols])
+	}
+	for j := range out {
+		out[j] = m.dotRow(lo+j, x, xsum)
+	}
+}
+
 // GroupSums writes the sum of each group of format.GroupSize values of x
 // into dst; quantised dot products use it for the bias term, since
 // Σ(s·q+b)·x = s·Σq·x + b·Σx.
