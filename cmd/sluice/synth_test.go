@@ -147,7 +147,7 @@ func TestSynthDeepSeekV3(t *testing.T) {
 	for n, s := range map[string][]int{
 		"embed_tokens.weight": {129280, 7168}, "layers.0.self_attn.q_a_proj.weight": {1536, 7168},
 		"layers.0.self_attn.q_b_proj.weight": {128 * 192, 1536}, "layers.1.self_attn.kv_a_proj_with_mqa.weight": {576, 7168},
-		"layers.1.self_attn.kv_b_proj.weight": {128 * 256, 512}, "layers.1.self_attn.o_proj.weight": {7168, 128 * 128},
+		"layers.1.self_attn.kv_b_proj.k_t.weight": {128 * 512, 128}, "layers.1.self_attn.kv_b_proj.v.weight": {128 * 128, 512}, "layers.1.self_attn.o_proj.weight": {7168, 128 * 128},
 		"layers.0.mlp.gate_proj.weight": {18432, 7168}, "layers.1.mlp.gate.weight": {16, 7168},
 		"layers.1.mlp.shared_experts.down_proj.weight": {7168, 2048}, "layers.2.eh_proj.weight": {7168, 2 * 7168},
 		"layers.2.shared_head.norm.weight": {7168}, "lm_head.weight": {129280, 7168},

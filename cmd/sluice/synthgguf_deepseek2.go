@@ -13,14 +13,14 @@ import (
 // (head_count_kv 1, key_length kv_lora+rope, value_length kv_lora, the
 // per-head sizes as key/value_length_mla); kv_b_proj split per head into
 // attn_k_b, transposed ([head][kv_lora][nope], which the absorbed query
-// multiplies) and attn_v_b ([head][v][kv_lora]); the router's correction
+// multiplies) and attn_v_b ([head][v][kv_lora]), as sluice packs it; the router's correction
 // bias as exp_probs_b; sigmoid gating, groups, the weights' norm and scale
 // as metadata; yarn with the attention's mscale as yarn_log_multiplier
 // (0.1·mscale_all_dim, which llama.cpp divides by 0.1 again). sluice packs
 // the rope rows of q_b_proj and kv_a_proj_with_mqa de-interleaved (evens,
 // then odds: a half-split rope); llama.cpp rotates adjacent pairs, as the
 // checkpoint stores them, so those rows go back to the checkpoint's
-// interleaved order. kv_b_proj stays f32, as sluice keeps it. No MTP
+// interleaved order. No MTP
 // layer (the converter skips it too), and no V3.2 indexer, which only
 // llama.cpp's deepseek32 has.
 func (p *ggufPlan) deepSeek2() error {
@@ -106,30 +106,12 @@ func (p *ggufPlan) deepSeek2() error {
 	}
 	kvaRows := identity(kvl + a.RopeDim)
 	interleave(kvaRows, kvl)
-	// kv_b_proj [head][nope+v][kv_lora]: v_b keeps the v rows of each
-	// head; k_b is the nope rows transposed, element by element through a
-	// one-column view of the tensor.
-	vRows := make([]int, 0, nh*a.V)
-	for h := 0; h < nh; h++ {
-		for i := 0; i < a.V; i++ {
-			vRows = append(vRows, h*(a.Nope+a.V)+a.Nope+i)
-		}
-	}
-	kElems := kbElems(nh, a.Nope, a.V, kvl)
-
 	if err := p.add("token_embd.weight", "embed_tokens.weight", ggufXform{}); err != nil {
 		return err
 	}
 	for l := 0; l < c.Layers; l++ {
 		b, s := fmt.Sprintf("blk.%d.", l), fmt.Sprintf("layers.%d.", l)
 		sa := s + "self_attn."
-		kvb := p.byName[sa+"kv_b_proj.weight"]
-		if kvb == nil {
-			return fmt.Errorf("gguf: model has no tensor %skv_b_proj.weight", sa)
-		}
-		elems := *kvb
-		elems.Name, elems.Shape = kvb.Name+" (elements)", []int{kvb.Rows() * kvb.Cols(), 1}
-		p.byName[elems.Name] = &elems
 		if err := p.addEach(b, "", []ggufNamed{
 			{"attn_norm.weight", s + "input_layernorm.weight", ggufXform{}},
 			{"attn_q_a.weight", sa + "q_a_proj.weight", ggufXform{}},
@@ -137,8 +119,8 @@ func (p *ggufPlan) deepSeek2() error {
 			{"attn_q_b.weight", sa + "q_b_proj.weight", ggufXform{rows: qRows}},
 			{"attn_kv_a_mqa.weight", sa + "kv_a_proj_with_mqa.weight", ggufXform{rows: kvaRows}},
 			{"attn_kv_a_norm.weight", sa + "kv_a_layernorm.weight", ggufXform{}},
-			{"attn_k_b.weight", elems.Name, ggufXform{rows: kElems, dims: dims(a.Nope, kvl, nh)}},
-			{"attn_v_b.weight", sa + "kv_b_proj.weight", ggufXform{rows: vRows, dims: dims(kvl, a.V, nh)}},
+			{"attn_k_b.weight", family.KBName(l), ggufXform{dims: dims(a.Nope, kvl, nh)}},
+			{"attn_v_b.weight", family.VBName(l), ggufXform{dims: dims(kvl, a.V, nh)}},
 			{"attn_output.weight", sa + "o_proj.weight", ggufXform{}},
 			{"ffn_norm.weight", s + "post_attention_layernorm.weight", ggufXform{}},
 		}); err != nil {
@@ -149,18 +131,4 @@ func (p *ggufPlan) deepSeek2() error {
 		}
 	}
 	return p.addAll("", "", [][2]string{{"output_norm", "norm"}, {"output", "lm_head"}})
-}
-
-// kbElems is attn_k_b's order of kv_b_proj's elements ([head][nope+v]
-// [kv_lora] in the pack): each head's nope rows transposed.
-func kbElems(heads, nope, v, kvl int) []int {
-	k := make([]int, 0, heads*kvl*nope)
-	for h := 0; h < heads; h++ {
-		for j := 0; j < kvl; j++ {
-			for n := 0; n < nope; n++ {
-				k = append(k, (h*(nope+v)+n)*kvl+j)
-			}
-		}
-	}
-	return k
 }

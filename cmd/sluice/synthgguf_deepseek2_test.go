@@ -1,15 +1,12 @@
 package main
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
-	"io"
 	"testing"
 
 	"github.com/sluicelm/sluice/internal/family"
 	"github.com/sluicelm/sluice/internal/format"
-	"github.com/sluicelm/sluice/internal/gguf"
 )
 
 // TestSynthGGUFDeepSeek2 writes a small DeepSeek-V3 (its config.json with
@@ -18,9 +15,9 @@ import (
 // metadata llama.cpp's loader reads, every tensor it creates with the
 // shape it expects (both derived here from the config), nothing else (no
 // MTP layer), and the converter's transforms on the values: the rope rows
-// of q_b and kv_a back in the checkpoint's interleaved order, kv_b split
-// into k_b (transposed per head) and v_b, the correction bias as
-// exp_probs_b, everything else bit for bit.
+// of q_b and kv_a back in the checkpoint's interleaved order, the
+// correction bias as exp_probs_b, everything else (k_b and v_b, which the
+// pack holds split as llama.cpp does) bit for bit.
 func TestSynthGGUFDeepSeek2(t *testing.T) {
 	var hf map[string]any
 	if err := json.Unmarshal([]byte(deepSeekV3Config), &hf); err != nil {
@@ -110,23 +107,10 @@ func TestSynthGGUFDeepSeek2(t *testing.T) {
 		}
 		return r
 	}, nil, nil)
-	// kv_b_proj [head][nope+V][kvl]; k_b [head][kvl][nope]; v_b [head][V][kvl].
-	// heads is nh heads of rows×cols values, element [h][r][c] = at(h, r, c).
-	heads := func(rows, cols int, at func(h, r, c int) float32) [][]float32 {
-		w := make([][]float32, nh*rows)
-		for i := range w {
-			w[i] = make([]float32, cols)
-			for c := range w[i] {
-				w[i][c] = at(i/rows, i%rows, c)
-			}
-		}
-		return w
-	}
-	kv1, kv0 := f.source("layers.1.self_attn.kv_b_proj.weight"), f.source("layers.0.self_attn.kv_b_proj.weight")
-	f.match("blk.1.attn_k_b.weight", "layers.1.self_attn.kv_b_proj.weight", f.rows("blk.1.attn_k_b.weight"),
-		heads(kvl, nope, func(h, j, n int) float32 { return kv1[h*(nope+V)+n][j] }), nil)
-	f.match("blk.0.attn_v_b.weight", "layers.0.self_attn.kv_b_proj.weight", f.rows("blk.0.attn_v_b.weight"),
-		heads(V, kvl, func(h, r, j int) float32 { return kv0[h*(nope+V)+nope+r][j] }), nil)
+	// k_b [head][kvl][nope] and v_b [head][V][kvl] are the pack's split of
+	// kv_b_proj (family.TestDeepSeekKVBSplit), as they are.
+	f.same("blk.1.attn_k_b.weight", family.KBName(1), nil)
+	f.same("blk.0.attn_v_b.weight", family.VBName(0), nil)
 	for _, n := range [][2]string{{"blk.2.exp_probs_b.bias", "layers.2.mlp.gate.e_score_correction_bias"},
 		{"blk.2.ffn_gate_inp.weight", "layers.2.mlp.gate.weight"}, {"blk.1.attn_q_a.weight", "layers.1.self_attn.q_a_proj.weight"},
 		{"blk.1.attn_output.weight", "layers.1.self_attn.o_proj.weight"}, {"blk.0.ffn_down.weight", "layers.0.mlp.down_proj.weight"},
@@ -137,22 +121,4 @@ func TestSynthGGUFDeepSeek2(t *testing.T) {
 
 	// Expert e of layer l is record l·E+e.
 	f.experts("blk.2.ffn_gate_exps.weight", 2, func(s *format.ExpertStore) *format.Tensor { return &s.Gate })
-}
-
-// BenchmarkGGUFAttnKB writes one layer's attn_k_b at DeepSeek-V3's shapes
-// (128 heads, nope 128, v 128, kv_lora 512): the element-by-element
-// transpose of the f32 kv_b_proj that --gguf does for every layer.
-// Run: go test ./cmd/sluice -run x -bench GGUFAttnKB -benchtime 3x
-func BenchmarkGGUFAttnKB(b *testing.B) {
-	const nh, nope, v, kvl = 128, 128, 128, 512
-	n := nh * (nope + v) * kvl
-	t := &format.Tensor{Kind: format.F32, Shape: []int{n, 1}, Size: int64(4 * n)}
-	buf := make([]byte, t.Size)
-	x := ggufXform{rows: kbElems(nh, nope, v, kvl)}
-	w := bufio.NewWriterSize(io.Discard, 1<<20)
-	for b.Loop() {
-		if err := ggufTensor(w, buf, t, gguf.F32, x); err != nil {
-			b.Fatal(err)
-		}
-	}
 }

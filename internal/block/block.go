@@ -136,13 +136,17 @@ type MoE struct {
 // q_rot] over that latent, and its output W_v·(Σ p·c). The sum order is the
 // same alone, in a chunk or in a verify batch.
 type MLA struct {
-	QA      Weight    // q_a_proj [q_lora][hidden]
-	QANorm  Norm      // over q_lora
-	QB      Weight    // q_b_proj [heads·(nope+rope)][q_lora], each head's rope part de-interleaved by the packer
-	KVA     Weight    // kv_a_proj_with_mqa [kv_lora+rope][hidden], rope part de-interleaved
-	KVANorm Norm      // over kv_lora
-	KVB     []float32 // kv_b_proj [heads·(nope+v)][kv_lora]: W_k then W_v per head
-	O       Weight    // [hidden][heads·v]
+	QA      Weight // q_a_proj [q_lora][hidden]
+	QANorm  Norm   // over q_lora
+	QB      Weight // q_b_proj [heads·(nope+rope)][q_lora], each head's rope part de-interleaved by the packer
+	KVA     Weight // kv_a_proj_with_mqa [kv_lora+rope][hidden], rope part de-interleaved
+	KVANorm Norm   // over kv_lora
+	// WK and WV are kv_b_proj split by the packer: WK [heads·kv_lora][nope]
+	// holds each head's W_k transposed, so that the absorb (W_k^T·q_nope)
+	// is a product of rows as every other; WV [heads·v][kv_lora] holds each
+	// head's W_v. Both at the pack's bits.
+	WK, WV Weight
+	O      Weight // [hidden][heads·v]
 
 	Heads, Nope, RopeDim, V, KVLora, QLora int
 	Rope                                   *Rope

@@ -65,6 +65,24 @@ func (t *Tensors) find(name string, shape []int) (*format.Tensor, bool) {
 	return ft, true
 }
 
+// Has reports whether the bound model's manifest holds name (false while
+// recording): a family asks it to tell a pack of an earlier layout by
+// name.
+func (t *Tensors) Has(name string) bool {
+	if t.man == nil {
+		return false
+	}
+	_, ok := t.man.Find(name)
+	return ok
+}
+
+// Fail records err as the binding's error, unless an earlier one is.
+func (t *Tensors) Fail(err error) {
+	if t.err == nil {
+		t.err = err
+	}
+}
+
 // Mat declares a matrix the packer quantises (at --bits); one whose rows
 // are not a whole number of quantisation groups stays float32.
 func (t *Tensors) Mat(name string, shape ...int) Weight {

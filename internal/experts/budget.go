@@ -175,6 +175,12 @@ func ScratchBytes(c *format.Config, rows, threads, ctx int) int64 {
 					nh := int64(m.Heads)
 					extra += r * (int64(m.QLora) + nh*int64(m.Nope+m.RopeDim) + w + nh*w + nh*int64(m.V))
 					extra += T * int64(m.KVLora)
+					// Each thread's head of the absorb (q_nope in, W_k^T·q_nope
+					// out), and its product scratch: int8 activations (a
+					// quarter float each), group scales and sums, and the
+					// widened scales' room (kernels.scaleRoom).
+					nk := int64(max(m.Nope, m.KVLora))
+					extra += T * (r*int64(m.Nope+m.KVLora) + r*nk/4 + 2*r*nk/64 + nk + 4096)
 					wide = max(wide, int64(m.QLora), nh*int64(m.V))
 					if ix := m.Index; ix != nil {
 						extra += r * (int64(ix.Heads*ix.Dim) + int64(ix.Dim) + int64(ix.Heads) + 2*int64(ix.TopK) + 2)

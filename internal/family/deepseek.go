@@ -254,7 +254,11 @@ func buildDeepSeek(c *format.Config, t *block.Tensors) (*Arch, error) {
 		m.QB = t.Mat(q+"q_b_proj.weight", nh*qk, ac.QLora)
 		m.KVA = t.Mat(q+"kv_a_proj_with_mqa.weight", ac.KVLora+ac.RopeDim, H)
 		m.KVANorm = rmsNorm(c, t.Vec(q+"kv_a_layernorm.weight", ac.KVLora), false)
-		m.KVB = t.Vec(q+"kv_b_proj.weight", nh*(ac.Nope+ac.V), ac.KVLora)
+		if t.Has(q + "kv_b_proj.weight") {
+			t.Fail(fmt.Errorf("%skv_b_proj.weight is packed whole, in float32, as earlier sluice versions did; this one reads it split into %s and %s at the pack's bits: repack the model with `sluice pack --force`", q, KBName(l), VBName(l)))
+		}
+		m.WK = t.Mat(KBName(l), nh*ac.KVLora, ac.Nope)
+		m.WV = t.Mat(VBName(l), nh*ac.V, ac.KVLora)
 		m.O = t.Mat(q+"o_proj.weight", H, nh*ac.V)
 		if ac.IndexTopK > 0 {
 			ix := &block.Indexer{Heads: ac.IndexHeads, Dim: ac.IndexHeadDim, TopK: ac.IndexTopK, Eps: 1e-6}
@@ -338,12 +342,15 @@ func deepSeekMTP(c *format.Config, t *block.Tensors, a *Arch, layer func(int) (b
 // half-split rope of the rows reordered evens first. q and k get the same
 // order, so every q·k is unchanged.
 func deepSeekDense(src Checkpoint, c *format.Config, s format.Spec) ([]float32, error) {
-	v, err := src.Float32(s.Name, s.Shape)
-	if err != nil {
-		return nil, err
-	}
 	var ac DeepSeekArch
 	if err := json.Unmarshal(c.Arch, &ac); err != nil {
+		return nil, err
+	}
+	if kb, vb := hasSuffix(s.Name, kbSuffix), hasSuffix(s.Name, vbSuffix); kb || vb {
+		return splitKVB(src, c, &ac, s.Name, kb)
+	}
+	v, err := src.Float32(s.Name, s.Shape)
+	if err != nil {
 		return nil, err
 	}
 	cols := s.Shape[len(s.Shape)-1]
@@ -364,6 +371,53 @@ func deepSeekDense(src Checkpoint, c *format.Config, s format.Spec) ([]float32, 
 		deinterleave(ac.KVLora)
 	}
 	return v, nil
+}
+
+// kv_b_proj's two parts as the pack holds them (block.MLA's WK and WV):
+// not checkpoint tensors, the packer derives them from kv_b_proj.
+const (
+	kbSuffix = "self_attn.kv_b_proj.k_t.weight"
+	vbSuffix = "self_attn.kv_b_proj.v.weight"
+)
+
+// KBName is the packed name of layer l's W_k, transposed per head
+// ([heads·kv_lora][nope]); the MTP layer's is layer Layers.
+func KBName(l int) string { return fmt.Sprintf("layers.%d.%s", l, kbSuffix) }
+
+// VBName is the packed name of layer l's W_v ([heads·v][kv_lora]).
+func VBName(l int) string { return fmt.Sprintf("layers.%d.%s", l, vbSuffix) }
+
+// splitKVB reads kv_b_proj [heads·(nope+v)][kv_lora] of the layer that
+// name belongs to and returns each head's W_k transposed ([kv_lora][nope]
+// a head: kb) or its W_v rows ([v][kv_lora] a head).
+func splitKVB(src Checkpoint, c *format.Config, ac *DeepSeekArch, name string, kb bool) ([]float32, error) {
+	suf := vbSuffix
+	if kb {
+		suf = kbSuffix
+	}
+	whole := name[:len(name)-len(suf)] + "self_attn.kv_b_proj.weight"
+	nh, kvl, nope, v := c.Heads, ac.KVLora, ac.Nope, ac.V
+	w, err := src.Float32(whole, []int{nh * (nope + v), kvl})
+	if err != nil {
+		return nil, err
+	}
+	if !kb {
+		out := make([]float32, 0, nh*v*kvl)
+		for h := 0; h < nh; h++ {
+			out = append(out, w[(h*(nope+v)+nope)*kvl:(h+1)*(nope+v)*kvl]...)
+		}
+		return out, nil
+	}
+	out := make([]float32, nh*kvl*nope)
+	for h := 0; h < nh; h++ {
+		for n := 0; n < nope; n++ {
+			row := w[(h*(nope+v)+n)*kvl : (h*(nope+v)+n+1)*kvl]
+			for j, x := range row {
+				out[(h*kvl+j)*nope+n] = x
+			}
+		}
+	}
+	return out, nil
 }
 
 func hasSuffix(s, suf string) bool { return len(s) >= len(suf) && s[len(s)-len(suf):] == suf }

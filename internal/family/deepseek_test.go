@@ -131,6 +131,54 @@ func TestDeepSeekRopeRows(t *testing.T) {
 	}
 }
 
+// TestDeepSeekKVBSplit: the packer stores kv_b_proj [head][nope+v][kv_lora]
+// as W_k transposed per head ([head][kv_lora][nope]) and W_v per head
+// ([head][v][kv_lora]), every element once, in its place.
+func TestDeepSeekKVBSplit(t *testing.T) {
+	c, _ := parseDir(t, "tiny-deepseek-v32")
+	const nh, nope, v, kvl = 4, 32, 32, 64
+	// Element (h, r, j) of kv_b_proj holds h·1e6 + r·1e3 + j: exact in float32.
+	src := make([]float32, nh*(nope+v)*kvl)
+	for h := 0; h < nh; h++ {
+		for r := 0; r < nope+v; r++ {
+			for j := 0; j < kvl; j++ {
+				src[(h*(nope+v)+r)*kvl+j] = float32(h*1e6 + r*1e3 + j)
+			}
+		}
+	}
+	ck := fakeCheckpoint{"layers.2.self_attn.kv_b_proj.weight": {[]int{nh * (nope + v), kvl}, src}}
+	kb, err := family.DenseOf(ck, &c, format.Spec{Name: family.KBName(2), Shape: []int{nh * kvl, nope}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vb, err := family.DenseOf(ck, &c, format.Spec{Name: family.VBName(2), Shape: []int{nh * v, kvl}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(kb) != nh*kvl*nope || len(vb) != nh*v*kvl {
+		t.Fatalf("W_k %d, W_v %d floats, want %d and %d", len(kb), len(vb), nh*kvl*nope, nh*v*kvl)
+	}
+	for h := 0; h < nh; h++ {
+		for j := 0; j < kvl; j++ {
+			for n := 0; n < nope; n++ {
+				if got, want := kb[(h*kvl+j)*nope+n], float32(h*1e6+n*1e3+j); got != want {
+					t.Fatalf("W_k^T head %d [%d][%d] = %v, want %v", h, j, n, got, want)
+				}
+			}
+		}
+		for r := 0; r < v; r++ {
+			for j := 0; j < kvl; j++ {
+				if got, want := vb[(h*v+r)*kvl+j], float32(h*1e6+(nope+r)*1e3+j); got != want {
+					t.Fatalf("W_v head %d [%d][%d] = %v, want %v", h, r, j, got, want)
+				}
+			}
+		}
+	}
+	if _, err := family.DenseOf(fakeCheckpoint{}, &c, format.Spec{Name: family.KBName(0), Shape: []int{nh * kvl, nope}}); err == nil {
+		t.Error("W_k of a checkpoint without kv_b_proj: no error")
+	}
+}
+
 // TestDeepSeekMTPConfig: num_nextn_predict_layers 1 builds DeepSeek-V3's
 // MTP module from layer num_hidden_layers (eh_proj over enorm ‖ hnorm, a
 // latent-attention MoE layer with its own latent cache, shared_head.norm);

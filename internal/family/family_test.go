@@ -81,6 +81,11 @@ func TestSpecsCoverCheckpoints(t *testing.T) {
 				if strings.HasPrefix(n, "mtp.layers.0.") {
 					n = fmt.Sprintf("layers.%d.", c.Layers) + strings.TrimPrefix(n, "mtp.layers.0.")
 				}
+				if p, ok := strings.CutSuffix(n, "self_attn.kv_b_proj.weight"); ok && c.Family == family.NameDeepSeek {
+					// the packer splits kv_b_proj into W_k (transposed) and W_v
+					canon[p+"self_attn.kv_b_proj.k_t.weight"], canon[p+"self_attn.kv_b_proj.v.weight"] = true, true
+					continue
+				}
 				if c.Family == family.NameQwen3Next { // the packer splits the fused DeltaNet projections
 					if p, ok := strings.CutSuffix(n, "in_proj_qkvz.weight"); ok {
 						canon[p+"in_proj_qkv.weight"], canon[p+"in_proj_z.weight"] = true, true

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"math"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -68,5 +70,33 @@ func TestLoadMapsWhenShort(t *testing.T) {
 		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
 			t.Fatalf("mapped weights: logit %d = %v, loaded %v", i, got[i], want[i])
 		}
+	}
+}
+
+// TestLoadRefusesWholeKVB: a DeepSeek pack whose manifest holds kv_b_proj
+// whole (as earlier versions packed it, in float32) is refused by name,
+// with the command that repacks it, rather than as a missing tensor.
+func TestLoadRefusesWholeKVB(t *testing.T) {
+	dir := testutil.CopyDir(t, testutil.Packed(t, "tiny-deepseek-v32", 8))
+	path := filepath.Join(dir, "manifest.json")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const split = `"layers.1.self_attn.kv_b_proj.k_t.weight"`
+	if !bytes.Contains(b, []byte(split)) {
+		t.Fatalf("manifest.json has no %s", split)
+	}
+	b = bytes.Replace(b, []byte(split), []byte(`"layers.1.self_attn.kv_b_proj.weight"`), 1)
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m, err := Load(dir)
+	if err == nil {
+		m.Close()
+		t.Fatal("a pack with kv_b_proj whole loaded")
+	}
+	if !strings.Contains(err.Error(), "kv_b_proj.weight is packed whole") || !strings.Contains(err.Error(), "sluice pack --force") {
+		t.Errorf("error %q does not name kv_b_proj and the repack", err)
 	}
 }

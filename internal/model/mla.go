@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	"github.com/sluicelm/sluice/internal/block"
+	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/kernels"
 )
 
@@ -24,6 +25,12 @@ type mlaScratch struct {
 	scores []float32 // [threads][ctx], grown on demand
 	order  []int     // [threads][ctx] the indexer's ranking, grown on demand
 	olat   []float32 // [threads][kv_lora]
+	// Each thread's product scratch and, for the absorb, one head's
+	// q_nope of every row and their W_k^T·q_nope.
+	sc     []kernels.Scratch // [threads]
+	view   []kernels.Mat     // [threads]: the head's rows of WK or WV (held here, not on the stack, so as not to escape)
+	hx, ho []float32         // [threads][rows][nope], [threads][rows][kv_lora]
+	rows   int
 	task   mlaTask
 	absorb absorbTask
 	score  scoreTask
@@ -37,6 +44,8 @@ func (s *mlaScratch) init(m *block.MLA, rows, threads int) {
 	s.qabs = make([]float32, rows*m.Heads*w)
 	s.o = make([]float32, rows*m.Heads*m.V)
 	s.olat = make([]float32, threads*m.KVLora)
+	s.sc, s.view = make([]kernels.Scratch, threads), make([]kernels.Mat, threads)
+	s.hx, s.ho, s.rows = make([]float32, threads*rows*m.Nope), make([]float32, threads*rows*m.KVLora), rows
 	s.nsel = make([]int, rows)
 	if ix := m.Index; ix != nil {
 		s.qi = make([]float32, rows*ix.Heads*ix.Dim)
@@ -72,40 +81,53 @@ func (r *Runner) MLAProject(m *block.MLA) {
 	}
 }
 
-// MLAPrep implements block.Backend. W_k is absorbed into the queries
-// per (row, head) across the pool's threads: a decode's one row still
-// reads all of kv_b_proj's W_k (32 MB a layer at DeepSeek-V3's shapes),
-// which one thread would read at one core's bandwidth.
+// MLAPrep implements block.Backend. W_k is absorbed into the queries a
+// head at a time across the pool's threads: the head's block of WK times
+// every row's q_nope as one product, so that a prefill chunk reads each
+// head's W_k once, and a decode's one row still reads all of them (16 MB a
+// layer at 4 bits at DeepSeek-V3's shapes) on every core.
 func (r *Runner) MLAPrep(m *block.MLA, cache int) {
 	kc, vc, _ := r.st.kv(cache)
 	r.rows(rowTask{op: opMLAPrep, mla: m, kc: kc, vc: vc, pos: r.pos}, r.nb)
 	s := &r.mla
-	s.absorb = absorbTask{r: r, m: m}
-	r.Pool.Parallel(r.nb*m.Heads, 1, &s.absorb)
+	s.absorb = absorbTask{r: r, m: m, nb: r.nb}
+	r.Pool.Parallel(m.Heads, 1, &s.absorb)
 	s.absorb = absorbTask{}
 }
 
-// absorbTask writes the absorbed queries of (row, head) pairs:
+// absorbTask writes the absorbed queries of heads lo..hi of every row:
 // [W_k^T·q_nope ‖ q_rot], the query already rotated.
 type absorbTask struct {
-	r *Runner
-	m *block.MLA
+	r  *Runner
+	m  *block.MLA
+	nb int
 }
 
 func (t *absorbTask) Run(lo, hi int) {
-	m, s := t.m, &t.r.mla
-	w := m.KVLora + m.RopeDim
-	qw := m.Nope + m.RopeDim
-	for idx := lo; idx < hi; idx++ {
-		h := idx % m.Heads
-		q := s.q[idx*qw : (idx+1)*qw]
-		qa := s.qabs[idx*w : (idx+1)*w]
-		clear(qa[:m.KVLora])
-		wk := m.KVB[h*(m.Nope+m.V)*m.KVLora:]
-		for j := 0; j < m.Nope; j++ {
-			kernels.Axpy(qa[:m.KVLora], q[j], wk[j*m.KVLora:(j+1)*m.KVLora])
+	m, s, nb := t.m, &t.r.mla, t.nb
+	w, qw := m.KVLora+m.RopeDim, m.Nope+m.RopeDim
+	part := t.r.Pool.Part(m.Heads, 1, lo)
+	x := s.hx[part*s.rows*m.Nope:][:nb*m.Nope]
+	out := s.ho[part*s.rows*m.KVLora:][:nb*m.KVLora]
+	var xs [64]float32
+	for h := lo; h < hi; h++ {
+		for i := 0; i < nb; i++ {
+			copy(x[i*m.Nope:(i+1)*m.Nope], s.q[(i*m.Heads+h)*qw:])
 		}
-		copy(qa[m.KVLora:], q[m.Nope:])
+		v, ok := m.WK.Mat.View(h*m.KVLora, (h+1)*m.KVLora)
+		if ok {
+			s.view[part] = v
+			s.sc[part].MatMul(out, &s.view[part], x, nb)
+		} else {
+			for i := 0; i < nb; i++ {
+				m.WK.Mat.DotRows(out[i*m.KVLora:(i+1)*m.KVLora], h*m.KVLora, x[i*m.Nope:(i+1)*m.Nope], groupRoom(&xs, m.Nope))
+			}
+		}
+		for i := 0; i < nb; i++ {
+			qa := s.qabs[(i*m.Heads+h)*w : (i*m.Heads+h+1)*w]
+			copy(qa[:m.KVLora], out[i*m.KVLora:(i+1)*m.KVLora])
+			copy(qa[m.KVLora:], s.q[(i*m.Heads+h)*qw+m.Nope:(i*m.Heads+h+1)*qw])
+		}
 	}
 }
 
@@ -278,6 +300,7 @@ func (t *mlaTask) Run(lo, hi int) {
 	span := len(s.scores) / r.Pool.Threads()
 	sc := s.scores[part*span : (part+1)*span]
 	olat := s.olat[part*m.KVLora : (part+1)*m.KVLora]
+	var xs [64]float32
 	for idx := lo; idx < hi; idx++ {
 		i, h := idx/m.Heads, idx%m.Heads
 		var sel []int
@@ -286,12 +309,23 @@ func (t *mlaTask) Run(lo, hi int) {
 		}
 		q := s.qabs[(i*m.Heads+h)*w : (i*m.Heads+h+1)*w]
 		kernels.AttendLatent(olat, q, t.kc, w, sel, t.pos+i+1, m.Scale, sc)
-		wv := m.KVB[(h*(m.Nope+m.V)+m.Nope)*m.KVLora:]
 		o := s.o[(i*m.Heads+h)*m.V : (i*m.Heads+h+1)*m.V]
-		for j := range o {
-			o[j] = kernels.Dot(wv[j*m.KVLora:(j+1)*m.KVLora], olat)
+		if v, ok := m.WV.Mat.View(h*m.V, (h+1)*m.V); ok {
+			s.view[part] = v
+			s.sc[part].MatMul(o, &s.view[part], olat, 1)
+		} else {
+			m.WV.Mat.DotRows(o, h*m.V, olat, groupRoom(&xs, m.KVLora))
 		}
 	}
+}
+
+// groupRoom is scratch for the group sums of a row of cols: room's, or
+// allocated where cols passes it (no model's latent does).
+func groupRoom(room *[64]float32, cols int) []float32 {
+	if g := cols / format.GroupSize; g > len(room) {
+		return make([]float32, g)
+	}
+	return room[:]
 }
 
 // TopK writes into sel the positions of the len(sel) best scores, the

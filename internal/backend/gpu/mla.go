@@ -4,6 +4,7 @@ package gpu
 
 import (
 	"math"
+	"unsafe"
 
 	"github.com/sluicelm/sluice/internal/block"
 	"github.com/sluicelm/sluice/internal/cuda"
@@ -84,13 +85,47 @@ func uploadMLA(m *block.MLA, w func(*block.Weight), v func([]float32)) {
 	w(&m.O)
 	v(m.QANorm.W)
 	v(m.KVANorm.W)
-	v(m.KVB)
 	if ix := m.Index; ix != nil {
 		w(&ix.WQ)
 		w(&ix.WK)
 		w(&ix.Weights)
 		v(ix.KNorm)
 		v(ix.KBias)
+	}
+}
+
+// kvbBytes is the size of m's W_k and W_v in the device's layout:
+// float32 kv_b_proj [heads][nope+v][kv_lora], as the absorb and W_v
+// kernels read it.
+func kvbBytes(m *block.MLA) int { return 4 * m.Heads * (m.Nope + m.V) * m.KVLora }
+
+// kvbGrowth is how many more bytes m's W_k and W_v take on the device
+// (float32, kvbBytes) than in the pack (WK and WV at its bits).
+func kvbGrowth(m *block.MLA) int64 {
+	d := int64(kvbBytes(m))
+	for _, w := range []*block.Weight{&m.WK, &m.WV} {
+		v, s := w.Mat.Kind.Sizes(w.Mat.Rows, w.Mat.Cols)
+		d -= v + 2*s
+	}
+	return d
+}
+
+// kvbF32 writes m's W_k and W_v, dequantised from the pack's WK and WV
+// (kvbBytes into b): the device keeps kv_b_proj whole in float32.
+func kvbF32(m *block.MLA, b []byte) {
+	dst := unsafe.Slice((*float32)(unsafe.Pointer(&b[0])), kvbBytes(m)/4)
+	row := make([]float32, max(m.Nope, m.KVLora))
+	for h := 0; h < m.Heads; h++ {
+		head := dst[h*(m.Nope+m.V)*m.KVLora:]
+		for c := 0; c < m.KVLora; c++ {
+			m.WK.Mat.Row(row, h*m.KVLora+c)
+			for n, x := range row[:m.Nope] {
+				head[n*m.KVLora+c] = x
+			}
+		}
+		for j := 0; j < m.V; j++ {
+			m.WV.Mat.Row(head[(m.Nope+j)*m.KVLora:(m.Nope+j+1)*m.KVLora], h*m.V+j)
+		}
 	}
 }
 
@@ -124,7 +159,7 @@ func (r *Runner) MLAPrep(m *block.MLA, cache int) {
 	r.check(r.k.RMSNorm(r.s, b.ckv, b.ckv, 0, r.vecs[&kn.W[0]], nb, m.KVLora, w, kn.Eps, kn.ZeroCentred))
 	r.check(r.k.Rope(r.s, b.ckv+uintptr(4*m.KVLora), r.cos, r.sin, nb, 1, w, 0, rh))
 	r.check(r.k.Rope(r.s, b.q+uintptr(4*m.Nope), r.cos, r.sin, nb, m.Heads, m.Heads*qw, qw, rh))
-	r.check(r.k.MLAAbsorb(r.s, b.qabs, b.q, r.vecs[&m.KVB[0]], nb, mlaShape(m)))
+	r.check(r.k.MLAAbsorb(r.s, b.qabs, b.q, r.kvb[m], nb, mlaShape(m)))
 	ix := m.Index
 	if ix != nil {
 		r.check(r.k.LayerNorm(r.s, b.ki, b.ki, r.vecs[&ix.KNorm[0]], r.vecs[&ix.KBias[0]], nb, ix.Dim, ix.Eps))
@@ -172,7 +207,7 @@ func (r *Runner) MLAAttend(m *block.MLA, cache int) {
 	}
 	kc := ds.kc[cache]
 	r.check(r.k.AttendLatent(r.s, b.olat, b.qabs, kc, r.attS, at))
-	r.check(r.k.MLAVOut(r.s, b.o, b.olat, r.vecs[&m.KVB[0]], r.nb, mlaShape(m)))
+	r.check(r.k.MLAVOut(r.s, b.o, b.olat, r.kvb[m], r.nb, mlaShape(m)))
 	r.mark("attn_out")
 	r.mul(r.y, r.wmat(&m.O), b.o, r.nb, m.Heads*m.V)
 }
