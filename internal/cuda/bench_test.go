@@ -158,27 +158,30 @@ func TestGPUBench(t *testing.T) {
 			report("attention decode, %d positions, %d/%d heads of %d: %.2f us (%.0f GB/s of KV cache)", n, nh, nkv, hd, ms*1e3, float64(2*n*nkv*hd*4)/(ms/1e3)/1e9)
 			// DeepSeek-V3's latent attention: 128 heads over one latent of
 			// 512+64 floats a position, a head a block (Attend) against
-			// eight heads a block (mla_attend_part), for a decode row at
-			// 4096 and for prefill chunks of 256 rows at 0 and at 3840.
+			// eight heads a block on 128 threads (mla_attend_part) and on
+			// 512 (mla_attend_wide), for decode rows and prefill chunks of
+			// 256 rows.
 			{
 				const nh, w, kvl = 128, 576, 512
 				kc := up(e, randF32(r, 4096*w, 1))
+				keepMin, keepWide := latentMinBlocks, latentWideBlocks
 				for _, sh := range []struct {
 					what      string
 					pos, rows int
-				}{{"decode at 4096", 4095, 1}, {"256 rows at 0", 0, 256}, {"256 rows at 3840", 3840, 256}} {
+				}{{"decode at 100", 99, 1}, {"decode at 1000", 999, 1}, {"decode at 4096", 4095, 1}, {"256 rows at 0", 0, 256}, {"256 rows at 3840", 3840, 256}} {
 					q := up(e, randF32(r, sh.rows*nh*w, 1))
 					o := e.alloc(4 * sh.rows * nh * kvl)
 					a := Attn{Pos: sh.pos, Rows: sh.rows, Heads: nh, KVHeads: 1, HeadDim: w, VDim: kvl, QRow: nh * w, QHead: w, ORow: nh * kvl, Scale: 0.07}
 					scr := e.alloc(AttendScratch(a))
-					keep := latentMinBlocks
-					latentMinBlocks = 1 << 30
-					by := timed(50, func(int) { must(e.k.AttendLatent(s, o, q, kc, scr, a)) })
-					latentMinBlocks = 0
-					eight := timed(50, func(int) { must(e.k.AttendLatent(s, o, q, kc, scr, a)) })
-					latentMinBlocks = keep
-					report("latent attention, %s, %d heads of %d: %.2f us a head a block, %.2f us eight heads a block, AttendLatent takes %d a block",
-						sh.what, nh, w, by*1e3, eight*1e3, latentHeads(a))
+					var ms [3]float64
+					for v, set := range [][2]int{{1 << 30, 1 << 30}, {0, 0}, {1 << 30, 0}} {
+						latentMinBlocks, latentWideBlocks = set[0], set[1]
+						ms[v] = timed(50, func(int) { must(e.k.AttendLatent(s, o, q, kc, scr, a)) })
+					}
+					latentMinBlocks, latentWideBlocks = keepMin, keepWide
+					_, fn := latentPlan(a)
+					report("latent attention, %s, %d heads of %d: %.2f us a head a block, %.2f us eight heads a block on 128 threads, %.2f us on 512; AttendLatent takes %q",
+						sh.what, nh, w, ms[0]*1e3, ms[1]*1e3, ms[2]*1e3, fn)
 				}
 			}
 			dn := DN{KeyHeads: 16, ValueHeads: 64, KeyDim: 128, ValueDim: 128}

@@ -98,7 +98,7 @@ func LoadKernels(d *Device) (*Kernels, error) {
 		"attn":   {"attend_part", "attend_combine"},
 		"delta":  {"dn_conv", "dn_rule32", "dn_rule64", "dn_rule128", "bench_empty"},
 		"fwd":    {"f32_mv", "gather_rows", "moe_combine", "kv_append"},
-		"mla":    {"mla_absorb", "mla_vout", "layer_norm", "index_scores", "index_select", "mla_attend_part"},
+		"mla":    {"mla_absorb", "mla_vout", "layer_norm", "index_scores", "index_select", "mla_attend_part", "mla_attend_wide"},
 	}
 	for _, m := range modules {
 		ptx, err := PTX(m)
@@ -539,54 +539,71 @@ func (k *Kernels) combine(s Stream, o, q, scratch uintptr, a Attn, nc int) error
 		I(a.Window), P(a.Sinks), I(a.vdim()), I(a.TopK))
 }
 
-// latentMinBlocks is the fewest blocks with work that AttendLatent's
-// several heads a block must keep (about eight per SM of an H200); with
-// fewer, a block's heads would run one after another on idle SMs, so
-// each head takes a block instead (Attend). On the H200 (TestGPUBench),
-// DeepSeek-V3's decode row at 4096 positions, 256 blocks of eight heads,
-// took 267 µs against 192 µs a head a block; a prefill chunk of 256 rows,
-// 4096 blocks, 977 µs against 1324 µs at position 0 and 22.8 ms against
-// 41.3 ms at 3840. Tests set it to 0.
-var latentMinBlocks = 1024
+// latentMinBlocks is the fewest blocks with work that mla_attend_part's
+// 128 threads a block must have (about eight per SM of an H200); from
+// latentWideBlocks to there, a block of several heads takes 512 threads
+// (mla_attend_wide); below, each head takes a block (Attend). On the H200
+// (TestGPUBench, DeepSeek-V3's 128 heads, two runs), a decode row took
+// 32.5 µs a head a block, 118 µs eight heads on 128 threads and 46.1 µs on
+// 512 at position 100 (16 blocks of eight heads); 75.4, 258 and 82.9 µs at
+// 1000 (64 blocks); 190, 270 and 115 µs at 4096 (256 blocks); a prefill
+// chunk of 256 rows (4096 blocks), 1331, 988 and 1085 µs at position 0,
+// and 42.8, 22.9 and 24.9 ms at 3840. Tests set them.
+var (
+	latentMinBlocks  = 1024
+	latentWideBlocks = 256
+)
 
-// latentHeads is how many heads AttendLatent takes a block for a: up to
-// 8, their queries within 32 KiB of shared memory, or 1 where that leaves
-// fewer than latentMinBlocks blocks with work (a recorded step's
-// positions are unknown when it is recorded: it counts one chunk).
-func latentHeads(a Attn) int {
-	hb := min(8, a.Heads)
+// latentPlan is how AttendLatent runs a: hb heads a block, up to 8 (their
+// queries within 32 KiB of shared memory), on kernel fn; hb 1 runs Attend
+// (fn ""). A recorded step's positions are unknown when it is recorded:
+// it counts one chunk, so a recorded decode takes a head a block at every
+// depth (to do: launch both, each skipping the depths the other takes).
+func latentPlan(a Attn) (hb int, fn string) {
+	hb = min(8, a.Heads)
 	for hb > 1 && 4*hb*a.HeadDim > 32<<10 {
 		hb /= 2
+	}
+	if hb == 1 {
+		return 1, ""
 	}
 	busy := ceil(a.positions(a.Pos+a.Rows), attChunk)
 	if a.PosDev != 0 {
 		busy = 1
 	}
-	if ceil(a.Heads, hb)*a.Rows*busy < latentMinBlocks {
-		return 1
+	switch blocks := ceil(a.Heads, hb) * a.Rows * busy; {
+	case blocks >= latentMinBlocks:
+		return hb, "mla_attend_part"
+	case blocks >= latentWideBlocks:
+		return hb, "mla_attend_wide"
 	}
-	return hb
+	return 1, ""
 }
 
 // AttendLatent is Attend for a latent cache (DeepSeek's MLA: one kv head,
 // a.KVHeads 1, whose values are the keys' first a.VDim dims; no window).
-// Where the step has work enough (prefill, long contexts), a block takes
-// up to 8 heads (mla_attend_part), so that each position's latent is read
-// once for them all. Its output is Attend's, bit for bit, either way.
+// A block takes up to 8 heads (mla_attend_part, or mla_attend_wide on
+// 512 threads where the step has few blocks: latentPlan), so that each
+// position's latent is read once for them all. Its output is Attend's,
+// bit for bit, either way.
 func (k *Kernels) AttendLatent(s Stream, o, q, kc, scratch uintptr, a Attn) error {
 	if a.KVHeads != 1 || a.Window > 0 || a.Ring > 0 || a.Gated || a.Sinks != 0 {
 		return fmt.Errorf("cuda: latent attention over %d kv heads, a window of %d", a.KVHeads, a.Window)
 	}
-	hb := latentHeads(a)
+	hb, fn := latentPlan(a)
 	if hb == 1 {
 		return k.Attend(s, o, q, kc, kc, scratch, a)
+	}
+	threads := 128
+	if fn == "mla_attend_wide" {
+		threads = 512
 	}
 	if _, err := a.chunks(); err != nil {
 		return err
 	}
 	return a.groups(q, o, func(b Attn, q, o uintptr) error {
 		nc, _ := b.chunks()
-		if err := k.d.Launch(k.f["mla_attend_part"], Dim3{ceil(b.Heads, hb), b.Rows, nc}, Dim3{128, 1, 1}, 4*hb*b.HeadDim, s,
+		if err := k.d.Launch(k.f[fn], Dim3{ceil(b.Heads, hb), b.Rows, nc}, Dim3{threads, 1, 1}, 4*hb*b.HeadDim, s,
 			P(scratch), P(q), P(kc), I(b.Pos), I(b.Heads), I(hb), I(b.HeadDim), I(b.vdim()), I(b.QRow), I(b.QHead),
 			F(b.Scale), I(nc), P(b.PosDev), P(b.Sel), I(b.TopK)); err != nil {
 			return err

@@ -93,8 +93,14 @@ func TestIndexSelect(t *testing.T) {
 // for bit; and the absorb, W_v and layer norm kernels against their CPU
 // counterparts.
 func TestAttendLatent(t *testing.T) {
-	defer func(n int) { latentMinBlocks = n }(latentMinBlocks)
-	latentMinBlocks = 0 // several heads a block, however small the step
+	defer func(n, w int) { latentMinBlocks, latentWideBlocks = n, w }(latentMinBlocks, latentWideBlocks)
+	// Several heads a block, however small the step: on 128 threads
+	// (latentMinBlocks 0), then on 512.
+	kinds := []struct {
+		what string
+		min  int
+	}{{"eight heads a block", 0}, {"eight heads a block on 512 threads", 1 << 30}}
+	latentWideBlocks = 0
 	onGPU(t, func(e *env) {
 		r := rand.New(rand.NewPCG(11, 2))
 		const nb, heads, kvl, rope, nope, vd = 5, 4, 128, 32, 48, 40
@@ -139,10 +145,13 @@ func TestAttendLatent(t *testing.T) {
 			what := fmt.Sprintf("latent attention pos=%d top %d", c.pos, c.topK)
 			got := down[float32](e, od, nb*heads*kvl)
 			e.close(what, got, want, 2e-6)
-			must(e.k.AttendLatent(e.s, od, qd, kd, e.alloc(AttendScratch(a)), a))
-			e.exact(what+": eight heads a block", down[float32](e, od, nb*heads*kvl), got)
 			e.grouped(what, a, got, func(g Attn, o, scr uintptr) error { return e.k.Attend(e.s, o, qd, kd, kd, scr, g) })
-			e.grouped(what+", eight heads a block", a, got, func(g Attn, o, scr uintptr) error { return e.k.AttendLatent(e.s, o, qd, kd, scr, g) })
+			for _, k := range kinds {
+				latentMinBlocks = k.min
+				must(e.k.AttendLatent(e.s, od, qd, kd, e.alloc(AttendScratch(a)), a))
+				e.exact(what+": "+k.what, down[float32](e, od, nb*heads*kvl), got)
+				e.grouped(what+", "+k.what, a, got, func(g Attn, o, scr uintptr) error { return e.k.AttendLatent(e.s, o, qd, kd, scr, g) })
+			}
 		}
 		// More heads than a block takes, and not a multiple of it.
 		{
@@ -153,8 +162,11 @@ func TestAttendLatent(t *testing.T) {
 			qd, kd := up(e, q), up(e, kc)
 			o1, o2 := e.alloc(4*nb*nh*kvl), e.alloc(4*nb*nh*kvl)
 			must(e.k.Attend(e.s, o1, qd, kd, kd, e.alloc(AttendScratch(a)), a))
-			must(e.k.AttendLatent(e.s, o2, qd, kd, e.alloc(AttendScratch(a)), a))
-			e.exact("latent attention, 20 heads: eight heads a block", down[float32](e, o2, nb*nh*kvl), down[float32](e, o1, nb*nh*kvl))
+			for _, k := range kinds {
+				latentMinBlocks = k.min
+				must(e.k.AttendLatent(e.s, o2, qd, kd, e.alloc(AttendScratch(a)), a))
+				e.exact("latent attention, 20 heads: "+k.what, down[float32](e, o2, nb*nh*kvl), down[float32](e, o1, nb*nh*kvl))
+			}
 		}
 
 		// Absorb and W_v: kv_b_proj [heads][nope+v][kvl].
@@ -206,30 +218,32 @@ func TestAttendLatent(t *testing.T) {
 	})
 }
 
-// TestLatentHeads: AttendLatent takes eight heads a block where the step
-// keeps enough blocks busy (a prefill chunk, a long context) and a head a
-// block where it would not (a decode at a short context, a recorded step,
-// whose positions are unknown), within the shared memory. Needs no GPU.
-func TestLatentHeads(t *testing.T) {
+// TestLatentPlan: AttendLatent takes eight heads a block on 128 threads
+// with 1024 blocks of work or more, on 512 from 256, a head a block below,
+// counting one chunk for a recorded step; heads of 2048 dims four a block
+// (32 KiB of queries).
+func TestLatentPlan(t *testing.T) {
 	ds := Attn{Heads: 128, KVHeads: 1, HeadDim: 576, VDim: 512}
+	const narrow, wide = "mla_attend_part", "mla_attend_wide"
 	for _, c := range []struct {
 		pos, rows int
 		dev       bool
-		want      int
-	}{{0, 64, false, 8}, {0, 32, false, 1}, {100, 1, false, 1}, {4095, 1, false, 1}, {16383, 1, false, 8}, {4095, 1, true, 1},
-		{2000, 16, false, 8}, {2000, 4, false, 1}, {3840, 256, false, 8}} {
+		hb        int
+		want      string
+	}{{0, 64, false, 8, narrow}, {0, 32, false, 8, wide}, {0, 15, false, 1, ""}, {100, 1, false, 1, ""}, {1000, 1, false, 1, ""},
+		{4095, 1, false, 8, wide}, {16383, 1, false, 8, narrow}, {4095, 1, true, 1, ""}, {2000, 16, false, 8, narrow},
+		{2000, 4, false, 8, wide}, {3840, 256, false, 8, narrow}} {
 		a := ds
 		a.Pos, a.Rows = c.pos, c.rows
 		if c.dev {
 			a.PosDev, a.MaxPos = 1, 8192
 		}
-		if got := latentHeads(a); got != c.want {
-			t.Errorf("pos %d, %d rows, position on the device %v: %d heads a block, want %d", c.pos, c.rows, c.dev, got, c.want)
+		if hb, fn := latentPlan(a); hb != c.hb || fn != c.want {
+			t.Errorf("pos %d, %d rows, position on the device %v: %d heads a block on %q, want %d on %q", c.pos, c.rows, c.dev, hb, fn, c.hb, c.want)
 		}
 	}
-	wide := Attn{Heads: 64, KVHeads: 1, HeadDim: 2048, Rows: 256}
-	if got := latentHeads(wide); got != 4 {
-		t.Errorf("heads of 2048 dims: %d a block, want 4 (32 KiB of queries)", got)
+	if hb, fn := latentPlan(Attn{Heads: 64, KVHeads: 1, HeadDim: 2048, Rows: 256}); hb != 4 || fn != narrow {
+		t.Errorf("heads of 2048 dims: %d a block on %s, want 4 on %s (32 KiB of queries)", hb, fn, narrow)
 	}
 }
 

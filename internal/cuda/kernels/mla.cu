@@ -194,7 +194,11 @@ index_select(int* __restrict__ sel, const float* __restrict__ sc, int pos, const
     }
 }
 
-#define MLA_THREADS 128
+// mla_attend_part runs 128 threads a block, mla_attend_wide 512: a
+// decode step's few blocks (a group of heads a chunk) keep more of each SM
+// busy with 512, a prefill chunk's many do better with 128. Either way the
+// chunk's sum of e_j runs on 128 threads, attend_part's split.
+#define MLA_SUM 128
 #define MLA_CHUNK 256 // attn.cu's ATT_CHUNK: the combine reads the same parts
 #define MLA_HEADS 8   // the most heads a block takes
 
@@ -203,16 +207,17 @@ index_select(int* __restrict__ sel, const float* __restrict__ sc, int pos, const
 // (plain) or of row 0 (SEL, rs the row's list from the chunk's first entry).
 // SEL is a template parameter so that the plain cache's loops carry no
 // branch per load (attn.cu's attend_chunk, for the same reason).
-template <bool SEL>
+template <bool SEL, int THREADS>
 __device__ __forceinline__ void mla_chunk(float* __restrict__ part, const float* __restrict__ qs,
                                           const float* __restrict__ kc, const int* __restrict__ rs, int len, int hd,
                                           int vd, float scale, int nhb, int h0, int i, int nh, int nc, int c,
-                                          float (*sc)[MLA_CHUNK], float (*red)[MLA_THREADS / 32]) {
+                                          float (*sc)[MLA_CHUNK], float (*red)[THREADS / 32]) {
+    constexpr int MLA_THREADS = THREADS, MLA_WARPS = THREADS / 32;
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 #define LROW(j) ((SEL ? (size_t)rs[j] : (size_t)(j)) * hd)
     // Scores: four positions per warp at a time, every head of the block
     // on each loaded element.
-    for (int j0 = 4 * warp; j0 < len; j0 += 4 * (MLA_THREADS / 32)) {
+    for (int j0 = 4 * warp; j0 < len; j0 += 4 * MLA_WARPS) {
         float p[4][MLA_HEADS];
 #pragma unroll
         for (int u = 0; u < 4; u++)
@@ -253,17 +258,24 @@ __device__ __forceinline__ void mla_chunk(float* __restrict__ part, const float*
         if (lane == 0) red[b][warp] = m;
     }
     __syncthreads();
-    for (int b = 0; b < nhb; b++) ms[b] = fmaxf(fmaxf(red[b][0], red[b][1]), fmaxf(red[b][2], red[b][3]));
-    __syncthreads();
     for (int b = 0; b < nhb; b++) {
-        float l = 0.0f;
-        for (int j = tid; j < len; j += MLA_THREADS) {
-            float e = sl_exp(__fsub_rn(sc[b][j], ms[b]));
-            sc[b][j] = e;
-            l = __fadd_rn(l, e);
+        float m = red[b][0];
+        for (int w = 1; w < MLA_WARPS; w++) m = fmaxf(m, red[b][w]); // exact in any order
+        ms[b] = m;
+    }
+    __syncthreads();
+    for (int b = 0; b < nhb; b++)
+        for (int j = tid; j < len; j += MLA_THREADS) sc[b][j] = sl_exp(__fsub_rn(sc[b][j], ms[b]));
+    __syncthreads();
+    // l on attend_part's 128 threads: each sums its positions in order,
+    // then one butterfly a warp and the four warps' tree.
+    if (tid < MLA_SUM) {
+        for (int b = 0; b < nhb; b++) {
+            float l = 0.0f;
+            for (int j = tid; j < len; j += MLA_SUM) l = __fadd_rn(l, sc[b][j]);
+            l = warp_sum32(l);
+            if (lane == 0) red[b][warp] = l;
         }
-        l = warp_sum32(l);
-        if (lane == 0) red[b][warp] = l;
     }
     __syncthreads();
     for (int b = 0; b < nhb; b++) ls[b] = __fadd_rn(__fadd_rn(red[b][0], red[b][1]), __fadd_rn(red[b][2], red[b][3]));
@@ -311,14 +323,13 @@ __device__ __forceinline__ void mla_chunk(float* __restrict__ part, const float*
 // attend_part's order, so the parts, and the combine's output, are its
 // bits. Grid (⌈nh/hb⌉, rows, chunks); qs takes hb·hd floats of dynamic
 // shared memory.
-extern "C" __global__ void __launch_bounds__(MLA_THREADS)
-mla_attend_part(float* __restrict__ part, const float* __restrict__ q, const float* __restrict__ kc, int pos, int nh,
-                int hb, int hd, int vd, int qRow, int qHead, float scale, int nc, const int* __restrict__ posp,
-                const int* __restrict__ sel, int topk) {
+template <int THREADS>
+__device__ __forceinline__ void mla_part(float* __restrict__ part, const float* __restrict__ q,
+                                         const float* __restrict__ kc, int pos, int nh, int hb, int hd, int vd, int qRow,
+                                         int qHead, float scale, int nc, const int* __restrict__ posp,
+                                         const int* __restrict__ sel, int topk, float* qs, float (*sc)[MLA_CHUNK],
+                                         float (*red)[THREADS / 32]) {
     if (posp != nullptr) pos = *posp;
-    extern __shared__ float qs[]; // [hb][hd]
-    __shared__ float sc[MLA_HEADS][MLA_CHUNK];
-    __shared__ float red[MLA_HEADS][MLA_THREADS / 32];
     int h0 = blockIdx.x * hb, i = blockIdx.y, c = blockIdx.z;
     int nhb = min(hb, nh - h0); // the heads of this block
     int n = pos + i + 1;
@@ -326,13 +337,28 @@ mla_attend_part(float* __restrict__ part, const float* __restrict__ q, const flo
     int j1 = c * MLA_CHUNK;
     if (j1 >= n) return;
     int len = min(j1 + MLA_CHUNK, n) - j1;
-    for (int x = threadIdx.x; x < nhb * hd; x += MLA_THREADS) {
+    for (int x = threadIdx.x; x < nhb * hd; x += THREADS) {
         int b = x / hd, d = x % hd;
         qs[x] = q[(size_t)i * qRow + (size_t)(h0 + b) * qHead + d];
     }
     __syncthreads();
     if (sel != nullptr)
-        mla_chunk<true>(part, qs, kc, sel + (size_t)i * topk + j1, len, hd, vd, scale, nhb, h0, i, nh, nc, c, sc, red);
+        mla_chunk<true, THREADS>(part, qs, kc, sel + (size_t)i * topk + j1, len, hd, vd, scale, nhb, h0, i, nh, nc, c, sc,
+                                 red);
     else
-        mla_chunk<false>(part, qs, kc + (size_t)j1 * hd, nullptr, len, hd, vd, scale, nhb, h0, i, nh, nc, c, sc, red);
+        mla_chunk<false, THREADS>(part, qs, kc + (size_t)j1 * hd, nullptr, len, hd, vd, scale, nhb, h0, i, nh, nc, c,
+                                  sc, red);
 }
+
+#define MLA_KERNEL(name, threads)                                                                                      \
+    extern "C" __global__ void __launch_bounds__(threads)                                                              \
+        name(float* __restrict__ part, const float* __restrict__ q, const float* __restrict__ kc, int pos, int nh,     \
+             int hb, int hd, int vd, int qRow, int qHead, float scale, int nc, const int* __restrict__ posp,            \
+             const int* __restrict__ sel, int topk) {                                                                  \
+        extern __shared__ float qs[]; /* [hb][hd] */                                                                   \
+        __shared__ float sc[MLA_HEADS][MLA_CHUNK];                                                                     \
+        __shared__ float red[MLA_HEADS][(threads) / 32];                                                               \
+        mla_part<threads>(part, q, kc, pos, nh, hb, hd, vd, qRow, qHead, scale, nc, posp, sel, topk, qs, sc, red);     \
+    }
+MLA_KERNEL(mla_attend_part, 128)
+MLA_KERNEL(mla_attend_wide, 512)
