@@ -20,9 +20,19 @@ func AttendLatent(o, q, kc []float32, stride int, sel []int, n int, scale float3
 		}
 		return j * stride
 	}
-	for j := range s {
-		at := row(j)
-		s[j] = Dot(q, kc[at:at+w]) * scale
+	// Every position in order: the scores four keys at a time and the
+	// values each output's chain in registers (scoresAVX2, mixAVX2: the
+	// bits of Dot·scale and of the Axpy chain from +0); selected
+	// positions one by one.
+	contiguous := sel == nil && useAVX2 && n > 0
+	if contiguous && w%32 == 0 {
+		_ = kc[(n-1)*stride+w-1]
+		scoresAVX2(&q[0], &kc[0], 4*stride, n, w, scale, &s[0])
+	} else {
+		for j := range s {
+			at := row(j)
+			s[j] = Dot(q, kc[at:at+w]) * scale
+		}
 	}
 	mx := Max(s)
 	var sum float32
@@ -31,10 +41,15 @@ func AttendLatent(o, q, kc []float32, stride int, sel []int, n int, scale float3
 		s[j] = e
 		sum += e
 	}
-	clear(o)
-	for j, p := range s {
-		at := row(j)
-		Axpy(o, p, kc[at:at+len(o)])
+	if contiguous && len(o)%32 == 0 {
+		_ = kc[(n-1)*stride+len(o)-1]
+		mixAVX2(&o[0], &kc[0], 4*stride, n, len(o), &s[0])
+	} else {
+		clear(o)
+		for j, p := range s {
+			at := row(j)
+			Axpy(o, p, kc[at:at+len(o)])
+		}
 	}
 	Scale(o, 1/sum)
 }

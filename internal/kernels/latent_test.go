@@ -54,6 +54,27 @@ func TestAttendLatent(t *testing.T) {
 	}
 }
 
+// TestAttendLatentPaths: over every position, the four-keys scores and
+// the register chains of the values (DeepSeek's widths, 576 and 512) give
+// the bits of the position-by-position path a selection takes.
+func TestAttendLatentPaths(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	const w, dv, n = 576, 512, 37
+	q, kc := randVec(rng, w), randVec(rng, n*w)
+	all := make([]int, n)
+	for j := range all {
+		all[j] = j
+	}
+	fast, slow := make([]float32, dv), make([]float32, dv)
+	AttendLatent(fast, q, kc, w, nil, n, 0.05, make([]float32, n))
+	AttendLatent(slow, q, kc, w, all, n, 0.05, make([]float32, n))
+	for i := range fast {
+		if math.Float32bits(fast[i]) != math.Float32bits(slow[i]) {
+			t.Fatalf("o[%d]: every position %v, position by position %v", i, fast[i], slow[i])
+		}
+	}
+}
+
 // TestLayerNorm checks LayerNorm against float64.
 func TestLayerNorm(t *testing.T) {
 	x := []float32{0.5, -1, 2, 3.5, -0.25, 1, 0, 7}
