@@ -174,7 +174,10 @@ func ScratchBytes(c *format.Config, rows, threads, ctx int) int64 {
 					w := int64(m.KVLora + m.RopeDim)
 					nh := int64(m.Heads)
 					extra += r * (int64(m.QLora) + nh*int64(m.Nope+m.RopeDim) + w + nh*w + nh*int64(m.V))
-					extra += T * int64(m.KVLora)
+					// Each thread's latent outputs, softmax weights and sums for a
+					// group of 8 heads (model.latentGroup), the weights over the
+					// context.
+					extra += T * 8 * (int64(m.KVLora) + span + 1)
 					// Each thread's head of the absorb (q_nope in, W_k^T·q_nope
 					// out), and its product scratch: int8 activations (a
 					// quarter float each), group scales and sums, and the

@@ -2,7 +2,11 @@
 
 package kernels
 
-import "golang.org/x/sys/cpu"
+import (
+	"unsafe"
+
+	"golang.org/x/sys/cpu"
+)
 
 // useAVX2 selects the assembly kernels; the pure-Go loops remain as their
 // scalar twins and as the path for CPUs without AVX2 and FMA. SLUICE_NOSIMD
@@ -47,8 +51,18 @@ func deltaRuleAVX2(S, k, q, v, kv, o *float32, decay, beta float32, dk, dv int)
 //go:noescape
 func scoresAVX2(q, k *float32, stride, n, hd int, scale float32, out *float32)
 
+// mixAVX2 is o = Σ_j p[j]·v_j over n values stride bytes apart, in j
+// order: each element the FMA chain Axpy would compute, from +0.
+func mixAVX2(o, v *float32, stride, n, hd int, p *float32) {
+	clear(unsafe.Slice(o, hd))
+	mixAccAVX2(o, v, stride, n, hd, p)
+}
+
+// mixAccAVX2 is mixAVX2 continuing o's chains from their values
+// (mixAccGo).
+//
 //go:noescape
-func mixAVX2(o, v *float32, stride, n, hd int, p *float32)
+func mixAccAVX2(o, v *float32, stride, n, hd int, p *float32)
 
 //go:noescape
 func expSubAVX2(s *float32, n int, mx float32) float32

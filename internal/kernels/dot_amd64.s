@@ -464,10 +464,12 @@ scdone:
 	VZEROUPPER
 	RET
 
-// func mixAVX2(o, v *float32, stride, n, hd int, p *float32)
-// o = Σ_j p[j]·v_j over n values stride bytes apart, in j order (each
-// element is the FMA chain Axpy would compute); hd a multiple of 32.
-TEXT ·mixAVX2(SB), NOSPLIT, $0-48
+// func mixAccAVX2(o, v *float32, stride, n, hd int, p *float32)
+// o += Σ_j p[j]·v_j over n values stride bytes apart, in j order: each
+// element continues its FMA chain (the chain Axpy would compute) from o's
+// value, so that a run of blocks of rows gives one call's bits; hd a
+// multiple of 32.
+TEXT ·mixAccAVX2(SB), NOSPLIT, $0-48
 	MOVQ o+0(FP), DI
 	MOVQ v+8(FP), SI
 	MOVQ stride+16(FP), R8
@@ -475,17 +477,17 @@ TEXT ·mixAVX2(SB), NOSPLIT, $0-48
 	MOVQ hd+32(FP), R10
 	SHRQ $5, R10
 	MOVQ p+40(FP), R11
-mxchunk:
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
+macchunk:
+	VMOVUPS 0(DI), Y0
+	VMOVUPS 32(DI), Y1
+	VMOVUPS 64(DI), Y2
+	VMOVUPS 96(DI), Y3
 	MOVQ SI, BX
 	MOVQ R11, DX
 	MOVQ R9, CX
 	TESTQ CX, CX
-	JEQ mxstore
-mxkey:
+	JEQ macstore
+mackey:
 	VBROADCASTSS (DX), Y7
 	VFMADD231PS 0(BX), Y7, Y0
 	VFMADD231PS 32(BX), Y7, Y1
@@ -494,8 +496,8 @@ mxkey:
 	ADDQ $4, DX
 	ADDQ R8, BX
 	DECQ CX
-	JNE mxkey
-mxstore:
+	JNE mackey
+macstore:
 	VMOVUPS Y0, 0(DI)
 	VMOVUPS Y1, 32(DI)
 	VMOVUPS Y2, 64(DI)
@@ -503,7 +505,7 @@ mxstore:
 	ADDQ $128, DI
 	ADDQ $128, SI
 	DECQ R10
-	JNE mxchunk
+	JNE macchunk
 	VZEROUPPER
 	RET
 

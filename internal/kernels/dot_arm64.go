@@ -76,6 +76,11 @@ func scoresAVX2(q, k *float32, stride, n, hd int, scale float32, out *float32) {
 
 func mixAVX2(o, v *float32, stride, n, hd int, p *float32) { mixNEON(o, v, stride, n, hd, p) }
 
+// mixAccAVX2 has no NEON kernel yet: the Go twin's chains.
+func mixAccAVX2(o, v *float32, stride, n, hd int, p *float32) {
+	mixAccGo(unsafe.Slice(o, hd), unsafe.Slice(v, max(n-1, 0)*stride/4+hd), stride/4, n, unsafe.Slice(p, n))
+}
+
 func expSubAVX2(s *float32, n int, mx float32) float32 { return expSubNEON(s, n, mx) }
 
 func quantizeRow8AVX2(x8 *int8, xs, x *float32, ng int) { quantizeRow8NEON(x8, xs, x, ng) }

@@ -34,13 +34,7 @@ func AttendLatent(o, q, kc []float32, stride int, sel []int, n int, scale float3
 			s[j] = Dot(q, kc[at:at+w]) * scale
 		}
 	}
-	mx := Max(s)
-	var sum float32
-	for j := range s {
-		e := Exp(s[j] - mx)
-		s[j] = e
-		sum += e
-	}
+	sum := expSum(s)
 	if contiguous && len(o)%32 == 0 {
 		_ = kc[(n-1)*stride+len(o)-1]
 		mixAVX2(&o[0], &kc[0], 4*stride, n, len(o), &s[0])
@@ -73,5 +67,76 @@ func LayerNorm(dst, x, w, b []float32, eps float32) {
 	inv := float32(1 / math.Sqrt(float64(vr+eps)))
 	for i, v := range x {
 		dst[i] = float32((v-mean)*inv*w[i]) + b[i]
+	}
+}
+
+// expSum replaces the scores s by their exponentials less the largest,
+// returning their sum, in position order (the latent attention's softmax).
+func expSum(s []float32) float32 {
+	mx := Max(s)
+	var sum float32
+	for j := range s {
+		e := Exp(s[j] - mx)
+		s[j] = e
+		sum += e
+	}
+	return sum
+}
+
+// latentBlock is the positions AttendLatentHeads takes at a time: 64
+// latents of DeepSeek's 576 floats are 147 KB, which stay in a core's L2
+// while every head of the group reads them.
+const latentBlock = 64
+
+// AttendLatentHeads is AttendLatent over every position for a group of
+// heads of one row: head g's query at q[g·qStride:], its output at
+// o[g·oStride:] (dv floats, the values' width), a block of positions at
+// a time for all the heads, so that each
+// latent is read from memory once a group rather than once a head. Each
+// head's bits are AttendLatent's: the scores are the same dots, the sum
+// the same chain, each output element the same fused chain continued
+// from block to block. s is scratch of heads·n floats; sums of heads.
+func AttendLatentHeads(o, q []float32, heads, qStride, oStride, dv int, kc []float32, stride, n int, scale float32, s, sums []float32) {
+	w := qStride
+	if !useAVX2 || n == 0 || w%32 != 0 || dv%32 != 0 {
+		for g := 0; g < heads; g++ {
+			AttendLatent(o[g*oStride:g*oStride+dv], q[g*qStride:g*qStride+w], kc, stride, nil, n, scale, s[:n])
+		}
+		return
+	}
+	_ = kc[(n-1)*stride+w-1]
+	s = s[:heads*n]
+	for b0 := 0; b0 < n; b0 += latentBlock {
+		b := min(latentBlock, n-b0)
+		for g := 0; g < heads; g++ {
+			scoresAVX2(&q[g*qStride], &kc[b0*stride], 4*stride, b, w, scale, &s[g*n+b0])
+		}
+	}
+	for g := 0; g < heads; g++ {
+		sums[g] = expSum(s[g*n : (g+1)*n])
+	}
+	for b0 := 0; b0 < n; b0 += latentBlock {
+		b := min(latentBlock, n-b0)
+		for g := 0; g < heads; g++ {
+			if b0 == 0 {
+				mixAVX2(&o[g*oStride], &kc[0], 4*stride, b, dv, &s[g*n])
+			} else {
+				mixAccAVX2(&o[g*oStride], &kc[b0*stride], 4*stride, b, dv, &s[g*n+b0])
+			}
+		}
+	}
+	for g := 0; g < heads; g++ {
+		Scale(o[g*oStride:g*oStride+dv], 1/sums[g])
+	}
+}
+
+// mixAccGo is mixAccAVX2's twin: o[d] continues its fused chain over the
+// n value rows (stride floats apart) in order.
+func mixAccGo(o, v []float32, stride, n int, p []float32) {
+	for j := 0; j < n; j++ {
+		row := v[j*stride : j*stride+len(o)]
+		for d := range o {
+			o[d] = fma32(p[j], row[d], o[d])
+		}
 	}
 }

@@ -75,6 +75,45 @@ func TestAttendLatentPaths(t *testing.T) {
 	}
 }
 
+// TestAttendLatentHeads: a group of heads a block of positions at a time
+// gives each head AttendLatent's bits, over fewer positions than a block,
+// whole blocks and a partial last one; and mixAccAVX2 continues chains
+// as mixAccGo does.
+func TestAttendLatentHeads(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 10))
+	for _, c := range []struct{ w, dv int }{{576, 512}, {80, 64}} {
+		for _, n := range []int{1, 37, 128, 150} {
+			const heads = 5
+			q, kc := randVec(rng, heads*c.w), randVec(rng, n*c.w)
+			got := make([]float32, heads*c.dv)
+			AttendLatentHeads(got, q, heads, c.w, c.dv, c.dv, kc, c.w, n, 0.05, make([]float32, heads*n), make([]float32, heads))
+			for g := 0; g < heads; g++ {
+				want := make([]float32, c.dv)
+				AttendLatent(want, q[g*c.w:(g+1)*c.w], kc, c.w, nil, n, 0.05, make([]float32, n))
+				for i := range want {
+					if math.Float32bits(got[g*c.dv+i]) != math.Float32bits(want[i]) {
+						t.Fatalf("w %d, %d positions, head %d: o[%d] = %v, one head %v", c.w, n, g, i, got[g*c.dv+i], want[i])
+					}
+				}
+			}
+		}
+	}
+	if !useAVX2 {
+		return
+	}
+	const hd, n, stride = 96, 9, 128
+	v, p := randVec(rng, n*stride), randVec(rng, n)
+	a, b := randVec(rng, hd), make([]float32, hd)
+	copy(b, a)
+	mixAccAVX2(&a[0], &v[0], 4*stride, n, hd, &p[0])
+	mixAccGo(b, v, stride, n, p)
+	for d := range a {
+		if math.Float32bits(a[d]) != math.Float32bits(b[d]) {
+			t.Fatalf("dim %d: mixAccAVX2 %v, mixAccGo %v", d, a[d], b[d])
+		}
+	}
+}
+
 // TestLayerNorm checks LayerNorm against float64.
 func TestLayerNorm(t *testing.T) {
 	x := []float32{0.5, -1, 2, 3.5, -0.25, 1, 0, 7}

@@ -24,7 +24,10 @@ type mlaScratch struct {
 	nsel   []int     // [rows] how many (-1: every position)
 	scores []float32 // [threads][ctx], grown on demand
 	order  []int     // [threads][ctx] the indexer's ranking, grown on demand
-	olat   []float32 // [threads][kv_lora]
+	olat   []float32 // [threads][latentGroup][kv_lora]
+	// gscores and sums are each thread's softmax weights and their sums
+	// for a group of heads over every position (kernels.AttendLatentHeads).
+	gscores, sums []float32 // [threads][latentGroup][ctx], grown with scores; [threads][latentGroup]
 	// Each thread's product scratch and, for the absorb, one head's
 	// q_nope of every row and their W_k^T·q_nope.
 	sc     []kernels.Scratch // [threads]
@@ -43,7 +46,8 @@ func (s *mlaScratch) init(m *block.MLA, rows, threads int) {
 	s.ckv = make([]float32, rows*w)
 	s.qabs = make([]float32, rows*m.Heads*w)
 	s.o = make([]float32, rows*m.Heads*m.V)
-	s.olat = make([]float32, threads*m.KVLora)
+	s.olat = make([]float32, threads*latentGroup*m.KVLora)
+	s.sums = make([]float32, threads*latentGroup)
 	s.sc, s.view = make([]kernels.Scratch, threads), make([]kernels.Mat, threads)
 	s.hx, s.ho, s.rows = make([]float32, threads*rows*m.Nope), make([]float32, threads*rows*m.KVLora), rows
 	s.nsel = make([]int, rows)
@@ -66,6 +70,7 @@ func (s *mlaScratch) grow(threads, span int) {
 	}
 	s.scores = make([]float32, threads*n)
 	s.order = make([]int, threads*n)
+	s.gscores = make([]float32, threads*latentGroup*n)
 }
 
 // MLAProject implements block.Backend.
@@ -283,8 +288,14 @@ func (r *Runner) selectRows(m *block.MLA, vc []float32, pos, nb, lo, hi int) {
 	}
 }
 
+// latentGroup is the most heads of a row whose attention over every
+// position runs together (kernels.AttendLatentHeads), each block of
+// latents read once for them.
+const latentGroup = 8
+
 // mlaTask computes (row, head) pairs of the latent attention: the softmax
-// over the row's positions in order, then W_v per head.
+// over the row's positions in order, then W_v per head. A row's heads
+// that attend to every position go up to latentGroup at a time.
 type mlaTask struct {
 	r       *Runner
 	m       *block.MLA
@@ -295,27 +306,37 @@ type mlaTask struct {
 func (t *mlaTask) Run(lo, hi int) {
 	r, m := t.r, t.m
 	s := &r.mla
-	w := m.KVLora + m.RopeDim
+	w, kvl := m.KVLora+m.RopeDim, m.KVLora
 	part := r.Pool.Part(t.nb*m.Heads, 1, lo)
 	span := len(s.scores) / r.Pool.Threads()
 	sc := s.scores[part*span : (part+1)*span]
-	olat := s.olat[part*m.KVLora : (part+1)*m.KVLora]
+	gsc := s.gscores[part*latentGroup*span : (part+1)*latentGroup*span]
+	sums := s.sums[part*latentGroup : (part+1)*latentGroup]
+	olats := s.olat[part*latentGroup*kvl : (part+1)*latentGroup*kvl]
 	var xs [64]float32
-	for idx := lo; idx < hi; idx++ {
+	for idx := lo; idx < hi; {
 		i, h := idx/m.Heads, idx%m.Heads
-		var sel []int
+		n := t.pos + i + 1
+		q := s.qabs[(i*m.Heads+h)*w:]
+		g := 1
 		if k := s.nsel[i]; k >= 0 {
-			sel = s.sel[i*m.Index.TopK : i*m.Index.TopK+k]
-		}
-		q := s.qabs[(i*m.Heads+h)*w : (i*m.Heads+h+1)*w]
-		kernels.AttendLatent(olat, q, t.kc, w, sel, t.pos+i+1, m.Scale, sc)
-		o := s.o[(i*m.Heads+h)*m.V : (i*m.Heads+h+1)*m.V]
-		if v, ok := m.WV.Mat.View(h*m.V, (h+1)*m.V); ok {
-			s.view[part] = v
-			s.sc[part].MatMul(o, &s.view[part], olat, 1)
+			sel := s.sel[i*m.Index.TopK : i*m.Index.TopK+k]
+			kernels.AttendLatent(olats[:kvl], q[:w], t.kc, w, sel, n, m.Scale, sc)
 		} else {
-			m.WV.Mat.DotRows(o, h*m.V, olat, groupRoom(&xs, m.KVLora))
+			g = min(latentGroup, m.Heads-h, hi-idx)
+			kernels.AttendLatentHeads(olats, q, g, w, kvl, kvl, t.kc, w, n, m.Scale, gsc, sums)
 		}
+		for k := 0; k < g; k++ {
+			olat := olats[k*kvl : (k+1)*kvl]
+			o := s.o[(i*m.Heads+h+k)*m.V : (i*m.Heads+h+k+1)*m.V]
+			if v, ok := m.WV.Mat.View((h+k)*m.V, (h+k+1)*m.V); ok {
+				s.view[part] = v
+				s.sc[part].MatMul(o, &s.view[part], olat, 1)
+			} else {
+				m.WV.Mat.DotRows(o, (h+k)*m.V, olat, groupRoom(&xs, kvl))
+			}
+		}
+		idx += g
 	}
 }
 
