@@ -91,8 +91,8 @@ const latentBlock = 64
 // AttendLatentHeads is AttendLatent over every position for a group of
 // heads of one row: head g's query at q[g·qStride:], its output at
 // o[g·oStride:] (dv floats, the values' width), a block of positions at
-// a time for all the heads, so that each
-// latent is read from memory once a group rather than once a head. Each
+// a time for all the heads, so that each latent is read from memory once
+// a group rather than once a head. Each
 // head's bits are AttendLatent's: the scores are the same dots, the sum
 // the same chain, each output element the same fused chain continued
 // from block to block. s is scratch of heads·n floats; sums of heads.
@@ -105,6 +105,8 @@ func AttendLatentHeads(o, q []float32, heads, qStride, oStride, dv int, kc []flo
 		return
 	}
 	_ = kc[(n-1)*stride+w-1]
+	_ = q[(heads-1)*qStride+w-1] // the assembly reads what Go's checks see here
+	_ = o[(heads-1)*oStride+dv-1]
 	s = s[:heads*n]
 	for b0 := 0; b0 < n; b0 += latentBlock {
 		b := min(latentBlock, n-b0)
