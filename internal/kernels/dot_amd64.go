@@ -64,6 +64,12 @@ func mixAVX2(o, v *float32, stride, n, hd int, p *float32) {
 //go:noescape
 func mixAccAVX2(o, v *float32, stride, n, hd int, p *float32)
 
+// mixAcc2AVX2 is mixAccAVX2 for two outputs and weights over the same
+// value rows, each row loaded once for both.
+//
+//go:noescape
+func mixAcc2AVX2(o1, o2, v *float32, stride, n, hd int, p1, p2 *float32)
+
 //go:noescape
 func expSubAVX2(s *float32, n int, mx float32) float32
 

@@ -509,6 +509,72 @@ macstore:
 	VZEROUPPER
 	RET
 
+// func mixAcc2AVX2(o1, o2, v *float32, stride, n, hd int, p1, p2 *float32)
+// mixAccAVX2 for two heads over the same value rows: each row's chunk is
+// loaded once for both, and the two heads' eight chains run side by side.
+// Each element's chain is mixAccAVX2's.
+TEXT ·mixAcc2AVX2(SB), NOSPLIT, $0-64
+	MOVQ o1+0(FP), DI
+	MOVQ o2+8(FP), R12
+	MOVQ v+16(FP), SI
+	MOVQ stride+24(FP), R8
+	MOVQ n+32(FP), R9
+	MOVQ hd+40(FP), R10
+	SHRQ $5, R10
+	MOVQ p1+48(FP), R11
+	MOVQ p2+56(FP), R13
+m2chunk:
+	VMOVUPS 0(DI), Y0
+	VMOVUPS 32(DI), Y1
+	VMOVUPS 64(DI), Y2
+	VMOVUPS 96(DI), Y3
+	VMOVUPS 0(R12), Y4
+	VMOVUPS 32(R12), Y5
+	VMOVUPS 64(R12), Y6
+	VMOVUPS 96(R12), Y7
+	MOVQ SI, BX
+	MOVQ R11, DX
+	MOVQ R13, R14
+	MOVQ R9, CX
+	TESTQ CX, CX
+	JEQ m2store
+m2key:
+	VBROADCASTSS (DX), Y8
+	VBROADCASTSS (R14), Y9
+	VMOVUPS 0(BX), Y10
+	VMOVUPS 32(BX), Y11
+	VMOVUPS 64(BX), Y12
+	VMOVUPS 96(BX), Y13
+	VFMADD231PS Y10, Y8, Y0
+	VFMADD231PS Y11, Y8, Y1
+	VFMADD231PS Y12, Y8, Y2
+	VFMADD231PS Y13, Y8, Y3
+	VFMADD231PS Y10, Y9, Y4
+	VFMADD231PS Y11, Y9, Y5
+	VFMADD231PS Y12, Y9, Y6
+	VFMADD231PS Y13, Y9, Y7
+	ADDQ $4, DX
+	ADDQ $4, R14
+	ADDQ R8, BX
+	DECQ CX
+	JNE m2key
+m2store:
+	VMOVUPS Y0, 0(DI)
+	VMOVUPS Y1, 32(DI)
+	VMOVUPS Y2, 64(DI)
+	VMOVUPS Y3, 96(DI)
+	VMOVUPS Y4, 0(R12)
+	VMOVUPS Y5, 32(R12)
+	VMOVUPS Y6, 64(R12)
+	VMOVUPS Y7, 96(R12)
+	ADDQ $128, DI
+	ADDQ $128, R12
+	ADDQ $128, SI
+	DECQ R10
+	JNE m2chunk
+	VZEROUPPER
+	RET
+
 DATA expc<>+0(SB)/4, $1.44269504088896341   // log2(e)
 DATA expc<>+4(SB)/4, $0.5
 DATA expc<>+8(SB)/4, $0.693359375           // ln2 high part

@@ -76,6 +76,12 @@ func scoresAVX2(q, k *float32, stride, n, hd int, scale float32, out *float32) {
 
 func mixAVX2(o, v *float32, stride, n, hd int, p *float32) { mixNEON(o, v, stride, n, hd, p) }
 
+// mixAcc2AVX2 is two mixAccAVX2.
+func mixAcc2AVX2(o1, o2, v *float32, stride, n, hd int, p1, p2 *float32) {
+	mixAccAVX2(o1, v, stride, n, hd, p1)
+	mixAccAVX2(o2, v, stride, n, hd, p2)
+}
+
 // mixAccAVX2 has no NEON kernel yet: the Go twin's chains.
 func mixAccAVX2(o, v *float32, stride, n, hd int, p *float32) {
 	mixAccGo(unsafe.Slice(o, hd), unsafe.Slice(v, max(n-1, 0)*stride/4+hd), stride/4, n, unsafe.Slice(p, n))

@@ -16,6 +16,7 @@ func deltaRuleAVX2(S, k, q, v, kv, o *float32, decay, beta float32, dk, dv int) 
 func scoresAVX2(q, k *float32, stride, n, hd int, scale float32, out *float32) { panic("no AVX2") }
 func mixAVX2(o, v *float32, stride, n, hd int, p *float32)                     { panic("no AVX2") }
 func mixAccAVX2(o, v *float32, stride, n, hd int, p *float32)                  { panic("no AVX2") }
+func mixAcc2AVX2(o1, o2, v *float32, stride, n, hd int, p1, p2 *float32)       { panic("no AVX2") }
 
 func expSubAVX2(s *float32, n int, mx float32) float32 { panic("no AVX2") }
 

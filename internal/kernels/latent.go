@@ -117,14 +117,19 @@ func AttendLatentHeads(o, q []float32, heads, qStride, oStride, dv int, kc []flo
 	for g := 0; g < heads; g++ {
 		sums[g] = expSum(s[g*n : (g+1)*n])
 	}
+	// The values two heads a pass (eight chains in flight, each row
+	// loaded once for both), each chain from +0.
+	for g := 0; g < heads; g++ {
+		clear(o[g*oStride : g*oStride+dv])
+	}
 	for b0 := 0; b0 < n; b0 += latentBlock {
 		b := min(latentBlock, n-b0)
-		for g := 0; g < heads; g++ {
-			if b0 == 0 {
-				mixAVX2(&o[g*oStride], &kc[0], 4*stride, b, dv, &s[g*n])
-			} else {
-				mixAccAVX2(&o[g*oStride], &kc[b0*stride], 4*stride, b, dv, &s[g*n+b0])
-			}
+		g := 0
+		for ; g+1 < heads; g += 2 {
+			mixAcc2AVX2(&o[g*oStride], &o[(g+1)*oStride], &kc[b0*stride], 4*stride, b, dv, &s[g*n+b0], &s[(g+1)*n+b0])
+		}
+		if g < heads {
+			mixAccAVX2(&o[g*oStride], &kc[b0*stride], 4*stride, b, dv, &s[g*n+b0])
 		}
 	}
 	for g := 0; g < heads; g++ {

@@ -77,8 +77,8 @@ func TestAttendLatentPaths(t *testing.T) {
 
 // TestAttendLatentHeads: a group of heads a block of positions at a time
 // gives each head AttendLatent's bits, over fewer positions than a block,
-// whole blocks and a partial last one; and mixAccAVX2 continues chains
-// as mixAccGo does.
+// whole blocks and a partial last one, five heads (two pairs and one
+// alone); and mixAccAVX2 and mixAcc2AVX2 continue chains as mixAccGo does.
 func TestAttendLatentHeads(t *testing.T) {
 	rng := rand.New(rand.NewPCG(9, 10))
 	for _, c := range []struct{ w, dv int }{{576, 512}, {80, 64}} {
@@ -105,11 +105,15 @@ func TestAttendLatentHeads(t *testing.T) {
 	v, p := randVec(rng, n*stride), randVec(rng, n)
 	a, b := randVec(rng, hd), make([]float32, hd)
 	copy(b, a)
-	mixAccAVX2(&a[0], &v[0], 4*stride, n, hd, &p[0])
+	c, p2 := randVec(rng, hd), randVec(rng, n)
+	c2, d2 := append([]float32(nil), c...), append([]float32(nil), c...)
+	mixAcc2AVX2(&a[0], &c[0], &v[0], 4*stride, n, hd, &p[0], &p2[0])
 	mixAccGo(b, v, stride, n, p)
+	mixAccAVX2(&c2[0], &v[0], 4*stride, n, hd, &p2[0])
+	mixAccGo(d2, v, stride, n, p2)
 	for d := range a {
-		if math.Float32bits(a[d]) != math.Float32bits(b[d]) {
-			t.Fatalf("dim %d: mixAccAVX2 %v, mixAccGo %v", d, a[d], b[d])
+		if math.Float32bits(a[d]) != math.Float32bits(b[d]) || math.Float32bits(c[d]) != math.Float32bits(c2[d]) || math.Float32bits(c2[d]) != math.Float32bits(d2[d]) {
+			t.Fatalf("dim %d: mixAcc2AVX2 %v and %v, mixAccAVX2 %v, mixAccGo %v and %v", d, a[d], c[d], c2[d], b[d], d2[d])
 		}
 	}
 }
