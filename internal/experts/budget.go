@@ -187,6 +187,7 @@ func ScratchBytes(c *format.Config, rows, threads, ctx int) int64 {
 					wide = max(wide, int64(m.QLora), nh*int64(m.V))
 					if ix := m.Index; ix != nil {
 						extra += r * (int64(ix.Heads*ix.Dim) + int64(ix.Dim) + int64(ix.Heads) + 2*int64(ix.TopK) + 2)
+						extra += T * int64(ix.TopK) * w // each thread's copy of a row's selected latents
 					}
 					extra += T * span * 3 // the indexer's scores and order, per thread
 				}

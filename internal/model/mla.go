@@ -28,6 +28,9 @@ type mlaScratch struct {
 	// gscores and sums are each thread's softmax weights and their sums
 	// for a group of heads over every position (kernels.AttendLatentHeads).
 	gscores, sums []float32 // [threads][latentGroup][ctx], grown with scores; [threads][latentGroup]
+	// picked is each thread's copy of one row's selected latents, in
+	// order, so that the row's heads read them as a contiguous cache.
+	picked []float32 // [threads][index_topk][kv_lora+rope]
 	// Each thread's product scratch and, for the absorb, one head's
 	// q_nope of every row and their W_k^T·q_nope.
 	sc     []kernels.Scratch // [threads]
@@ -56,6 +59,7 @@ func (s *mlaScratch) init(m *block.MLA, rows, threads int) {
 		s.ki = make([]float32, rows*ix.Dim)
 		s.wts = make([]float32, rows*ix.Heads)
 		s.sel = make([]int, rows*ix.TopK)
+		s.picked = make([]float32, threads*ix.TopK*w)
 	}
 }
 
@@ -294,8 +298,11 @@ func (r *Runner) selectRows(m *block.MLA, vc []float32, pos, nb, lo, hi int) {
 const latentGroup = 8
 
 // mlaTask computes (row, head) pairs of the latent attention: the softmax
-// over the row's positions in order, then W_v per head. A row's heads
-// that attend to every position go up to latentGroup at a time.
+// over the row's positions in order, then W_v per head. A row's heads go
+// up to latentGroup at a time; a row with a selection first copies its
+// selected latents, in order, into the thread's picked rows, which the
+// heads then read as they read a whole cache (the same values in the
+// same order: the same bits).
 type mlaTask struct {
 	r       *Runner
 	m       *block.MLA
@@ -309,23 +316,30 @@ func (t *mlaTask) Run(lo, hi int) {
 	w, kvl := m.KVLora+m.RopeDim, m.KVLora
 	part := r.Pool.Part(t.nb*m.Heads, 1, lo)
 	span := len(s.scores) / r.Pool.Threads()
-	sc := s.scores[part*span : (part+1)*span]
 	gsc := s.gscores[part*latentGroup*span : (part+1)*latentGroup*span]
 	sums := s.sums[part*latentGroup : (part+1)*latentGroup]
 	olats := s.olat[part*latentGroup*kvl : (part+1)*latentGroup*kvl]
+	var picked []float32
+	if ix := m.Index; ix != nil {
+		picked = s.picked[part*ix.TopK*w : (part+1)*ix.TopK*w]
+	}
+	pickedRow := -1
 	var xs [64]float32
 	for idx := lo; idx < hi; {
 		i, h := idx/m.Heads, idx%m.Heads
-		n := t.pos + i + 1
-		q := s.qabs[(i*m.Heads+h)*w:]
-		g := 1
+		kc, n := t.kc, t.pos+i+1
 		if k := s.nsel[i]; k >= 0 {
-			sel := s.sel[i*m.Index.TopK : i*m.Index.TopK+k]
-			kernels.AttendLatent(olats[:kvl], q[:w], t.kc, w, sel, n, m.Scale, sc)
-		} else {
-			g = min(latentGroup, m.Heads-h, hi-idx)
-			kernels.AttendLatentHeads(olats, q, g, w, kvl, kvl, t.kc, w, n, m.Scale, gsc, sums)
+			if pickedRow != i {
+				for j, p := range s.sel[i*m.Index.TopK : i*m.Index.TopK+k] {
+					copy(picked[j*w:(j+1)*w], t.kc[p*w:(p+1)*w])
+				}
+				pickedRow = i
+			}
+			kc, n = picked, k
 		}
+		q := s.qabs[(i*m.Heads+h)*w:]
+		g := min(latentGroup, m.Heads-h, hi-idx)
+		kernels.AttendLatentHeads(olats, q, g, w, kvl, kvl, kc, w, n, m.Scale, gsc, sums)
 		for k := 0; k < g; k++ {
 			olat := olats[k*kvl : (k+1)*kvl]
 			o := s.o[(i*m.Heads+h+k)*m.V : (i*m.Heads+h+k+1)*m.V]
