@@ -118,20 +118,11 @@ func (t *absorbTask) Run(lo, hi int) {
 	part := t.r.Pool.Part(m.Heads, 1, lo)
 	x := s.hx[part*s.rows*m.Nope:][:nb*m.Nope]
 	out := s.ho[part*s.rows*m.KVLora:][:nb*m.KVLora]
-	var xs [64]float32
 	for h := lo; h < hi; h++ {
 		for i := 0; i < nb; i++ {
 			copy(x[i*m.Nope:(i+1)*m.Nope], s.q[(i*m.Heads+h)*qw:])
 		}
-		v, ok := m.WK.Mat.View(h*m.KVLora, (h+1)*m.KVLora)
-		if ok {
-			s.view[part] = v
-			s.sc[part].MatMul(out, &s.view[part], x, nb)
-		} else {
-			for i := 0; i < nb; i++ {
-				m.WK.Mat.DotRows(out[i*m.KVLora:(i+1)*m.KVLora], h*m.KVLora, x[i*m.Nope:(i+1)*m.Nope], groupRoom(&xs, m.Nope))
-			}
-		}
+		s.headProduct(part, &m.WK.Mat, h*m.KVLora, (h+1)*m.KVLora, out, x, nb)
 		for i := 0; i < nb; i++ {
 			qa := s.qabs[(i*m.Heads+h)*w : (i*m.Heads+h+1)*w]
 			copy(qa[:m.KVLora], out[i*m.KVLora:(i+1)*m.KVLora])
@@ -324,7 +315,6 @@ func (t *mlaTask) Run(lo, hi int) {
 		picked = s.picked[part*ix.TopK*w : (part+1)*ix.TopK*w]
 	}
 	pickedRow := -1
-	var xs [64]float32
 	for idx := lo; idx < hi; {
 		i, h := idx/m.Heads, idx%m.Heads
 		kc, n := t.kc, t.pos+i+1
@@ -343,24 +333,29 @@ func (t *mlaTask) Run(lo, hi int) {
 		for k := 0; k < g; k++ {
 			olat := olats[k*kvl : (k+1)*kvl]
 			o := s.o[(i*m.Heads+h+k)*m.V : (i*m.Heads+h+k+1)*m.V]
-			if v, ok := m.WV.Mat.View((h+k)*m.V, (h+k+1)*m.V); ok {
-				s.view[part] = v
-				s.sc[part].MatMul(o, &s.view[part], olat, 1)
-			} else {
-				m.WV.Mat.DotRows(o, (h+k)*m.V, olat, groupRoom(&xs, kvl))
-			}
+			s.headProduct(part, &m.WV.Mat, (h+k)*m.V, (h+k+1)*m.V, o, olat, 1)
 		}
 		idx += g
 	}
 }
 
-// groupRoom is scratch for the group sums of a row of cols: room's, or
-// allocated where cols passes it (no model's latent does).
-func groupRoom(room *[64]float32, cols int) []float32 {
-	if g := cols / format.GroupSize; g > len(room) {
-		return make([]float32, g)
+// headProduct writes out = W[lo:hi]·x for nb rows of x (a head's block
+// of WK or WV) on thread part's scratch, or row by row where the rows
+// can't be viewed (a tiled matrix off a tile's boundary).
+func (s *mlaScratch) headProduct(part int, w *kernels.Mat, lo, hi int, out, x []float32, nb int) {
+	if v, ok := w.View(lo, hi); ok {
+		s.view[part] = v
+		s.sc[part].MatMul(out, &s.view[part], x, nb)
+		return
 	}
-	return room[:]
+	var room [64]float32
+	xsum := room[:]
+	if g := w.Cols / format.GroupSize; g > len(room) {
+		xsum = make([]float32, g) // no model's latent is this wide
+	}
+	for i := 0; i < nb; i++ {
+		w.DotRows(out[i*(hi-lo):(i+1)*(hi-lo)], lo, x[i*w.Cols:(i+1)*w.Cols], xsum)
+	}
 }
 
 // TopK writes into sel the positions of the len(sel) best scores, the
