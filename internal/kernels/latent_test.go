@@ -141,3 +141,29 @@ func TestLayerNorm(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkAttendLatentHeads times 64 heads of DeepSeek-V3's widths (576,
+// values 512) over 1024 positions on one goroutine: a head at a time
+// (AttendLatent) against groups of 8 (AttendLatentHeads).
+// Run: go test ./internal/kernels -run x -bench AttendLatentHeads -count 3
+func BenchmarkAttendLatentHeads(b *testing.B) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	const w, dv, n, heads = 576, 512, 1024, 64
+	q, kc := randVec(rng, heads*w), randVec(rng, n*w)
+	o := make([]float32, heads*dv)
+	s, sums := make([]float32, 8*n), make([]float32, 8)
+	b.Run("head", func(b *testing.B) {
+		for b.Loop() {
+			for h := 0; h < heads; h++ {
+				AttendLatent(o[h*dv:(h+1)*dv], q[h*w:(h+1)*w], kc, w, nil, n, 0.05, s[:n])
+			}
+		}
+	})
+	b.Run("group8", func(b *testing.B) {
+		for b.Loop() {
+			for h := 0; h < heads; h += 8 {
+				AttendLatentHeads(o[h*dv:], q[h*w:], 8, w, dv, dv, kc, w, n, 0.05, s, sums)
+			}
+		}
+	})
+}
