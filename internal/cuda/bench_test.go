@@ -179,9 +179,16 @@ func TestGPUBench(t *testing.T) {
 						ms[v] = timed(50, func(int) { must(e.k.AttendLatent(s, o, q, kc, scr, a)) })
 					}
 					latentMinBlocks, latentWideBlocks = keepMin, keepWide
-					_, fn := latentPlan(a)
+					_, fn, _ := latentPlan(a)
 					report("latent attention, %s, %d heads of %d: %.2f us a head a block, %.2f us eight heads a block on 128 threads, %.2f us on 512; AttendLatent takes %q",
 						sh.what, nh, w, ms[0]*1e3, ms[1]*1e3, ms[2]*1e3, fn)
+					if sh.rows == 1 { // as a recorded step: both launched, gated, over a grid of 8192 positions
+						rec := a
+						rec.PosDev, rec.MaxPos = up(e, []int32{int32(sh.pos)}), 8192
+						rs := e.alloc(AttendScratch(rec))
+						mr := timed(50, func(int) { must(e.k.AttendLatent(s, o, q, kc, rs, rec)) })
+						report("latent attention, %s, recorded (grid of 8192 positions): %.2f us", sh.what, mr*1e3)
+					}
 				}
 			}
 			dn := DN{KeyHeads: 16, ValueHeads: 64, KeyDim: 128, ValueDim: 128}

@@ -497,14 +497,20 @@ func (k *Kernels) Attend(s Stream, o, q, kc, vc, scratch uintptr, a Attn) error 
 	}
 	return a.groups(q, o, func(b Attn, q, o uintptr) error {
 		nc, _ := b.chunks()
-		if err := k.d.Launch(k.f["attend_part"], Dim3{b.Heads, b.Rows, nc}, Dim3{128, 1, 1}, 4*b.HeadDim, s,
-			P(scratch), P(q), P(kc), P(vc), I(b.Pos), I(b.Heads), I(b.KVHeads), I(b.HeadDim),
-			I(b.QRow), I(b.QHead), I(b.KVHeads*b.HeadDim), F(b.Scale), I(nc), P(b.PosDev), I(b.Window), I(b.Ring),
-			I(b.vdim()), P(b.Sel), I(b.TopK)); err != nil {
+		if err := k.part(s, scratch, q, kc, vc, b, nc, 0); err != nil {
 			return err
 		}
 		return k.combine(s, o, q, scratch, b, nc)
 	})
+}
+
+// part launches attend_part over nc chunks, gated by gate (0: always
+// runs; see att_skip in common.cuh).
+func (k *Kernels) part(s Stream, scratch, q, kc, vc uintptr, a Attn, nc, gate int) error {
+	return k.d.Launch(k.f["attend_part"], Dim3{a.Heads, a.Rows, nc}, Dim3{128, 1, 1}, 4*a.HeadDim, s,
+		P(scratch), P(q), P(kc), P(vc), I(a.Pos), I(a.Heads), I(a.KVHeads), I(a.HeadDim),
+		I(a.QRow), I(a.QHead), I(a.KVHeads*a.HeadDim), F(a.Scale), I(nc), P(a.PosDev), I(a.Window), I(a.Ring),
+		I(a.vdim()), P(a.Sel), I(a.TopK), I(gate))
 }
 
 // chunks checks a and returns the chunks of 256 positions its grid covers.
@@ -556,28 +562,28 @@ var (
 
 // latentPlan is how AttendLatent runs a: hb heads a block, up to 8 (their
 // queries within 32 KiB of shared memory), on kernel fn; hb 1 runs Attend
-// (fn ""). A recorded step's positions are unknown when it is recorded:
-// it counts one chunk, so a recorded decode takes a head a block at every
-// depth (to do: launch both, each skipping the depths the other takes).
-func latentPlan(a Attn) (hb int, fn string) {
+// (fn ""). A recorded step's positions are known only on the device: gate
+// > 0 says to launch both a head a block, for fewer than gate rows·chunks
+// of work, and fn (mla_attend_wide), from gate on, each of them reading
+// the position and skipping the depths the other takes (att_skip).
+func latentPlan(a Attn) (hb int, fn string, gate int) {
 	hb = min(8, a.Heads)
 	for hb > 1 && 4*hb*a.HeadDim > 32<<10 {
 		hb /= 2
 	}
 	if hb == 1 {
-		return 1, ""
+		return 1, "", 0
 	}
-	busy := ceil(a.positions(a.Pos+a.Rows), attChunk)
 	if a.PosDev != 0 {
-		busy = 1
+		return hb, "mla_attend_wide", max(1, ceil(latentWideBlocks, ceil(a.Heads, hb)))
 	}
-	switch blocks := ceil(a.Heads, hb) * a.Rows * busy; {
+	switch blocks := ceil(a.Heads, hb) * a.Rows * ceil(a.positions(a.Pos+a.Rows), attChunk); {
 	case blocks >= latentMinBlocks:
-		return hb, "mla_attend_part"
+		return hb, "mla_attend_part", 0
 	case blocks >= latentWideBlocks:
-		return hb, "mla_attend_wide"
+		return hb, "mla_attend_wide", 0
 	}
-	return 1, ""
+	return 1, "", 0
 }
 
 // AttendLatent is Attend for a latent cache (DeepSeek's MLA: one kv head,
@@ -590,7 +596,7 @@ func (k *Kernels) AttendLatent(s Stream, o, q, kc, scratch uintptr, a Attn) erro
 	if a.KVHeads != 1 || a.Window > 0 || a.Ring > 0 || a.Gated || a.Sinks != 0 {
 		return fmt.Errorf("cuda: latent attention over %d kv heads, a window of %d", a.KVHeads, a.Window)
 	}
-	hb, fn := latentPlan(a)
+	hb, fn, gate := latentPlan(a)
 	if hb == 1 {
 		return k.Attend(s, o, q, kc, kc, scratch, a)
 	}
@@ -603,9 +609,14 @@ func (k *Kernels) AttendLatent(s Stream, o, q, kc, scratch uintptr, a Attn) erro
 	}
 	return a.groups(q, o, func(b Attn, q, o uintptr) error {
 		nc, _ := b.chunks()
+		if gate > 0 {
+			if err := k.part(s, scratch, q, kc, kc, b, nc, -gate); err != nil {
+				return err
+			}
+		}
 		if err := k.d.Launch(k.f[fn], Dim3{ceil(b.Heads, hb), b.Rows, nc}, Dim3{threads, 1, 1}, 4*hb*b.HeadDim, s,
 			P(scratch), P(q), P(kc), I(b.Pos), I(b.Heads), I(hb), I(b.HeadDim), I(b.vdim()), I(b.QRow), I(b.QHead),
-			F(b.Scale), I(nc), P(b.PosDev), P(b.Sel), I(b.TopK)); err != nil {
+			F(b.Scale), I(nc), P(b.PosDev), P(b.Sel), I(b.TopK), I(gate)); err != nil {
 			return err
 		}
 		return k.combine(s, o, q, scratch, b, nc)

@@ -152,6 +152,19 @@ func TestAttendLatent(t *testing.T) {
 				e.exact(what+": "+k.what, down[float32](e, od, nb*heads*kvl), got)
 				e.grouped(what+", "+k.what, a, got, func(g Attn, o, scr uintptr) error { return e.k.AttendLatent(e.s, o, qd, kd, scr, g) })
 			}
+			// Recorded: the position on the device, a grid for more
+			// positions, a head a block and 512 threads both launched,
+			// gated at 10 rows·chunks (pos 37's 5 rows read one chunk,
+			// the others' two or three).
+			latentWideBlocks = 10
+			r := a
+			r.PosDev, r.MaxPos = up(e, []int32{int32(c.pos)}), n+700
+			if _, fn, gate := latentPlan(r); gate != 10 || fn != "mla_attend_wide" {
+				t.Fatalf("recorded: %q gated at %d, want mla_attend_wide at 10", fn, gate)
+			}
+			must(e.k.AttendLatent(e.s, od, qd, kd, e.alloc(AttendScratch(r)), r))
+			e.exact(what+", recorded", down[float32](e, od, nb*heads*kvl), got)
+			latentWideBlocks = 0
 		}
 		// More heads than a block takes, and not a multiple of it.
 		{
@@ -219,9 +232,10 @@ func TestAttendLatent(t *testing.T) {
 }
 
 // TestLatentPlan: AttendLatent takes eight heads a block on 128 threads
-// with 1024 blocks of work or more, on 512 from 256, a head a block below,
-// counting one chunk for a recorded step; heads of 2048 dims four a block
-// (32 KiB of queries).
+// with 1024 blocks of work or more, on 512 from 256, a head a block below;
+// a recorded step launches a head a block and 512 threads, gated at 256
+// blocks' worth of rows·chunks; heads of 2048 dims go four a block (32 KiB
+// of queries). Needs no GPU.
 func TestLatentPlan(t *testing.T) {
 	ds := Attn{Heads: 128, KVHeads: 1, HeadDim: 576, VDim: 512}
 	const narrow, wide = "mla_attend_part", "mla_attend_wide"
@@ -230,20 +244,25 @@ func TestLatentPlan(t *testing.T) {
 		dev       bool
 		hb        int
 		want      string
-	}{{0, 64, false, 8, narrow}, {0, 32, false, 8, wide}, {0, 15, false, 1, ""}, {100, 1, false, 1, ""}, {1000, 1, false, 1, ""},
-		{4095, 1, false, 8, wide}, {16383, 1, false, 8, narrow}, {4095, 1, true, 1, ""}, {2000, 16, false, 8, narrow},
-		{2000, 4, false, 8, wide}, {3840, 256, false, 8, narrow}} {
+		gate      int
+	}{{0, 64, false, 8, narrow, 0}, {0, 32, false, 8, wide, 0}, {0, 15, false, 1, "", 0}, {100, 1, false, 1, "", 0}, {1000, 1, false, 1, "", 0},
+		{4095, 1, false, 8, wide, 0}, {16383, 1, false, 8, narrow, 0}, {4095, 1, true, 8, wide, 16}, {99, 4, true, 8, wide, 16},
+		{2000, 16, false, 8, narrow, 0}, {2000, 4, false, 8, wide, 0}, {3840, 256, false, 8, narrow, 0}} {
 		a := ds
 		a.Pos, a.Rows = c.pos, c.rows
 		if c.dev {
 			a.PosDev, a.MaxPos = 1, 8192
 		}
-		if hb, fn := latentPlan(a); hb != c.hb || fn != c.want {
-			t.Errorf("pos %d, %d rows, position on the device %v: %d heads a block on %q, want %d on %q", c.pos, c.rows, c.dev, hb, fn, c.hb, c.want)
+		if hb, fn, gate := latentPlan(a); hb != c.hb || fn != c.want || gate != c.gate {
+			t.Errorf("pos %d, %d rows, position on the device %v: %d heads a block on %q gated at %d, want %d on %q at %d",
+				c.pos, c.rows, c.dev, hb, fn, gate, c.hb, c.want, c.gate)
 		}
 	}
-	if hb, fn := latentPlan(Attn{Heads: 64, KVHeads: 1, HeadDim: 2048, Rows: 256}); hb != 4 || fn != narrow {
+	if hb, fn, _ := latentPlan(Attn{Heads: 64, KVHeads: 1, HeadDim: 2048, Rows: 256}); hb != 4 || fn != narrow {
 		t.Errorf("heads of 2048 dims: %d a block on %s, want 4 on %s (32 KiB of queries)", hb, fn, narrow)
+	}
+	if _, _, gate := latentPlan(Attn{Heads: 128, KVHeads: 1, HeadDim: 576, Rows: 1, PosDev: 1, MaxPos: 64}); gate != 16 {
+		t.Errorf("a recorded step is gated at %d rows·chunks, want 16", gate)
 	}
 }
 

@@ -126,15 +126,19 @@ __device__ __forceinline__ void attend_chunk(float* __restrict__ pp, const float
 
 // With posp set, pos is read from the device (a step replayed from a
 // graph) and nc, the grid's chunk count, covers the longest context; the
-// chunks past a row's position return at once, as they always did.
+// chunks past a row's position return at once, as they always did. gate
+// (att_skip) lets a recorded latent attention launch this kernel beside
+// mla_attend_wide, each taking the depths it is faster at.
 //
 // part holds, per (row, head, chunk), vd floats of o_c, then m_c and l_c:
 // part + ((i·nh + h)·nc + c)·(vd+2); nc = chunks of the longest row.
 extern "C" __global__ void __launch_bounds__(ATT_THREADS)
 attend_part(float* __restrict__ part, const float* __restrict__ q, const float* __restrict__ kc,
             const float* __restrict__ vc, int pos, int nh, int nkv, int hd, int qRow, int qHead, int kvw, float scale,
-            int nc, const int* __restrict__ posp, int win, int ring, int vd, const int* __restrict__ sel, int topk) {
+            int nc, const int* __restrict__ posp, int win, int ring, int vd, const int* __restrict__ sel, int topk,
+            int gate) {
     if (posp != nullptr) pos = *posp; // a recorded step reads its position on the device
+    if (att_skip(gate, pos, gridDim.y, sel != nullptr ? topk : 0, ATT_CHUNK)) return;
     extern __shared__ float qs[]; // [hd]
     __shared__ float sc[ATT_CHUNK];
     __shared__ float red[ATT_THREADS / 32];

@@ -33,6 +33,21 @@ __device__ __forceinline__ float sl_exp(float x) {
     return __fmul_rn(p, __int_as_float(((int)k + 127) << 23));
 }
 
+// att_skip reports whether an attention launch gated by gate skips a
+// recorded step of rows rows whose first row is at pos: its work is rows ·
+// the chunks of chunk positions its last row reads (at most topk of them
+// when topk > 0), and a launch with gate > 0 runs from gate units of work,
+// one with gate < 0 below -gate, one with gate 0 always. Two launches gated
+// by g and -g share a step's depths between them, each block deciding alike
+// from the position read on the device.
+__device__ __forceinline__ bool att_skip(int gate, int pos, int rows, int topk, int chunk) {
+    if (gate == 0) return false;
+    int n = pos + rows;
+    if (topk > 0) n = min(n, topk);
+    int units = rows * ((n + chunk - 1) / chunk);
+    return gate > 0 ? units < gate : units >= -gate;
+}
+
 // sl_sigmoid is kernels.Sigmoid: 1/(1+e^-x).
 __device__ __forceinline__ float sl_sigmoid(float x) {
     return __fdiv_rn(1.0f, __fadd_rn(1.0f, sl_exp(-x)));

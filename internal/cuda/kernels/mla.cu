@@ -117,6 +117,25 @@ __device__ __forceinline__ unsigned key(float f) {
 
 #define SEL_THREADS 256
 
+// block_prefix is, for a flag each thread of a SEL_THREADS block holds,
+// how many threads before this one hold it (the return) and how many in
+// all (*all): one ballot a warp, then the warps' counts through cnt.
+// Every thread of the block must call it; it syncs twice.
+__device__ __forceinline__ int block_prefix(bool flag, int* cnt, int* all) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    unsigned b = __ballot_sync(FULL_MASK, flag);
+    if (lane == 0) cnt[warp] = __popc(b);
+    __syncthreads();
+    int before = __popc(b & ((1u << lane) - 1)), n = 0;
+    for (int x = 0; x < SEL_THREADS / 32; x++) {
+        if (x < warp) before += cnt[x];
+        n += cnt[x];
+    }
+    __syncthreads(); // cnt is read before the next call writes it
+    *all = n;
+    return before;
+}
+
 // index_select writes row i's topk best positions by score (the lower
 // position first on ties: model.TopK's choice) into sel[i·topk ..] in
 // ascending order, or every position 0..n-1 while n ≤ topk. One block per
@@ -129,8 +148,8 @@ index_select(int* __restrict__ sel, const float* __restrict__ sc, int pos, const
     if (posp != nullptr) pos = *posp;
     __shared__ unsigned hist[256];
     __shared__ unsigned sprefix, swant;
-    __shared__ int weq[SEL_THREADS / 32], wtk[SEL_THREADS / 32];
-    int i = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    __shared__ int cnt[SEL_THREADS / 32];
+    int i = blockIdx.x, tid = threadIdx.x;
     int n = pos + i + 1;
     int* out = sel + (size_t)i * topk;
     if (n <= topk) {
@@ -164,33 +183,18 @@ index_select(int* __restrict__ sel, const float* __restrict__ sc, int pos, const
     }
     // prefix is the topk-th largest key; keep every key above it and the
     // first want keys equal to it, in position order.
-    unsigned before = (1u << lane) - 1;
     int taken = 0, eqSeen = 0;
     for (int t0 = 0; t0 < n; t0 += SEL_THREADS) {
         int t = t0 + tid;
         unsigned u = t < n ? key(s[t]) : 0;
         bool eq = t < n && u == prefix;
-        unsigned be = __ballot_sync(FULL_MASK, eq);
-        if (lane == 0) weq[warp] = __popc(be);
-        __syncthreads();
-        int eqBefore = eqSeen + __popc(be & before), eqAll = 0;
-        for (int x = 0; x < SEL_THREADS / 32; x++) {
-            if (x < warp) eqBefore += weq[x];
-            eqAll += weq[x];
-        }
+        int eqAll, all;
+        int eqBefore = eqSeen + block_prefix(eq, cnt, &eqAll);
         bool take = (t < n && u > prefix) || (eq && eqBefore < (int)want);
-        unsigned bt = __ballot_sync(FULL_MASK, take);
-        if (lane == 0) wtk[warp] = __popc(bt);
-        __syncthreads();
-        int at = taken + __popc(bt & before), all = 0;
-        for (int x = 0; x < SEL_THREADS / 32; x++) {
-            if (x < warp) at += wtk[x];
-            all += wtk[x];
-        }
+        int at = taken + block_prefix(take, cnt, &all);
         if (take) out[at] = t;
         taken += all;
         eqSeen += eqAll;
-        __syncthreads();
     }
 }
 
@@ -322,14 +326,15 @@ __device__ __forceinline__ void mla_chunk(float* __restrict__ part, const float*
 // instead of once a head. Per head it does attend_part's operations in
 // attend_part's order, so the parts, and the combine's output, are its
 // bits. Grid (⌈nh/hb⌉, rows, chunks); qs takes hb·hd floats of dynamic
-// shared memory.
+// shared memory. gate: attend_part's (att_skip).
 template <int THREADS>
 __device__ __forceinline__ void mla_part(float* __restrict__ part, const float* __restrict__ q,
                                          const float* __restrict__ kc, int pos, int nh, int hb, int hd, int vd, int qRow,
                                          int qHead, float scale, int nc, const int* __restrict__ posp,
-                                         const int* __restrict__ sel, int topk, float* qs, float (*sc)[MLA_CHUNK],
-                                         float (*red)[THREADS / 32]) {
+                                         const int* __restrict__ sel, int topk, int gate, float* qs,
+                                         float (*sc)[MLA_CHUNK], float (*red)[THREADS / 32]) {
     if (posp != nullptr) pos = *posp;
+    if (att_skip(gate, pos, gridDim.y, sel != nullptr ? topk : 0, MLA_CHUNK)) return;
     int h0 = blockIdx.x * hb, i = blockIdx.y, c = blockIdx.z;
     int nhb = min(hb, nh - h0); // the heads of this block
     int n = pos + i + 1;
@@ -354,11 +359,12 @@ __device__ __forceinline__ void mla_part(float* __restrict__ part, const float* 
     extern "C" __global__ void __launch_bounds__(threads)                                                              \
         name(float* __restrict__ part, const float* __restrict__ q, const float* __restrict__ kc, int pos, int nh,     \
              int hb, int hd, int vd, int qRow, int qHead, float scale, int nc, const int* __restrict__ posp,            \
-             const int* __restrict__ sel, int topk) {                                                                  \
+             const int* __restrict__ sel, int topk, int gate) {                                                        \
         extern __shared__ float qs[]; /* [hb][hd] */                                                                   \
         __shared__ float sc[MLA_HEADS][MLA_CHUNK];                                                                     \
         __shared__ float red[MLA_HEADS][(threads) / 32];                                                               \
-        mla_part<threads>(part, q, kc, pos, nh, hb, hd, vd, qRow, qHead, scale, nc, posp, sel, topk, qs, sc, red);     \
+        mla_part<threads>(part, q, kc, pos, nh, hb, hd, vd, qRow, qHead, scale, nc, posp, sel, topk, gate, qs, sc,     \
+                          red);                                                                                        \
     }
 MLA_KERNEL(mla_attend_part, 128)
 MLA_KERNEL(mla_attend_wide, 512)
