@@ -190,6 +190,36 @@ func TestGPUBench(t *testing.T) {
 						report("latent attention, %s, recorded (grid of 8192 positions): %.2f us", sh.what, mr*1e3)
 					}
 				}
+				// W_k (absorb, [128·512][128]) and W_v ([128·128][512]) at
+				// q4, a head at a time: a (row, head) a slot of the one-row
+				// kernel (MatEx), for a decode row and a prefill chunk.
+				for _, sh := range [][2]int{{512, 128}, {128, 512}} {
+					O, C := sh[0], sh[1]
+					q := newQMat(e, r, nh*O, C, format.Q4)
+					tab, err := HeadTab("q4", q.w, nh)
+					must(err)
+					tabd := up(e, tab)
+					for _, rows := range []int{1, 256} {
+						n := rows * nh
+						ids := make([]int32, n)
+						for k := range ids {
+							ids[k] = int32(k % nh)
+						}
+						idd := up(e, ids)
+						a := Acts{X: up(e, randF32(r, n*C, 1)), X8: e.alloc(n * C), XS: e.alloc(4 * n * C / 64), XSum: e.alloc(4 * n * C / 64), Rows: n, Cols: C}
+						must(e.k.PrepQ4(s, a))
+						out := e.alloc(4 * n * O)
+						ms := timed(20, func(int) {
+							for k0 := 0; k0 < n; k0 += 65408 {
+								k1 := min(n, k0+65408)
+								b := a
+								b.X8, b.XS, b.XSum, b.Rows = a.X8+uintptr(k0*C), a.XS+uintptr(4*k0*C/64), a.XSum+uintptr(4*k0*C/64), k1-k0
+								must(e.k.MatEx(s, "q4", out+uintptr(4*k0*O), tabd, idd+uintptr(4*k0), O, b, k1-k0, true))
+							}
+						})
+						report("q4 a head at a time, %d heads of [%d %d], %d rows: %.2f us a (row, head) a slot", nh, O, C, rows, ms*1e3)
+					}
+				}
 			}
 			dn := DN{KeyHeads: 16, ValueHeads: 64, KeyDim: 128, ValueDim: 128}
 			S := up(e, randF32(r, dn.ValueHeads*128*128, 0.1))
@@ -285,8 +315,13 @@ func TestGPUBenchOps(t *testing.T) {
 		for _, H := range []int{2880, 4096} {
 			x, add, w := up(e, randF32(r, H, 1)), up(e, randF32(r, H, 1)), up(e, randF32(r, H, 1))
 			dst := e.alloc(4 * H)
+			keep := normBlockMin
+			normBlockMin = 1 << 30
 			ms := inGraph(256, func() { must(e.k.RMSNorm(s, dst, x, add, w, 1, H, H, 1e-6, false)) })
-			fmt.Printf("bench: rmsnorm with the residual add, one row of %d: %.2f us/kernel in a graph\n", H, ms*1e3)
+			normBlockMin = 0
+			mb := inGraph(256, func() { must(e.k.RMSNorm(s, dst, x, add, w, 1, H, H, 1e-6, false)) })
+			normBlockMin = keep
+			fmt.Printf("bench: rmsnorm with the residual add, one row of %d: %.2f us/kernel in a graph a warp a row, %.2f a block\n", H, ms*1e3, mb*1e3)
 			act := Acts{X: x, X8: e.alloc(H), XS: e.alloc(4 * H / 64), XSum: e.alloc(4 * H / 64), Rows: 1, Cols: H}
 			ms = inGraph(256, func() { must(e.k.PrepQ4(s, act)) })
 			fmt.Printf("bench: prep_x (int8 activations for q4), one row of %d: %.2f us/kernel in a graph\n", H, ms*1e3)

@@ -437,11 +437,12 @@ func TestBF16(t *testing.T) {
 
 // TestRMSNorm checks the norm with and without the fused residual add,
 // plain and zero-centred, for lengths with and without a tail past the
-// last 32-float block, and a strided in-place use (per-head q norms).
+// last 32-float block, a warp a row and a block a row (rmsnorm_block, from
+// normBlockMin floats), and a strided in-place use (per-head q norms).
 func TestRMSNorm(t *testing.T) {
 	onGPU(t, func(e *env) {
 		r := rand.New(rand.NewPCG(5, 5))
-		for _, n := range []int{4096, 100, 7, 256} {
+		for _, n := range []int{4096, 100, 7, 256, 1100, 7168} {
 			for _, zc := range []bool{false, true} {
 				for _, withAdd := range []bool{false, true} {
 					const rows = 9

@@ -94,11 +94,11 @@ func LoadKernels(d *Device) (*Kernels, error) {
 	k := &Kernels{d: d, f: map[string]Func{}}
 	names := map[string][]string{
 		"matvec": {"prep_x", "q4_mv", "q4_mv2", "q4_mm8", "q4_mma", "q3_mv", "q3_mm8", "q2_mv", "q2_mm8", "q8_mv", "q8_mm8", "bf16_mv", "bf16_mm8", "q4_ex", "q8_ex", "bf16_ex"},
-		"ops":    {"rmsnorm", "rope", "swiglu", "route", "route_groups", "route_topk", "clamped_swiglu", "add_rows", "add_ex", "argmax", "dn_qk_norm", "dn_gates"},
+		"ops":    {"rmsnorm", "rmsnorm_block", "rope", "swiglu", "route", "route_groups", "route_topk", "clamped_swiglu", "add_rows", "add_ex", "argmax", "dn_qk_norm", "dn_gates"},
 		"attn":   {"attend_part", "attend_combine"},
 		"delta":  {"dn_conv", "dn_rule32", "dn_rule64", "dn_rule128", "bench_empty"},
-		"fwd":    {"f32_mv", "gather_rows", "moe_combine", "kv_append"},
-		"mla":    {"mla_absorb", "mla_vout", "layer_norm", "index_scores", "index_select", "mla_attend_part", "mla_attend_wide"},
+		"fwd":    {"f32_mv", "head_f32", "copy_rows", "gather_rows", "moe_combine", "kv_append"},
+		"mla":    {"layer_norm", "index_scores", "index_select", "mla_attend_part", "mla_attend_wide"},
 	}
 	for _, m := range modules {
 		ptx, err := PTX(m)
@@ -275,9 +275,21 @@ func (k *Kernels) RMSNorm(s Stream, dst, x, add, w uintptr, rows, n, stride int,
 	if zeroCentred {
 		zc = 1
 	}
+	if n >= normBlockMin && 4*n <= normBlockMax {
+		return k.d.Launch(k.f["rmsnorm_block"], Dim3{rows, 1, 1}, Dim3{256, 1, 1}, 4*n, s,
+			P(dst), P(x), P(add), P(w), I(n), I(stride), F(eps), I(zc))
+	}
 	return k.d.Launch(k.f["rmsnorm"], Dim3{ceil(rows, 8), 1, 1}, Dim3{256, 1, 1}, 0, s,
 		P(dst), P(x), P(add), P(w), I(rows), I(n), I(stride), F(eps), I(zc))
 }
+
+// normBlockMin is the shortest row RMSNorm gives a block (rmsnorm_block)
+// rather than a warp; normBlockMax is the most bytes of a row that block
+// holds in shared memory (48 KiB: no opt-in needed). Both kernels give the
+// same bits; the bench sets normBlockMin to time each.
+var normBlockMin = 1024
+
+const normBlockMax = 48 << 10
 
 // Rope rotates the first 2·rh dims of nh head vectors in each of nb rows
 // (vector (r, h) at x + 4·(r·rowStride + h·headStride) bytes) by the
@@ -735,24 +747,61 @@ func (k *Kernels) KVAppend(s Stream, kc, vc, key, val, posp uintptr, n, ring int
 		P(kc), P(vc), P(key), P(val), P(posp), I(n), I(ring))
 }
 
-// MLA is one latent attention layer's shape (block.MLA's).
-type MLA struct {
-	Heads, Nope, Rope, V, KVLora int
+// Heads describes a product a head at a time: out row (i, h) = W_h·x row
+// (i, h) for Rows rows of Heads heads, where W is [Heads·O][C] with head
+// h's O rows from row h·O (DeepSeek's W_k and W_v); x row (i, h) starts
+// at float i·XRow + h·XHead, out row (i, h) at i·ORow + h·OHead.
+type Heads struct {
+	Rows, Heads, O, C        int
+	XRow, XHead, ORow, OHead int
 }
 
-// MLAAbsorb writes each of nb rows' absorbed queries qabs [nb][Heads]
-// [KVLora+Rope] from q [nb][Heads][Nope+Rope] and kv_b_proj kvb (float32
-// [Heads][Nope+V][KVLora]): W_k^T·q_nope, then q_rot, as the CPU's MLAPrep.
-func (k *Kernels) MLAAbsorb(s Stream, qabs, q, kvb uintptr, nb int, m MLA) error {
-	return k.d.Launch(k.f["mla_absorb"], Dim3{m.Heads, nb, 1}, Dim3{128, 1, 1}, 4*max(m.Nope, 1), s,
-		P(qabs), P(q), P(kvb), I(m.Heads), I(m.Nope), I(m.Rope), I(m.V), I(m.KVLora))
+// HeadTab is the address table MatEx reads to multiply w a head at a
+// time (its slot k taking entry ids[k]): entry h holds the addresses of
+// head h's rows h·O.. of w (O = w.Rows/heads), for kind "q4" or "q8"
+// (codes, scales, biases) or "bf16" (values in w.Q).
+func HeadTab(kind string, w Q4, heads int) ([]uint64, error) {
+	var row int // bytes of a row's codes or values
+	switch kind {
+	case "q4":
+		row = w.Cols / 2
+	case "q8":
+		row = w.Cols
+	case "bf16":
+		row = 2 * w.Cols
+	default:
+		return nil, fmt.Errorf("cuda: a product a head at a time of kind %q", kind)
+	}
+	if heads < 1 || w.Rows%heads != 0 {
+		return nil, fmt.Errorf("cuda: %d rows in %d heads", w.Rows, heads)
+	}
+	O, sc := w.Rows/heads, 2*(w.Cols/64) // a row's half-precision scales (or biases)
+	t := make([]uint64, 3*heads)
+	for h := range heads {
+		r := uint64(h * O)
+		t[3*h] = uint64(w.Q) + r*uint64(row)
+		if kind != "bf16" {
+			t[3*h+1], t[3*h+2] = uint64(w.Scales)+r*uint64(sc), uint64(w.Biases)+r*uint64(sc)
+		}
+	}
+	return t, nil
 }
 
-// MLAVOut writes o [nb][Heads][V] = W_v·olat per head from the latent
-// attention's output olat [nb][Heads][KVLora].
-func (k *Kernels) MLAVOut(s Stream, o, olat, kvb uintptr, nb int, m MLA) error {
-	return k.d.Launch(k.f["mla_vout"], Dim3{ceil(m.V, 8), m.Heads, nb}, Dim3{256, 1, 1}, 0, s,
-		P(o), P(olat), P(kvb), I(m.Heads), I(m.Nope), I(m.V), I(m.KVLora))
+// HeadF32 computes h's product for a float32 W (head_f32: MatF32's
+// arithmetic per output).
+func (k *Kernels) HeadF32(s Stream, out, w, x uintptr, h Heads) error {
+	if h.Rows > 65535 || h.Heads > 65535 {
+		return fmt.Errorf("cuda: a product of %d heads over %d rows", h.Heads, h.Rows)
+	}
+	return k.d.Launch(k.f["head_f32"], Dim3{ceil(h.O, 8), h.Heads, h.Rows}, Dim3{256, 1, 1}, 0, s,
+		P(w), P(x), P(out), I(h.O), I(h.C), I(h.XRow), I(h.XHead), I(h.ORow), I(h.OHead))
+}
+
+// CopyRows copies rows rows of n floats from src (rows ss floats apart)
+// to dst (ds apart).
+func (k *Kernels) CopyRows(s Stream, dst uintptr, ds int, src uintptr, ss, rows, n int) error {
+	return k.d.Launch(k.f["copy_rows"], Dim3{ceil(rows*n, 256), 1, 1}, Dim3{256, 1, 1}, 0, s,
+		P(dst), I(ds), P(src), I(ss), I(rows), I(n))
 }
 
 // LayerNorm sets dst = (x − mean)/sqrt(var + eps)·w + b over rows rows of

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/kernels"
 	"github.com/sluicelm/sluice/internal/model"
 )
@@ -182,39 +183,6 @@ func TestAttendLatent(t *testing.T) {
 			}
 		}
 
-		// Absorb and W_v: kv_b_proj [heads][nope+v][kvl].
-		kvb := randF32(r, heads*(nope+vd)*kvl, 0.5)
-		qn := randF32(r, nb*heads*(nope+rope), 1)
-		wantQ := make([]float32, nb*heads*w)
-		for i := range nb {
-			for h := range heads {
-				qa := wantQ[(i*heads+h)*w : (i*heads+h+1)*w]
-				qh := qn[(i*heads+h)*(nope+rope):]
-				for j := range nope {
-					kernels.Axpy(qa[:kvl], qh[j], kvb[(h*(nope+vd)+j)*kvl:(h*(nope+vd)+j+1)*kvl])
-				}
-				copy(qa[kvl:], qh[nope:nope+rope])
-			}
-		}
-		sh := MLA{Heads: heads, Nope: nope, Rope: rope, V: vd, KVLora: kvl}
-		kvbd := up(e, kvb)
-		qd := e.alloc(4 * nb * heads * w)
-		must(e.k.MLAAbsorb(e.s, qd, up(e, qn), kvbd, nb, sh))
-		e.close("mla_absorb", down[float32](e, qd, nb*heads*w), wantQ, 1e-6)
-		olat := randF32(r, nb*heads*kvl, 1)
-		wantO := make([]float32, nb*heads*vd)
-		for i := range nb {
-			for h := range heads {
-				for j := range vd {
-					at := (h*(nope+vd) + nope + j) * kvl
-					wantO[(i*heads+h)*vd+j] = kernels.Dot(kvb[at:at+kvl], olat[(i*heads+h)*kvl:(i*heads+h+1)*kvl])
-				}
-			}
-		}
-		od := e.alloc(4 * nb * heads * vd)
-		must(e.k.MLAVOut(e.s, od, up(e, olat), kvbd, nb, sh))
-		e.close("mla_vout", down[float32](e, od, nb*heads*vd), wantO, 1e-6)
-
 		// The indexer's key norm.
 		const rows, dim = 7, 128
 		x, gw, gb := randF32(r, rows*dim, 3), randF32(r, dim, 1), randF32(r, dim, 1)
@@ -228,6 +196,84 @@ func TestAttendLatent(t *testing.T) {
 		xd := up(e, x)
 		must(e.k.LayerNorm(e.s, xd, xd, up(e, gw), up(e, gb), rows, dim, 1e-6))
 		e.close("layer_norm", down[float32](e, xd, rows*dim), wantN, 1e-6)
+	})
+}
+
+// TestHeads checks the products a head at a time of DeepSeek's W_k and
+// W_v: float32 (HeadF32, over strided rows, against MatF32 a head and a
+// row at a time, exactly) and quantised (MatEx over HeadTab's entries, one
+// slot a (row, head), against the CPU's product of each head's rows: q4
+// exactly, q8 within rounding), and CopyRows.
+func TestHeads(t *testing.T) {
+	onGPU(t, func(e *env) {
+		r := rand.New(rand.NewPCG(12, 3))
+		const nb, heads = 3, 5
+		for _, sh := range [][2]int{{64, 32}, {40, 128}, {512, 128}, {128, 512}} {
+			O, C := sh[0], sh[1]
+			// float32, x rows (i, h) C+7 floats apart, out rows O+3.
+			w := randF32(r, heads*O*C, 1)
+			xs, os := C+7, O+3
+			x := randF32(r, nb*heads*xs, 1)
+			wd, xd := up(e, w), up(e, x)
+			out := e.alloc(4 * nb * heads * os)
+			must(e.k.HeadF32(e.s, out, wd, xd, Heads{Rows: nb, Heads: heads, O: O, C: C, XRow: heads * xs, XHead: xs, ORow: heads * os, OHead: os}))
+			got := down[float32](e, out, nb*heads*os)
+			one := e.alloc(4 * O)
+			for i := range nb {
+				for h := range heads {
+					k := i*heads + h
+					must(e.k.MatF32(e.s, one, wd+uintptr(4*h*O*C), O, C, xd+uintptr(4*k*xs), 1))
+					e.exact(fmt.Sprintf("head_f32 [%d %d] row %d head %d", O, C, i, h), got[k*os:k*os+O], down[float32](e, one, O))
+				}
+			}
+			if C%64 != 0 {
+				continue
+			}
+			for _, kind := range []format.Kind{format.Q4, format.Q8} {
+				q := newQMat(e, r, heads*O, C, kind)
+				xq := randF32(r, nb*heads*C, 2)
+				want := make([]float32, nb*heads*O)
+				var sc kernels.Scratch
+				for k := range nb * heads {
+					v, ok := q.m.View((k%heads)*O, (k%heads+1)*O)
+					if !ok {
+						t.Fatalf("no view of head %d's rows", k%heads)
+					}
+					sc.MatMul(want[k*O:(k+1)*O], &v, xq[k*C:(k+1)*C], 1)
+				}
+				name := map[format.Kind]string{format.Q4: "q4", format.Q8: "q8"}[kind]
+				tab, err := HeadTab(name, q.w, heads)
+				must(err)
+				ids := make([]int32, nb*heads)
+				for k := range ids {
+					ids[k] = int32(k % heads)
+				}
+				n := nb * heads
+				a := Acts{X: up(e, xq), XSum: e.alloc(4 * n * C / 64), Rows: n, Cols: C}
+				if kind == format.Q4 {
+					a.X8, a.XS = e.alloc(n*C), e.alloc(4*n*C/64)
+				}
+				must(e.k.PrepQ4(e.s, a))
+				od := e.alloc(4 * n * O)
+				must(e.k.MatEx(e.s, name, od, up(e, tab), up(e, ids), O, a, n, true))
+				what, got := fmt.Sprintf("%s [%d %d] a head a slot", name, O, C), down[float32](e, od, n*O)
+				if kind == format.Q4 {
+					e.exact(what, got, want) // q4's integer design: the CPU's bits
+				} else {
+					e.close(what, got, want, 2e-6) // q8 sums in another order
+				}
+			}
+		}
+		if _, err := HeadTab("q4", Q4{Rows: 10, Cols: 64}, 3); err == nil {
+			t.Error("HeadTab split 10 rows into 3 heads")
+		}
+		src := randF32(r, 7*20, 1)
+		dst := e.alloc(4 * 7 * 12)
+		must(e.k.CopyRows(e.s, dst, 12, up(e, src), 20, 7, 9))
+		got := down[float32](e, dst, 7*12)
+		for i := range 7 {
+			e.exact(fmt.Sprintf("copy_rows row %d", i), got[i*12:i*12+9], src[i*20:i*20+9])
+		}
 	})
 }
 

@@ -77,7 +77,8 @@ type Runner struct {
 
 	mats    map[*block.Weight]mat
 	vecs    map[*float32]uintptr
-	kvb     map[*block.MLA]uintptr // each latent attention's W_k and W_v, float32 (kvbF32)
+	mlaTab  map[*block.MLA]mlaTabs // each latent attention's W_k and W_v tables (mla.go)
+	headOf  uintptr                // int32 [slots]: slot k's head, k % heads (headTabs)
 	experts []expert               // [layer*E + e]; nil when they stream through pool
 	// pool, when the experts do not all live in device memory, holds the
 	// ones the router asked for lately (pool.go); waveSlot is its scratch.
@@ -238,17 +239,13 @@ func allLayers(m *model.Model) []block.Layer {
 
 // NeedBytes is the device memory m's weights need: dense weights and every
 // expert of the MoE layers (scratch and each sequence's state come on
-// top). A dense layer's records are holes in the store, never uploaded. A
-// latent attention's W_k and W_v go up in float32 (kvbF32).
+// top). A dense layer's records are holes in the store, never uploaded.
 func NeedBytes(m *model.Model) (dense, experts int64) {
 	dense = m.Manifest.DenseBytes
 	n := 0
 	for _, L := range allLayers(m) {
 		if L.MoE() != nil {
 			n++
-		}
-		if x, ok := L.Mixer.(*block.MLA); ok {
-			dense += kvbGrowth(x)
 		}
 	}
 	for _, st := range m.Manifest.Stores[:1] {
@@ -315,7 +312,7 @@ func New(dev *cuda.Device, m *model.Model, cfg Config) (*Runner, error) {
 	}
 	c := &m.Config
 	r := &Runner{M: m, Dev: dev, maxRows: max(cfg.Rows, 1), ctx: max(cfg.Ctx, 1), H: c.Hidden, V: c.Vocab, E: c.Experts, K: c.TopK,
-		I: c.MoEInter, nstates: max(cfg.States, 1), mats: map[*block.Weight]mat{}, vecs: map[*float32]uintptr{}, kvb: map[*block.MLA]uintptr{},
+		I: c.MoEInter, nstates: max(cfg.States, 1), mats: map[*block.Weight]mat{}, vecs: map[*float32]uintptr{}, mlaTab: map[*block.MLA]mlaTabs{},
 		states: map[weak.Pointer[model.State]]*dstate{}, xl: len(m.Arch.Layers)}
 	if m.MTP != nil {
 		r.xl++
@@ -556,11 +553,6 @@ type piece struct {
 	// weights b are: they go up row-major, through a copy made as the
 	// piece is committed, one matrix at a time.
 	tiled *kernels.Mat
-	// fill, when set, writes the piece's n bytes as it is committed, into
-	// a buffer reused from piece to piece (weights the device takes in
-	// another layout than the pack's).
-	fill func([]byte)
-	n    int
 }
 
 func bytesOf[T any](s []T) []byte {
@@ -579,32 +571,15 @@ func (a *arena) put(b []byte) int {
 	return off
 }
 
-// putFill reserves room for n bytes that fill writes as they are
-// committed, and returns their offset.
-func (a *arena) putFill(n int, fill func([]byte)) int {
-	off := a.size
-	a.srcs = append(a.srcs, piece{off: off, fill: fill, n: n})
-	a.size += (n + 255) &^ 255
-	return off
-}
-
 // commit allocates the buffer and copies every piece in.
 func (a *arena) commit(d *cuda.Device) (cuda.Buf, error) {
 	buf, err := d.Alloc(max(a.size, 256))
 	if err != nil {
 		return buf, err
 	}
-	var tmp []byte
 	for _, p := range a.srcs {
 		if p.tiled != nil {
 			p.b = p.tiled.FlatQ()
-		}
-		if p.fill != nil {
-			if cap(tmp) < p.n {
-				tmp = make([]byte, p.n)
-			}
-			p.b = tmp[:p.n]
-			p.fill(p.b)
 		}
 		if len(p.b) > 0 {
 			if err := cuda.Upload(d, buf, p.off, p.b); err != nil {
@@ -662,7 +637,6 @@ func (r *Runner) upload() error {
 	var ar arena
 	mats := map[*block.Weight]matOffsets{}
 	vecs := map[*float32]int{}
-	kvbs := map[*block.MLA]int{}
 	w := func(x *block.Weight) {
 		if x.Present() {
 			mats[x] = putMat(&ar, &x.Mat)
@@ -710,7 +684,6 @@ func (r *Runner) upload() error {
 			}
 		case *block.MLA:
 			uploadMLA(x, w, v)
-			kvbs[x] = ar.putFill(kvbBytes(x), func(b []byte) { kvbF32(x, b) })
 		case *block.DeltaNet:
 			w(&x.QKV)
 			w(&x.Z)
@@ -746,8 +719,8 @@ func (r *Runner) upload() error {
 	for k, o := range vecs {
 		r.vecs[k] = buf.Ptr + uintptr(o)
 	}
-	for k, o := range kvbs {
-		r.kvb[k] = buf.Ptr + uintptr(o)
+	if err := r.headTabs(layers); err != nil {
+		return err
 	}
 
 	if r.streaming {
@@ -928,6 +901,7 @@ func (r *Runner) alloc() error {
 	mla := firstMLA(allLayers(r.M))
 	if mla != nil {
 		wide = max(wide, mla.QLora, mla.Heads*mla.V) // q_b's and o_proj's inputs
+		wide = max(wide, mla.Heads*mla.KVLora)       // W_v's, a head a row
 	}
 	acts := max((R*K+1)*max(H, I), R*wide)
 	// A recorded step's rows (a decode's, a verify's) share one launch.

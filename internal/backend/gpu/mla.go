@@ -3,11 +3,12 @@
 package gpu
 
 import (
+	"fmt"
 	"math"
-	"unsafe"
 
 	"github.com/sluicelm/sluice/internal/block"
 	"github.com/sluicelm/sluice/internal/cuda"
+	"github.com/sluicelm/sluice/internal/format"
 )
 
 // mlaBufs is the device scratch of DeepSeek's latent attention and its
@@ -17,8 +18,9 @@ type mlaBufs struct {
 	qa   uintptr // [rows][q_lora]: q_a, then q_a_layernorm(q_a)
 	q    uintptr // [rows][heads][nope+rope]
 	ckv  uintptr // [rows][kv_lora+rope]: the latents, then normed and rotated
+	qn   uintptr // [rows][heads][nope]: q_nope, contiguous, for a quantised W_k
 	qabs uintptr // [rows][heads][kv_lora+rope]: the absorbed queries
-	olat uintptr // [rows][heads][kv_lora]: the attention's output in the latent
+	olat uintptr // [rows][heads][kv_lora]: the attention's output in the latent (W_k's product before it)
 	o    uintptr // [rows][heads·v]
 	qi   uintptr // [rows][index_heads][index_dim]
 	ki   uintptr // [rows][index_dim]
@@ -37,9 +39,102 @@ func firstMLA(layers []block.Layer) *block.MLA {
 	return nil
 }
 
-// mlaShape is m's shape for the kernels.
-func mlaShape(m *block.MLA) cuda.MLA {
-	return cuda.MLA{Heads: m.Heads, Nope: m.Nope, Rope: m.RopeDim, V: m.V, KVLora: m.KVLora}
+// mlaTabs is one latent attention's W_k and W_v on the device: the
+// address tables (cuda.HeadTab) through which MatEx multiplies them a head
+// a slot, and their kind ("" for float32, which HeadF32 multiplies).
+type mlaTabs struct {
+	wk, wv         uintptr
+	wkKind, wvKind string
+}
+
+// exKinds names the kinds MatEx multiplies.
+var exKinds = map[format.Kind]string{format.Q4: "q4", format.Q8: "q8", format.BF16: "bf16"}
+
+// headTabs uploads the address tables of every latent attention's W_k and
+// W_v (the weights are already on the device: r.mats), and the slots'
+// heads (slot k is head k % heads).
+func (r *Runner) headTabs(layers []block.Layer) error {
+	m0 := firstMLA(layers)
+	if m0 == nil {
+		return nil
+	}
+	var ta arena
+	offs := map[*block.MLA][2]int{}
+	tab := func(w mat, heads int) (string, int, error) {
+		if w.kind == format.F32 {
+			return "", 0, nil
+		}
+		kind, ok := exKinds[w.kind]
+		if !ok {
+			return "", 0, fmt.Errorf("gpu: a latent attention's W_k or W_v of kind %s", w.kind)
+		}
+		p := w.q
+		if w.kind == format.BF16 {
+			p = w.p
+		}
+		t, err := cuda.HeadTab(kind, cuda.Q4{Rows: w.rows, Cols: w.cols, Q: p, Scales: w.s, Biases: w.b}, heads)
+		if err != nil {
+			return "", 0, err
+		}
+		return kind, ta.put(bytesOf(t)), nil
+	}
+	for _, L := range layers {
+		m, ok := L.Mixer.(*block.MLA)
+		if !ok {
+			continue
+		}
+		var t mlaTabs
+		var o [2]int
+		var err error
+		if t.wkKind, o[0], err = tab(r.wmat(&m.WK), m.Heads); err != nil {
+			return err
+		}
+		if t.wvKind, o[1], err = tab(r.wmat(&m.WV), m.Heads); err != nil {
+			return err
+		}
+		r.mlaTab[m] = t
+		offs[m] = o
+	}
+	heads := make([]int32, headSlots(m0.Heads, r.maxRows))
+	for k := range heads {
+		heads[k] = int32(k % m0.Heads)
+	}
+	hoff := ta.put(bytesOf(heads))
+	buf, err := ta.commit(r.Dev)
+	if err != nil {
+		return err
+	}
+	r.weights = append(r.weights, buf)
+	for m, o := range offs {
+		t := r.mlaTab[m]
+		t.wk, t.wv = buf.Ptr+uintptr(o[0]), buf.Ptr+uintptr(o[1])
+		r.mlaTab[m] = t
+	}
+	r.headOf = buf.Ptr + uintptr(hoff)
+	return nil
+}
+
+// headSlots is the most slots one MatEx launch of a product a head at a
+// time takes: every (row, head) of rows rows, within the grid's 65535
+// and a whole number of heads, so that each launch's first slot is head 0.
+func headSlots(heads, rows int) int {
+	return min(rows*heads, 65535/heads*heads)
+}
+
+// headMul writes out row k = W_{k % heads}·x row k for the step's
+// nb·heads rows (x [nb·heads][cols] and out [nb·heads][w.rows/heads],
+// contiguous), W at its kind through its address table: the one-row
+// kernels, a (row, head) a slot.
+func (r *Runner) headMul(out uintptr, w mat, kind string, tab uintptr, x uintptr, heads int) {
+	n, C, O := r.nb*heads, w.cols, w.rows/heads
+	step := headSlots(heads, r.maxRows)
+	for k0 := 0; k0 < n; k0 += step {
+		k1 := min(n, k0+step)
+		xk := x + uintptr(4*k0*C)
+		r.prepare(xk, k1-k0, C, w.kind)
+		a := cuda.Acts{X: xk, X8: r.x8, XS: r.xs, XSum: r.xsum, Rows: k1 - k0, Cols: C}
+		r.check(r.k.MatEx(r.s, kind, out+uintptr(4*k0*O), tab, r.headOf, O, a, k1-k0, true))
+	}
 }
 
 // mlaAttn is the attention of the step's rows over m's latent cache.
@@ -62,6 +157,7 @@ func mlaScratch(m *block.MLA, b *mlaBufs, rows, ctx, whole int, add func(*uintpt
 	add(&b.qa, rows*m.QLora)
 	add(&b.q, rows*m.Heads*(m.Nope+m.RopeDim))
 	add(&b.ckv, rows*w)
+	add(&b.qn, rows*m.Heads*m.Nope)
 	add(&b.qabs, rows*m.Heads*w)
 	add(&b.olat, rows*m.Heads*m.KVLora)
 	add(&b.o, rows*m.Heads*m.V)
@@ -82,6 +178,8 @@ func uploadMLA(m *block.MLA, w func(*block.Weight), v func([]float32)) {
 	w(&m.QA)
 	w(&m.QB)
 	w(&m.KVA)
+	w(&m.WK)
+	w(&m.WV)
 	w(&m.O)
 	v(m.QANorm.W)
 	v(m.KVANorm.W)
@@ -91,41 +189,6 @@ func uploadMLA(m *block.MLA, w func(*block.Weight), v func([]float32)) {
 		w(&ix.Weights)
 		v(ix.KNorm)
 		v(ix.KBias)
-	}
-}
-
-// kvbBytes is the size of m's W_k and W_v in the device's layout:
-// float32 kv_b_proj [heads][nope+v][kv_lora], as the absorb and W_v
-// kernels read it.
-func kvbBytes(m *block.MLA) int { return 4 * m.Heads * (m.Nope + m.V) * m.KVLora }
-
-// kvbGrowth is how many more bytes m's W_k and W_v take on the device
-// (float32, kvbBytes) than in the pack (WK and WV at its bits).
-func kvbGrowth(m *block.MLA) int64 {
-	d := int64(kvbBytes(m))
-	for _, w := range []*block.Weight{&m.WK, &m.WV} {
-		v, s := w.Mat.Kind.Sizes(w.Mat.Rows, w.Mat.Cols)
-		d -= v + 2*s
-	}
-	return d
-}
-
-// kvbF32 writes m's W_k and W_v, dequantised from the pack's WK and WV
-// (kvbBytes into b): the device keeps kv_b_proj whole in float32.
-func kvbF32(m *block.MLA, b []byte) {
-	dst := unsafe.Slice((*float32)(unsafe.Pointer(&b[0])), kvbBytes(m)/4)
-	row := make([]float32, max(m.Nope, m.KVLora))
-	for h := 0; h < m.Heads; h++ {
-		head := dst[h*(m.Nope+m.V)*m.KVLora:]
-		for c := 0; c < m.KVLora; c++ {
-			m.WK.Mat.Row(row, h*m.KVLora+c)
-			for n, x := range row[:m.Nope] {
-				head[n*m.KVLora+c] = x
-			}
-		}
-		for j := 0; j < m.V; j++ {
-			m.WV.Mat.Row(head[(m.Nope+j)*m.KVLora:(m.Nope+j+1)*m.KVLora], h*m.V+j)
-		}
 	}
 }
 
@@ -159,7 +222,7 @@ func (r *Runner) MLAPrep(m *block.MLA, cache int) {
 	r.check(r.k.RMSNorm(r.s, b.ckv, b.ckv, 0, r.vecs[&kn.W[0]], nb, m.KVLora, w, kn.Eps, kn.ZeroCentred))
 	r.check(r.k.Rope(r.s, b.ckv+uintptr(4*m.KVLora), r.cos, r.sin, nb, 1, w, 0, rh))
 	r.check(r.k.Rope(r.s, b.q+uintptr(4*m.Nope), r.cos, r.sin, nb, m.Heads, m.Heads*qw, qw, rh))
-	r.check(r.k.MLAAbsorb(r.s, b.qabs, b.q, r.kvb[m], nb, mlaShape(m)))
+	r.absorb(m)
 	ix := m.Index
 	if ix != nil {
 		r.check(r.k.LayerNorm(r.s, b.ki, b.ki, r.vecs[&ix.KNorm[0]], r.vecs[&ix.KBias[0]], nb, ix.Dim, ix.Eps))
@@ -180,6 +243,37 @@ func (r *Runner) MLAPrep(m *block.MLA, cache int) {
 	if ix != nil {
 		app(ds.vc[cache], b.ki, ix.Dim)
 	}
+}
+
+// absorb writes the absorbed queries qabs: W_k^T·q_nope a head at a time
+// (W_k's rows are [heads·kv_lora][nope], k_t), then q_rot, as the CPU's
+// MLAPrep. A quantised W_k multiplies q_nope copied contiguous, into olat
+// (free until the attention), and the product is copied into place.
+func (r *Runner) absorb(m *block.MLA) {
+	b, nb, H := &r.mla, r.nb, m.Heads
+	w, qw := m.KVLora+m.RopeDim, m.Nope+m.RopeDim
+	wk, t := r.wmat(&m.WK), r.mlaTab[m]
+	if t.wkKind == "" {
+		r.check(r.k.HeadF32(r.s, b.qabs, wk.p, b.q, cuda.Heads{Rows: nb, Heads: H, O: m.KVLora, C: m.Nope,
+			XRow: H * qw, XHead: qw, ORow: H * w, OHead: w}))
+	} else {
+		r.check(r.k.CopyRows(r.s, b.qn, m.Nope, b.q, qw, nb*H, m.Nope))
+		r.headMul(b.olat, wk, t.wkKind, t.wk, b.qn, H)
+		r.check(r.k.CopyRows(r.s, b.qabs, w, b.olat, m.KVLora, nb*H, m.KVLora))
+	}
+	r.check(r.k.CopyRows(r.s, b.qabs+uintptr(4*m.KVLora), w, b.q+uintptr(4*m.Nope), qw, nb*H, m.RopeDim))
+}
+
+// vout writes o = W_v·olat a head at a time.
+func (r *Runner) vout(m *block.MLA) {
+	b, H := &r.mla, m.Heads
+	wv, t := r.wmat(&m.WV), r.mlaTab[m]
+	if t.wvKind == "" {
+		r.check(r.k.HeadF32(r.s, b.o, wv.p, b.olat, cuda.Heads{Rows: r.nb, Heads: H, O: m.V, C: m.KVLora,
+			XRow: H * m.KVLora, XHead: m.KVLora, ORow: H * m.V, OHead: m.V}))
+		return
+	}
+	r.headMul(b.o, wv, t.wvKind, t.wv, b.olat, H)
 }
 
 // Select implements block.Backend: the indexer's scores and each row's
@@ -207,7 +301,7 @@ func (r *Runner) MLAAttend(m *block.MLA, cache int) {
 	}
 	kc := ds.kc[cache]
 	r.check(r.k.AttendLatent(r.s, b.olat, b.qabs, kc, r.attS, at))
-	r.check(r.k.MLAVOut(r.s, b.o, b.olat, r.kvb[m], r.nb, mlaShape(m)))
+	r.vout(m)
 	r.mark("attn_out")
 	r.mul(r.y, r.wmat(&m.O), b.o, r.nb, m.Heads*m.V)
 }

@@ -5,16 +5,10 @@
 // never depend on the batch.
 #include "common.cuh"
 
-// f32_mv: out[r][o] = Σ_c W[o][c]·x[r][c] for nb rows of x; one warp per
-// (o, r), lane l summing columns l, l+32, ... with fmaf, then lanes32_sum.
-extern "C" __global__ void f32_mv(const float* __restrict__ W, const float* __restrict__ x, float* __restrict__ out,
-                                  int O, int C, int nb) {
-    int o = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    int r = blockIdx.y;
-    if (o >= O || r >= nb) return;
+// f32_dot is one warp's W row · x row over C floats: lane l sums columns
+// l, l+32, ... with fmaf, then lanes32_sum. Every lane returns it.
+__device__ __forceinline__ float f32_dot(const float* __restrict__ w, const float* __restrict__ xr, int C) {
     int lane = threadIdx.x & 31;
-    const float* w = W + (size_t)o * C;
-    const float* xr = x + (size_t)r * C;
     float a = 0.0f;
     int i = lane;
     for (; i + 7 * 32 < C; i += 8 * 32) { // eight loads of each in flight, then the chain in order
@@ -25,8 +19,41 @@ extern "C" __global__ void f32_mv(const float* __restrict__ W, const float* __re
         for (int u = 0; u < 8; u++) a = fmaf(wv[u], xv[u], a);
     }
     for (; i < C; i += 32) a = fmaf(w[i], xr[i], a);
-    a = lanes32_sum(a);
-    if (lane == 0) out[(size_t)r * O + o] = a;
+    return lanes32_sum(a);
+}
+
+// f32_mv: out[r][o] = Σ_c W[o][c]·x[r][c] for nb rows of x; one warp per
+// (o, r) (f32_dot).
+extern "C" __global__ void f32_mv(const float* __restrict__ W, const float* __restrict__ x, float* __restrict__ out,
+                                  int O, int C, int nb) {
+    int o = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int r = blockIdx.y;
+    if (o >= O || r >= nb) return;
+    float a = f32_dot(W + (size_t)o * C, x + (size_t)r * C, C);
+    if ((threadIdx.x & 31) == 0) out[(size_t)r * O + o] = a;
+}
+
+// head_f32 is f32_mv a head at a time (DeepSeek's W_k and W_v in float32):
+// out row (i, h) = W_h·x row (i, h), where W is [heads·O][C] with head h's
+// O rows from row h·O, x row (i, h) is at x + i·xRow + h·xHead and out row
+// (i, h) at out + i·oRow + h·oHead. Grid (⌈O/8⌉, heads, rows).
+extern "C" __global__ void head_f32(const float* __restrict__ W, const float* __restrict__ x, float* __restrict__ out,
+                                    int O, int C, int xRow, int xHead, int oRow, int oHead) {
+    int o = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int h = blockIdx.y, i = blockIdx.z;
+    if (o >= O) return;
+    float a = f32_dot(W + ((size_t)h * O + o) * C, x + (size_t)i * xRow + (size_t)h * xHead, C);
+    if ((threadIdx.x & 31) == 0) out[(size_t)i * oRow + (size_t)h * oHead + o] = a;
+}
+
+// copy_rows: dst row r = src row r, n floats each, rows rows; the rows are
+// ds and ss floats apart.
+extern "C" __global__ void copy_rows(float* __restrict__ dst, int ds, const float* __restrict__ src, int ss, int rows,
+                                     int n) {
+    size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= (size_t)rows * n) return;
+    size_t r = t / n, c = t % n;
+    dst[r * ds + c] = src[r * ss + c];
 }
 
 // gather_rows: dst[j] = src[idx[j]] for n rows of width floats.

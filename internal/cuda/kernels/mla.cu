@@ -5,56 +5,10 @@
 // after it and choose the positions it reads.
 //
 // Layouts, per row i: q [heads][nope+rope]; the absorbed query qabs
-// [heads][kvl+rope]; kv_b_proj kvb [heads][nope+v][kvl] (W_k then W_v per
-// head, float32); the latent attention's output olat [heads][kvl]; o
-// [heads][v].
+// [heads][kvl+rope]; the latent attention's output olat [heads][kvl]; o
+// [heads][v]. W_k and W_v, per head, are products of the pack's kinds
+// (matvec.cu's expert kernels, a head a slot, or fwd.cu's head_f32).
 #include "common.cuh"
-
-// mla_absorb: qabs[i][h] = [W_k,h^T·q_nope ‖ q_rot]: element c < kvl is
-// Σ_j q[j]·kvb[h][j][c], j in order, fused (the CPU's Axpy per j). One
-// block of 128 threads per (head, row), threads over c.
-extern "C" __global__ void __launch_bounds__(128)
-mla_absorb(float* __restrict__ qabs, const float* __restrict__ q, const float* __restrict__ kvb, int heads, int nope,
-           int rope, int v, int kvl) {
-    extern __shared__ float qs[]; // [nope]
-    int h = blockIdx.x, i = blockIdx.y;
-    const float* qh = q + ((size_t)i * heads + h) * (nope + rope);
-    float* out = qabs + ((size_t)i * heads + h) * (kvl + rope);
-    for (int j = threadIdx.x; j < nope; j += blockDim.x) qs[j] = qh[j];
-    __syncthreads();
-    const float* wk = kvb + (size_t)h * (nope + v) * kvl;
-    for (int c = threadIdx.x; c < kvl; c += blockDim.x) {
-        float a = 0.0f;
-        int j = 0;
-        for (; j + 4 <= nope; j += 4) { // four loads in flight
-            float w0 = wk[(size_t)j * kvl + c], w1 = wk[(size_t)(j + 1) * kvl + c];
-            float w2 = wk[(size_t)(j + 2) * kvl + c], w3 = wk[(size_t)(j + 3) * kvl + c];
-            a = fmaf(qs[j], w0, a);
-            a = fmaf(qs[j + 1], w1, a);
-            a = fmaf(qs[j + 2], w2, a);
-            a = fmaf(qs[j + 3], w3, a);
-        }
-        for (; j < nope; j++) a = fmaf(qs[j], wk[(size_t)j * kvl + c], a);
-        out[c] = a;
-    }
-    for (int c = threadIdx.x; c < rope; c += blockDim.x) out[kvl + c] = qh[nope + c];
-}
-
-// mla_vout: o[i][h][j] = W_v,h[j]·olat[i][h]. One warp per output (lanes
-// over kvl, a butterfly sum), eight per block; grid (⌈v/8⌉, heads, rows).
-extern "C" __global__ void __launch_bounds__(256)
-mla_vout(float* __restrict__ o, const float* __restrict__ olat, const float* __restrict__ kvb, int heads, int nope,
-         int v, int kvl) {
-    int lane = threadIdx.x & 31;
-    int j = blockIdx.x * 8 + (threadIdx.x >> 5), h = blockIdx.y, i = blockIdx.z;
-    if (j >= v) return;
-    const float* w = kvb + ((size_t)h * (nope + v) + nope + j) * kvl;
-    const float* x = olat + ((size_t)i * heads + h) * kvl;
-    float a = 0.0f;
-    for (int c = lane; c < kvl; c += 32) a = fmaf(w[c], x[c], a);
-    a = warp_sum32(a);
-    if (lane == 0) o[((size_t)i * heads + h) * v + j] = a;
-}
 
 // layer_norm: dst = (x − mean)/sqrt(var + eps)·w + b over rows of n floats
 // (the biased variance, as torch's LayerNorm). One warp per row, eight

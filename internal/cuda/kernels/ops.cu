@@ -75,6 +75,55 @@ extern "C" __global__ void rmsnorm(float* dst, float* x, const float* __restrict
     }
 }
 
+// rmsnorm_block is rmsnorm for long rows, one block of NORM_THREADS per
+// row: the block loads the row (and adds the residual) into shared memory,
+// all its loads in flight at once; one warp sums the squares from there,
+// in rmsnorm's order (sum_squares32, so the bits are rmsnorm's); then the
+// block scales the row. rmsnorm's single warp waits on a load's latency
+// for every 256 floats of each of its three passes. sh holds n floats.
+#define NORM_THREADS 256
+extern "C" __global__ void __launch_bounds__(NORM_THREADS)
+rmsnorm_block(float* dst, float* x, const float* __restrict__ add, const float* __restrict__ w, int n, int stride,
+              float eps, int zc) {
+    extern __shared__ float sh[];
+    __shared__ float sinv;
+    int tid = threadIdx.x;
+    float* xr = x + (size_t)blockIdx.x * stride;
+    float* dr = dst + (size_t)blockIdx.x * stride;
+    const float* ar = add != nullptr ? add + (size_t)blockIdx.x * stride : nullptr;
+    for (int i0 = tid; i0 < n; i0 += 8 * NORM_THREADS) { // eight loads of each in flight
+        float v[8], b[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            int i = i0 + u * NORM_THREADS;
+            v[u] = i < n ? xr[i] : 0.0f;
+            b[u] = i < n && ar != nullptr ? ar[i] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            int i = i0 + u * NORM_THREADS;
+            if (i < n) {
+                if (ar != nullptr) {
+                    v[u] = __fadd_rn(v[u], b[u]);
+                    xr[i] = v[u];
+                }
+                sh[i] = v[u];
+            }
+        }
+    }
+    __syncthreads();
+    if (tid < 32) {
+        float ss = sum_squares32(sh, n);
+        if (tid == 0) sinv = (float)(1.0 / sqrt((double)__fadd_rn(__fdiv_rn(ss, (float)n), eps)));
+    }
+    __syncthreads();
+    float inv = sinv;
+    for (int i = tid; i < n; i += NORM_THREADS) {
+        float g = zc ? __fadd_rn(1.0f, w[i]) : w[i];
+        dr[i] = __fmul_rn(__fmul_rn(sh[i], inv), g);
+    }
+}
+
 // rope applies rotate-half rotary embedding to the first 2·rh dims of nh
 // head vectors per row: vector (r, h) starts at x + r·rowStride +
 // h·headStride; cos and sin are [nb][rh] (the host's tables, from
