@@ -10,7 +10,8 @@ import (
 
 // On arm64 the kernels' amd64 entry points (the *AVX2 names the dispatch
 // uses) are NEON assembly where it has been written (dot_arm64.s: the f32,
-// bf16 and q8 dots, axpy, the attention value mix, the delta-rule step, the
+// bf16 and q8 dots, axpy, the attention value mix (and its continued
+// chains, one or two outputs), the delta-rule step, the
 // q4 int8 products and the int8 quantiser; q4tile_arm64.s, ops_arm64.s and
 // vec_arm64.s) and calls of the Go twins elsewhere. Either way each
 // computes its twin's arithmetic bit for bit, so logits are the same bits
@@ -33,6 +34,12 @@ func axpyNEON(y *float32, a float32, x *float32, n int)
 
 //go:noescape
 func mixNEON(o, v *float32, stride, n, hd int, p *float32)
+
+//go:noescape
+func mixAccNEON(o, v *float32, stride, n, hd int, p *float32)
+
+//go:noescape
+func mixAcc2NEON(o1, o2, v *float32, stride, n, hd int, p1, p2 *float32)
 
 //go:noescape
 func deltaRuleNEON(S, k, q, v, kv, o *float32, decay, beta float32, dk, dv int)
@@ -76,15 +83,10 @@ func scoresAVX2(q, k *float32, stride, n, hd int, scale float32, out *float32) {
 
 func mixAVX2(o, v *float32, stride, n, hd int, p *float32) { mixNEON(o, v, stride, n, hd, p) }
 
-// mixAcc2AVX2 is two mixAccAVX2.
-func mixAcc2AVX2(o1, o2, v *float32, stride, n, hd int, p1, p2 *float32) {
-	mixAccAVX2(o1, v, stride, n, hd, p1)
-	mixAccAVX2(o2, v, stride, n, hd, p2)
-}
+func mixAccAVX2(o, v *float32, stride, n, hd int, p *float32) { mixAccNEON(o, v, stride, n, hd, p) }
 
-// mixAccAVX2 has no NEON kernel yet: the Go twin's chains.
-func mixAccAVX2(o, v *float32, stride, n, hd int, p *float32) {
-	mixAccGo(unsafe.Slice(o, hd), unsafe.Slice(v, max(n-1, 0)*stride/4+hd), stride/4, n, unsafe.Slice(p, n))
+func mixAcc2AVX2(o1, o2, v *float32, stride, n, hd int, p1, p2 *float32) {
+	mixAcc2NEON(o1, o2, v, stride, n, hd, p1, p2)
 }
 
 func expSubAVX2(s *float32, n int, mx float32) float32 { return expSubNEON(s, n, mx) }

@@ -140,6 +140,88 @@ mxstore:
 mxdone:
 	RET
 
+// func mixAccNEON(o, v *float32, stride, n, hd int, p *float32)
+// mixNEON continuing o's chains from their values (mixAccGo): o[d] +=
+// p[j]·v_j[d] fused, j in order; hd a multiple of 16.
+TEXT ·mixAccNEON(SB), NOSPLIT, $0-48
+	MOVD o+0(FP), R0
+	MOVD v+8(FP), R1
+	MOVD stride+16(FP), R2
+	MOVD n+24(FP), R3
+	MOVD hd+32(FP), R4
+	MOVD p+40(FP), R5
+	LSR $4, R4, R4
+	CBZ R4, madone
+machunk:
+	VLD1 (R0), [V0.S4, V1.S4, V2.S4, V3.S4]
+	MOVD R1, R6
+	MOVD R5, R7
+	MOVD R3, R8
+	CBZ R8, mastore
+makey:
+	VLD1R.P 4(R7), [V7.S4]
+	VLD1 (R6), [V16.S4, V17.S4, V18.S4, V19.S4]
+	VFMLA V16.S4, V7.S4, V0.S4
+	VFMLA V17.S4, V7.S4, V1.S4
+	VFMLA V18.S4, V7.S4, V2.S4
+	VFMLA V19.S4, V7.S4, V3.S4
+	ADD R2, R6, R6
+	SUBS $1, R8, R8
+	BNE makey
+mastore:
+	VST1.P [V0.S4, V1.S4, V2.S4, V3.S4], 64(R0)
+	ADD $64, R1, R1
+	SUBS $1, R4, R4
+	BNE machunk
+madone:
+	RET
+
+// func mixAcc2NEON(o1, o2, v *float32, stride, n, hd int, p1, p2 *float32)
+// mixAccNEON for two outputs and weights over the same value rows: each
+// row's 16 floats are loaded once for both chains.
+TEXT ·mixAcc2NEON(SB), NOSPLIT, $0-64
+	MOVD o1+0(FP), R0
+	MOVD o2+8(FP), R9
+	MOVD v+16(FP), R1
+	MOVD stride+24(FP), R2
+	MOVD n+32(FP), R3
+	MOVD hd+40(FP), R4
+	MOVD p1+48(FP), R5
+	MOVD p2+56(FP), R10
+	LSR $4, R4, R4
+	CBZ R4, m2done
+m2chunk:
+	VLD1 (R0), [V0.S4, V1.S4, V2.S4, V3.S4]
+	VLD1 (R9), [V20.S4, V21.S4, V22.S4, V23.S4]
+	MOVD R1, R6
+	MOVD R5, R7
+	MOVD R10, R11
+	MOVD R3, R8
+	CBZ R8, m2store
+m2key:
+	VLD1R.P 4(R7), [V7.S4]
+	VLD1R.P 4(R11), [V24.S4]
+	VLD1 (R6), [V16.S4, V17.S4, V18.S4, V19.S4]
+	VFMLA V16.S4, V7.S4, V0.S4
+	VFMLA V17.S4, V7.S4, V1.S4
+	VFMLA V18.S4, V7.S4, V2.S4
+	VFMLA V19.S4, V7.S4, V3.S4
+	VFMLA V16.S4, V24.S4, V20.S4
+	VFMLA V17.S4, V24.S4, V21.S4
+	VFMLA V18.S4, V24.S4, V22.S4
+	VFMLA V19.S4, V24.S4, V23.S4
+	ADD R2, R6, R6
+	SUBS $1, R8, R8
+	BNE m2key
+m2store:
+	VST1.P [V0.S4, V1.S4, V2.S4, V3.S4], 64(R0)
+	VST1.P [V20.S4, V21.S4, V22.S4, V23.S4], 64(R9)
+	ADD $64, R1, R1
+	SUBS $1, R4, R4
+	BNE m2chunk
+m2done:
+	RET
+
 // The float part of dotQ4I8 for one group, the exact integer sum s in
 // V20's lane 0: acc (F0) += float32(s)·(scale·xs) + bias·xsum, each
 // product and sum rounded on its own (FMULS and FADDS never fuse).
