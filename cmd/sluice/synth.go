@@ -60,6 +60,12 @@ const deepSeekV3Config = `{"model_type": "deepseek_v3", "hidden_size": 7168, "in
  "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "beta_fast": 32,
   "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}}`
 
+// deepSeekV32Config is DeepSeek-V3.2-Exp's config.json: V3's shapes with
+// model_type deepseek_v32 and the lightning indexer's keys (64 heads of
+// 128 dims; each row attends to its top 2048 positions).
+var deepSeekV32Config = strings.Replace(deepSeekV3Config, `{"model_type": "deepseek_v3",`,
+	`{"model_type": "deepseek_v32", "index_n_heads": 64, "index_head_dim": 128, "index_topk": 2048,`, 1)
+
 // glm45AirConfig is GLM-4.5-Air's config.json (zai-org/GLM-4.5-Air), less
 // the keys that only name tokens. Parsing it through the family gives the
 // config pack would write for the release.
@@ -74,7 +80,8 @@ const glm45AirConfig = `{"model_type": "glm4_moe", "hidden_size": 4096, "interme
 // synthLike returns the config of the model --like names.
 func synthLike(like string) (format.Config, bool, error) {
 	for _, l := range []struct{ like, family, config string }{
-		{"deepseek-v3", family.NameDeepSeek, deepSeekV3Config}, {"glm-4.5-air", family.NameGLM4MoE, glm45AirConfig}} {
+		{"deepseek-v3", family.NameDeepSeek, deepSeekV3Config}, {"deepseek-v3.2", family.NameDeepSeek, deepSeekV32Config},
+		{"glm-4.5-air", family.NameGLM4MoE, glm45AirConfig}} {
 		if like == l.like {
 			f, _ := family.Named(l.family)
 			c, err := f.Parse([]byte(l.config))
@@ -86,7 +93,7 @@ func synthLike(like string) (format.Config, bool, error) {
 }
 
 // synthLikes lists the names --like takes.
-const synthLikes = "qwen3.5-35b-a3b, qwen3.5-397b-a17b, qwen3-next-80b-a3b, qwen3-30b-a3b, gpt-oss-120b, deepseek-v3 or glm-4.5-air"
+const synthLikes = "qwen3.5-35b-a3b, qwen3.5-397b-a17b, qwen3-next-80b-a3b, qwen3-30b-a3b, gpt-oss-120b, deepseek-v3, deepseek-v3.2 or glm-4.5-air"
 
 // cmdSynth writes a packed model with a real model's shapes and random
 // weights, for benchmarks at real record sizes, and optionally the same
@@ -137,7 +144,7 @@ func cmdSynth(ctx context.Context, args []string) error {
 	default:
 		return fmt.Errorf("--gguf-type %q: want q4_0 or q8_0", *ggufType)
 	}
-	if *ggufPath != "" && ggufFamilies[cfg.Family] == nil {
+	if *ggufPath != "" && (ggufFamilies[cfg.Family] == nil || *like == "deepseek-v3.2") {
 		return fmt.Errorf("--gguf: %s shapes cannot be written as GGUF", *like)
 	}
 	if *layers > 0 && *layers < cfg.Layers {
@@ -371,6 +378,8 @@ func synthDense(m *format.Manifest, kind format.Kind, path string) error {
 				b = floats(n, 1) // the DeltaNet's gated norm is a plain one
 			case spread > 0:
 				b = normals(rng, n, spread)
+			case strings.HasSuffix(s.Name, "norm.bias"):
+				b = floats(n, 0) // a layer norm's bias (V3.2's indexer keys)
 			case len(s.Shape) == 1 && zc:
 				b = floats(n, 0)
 			case len(s.Shape) == 1:

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sluicelm/sluice/internal/family"
 	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/gguf"
 	"github.com/sluicelm/sluice/internal/quant"
@@ -94,16 +95,27 @@ func TestGGUFTensor(t *testing.T) {
 	}
 }
 
-// TestSynthDeepSeekV3: --like deepseek-v3 writes DeepSeek-V3's real shapes
-// (those of its public config.json: hidden 7168, vocab 129280, 128 heads,
-// MLA q_lora 1536, kv_lora 512, nope 128, rope 64, v 128, experts of 2048
-// routed top-8 within the top 4 of 8 groups, a shared expert, dense layers
-// of 18432 first, an MTP layer), cut to 2 layers and 16 experts; inspect
-// reports them, and the model decodes a few steps, with drafts from its
-// MTP layer giving the same tokens.
+// TestSynthDeepSeekV3: --like deepseek-v3.2 writes DeepSeek-V3's real
+// shapes (those of its public config.json: hidden 7168, vocab 129280, 128
+// heads, MLA q_lora 1536, kv_lora 512, nope 128, rope 64, v 128, experts
+// of 2048 routed top-8 within the top 4 of 8 groups, a shared expert,
+// dense layers of 18432 first, an MTP layer) with V3.2's indexer (64 heads
+// of 128, top 2048), cut to 2 layers and 16 experts; inspect reports them,
+// and the model decodes a few steps, with drafts from its MTP layer giving
+// the same tokens. deepseek-v3 is the same config without the indexer.
 func TestSynthDeepSeekV3(t *testing.T) {
+	for like, topK := range map[string]int{"deepseek-v3": 0, "deepseek-v3.2": 2048} {
+		c, found, err := synthLike(like)
+		var a family.DeepSeekArch
+		if err == nil {
+			err = json.Unmarshal(c.Arch, &a)
+		}
+		if !found || err != nil || c.Family != family.NameDeepSeek || a.IndexTopK != topK || topK > 0 && (a.IndexHeads != 64 || a.IndexHeadDim != 128) {
+			t.Fatalf("--like %s: %v %v, family %s, indexer %d heads of %d, top %d", like, found, err, c.Family, a.IndexHeads, a.IndexHeadDim, a.IndexTopK)
+		}
+	}
 	dir := filepath.Join(t.TempDir(), "ds")
-	ok(t, "synth", "--like", "deepseek-v3", "--layers", "2", "--experts", "16", "--route", "router", "--out", dir)
+	ok(t, "synth", "--like", "deepseek-v3.2", "--layers", "2", "--experts", "16", "--route", "router", "--out", dir)
 	out, _ := ok(t, "inspect", "--json", dir)
 	var raw map[string]any
 	decode(t, out, &raw)
@@ -115,7 +127,7 @@ func TestSynthDeepSeekV3(t *testing.T) {
 		"first_k_dense_replace": 1, "mtp_num_hidden_layers": 1,
 		"arch.q_lora_rank": 1536, "arch.kv_lora_rank": 512, "arch.qk_nope_head_dim": 128, "arch.qk_rope_head_dim": 64,
 		"arch.v_head_dim": 128, "arch.intermediate_size": 18432, "arch.n_group": 8, "arch.topk_group": 4,
-		"arch.routed_scaling_factor": 2.5,
+		"arch.routed_scaling_factor": 2.5, "arch.index_topk": 2048, "arch.index_n_heads": 64, "arch.index_head_dim": 128,
 	}
 	for k, v := range want {
 		m, key := cfg, k
@@ -151,6 +163,8 @@ func TestSynthDeepSeekV3(t *testing.T) {
 		"layers.0.mlp.gate_proj.weight": {18432, 7168}, "layers.1.mlp.gate.weight": {16, 7168},
 		"layers.1.mlp.shared_experts.down_proj.weight": {7168, 2048}, "layers.2.eh_proj.weight": {7168, 2 * 7168},
 		"layers.2.shared_head.norm.weight": {7168}, "lm_head.weight": {129280, 7168},
+		"layers.1.self_attn.indexer.wq_b.weight": {64 * 128, 1536}, "layers.1.self_attn.indexer.wk.weight": {128, 7168},
+		"layers.1.self_attn.indexer.weights_proj.weight": {64, 7168}, "layers.1.self_attn.indexer.k_norm.bias": {128},
 	} {
 		if !slices.Equal(shapes[n], s) {
 			t.Errorf("%s: shape %v, want %v", n, shapes[n], s)
@@ -160,7 +174,7 @@ func TestSynthDeepSeekV3(t *testing.T) {
 		t.Errorf("expert record %+v, want gate 2048×7168, down 7168×2048", mf.Stores)
 	}
 	checkDrafts(t, dir, 4, 2)
-	for _, bad := range [][]string{{"--experts", "12"}, {"--experts", "4"}, {"--like", "deepseek-v4"}} {
+	for _, bad := range [][]string{{"--experts", "12"}, {"--experts", "4"}, {"--like", "deepseek-v4"}, {"--gguf", "x.gguf", "--like", "deepseek-v3.2"}} {
 		_, e, code := sluice(t, append([]string{"synth", "--out", filepath.Join(t.TempDir(), "x"), "--like", "deepseek-v3"}, bad...)...)
 		if code == 0 || !strings.Contains(e, bad[0]) {
 			t.Errorf("synth %v: exit %d, %q", bad, code, e)
