@@ -83,6 +83,9 @@ func (r *Runner) headTabs(layers []block.Layer) error {
 		if !ok {
 			continue
 		}
+		if m.Heads != m0.Heads { // the slots' heads (r.headOf) are m0's
+			return fmt.Errorf("gpu: latent attention layers of %d and %d heads", m0.Heads, m.Heads)
+		}
 		var t mlaTabs
 		var o [2]int
 		var err error
