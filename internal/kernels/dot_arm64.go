@@ -33,9 +33,6 @@ func dotBF16NEON(w *uint16, x *float32, n int) float32
 func axpyNEON(y *float32, a float32, x *float32, n int)
 
 //go:noescape
-func mixNEON(o, v *float32, stride, n, hd int, p *float32)
-
-//go:noescape
 func mixAccNEON(o, v *float32, stride, n, hd int, p *float32)
 
 //go:noescape
@@ -81,7 +78,11 @@ func scoresAVX2(q, k *float32, stride, n, hd int, scale float32, out *float32) {
 	}
 }
 
-func mixAVX2(o, v *float32, stride, n, hd int, p *float32) { mixNEON(o, v, stride, n, hd, p) }
+// mixAVX2 is mixAccAVX2 from cleared chains (+0), as on amd64.
+func mixAVX2(o, v *float32, stride, n, hd int, p *float32) {
+	clear(unsafe.Slice(o, hd))
+	mixAccNEON(o, v, stride, n, hd, p)
+}
 
 func mixAccAVX2(o, v *float32, stride, n, hd int, p *float32) { mixAccNEON(o, v, stride, n, hd, p) }
 

@@ -100,49 +100,10 @@ axloop:
 axdone:
 	RET
 
-// func mixNEON(o, v *float32, stride, n, hd int, p *float32)
-// o = Σ_j p[j]·v_j over n value rows stride bytes apart, each element the
-// fused chain in j order from +0 (Attend's Axpy chain); hd a multiple of
-// 16.
-TEXT ·mixNEON(SB), NOSPLIT, $0-48
-	MOVD o+0(FP), R0
-	MOVD v+8(FP), R1
-	MOVD stride+16(FP), R2
-	MOVD n+24(FP), R3
-	MOVD hd+32(FP), R4
-	MOVD p+40(FP), R5
-	LSR $4, R4, R4
-	CBZ R4, mxdone
-mxchunk:
-	VEOR V0.B16, V0.B16, V0.B16
-	VEOR V1.B16, V1.B16, V1.B16
-	VEOR V2.B16, V2.B16, V2.B16
-	VEOR V3.B16, V3.B16, V3.B16
-	MOVD R1, R6
-	MOVD R5, R7
-	MOVD R3, R8
-	CBZ R8, mxstore
-mxkey:
-	VLD1R.P 4(R7), [V7.S4]
-	VLD1 (R6), [V16.S4, V17.S4, V18.S4, V19.S4]
-	VFMLA V16.S4, V7.S4, V0.S4
-	VFMLA V17.S4, V7.S4, V1.S4
-	VFMLA V18.S4, V7.S4, V2.S4
-	VFMLA V19.S4, V7.S4, V3.S4
-	ADD R2, R6, R6
-	SUBS $1, R8, R8
-	BNE mxkey
-mxstore:
-	VST1.P [V0.S4, V1.S4, V2.S4, V3.S4], 64(R0)
-	ADD $64, R1, R1
-	SUBS $1, R4, R4
-	BNE mxchunk
-mxdone:
-	RET
-
 // func mixAccNEON(o, v *float32, stride, n, hd int, p *float32)
-// mixNEON continuing o's chains from their values (mixAccGo): o[d] +=
-// p[j]·v_j[d] fused, j in order; hd a multiple of 16.
+// o[d] += p[j]·v_j[d] over n value rows stride bytes apart, each element
+// its fused chain continued in j order (mixAccGo; from a cleared o,
+// Attend's Axpy chain); hd a multiple of 16.
 TEXT ·mixAccNEON(SB), NOSPLIT, $0-48
 	MOVD o+0(FP), R0
 	MOVD v+8(FP), R1
