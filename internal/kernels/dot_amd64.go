@@ -51,6 +51,13 @@ func deltaRuleAVX2(S, k, q, v, kv, o *float32, decay, beta float32, dk, dv int)
 //go:noescape
 func scoresAVX2(q, k *float32, stride, n, hd int, scale float32, out *float32)
 
+// scores3AVX2 is scoresAVX2 for three queries qStride bytes apart over
+// the same keys, their scores outStride bytes apart: each key is loaded
+// once for the three. Bits of three scoresAVX2 calls.
+//
+//go:noescape
+func scores3AVX2(q *float32, qStride int, k *float32, stride, n, hd int, scale float32, out *float32, outStride int)
+
 // mixAVX2 is o = Σ_j p[j]·v_j over n values stride bytes apart, in j
 // order: each element the FMA chain Axpy would compute, from +0.
 func mixAVX2(o, v *float32, stride, n, hd int, p *float32) {

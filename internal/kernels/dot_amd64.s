@@ -464,6 +464,114 @@ scdone:
 	VZEROUPPER
 	RET
 
+// SCORE3 reduces one (head, key) pair's two chains a and b (xa, xb their
+// low halves) as dotF32AVX2 and HSUM_Y0 do, scales it by sc (a memory
+// operand) and stores it.
+#define SCORE3(a, b, xa, xb, sc, dst) \
+	VADDPS b, a, a \
+	VEXTRACTF128 $1, a, xb \
+	VADDPS xb, xa, xa \
+	VHADDPS xa, xa, xa \
+	VHADDPS xa, xa, xa \
+	VMULSS sc, xa, xa \
+	VMOVSS xa, dst
+
+// func scores3AVX2(q *float32, qStride int, k *float32, stride, n, hd int, scale float32, out *float32, outStride int)
+// scoresAVX2 for three queries qStride bytes apart over the same keys,
+// out rows outStride bytes apart: each pair of keys is loaded once for
+// the three (twelve chains in flight), and each score's arithmetic is
+// dotF32AVX2's, so the scores are scoresAVX2's bits.
+TEXT ·scores3AVX2(SB), NOSPLIT, $0-72
+	MOVQ q+0(FP), SI
+	MOVQ qStride+8(FP), R13
+	MOVQ k+16(FP), DI
+	MOVQ stride+24(FP), R8
+	MOVQ n+32(FP), R9
+	MOVQ hd+40(FP), R10
+	SHRQ $4, R10
+	MOVQ out+56(FP), R11
+	MOVQ outStride+64(FP), R12
+	LEAQ (SI)(R13*1), DX
+	LEAQ (SI)(R13*2), R14
+s3pair:
+	CMPQ R9, $2
+	JLT s3one
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+	VXORPS Y9, Y9, Y9
+	VXORPS Y10, Y10, Y10
+	VXORPS Y11, Y11, Y11
+	VXORPS Y12, Y12, Y12
+	VXORPS Y13, Y13, Y13
+	VXORPS Y14, Y14, Y14
+	VXORPS Y15, Y15, Y15
+	MOVQ R10, CX
+	XORQ AX, AX
+	MOVQ DI, BX
+s3dim:
+	VMOVUPS 0(BX), Y0
+	VMOVUPS 32(BX), Y1
+	VMOVUPS 0(BX)(R8*1), Y2
+	VMOVUPS 32(BX)(R8*1), Y3
+	VFMADD231PS 0(SI)(AX*1), Y0, Y4
+	VFMADD231PS 32(SI)(AX*1), Y1, Y5
+	VFMADD231PS 0(SI)(AX*1), Y2, Y6
+	VFMADD231PS 32(SI)(AX*1), Y3, Y7
+	VFMADD231PS 0(DX)(AX*1), Y0, Y8
+	VFMADD231PS 32(DX)(AX*1), Y1, Y9
+	VFMADD231PS 0(DX)(AX*1), Y2, Y10
+	VFMADD231PS 32(DX)(AX*1), Y3, Y11
+	VFMADD231PS 0(R14)(AX*1), Y0, Y12
+	VFMADD231PS 32(R14)(AX*1), Y1, Y13
+	VFMADD231PS 0(R14)(AX*1), Y2, Y14
+	VFMADD231PS 32(R14)(AX*1), Y3, Y15
+	ADDQ $64, AX
+	ADDQ $64, BX
+	DECQ CX
+	JNE s3dim
+	SCORE3(Y4, Y5, X4, X5, scale+48(FP), (R11))
+	SCORE3(Y6, Y7, X6, X7, scale+48(FP), 4(R11))
+	SCORE3(Y8, Y9, X8, X9, scale+48(FP), (R11)(R12*1))
+	SCORE3(Y10, Y11, X10, X11, scale+48(FP), 4(R11)(R12*1))
+	SCORE3(Y12, Y13, X12, X13, scale+48(FP), (R11)(R12*2))
+	SCORE3(Y14, Y15, X14, X15, scale+48(FP), 4(R11)(R12*2))
+	ADDQ $8, R11
+	LEAQ (DI)(R8*2), DI
+	SUBQ $2, R9
+	JMP s3pair
+s3one:
+	TESTQ R9, R9
+	JEQ s3done
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y8, Y8, Y8
+	VXORPS Y9, Y9, Y9
+	VXORPS Y12, Y12, Y12
+	VXORPS Y13, Y13, Y13
+	MOVQ R10, CX
+	XORQ AX, AX
+s3onedim:
+	VMOVUPS 0(DI)(AX*1), Y0
+	VMOVUPS 32(DI)(AX*1), Y1
+	VFMADD231PS 0(SI)(AX*1), Y0, Y4
+	VFMADD231PS 32(SI)(AX*1), Y1, Y5
+	VFMADD231PS 0(DX)(AX*1), Y0, Y8
+	VFMADD231PS 32(DX)(AX*1), Y1, Y9
+	VFMADD231PS 0(R14)(AX*1), Y0, Y12
+	VFMADD231PS 32(R14)(AX*1), Y1, Y13
+	ADDQ $64, AX
+	DECQ CX
+	JNE s3onedim
+	SCORE3(Y4, Y5, X4, X5, scale+48(FP), (R11))
+	SCORE3(Y8, Y9, X8, X9, scale+48(FP), (R11)(R12*1))
+	SCORE3(Y12, Y13, X12, X13, scale+48(FP), (R11)(R12*2))
+s3done:
+	VZEROUPPER
+	RET
+
 // func mixAccAVX2(o, v *float32, stride, n, hd int, p *float32)
 // o += Σ_j p[j]·v_j over n values stride bytes apart, in j order: each
 // element continues its FMA chain (the chain Axpy would compute) from o's

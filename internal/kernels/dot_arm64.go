@@ -78,6 +78,13 @@ func scoresAVX2(q, k *float32, stride, n, hd int, scale float32, out *float32) {
 	}
 }
 
+// scores3AVX2 is three scoresAVX2.
+func scores3AVX2(q *float32, qStride int, k *float32, stride, n, hd int, scale float32, out *float32, outStride int) {
+	for h := range 3 {
+		scoresAVX2((*float32)(unsafe.Add(unsafe.Pointer(q), h*qStride)), k, stride, n, hd, scale, (*float32)(unsafe.Add(unsafe.Pointer(out), h*outStride)))
+	}
+}
+
 // mixAVX2 is mixAccAVX2 from cleared chains (+0), as on amd64.
 func mixAVX2(o, v *float32, stride, n, hd int, p *float32) {
 	clear(unsafe.Slice(o, hd))

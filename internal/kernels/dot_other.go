@@ -14,9 +14,12 @@ func axpyAVX2(y *float32, a float32, x *float32, n int) { panic("no AVX2") }
 func deltaRuleAVX2(S, k, q, v, kv, o *float32, decay, beta float32, dk, dv int) { panic("no AVX2") }
 
 func scoresAVX2(q, k *float32, stride, n, hd int, scale float32, out *float32) { panic("no AVX2") }
-func mixAVX2(o, v *float32, stride, n, hd int, p *float32)                     { panic("no AVX2") }
-func mixAccAVX2(o, v *float32, stride, n, hd int, p *float32)                  { panic("no AVX2") }
-func mixAcc2AVX2(o1, o2, v *float32, stride, n, hd int, p1, p2 *float32)       { panic("no AVX2") }
+func scores3AVX2(q *float32, qStride int, k *float32, stride, n, hd int, scale float32, out *float32, outStride int) {
+	panic("no AVX2")
+}
+func mixAVX2(o, v *float32, stride, n, hd int, p *float32)               { panic("no AVX2") }
+func mixAccAVX2(o, v *float32, stride, n, hd int, p *float32)            { panic("no AVX2") }
+func mixAcc2AVX2(o1, o2, v *float32, stride, n, hd int, p1, p2 *float32) { panic("no AVX2") }
 
 func expSubAVX2(s *float32, n int, mx float32) float32 { panic("no AVX2") }
 

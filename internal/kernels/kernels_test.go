@@ -652,6 +652,37 @@ func TestScoresBlocks(t *testing.T) {
 	}
 }
 
+// TestScores3: three queries a pass (scores3AVX2) give three one-query
+// passes' bits, over odd and even key counts.
+func TestScores3(t *testing.T) {
+	if !useAVX2 {
+		t.Skip("no AVX2/FMA")
+	}
+	r := rand.New(rand.NewPCG(35, 36))
+	for _, hd := range []int{80, 576} {
+		for _, n := range []int{1, 2, 7, 64} {
+			stride, qs := hd+16, hd+32
+			q, kc := randVec(r, 3*qs), randVec(r, n*stride)
+			out := make([]float32, 3*(n+5))
+			scores3AVX2(&q[0], 4*qs, &kc[0], 4*stride, n, hd, 0.07, &out[0], 4*(n+5))
+			for h := 0; h < 3; h++ {
+				want := make([]float32, n)
+				scoresAVX2(&q[h*qs], &kc[0], 4*stride, n, hd, 0.07, &want[0])
+				for j := 0; j < n; j++ {
+					if got := out[h*(n+5)+j]; math.Float32bits(got) != math.Float32bits(want[j]) {
+						t.Fatalf("hd %d, %d keys, head %d key %d: %v, one query %v", hd, n, h, j, got, want[j])
+					}
+				}
+				for j := n; j < n+5; j++ {
+					if out[h*(n+5)+j] != 0 {
+						t.Fatalf("hd %d, %d keys, head %d: wrote past its keys", hd, n, h)
+					}
+				}
+			}
+		}
+	}
+}
+
 // TestQuantizeRow8Twin: the assembly quantisation equals the Go one exactly.
 func TestQuantizeRow8Twin(t *testing.T) {
 	r := rand.New(rand.NewPCG(33, 34))

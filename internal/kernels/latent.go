@@ -108,9 +108,14 @@ func AttendLatentHeads(o, q []float32, heads, qStride, oStride, dv int, kc []flo
 	_ = q[(heads-1)*qStride+w-1] // the assembly reads what Go's checks see here
 	_ = o[(heads-1)*oStride+dv-1]
 	s = s[:heads*n]
+	// The scores three heads a pass (each key loaded once for the three).
 	for b0 := 0; b0 < n; b0 += latentBlock {
 		b := min(latentBlock, n-b0)
-		for g := 0; g < heads; g++ {
+		g := 0
+		for ; g+3 <= heads; g += 3 {
+			scores3AVX2(&q[g*qStride], 4*qStride, &kc[b0*stride], 4*stride, b, w, scale, &s[g*n+b0], 4*n)
+		}
+		for ; g < heads; g++ {
 			scoresAVX2(&q[g*qStride], &kc[b0*stride], 4*stride, b, w, scale, &s[g*n+b0])
 		}
 	}
