@@ -210,8 +210,9 @@ func TestGPUBench(t *testing.T) {
 						must(e.k.PrepQ4(s, a))
 						out := e.alloc(4 * n * O)
 						ms := timed(20, func(int) {
-							for k0 := 0; k0 < n; k0 += 65408 {
-								k1 := min(n, k0+65408)
+							step := 65535 / nh * nh // the grid's slots, whole heads
+							for k0 := 0; k0 < n; k0 += step {
+								k1 := min(n, k0+step)
 								b := a
 								b.X8, b.XS, b.XSum, b.Rows = a.X8+uintptr(k0*C), a.XS+uintptr(4*k0*C/64), a.XSum+uintptr(4*k0*C/64), k1-k0
 								must(e.k.MatEx(s, "q4", out+uintptr(4*k0*O), tabd, idd+uintptr(4*k0), O, b, k1-k0, true))

@@ -772,14 +772,7 @@ func (r *Runner) upload() error {
 		r.experts[i] = expert{o[0].at(ebuf.Ptr), o[1].at(ebuf.Ptr), o[2].at(ebuf.Ptr)}
 	}
 	ex0 := &r.experts[first*r.E]
-	switch ex0.gate.kind {
-	case format.Q4:
-		r.exKind = "q4"
-	case format.Q8:
-		r.exKind = "q8"
-	case format.BF16:
-		r.exKind = "bf16"
-	}
+	r.exKind = exKinds[ex0.gate.kind] // "" for a kind MatEx does not take
 	// The shared expert joins the routed ones in a recorded one-row step
 	// as entry E of every table (slot K, with id E), when it has their
 	// shape and kind: one launch per product serves both.

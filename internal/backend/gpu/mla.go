@@ -47,7 +47,8 @@ type mlaTabs struct {
 	wkKind, wvKind string
 }
 
-// exKinds names the kinds MatEx multiplies.
+// exKinds names the kinds MatEx multiplies (the recorded step's experts,
+// and W_k and W_v a head at a time).
 var exKinds = map[format.Kind]string{format.Q4: "q4", format.Q8: "q8", format.BF16: "bf16"}
 
 // headTabs uploads the address tables of every latent attention's W_k and
