@@ -70,10 +70,23 @@ func deltaRuleAVX2(S, k, q, v, kv, o *float32, decay, beta float32, dk, dv int) 
 	deltaRuleNEON(S, k, q, v, kv, o, decay, beta, dk, dv)
 }
 
-// scoresAVX2 is out[j] = dot(q, k_j)·scale for n keys stride bytes apart.
+// scoresAVX2 is out[j] = dot(q, k_j)·scale for n keys stride bytes apart:
+// four keys a call of dotF32x4NEON (the query loaded once for the four,
+// each sum dotF32NEON's bits) where hd is whole steps of 16, the rest one
+// by one.
 func scoresAVX2(q, k *float32, stride, n, hd int, scale float32, out *float32) {
 	o := f32s2(out, n)
-	for j := range o {
+	j := 0
+	if hd%16 == 0 {
+		for ; j+4 <= n; j += 4 {
+			dotF32x4NEON(q, (*float32)(unsafe.Add(unsafe.Pointer(k), j*stride)), stride, hd, &o[j], 4)
+			o[j] *= scale
+			o[j+1] *= scale
+			o[j+2] *= scale
+			o[j+3] *= scale
+		}
+	}
+	for ; j < n; j++ {
 		o[j] = dotF32NEON(q, (*float32)(unsafe.Add(unsafe.Pointer(k), j*stride)), hd) * scale
 	}
 }
