@@ -152,3 +152,49 @@ func mixAccGo(o, v []float32, stride, n int, p []float32) {
 		}
 	}
 }
+
+// IndexScores writes the sparse-attention indexer's scores of n keys for
+// one row: sc[t] = Σ_h float32(ws[h]·relu(Dot(q_h, k_t)·scale)), heads in
+// order, where q is [heads][dim], k is [n][dim] and ws[h] is head h's
+// weight (DeepSeek-V3.2's weights_proj output times heads^-½). Each
+// product is rounded before its sum, so every CPU gives the same bits.
+// The dots run a block of keys at a time, three heads a pass over each
+// pair of keys (scores3AVX2: each score Dot·scale's bits), so the result
+// is that of the formula taken a key and a head at a time; d is scratch
+// (at least heads floats; a block is len(d)/heads keys, at most 64).
+func IndexScores(sc, q []float32, heads, dim int, k []float32, n int, scale float32, ws, d []float32) {
+	blk := min(len(d)/max(heads, 1), latentBlock)
+	if !useAVX2 || dim%16 != 0 || blk == 0 || n == 0 || heads == 0 {
+		for t := 0; t < n; t++ {
+			kt := k[t*dim : (t+1)*dim]
+			var v float32
+			for h := 0; h < heads; h++ {
+				x := Dot(q[h*dim:(h+1)*dim], kt) * scale
+				v += float32(ws[h] * max(x, 0))
+			}
+			sc[t] = v
+		}
+		return
+	}
+	_ = k[n*dim-1]
+	_ = q[heads*dim-1] // the assembly reads what Go's checks see here
+	_ = d[heads*blk-1]
+	ws, sc = ws[:heads], sc[:n]
+	for b0 := 0; b0 < n; b0 += blk {
+		b := min(blk, n-b0)
+		h := 0
+		for ; h+3 <= heads; h += 3 {
+			scores3AVX2(&q[h*dim], 4*dim, &k[b0*dim], 4*dim, b, dim, scale, &d[h*blk], 4*blk)
+		}
+		for ; h < heads; h++ {
+			scoresAVX2(&q[h*dim], &k[b0*dim], 4*dim, b, dim, scale, &d[h*blk])
+		}
+		for j := 0; j < b; j++ {
+			var v float32
+			for h, w := range ws {
+				v += float32(w * max(d[h*blk+j], 0))
+			}
+			sc[b0+j] = v
+		}
+	}
+}

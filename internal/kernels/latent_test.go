@@ -167,3 +167,69 @@ func BenchmarkAttendLatentHeads(b *testing.B) {
 		}
 	})
 }
+
+// TestIndexScores: the indexer's scores a block of keys at a time, three
+// heads a pass, give the bits of the formula taken a key and a head at a
+// time, over head counts that are and are not multiples of three, blocks
+// of several sizes (the scratch sets them) and widths with and without
+// the assembly path.
+func TestIndexScores(t *testing.T) {
+	r := rand.New(rand.NewPCG(41, 42))
+	for _, dim := range []int{32, 128, 40} {
+		for _, heads := range []int{1, 4, 64} {
+			for _, n := range []int{1, 63, 65, 200} {
+				q, k := randVec(r, heads*dim), randVec(r, n*dim)
+				ws := randVec(r, heads)
+				want := make([]float32, n)
+				for j := range n {
+					var v float32
+					for h := range heads {
+						x := Dot(q[h*dim:(h+1)*dim], k[j*dim:(j+1)*dim]) * 0.09
+						v += float32(ws[h] * max(x, 0))
+					}
+					want[j] = v
+				}
+				for _, blk := range []int{64, 7} {
+					got := make([]float32, n+3)
+					IndexScores(got, q, heads, dim, k, n, 0.09, ws, make([]float32, heads*blk))
+					for j := range n {
+						if math.Float32bits(got[j]) != math.Float32bits(want[j]) {
+							t.Fatalf("dim %d, %d heads, %d keys, blocks of %d: key %d = %v, one at a time %v", dim, heads, n, blk, j, got[j], want[j])
+						}
+					}
+					if got[n] != 0 {
+						t.Fatalf("dim %d, %d heads, %d keys: wrote past its keys", dim, heads, n)
+					}
+				}
+			}
+		}
+	}
+}
+
+// BenchmarkIndexScores: DeepSeek-V3.2's indexer over 4096 positions (64
+// heads of 128) for one row, a key and a head at a time (the formula) and
+// through IndexScores, one thread.
+func BenchmarkIndexScores(b *testing.B) {
+	r := rand.New(rand.NewPCG(43, 44))
+	const heads, dim, n = 64, 128, 4096
+	q, k, ws := randVec(r, heads*dim), randVec(r, n*dim), randVec(r, heads)
+	sc := make([]float32, n)
+	b.Run("formula", func(b *testing.B) {
+		for b.Loop() {
+			for j := range n {
+				var v float32
+				for h := range heads {
+					x := Dot(q[h*dim:(h+1)*dim], k[j*dim:(j+1)*dim]) * 0.09
+					v += float32(ws[h] * max(x, 0))
+				}
+				sc[j] = v
+			}
+		}
+	})
+	d := make([]float32, heads*64)
+	b.Run("blocks", func(b *testing.B) {
+		for b.Loop() {
+			IndexScores(sc, q, heads, dim, k, n, 0.09, ws, d)
+		}
+	})
+}

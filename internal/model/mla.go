@@ -188,21 +188,30 @@ func (t *scoreTask) Run(lo, hi int) { t.r.indexScores(t.ix, t.vc, t.row, lo, hi,
 
 // indexScores writes into sc[lo:hi] the indexer's scores of positions
 // lo..hi for row i: Σ_h w_h·heads^-½·relu(dim^-½·q_h·k_t), heads in order.
+// The dots run a block of positions at a time for all heads
+// (kernels.IndexScores), in scratch on the stack of whichever thread runs
+// the span.
 func (r *Runner) indexScores(ix *block.Indexer, vc []float32, i, lo, hi int, sc []float32) {
 	s := &r.mla
 	scale := float32(1 / math.Sqrt(float64(ix.Dim)))
 	wscale := float32(1 / math.Sqrt(float64(ix.Heads)))
 	wts := s.wts[i*ix.Heads : (i+1)*ix.Heads]
-	for t := lo; t < hi; t++ {
-		k := vc[t*ix.Dim : (t+1)*ix.Dim]
-		var v float32
-		for h := 0; h < ix.Heads; h++ {
-			d := kernels.Dot(s.qi[(i*ix.Heads+h)*ix.Dim:(i*ix.Heads+h+1)*ix.Dim], k) * scale
-			v += float32(wts[h] * wscale * max(d, 0)) // rounded before the sum on every CPU; weights_proj·heads^-½, relu(scale·q·k)
-		}
-		sc[t] = v
+	var buf [indexScratch]float32
+	tmp := buf[:]
+	if 2*ix.Heads > len(buf) {
+		tmp = make([]float32, 2*ix.Heads) // more heads than any release has
 	}
+	ws := tmp[:ix.Heads]
+	for h, w := range wts {
+		ws[h] = w * wscale // weights_proj·heads^-½, rounded as before its product with relu(scale·q·k)
+	}
+	q := s.qi[i*ix.Heads*ix.Dim : (i+1)*ix.Heads*ix.Dim]
+	kernels.IndexScores(sc[lo:hi], q, ix.Heads, ix.Dim, vc[lo*ix.Dim:hi*ix.Dim], hi-lo, scale, ws, tmp[ix.Heads:])
 }
+
+// indexScratch is indexScores' scratch in floats: the heads' weights and
+// the dots of 64 positions at DeepSeek-V3.2's 64 heads (16.5 KB).
+const indexScratch = 64*64 + 64
 
 // MLAAttend implements block.Backend.
 func (r *Runner) MLAAttend(m *block.MLA, cache int) {
