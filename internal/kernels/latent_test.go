@@ -168,6 +168,19 @@ func BenchmarkAttendLatentHeads(b *testing.B) {
 	})
 }
 
+// indexFormula is the indexer's scores a key and a head at a time, as
+// IndexScores defines them.
+func indexFormula(sc, q []float32, heads, dim int, k []float32, n int, scale float32, ws []float32) {
+	for j := range n {
+		var v float32
+		for h := range heads {
+			x := Dot(q[h*dim:(h+1)*dim], k[j*dim:(j+1)*dim]) * scale
+			v += float32(ws[h] * max(x, 0))
+		}
+		sc[j] = v
+	}
+}
+
 // TestIndexScores: the indexer's scores a block of keys at a time, three
 // heads a pass, give the bits of the formula taken a key and a head at a
 // time, over head counts that are and are not multiples of three, blocks
@@ -181,14 +194,7 @@ func TestIndexScores(t *testing.T) {
 				q, k := randVec(r, heads*dim), randVec(r, n*dim)
 				ws := randVec(r, heads)
 				want := make([]float32, n)
-				for j := range n {
-					var v float32
-					for h := range heads {
-						x := Dot(q[h*dim:(h+1)*dim], k[j*dim:(j+1)*dim]) * 0.09
-						v += float32(ws[h] * max(x, 0))
-					}
-					want[j] = v
-				}
+				indexFormula(want, q, heads, dim, k, n, 0.09, ws)
 				for _, blk := range []int{64, 7} {
 					got := make([]float32, n+3)
 					IndexScores(got, q, heads, dim, k, n, 0.09, ws, make([]float32, heads*blk))
@@ -216,14 +222,7 @@ func BenchmarkIndexScores(b *testing.B) {
 	sc := make([]float32, n)
 	b.Run("formula", func(b *testing.B) {
 		for b.Loop() {
-			for j := range n {
-				var v float32
-				for h := range heads {
-					x := Dot(q[h*dim:(h+1)*dim], k[j*dim:(j+1)*dim]) * 0.09
-					v += float32(ws[h] * max(x, 0))
-				}
-				sc[j] = v
-			}
+			indexFormula(sc, q, heads, dim, k, n, 0.09, ws)
 		}
 	})
 	d := make([]float32, heads*64)
