@@ -36,3 +36,9 @@ func halfWideZMM() bool {
 	v, f, _ := x86Model()
 	return v == "AuthenticAMD" && f == 0x19
 }
+
+// amdCPU reports an AMD CPU.
+func amdCPU() bool {
+	v, _, _ := x86Model()
+	return v == "AuthenticAMD"
+}

@@ -48,4 +48,7 @@ func TestX86Model(t *testing.T) {
 	if zmm := q4RowsMode&q4RowsZMM != 0; zmm != (useVNNI && !zen4) {
 		t.Errorf("decode mode %d: 512-bit variant %v on %s family %d (VNNI %v)", q4RowsMode, zmm, vendor, family, useVNNI)
 	}
+	if amd := vendor == "AuthenticAMD" && useVNNI && !zen4; amdZMM != amd {
+		t.Errorf("amdZMM %v on %s family %d (VNNI %v)", amdZMM, vendor, family, useVNNI)
+	}
 }

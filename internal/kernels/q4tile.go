@@ -72,12 +72,41 @@ func (t *matmulTask) runQ4(lo, hi int) {
 func flatTile(w *Mat, w0, n int, buf []byte) *byte {
 	rb := w.Cols / 2
 	b := buf[:n*rb]
-	for i := range n {
+	i := 0
+	if w0%TileRows == 0 {
+		// Whole tiles group by group, so that each tile is read in order,
+		// one sequential stream as the decode reads it.
+		full := min(n, w.Rows/TileRows*TileRows-w0) / TileRows * TileRows
+		for ; i < full; i += TileRows {
+			untile(b[i*rb:][:TileRows*rb], w.Q[(w0+i)*rb:][:TileRows*rb], rb)
+		}
+	}
+	for ; i < n; i++ {
 		if q := w.rowQ4(w0+i, b[i*rb:(i+1)*rb]); &q[0] != &b[i*rb] {
 			copy(b[i*rb:], q)
 		}
 	}
 	return &b[0]
+}
+
+// untile writes the tile src (TileRows rows of rb bytes, tiled) to dst
+// row-major, group by group so that src is read in order. The 32-byte
+// copies of the Go loop each call memmove, as many calls a tile as it has
+// bytes over 32, which cost about as much as reading the tile: the
+// assembly moves a group's 8 rows a pass, prefetching ahead.
+func untile(dst, src []byte, rb int) {
+	ng := rb / tileGroup
+	_, _ = dst[TileRows*rb-1], src[TileRows*rb-1]
+	if q4RowsTiles && useAVX2 {
+		untileAVX2(&dst[0], rb, &src[0], ng)
+		return
+	}
+	for g := range ng {
+		s := src[g*TileRows*tileGroup:][:TileRows*tileGroup]
+		for r := range TileRows {
+			*(*[tileGroup]byte)(dst[r*rb+g*tileGroup:]) = *(*[tileGroup]byte)(s[r*tileGroup:])
+		}
+	}
 }
 
 // roomTail returns n bytes of *room past its first used floats (where
@@ -158,18 +187,29 @@ const (
 // hardware prefetchers follow one stream where they follow 8 streams
 // 1 KB apart poorly, which the software prefetch of the next tile only
 // partly made up for. On an Intel Xeon with AVX-512 VNNI the tiled
-// 256-bit decode gained nothing (19.7-20.1 GB/s against 20.5-24.7). The resident 40-layer qwen3.5-35b-a3b synth then
+// 256-bit decode gained nothing (19.7-20.1 GB/s against 20.5-24.7), so
+// there, where the 512-bit variant runs (q4RowsZMM), the matrices stay
+// row-major. The resident 40-layer qwen3.5-35b-a3b synth then
 // decoded faster in six of seven alternating pairs (median 1.09x; the
-// README's Zen 4 section). Where the
-// 512-bit variant runs (q4RowsZMM) the matrices stay row-major: there the
-// tiled layout, read on 256-bit registers, is unmeasured. For comparison,
-// SLUICE_FLATQ4 in the environment keeps them row-major everywhere, and
-// SLUICE_TILEQ4 tiles them wherever the amd64 kernels run (the decode
-// then on 256-bit registers).
+// README's Zen 4 section). On a 2-core Zen 5, which runs the 512-bit
+// variant at full width, the tiled layout on 256-bit registers still
+// decoded faster than row-major rows on 512-bit ones (amdZMM): medians of
+// alternating runs of sluice bench --prompt 1 --gen 64 --repeat 2, 96.0
+// against 88.2 tok/s on an 8-layer qwen3-30b-a3b synth (7 rounds), 50.3
+// against 47.7 on a 3-layer glm-4.5-air one (5 rounds), and 18.9 against
+// 18.9 on a 4-layer deepseek-v3 cut (5 rounds); a tiled 512-bit variant
+// (two rows of a group per register) was no faster than the 256-bit one
+// from memory and decoded more slowly (median 89.4 tok/s). Its prefill
+// (--prompt 512) lost 7% to the gathers of flatTile until untile made
+// them one pass of vector moves: 576.8 against 585.6 tok/s row-major
+// (medians of 5 alternating rounds). For
+// comparison, SLUICE_FLATQ4 in the environment keeps them row-major
+// everywhere, and SLUICE_TILEQ4 tiles them wherever the amd64 kernels run
+// (the decode then on 256-bit registers).
 func TiledQ4() bool { return tiledQ4 }
 
 var tiledQ4 = q4RowsTiles && useAVX2 && os.Getenv("SLUICE_FLATQ4") == "" &&
-	(q4RowsMode&q4RowsZMM == 0 || os.Getenv("SLUICE_TILEQ4") != "")
+	(q4RowsMode&q4RowsZMM == 0 || amdZMM || os.Getenv("SLUICE_TILEQ4") != "")
 
 // q4RowsMode is the decode kernel's variant on this CPU. With the weights
 // in memory rather than cache (a decode step at real shapes), the prefetch

@@ -22,6 +22,11 @@ var useVNNI = cpu.X86.HasAVX512F && cpu.X86.HasAVX512BW && cpu.X86.HasAVX512VL &
 // 256-bit one (q4RowsMode).
 var splitZMM = useVNNI && halfWideZMM()
 
+// amdZMM is set on AMD CPUs with the 512-bit variant (Zen 5 and later),
+// whose decode reads the tiled layout on 256-bit registers faster than
+// row-major rows on 512-bit ones (TiledQ4).
+var amdZMM = useVNNI && !splitZMM && amdCPU()
+
 // q4TileVNNI computes a tile of 16 weight rows against nb activation rows
 // (see q4tile_amd64.s for the arguments); each result is dotQ4I8's.
 //
@@ -41,6 +46,12 @@ func q4TileAVX2(q *byte, qstride int, scales, biases *float32, ng, nrows, nout i
 //
 //go:noescape
 func q4Rows(q *byte, qstride int, scales, biases *uint16, ng, n int, x8 *int8, xs, xsum *float32, out *float32, mode uint8, room *[]float32)
+
+// untileAVX2 writes a tile of 8 rows of rb bytes (ng groups), tiled at
+// src, row-major to dst (untile).
+//
+//go:noescape
+func untileAVX2(dst *byte, rb int, src *byte, ng int)
 
 // q4RowsTiles says q4Rows reads the tiled layout (mode q4RowsTiled).
 const q4RowsTiles = true

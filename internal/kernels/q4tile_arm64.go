@@ -11,8 +11,9 @@ import "unsafe"
 // useVNNI is amd64's AVX-512 tile kernel: never on arm64.
 var useVNNI = false
 
-// splitZMM is the amd64 flag of the same name, never set here.
-const splitZMM = false
+// splitZMM and amdZMM are the amd64 flags of the same names, never set
+// here.
+const splitZMM, amdZMM = false, false
 
 func q4TileVNNI(q *byte, qstride int, scales, biases *float32, ng, nrows, nout int, x8 *int8, xs, xsum *float32, nb int, out *float32, ostride int) {
 	panic("no AVX-512 on arm64")
@@ -89,3 +90,6 @@ func q4RowsOne(q *byte, qstride int, scales, biases *float32, ng, lo, hi int, x8
 // tiled matrix's rows are gathered one at a time (TiledQ4 never asks for
 // one here).
 const q4RowsTiles = false
+
+// untileAVX2 is amd64's: untile calls it only where q4RowsTiles is set.
+func untileAVX2(dst *byte, rb int, src *byte, ng int) { panic("unreachable") }

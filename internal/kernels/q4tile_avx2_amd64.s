@@ -1134,3 +1134,48 @@ rnext:
 rdone:
 	VZEROUPPER
 	RET
+
+// func untileAVX2(dst *byte, rb int, src *byte, ng int)
+//
+// A tile of 8 rows of rb bytes, tiled at src (a group's 8 rows of 32 bytes
+// side by side, group after group), row-major to dst: per group, 256
+// bytes read in order and 8 stores rb apart. It prefetches the lines 1 KB
+// ahead, past the tile's end too (prefetches never fault).
+TEXT ·untileAVX2(SB), NOSPLIT, $0-32
+	MOVQ dst+0(FP), DI
+	MOVQ rb+8(FP), BX
+	MOVQ src+16(FP), SI
+	MOVQ ng+24(FP), CX
+	LEAQ (BX)(BX*2), DX
+	LEAQ (DI)(BX*4), R8
+	TESTQ CX, CX
+	JEQ udone
+uloop:
+	PREFETCHT0 1024(SI)
+	PREFETCHT0 1088(SI)
+	PREFETCHT0 1152(SI)
+	PREFETCHT0 1216(SI)
+	VMOVDQU (SI), Y0
+	VMOVDQU 32(SI), Y1
+	VMOVDQU 64(SI), Y2
+	VMOVDQU 96(SI), Y3
+	VMOVDQU 128(SI), Y4
+	VMOVDQU 160(SI), Y5
+	VMOVDQU 192(SI), Y6
+	VMOVDQU 224(SI), Y7
+	VMOVDQU Y0, (DI)
+	VMOVDQU Y1, (DI)(BX*1)
+	VMOVDQU Y2, (DI)(BX*2)
+	VMOVDQU Y3, (DI)(DX*1)
+	VMOVDQU Y4, (R8)
+	VMOVDQU Y5, (R8)(BX*1)
+	VMOVDQU Y6, (R8)(BX*2)
+	VMOVDQU Y7, (R8)(DX*1)
+	ADDQ $256, SI
+	ADDQ $32, DI
+	ADDQ $32, R8
+	DECQ CX
+	JNE uloop
+udone:
+	VZEROUPPER
+	RET

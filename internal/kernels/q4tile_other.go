@@ -4,8 +4,9 @@ package kernels
 
 var useVNNI = false
 
-// splitZMM is the amd64 flag of the same name, never set here.
-const splitZMM = false
+// splitZMM and amdZMM are the amd64 flags of the same names, never set
+// here.
+const splitZMM, amdZMM = false, false
 
 func q4TileVNNI(q *byte, qstride int, scales, biases *float32, ng, nrows, nout int, x8 *int8, xs, xsum *float32, nb int, out *float32, ostride int) {
 	panic("no AVX-512")
@@ -27,3 +28,6 @@ func q4Rows(q *byte, qstride int, scales, biases *uint16, ng, n int, x8 *int8, x
 // tiled matrix's rows are gathered one at a time (TiledQ4 never asks for
 // one here).
 const q4RowsTiles = false
+
+// untileAVX2 is amd64's: untile calls it only where q4RowsTiles is set.
+func untileAVX2(dst *byte, rb int, src *byte, ng int) { panic("unreachable") }
