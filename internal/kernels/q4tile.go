@@ -90,10 +90,10 @@ func flatTile(w *Mat, w0, n int, buf []byte) *byte {
 }
 
 // untile writes the tile src (TileRows rows of rb bytes, tiled) to dst
-// row-major, group by group so that src is read in order. The 32-byte
-// copies of the Go loop each call memmove, as many calls a tile as it has
-// bytes over 32, which cost about as much as reading the tile: the
-// assembly moves a group's 8 rows a pass, prefetching ahead.
+// row-major, group by group so that src is read in order. The Go loop's
+// 32-byte copies each call memmove, a call per 32 bytes, which costs
+// about as much as reading the tile; the assembly moves a group's 8 rows
+// a pass, prefetching ahead.
 func untile(dst, src []byte, rb int) {
 	ng := rb / tileGroup
 	_, _ = dst[TileRows*rb-1], src[TileRows*rb-1]
