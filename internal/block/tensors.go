@@ -108,7 +108,7 @@ func (t *Tensors) mat(name string, quant bool, shape []int) Weight {
 		t.err = err
 		return Weight{}
 	}
-	if t.tile && m.Kind == format.Q4 && m.Rows >= kernels.TileRows {
+	if t.tile && kernels.Tiles(&m) {
 		if !t.tiled[ft.Offset] {
 			t.tmp = kernels.TileQ4(m.Q, m.Rows, m.Cols, t.tmp)
 			t.tiled[ft.Offset] = true

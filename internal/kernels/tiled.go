@@ -13,6 +13,23 @@ const tileGroup = format.GroupSize / 2
 // rows take a heap buffer.
 const rowQRoom = 4096
 
+// Tiles reports whether a loader that tiles (TiledQ4) tiles m: a q4
+// matrix of a whole tile of rows or more, except, where the decode has
+// the 512-bit variant (amdZMM), rows of an odd number of groups, which
+// decoded faster row-major there. gpt-oss's 2880 columns (45 groups) are
+// such rows: on a 2-core Zen 5, a 2-layer gpt-oss-120b synth decoded at
+// 107.9 tok/s tiled against 115.0 row-major (medians of 6 alternating
+// rounds of sluice bench --prompt 1 --gen 64, row-major ahead in 5), and
+// BenchmarkQ4DecodeDRAM's whole2 on 2880×2880 matrices read 46.5-56.3
+// GB/s row-major against 46.6-50.0 tiled (3 runs). Of the even widths
+// measured in the same runs, rows of 256 B to 3.5 KB read as fast or
+// faster tiled, but for 2 KB rows (1408×4096: 44.9-45.6 row-major against
+// 41.8-44.9), and the 3-layer glm-4.5-air synth, whose experts have such
+// rows, decoded faster tiled (TiledQ4).
+func Tiles(m *Mat) bool {
+	return m.Kind == format.Q4 && m.Rows >= TileRows && !(amdZMM && m.Cols/format.GroupSize%2 == 1)
+}
+
 // TileQ4 rearranges the row-major q4 weights q of a rows×cols matrix into
 // the tiled layout of Mat.Tiled, in place: within each whole tile of
 // TileRows rows, group g of row r moves to (g·TileRows + r)·32 bytes from

@@ -52,6 +52,30 @@ func TestTileQ4Layout(t *testing.T) {
 	}
 }
 
+// TestTiles: q4 matrices of a whole tile of rows or more are tiled, but
+// for rows of an odd number of groups where the decode has the 512-bit
+// variant on an AMD CPU; others never.
+func TestTiles(t *testing.T) {
+	r := rand.New(rand.NewPCG(67, 68))
+	for _, c := range []struct {
+		rows, cols int
+		kind       format.Kind
+		want       bool
+	}{
+		{8, 128, format.Q4, true},
+		{16, 2048, format.Q4, true},
+		{7, 128, format.Q4, false},
+		{8, 192, format.Q4, !amdZMM},
+		{16, 2880, format.Q4, !amdZMM},
+		{8, 128, format.Q8, false},
+	} {
+		m, _ := encodeMat(t, randVec(r, c.rows*c.cols), c.rows, c.cols, c.kind)
+		if got := Tiles(&m); got != c.want {
+			t.Errorf("%v %d×%d: Tiles %v, want %v (amdZMM %v)", c.kind, c.rows, c.cols, got, c.want, amdZMM)
+		}
+	}
+}
+
 // TestQ4RowsTiled: the decode kernel on tiled weights gives the Go twin's
 // bits in every 256-bit variant.
 func TestQ4RowsTiled(t *testing.T) {

@@ -197,9 +197,8 @@ func (e *Expert) tile(tmp []byte) []byte {
 	return tmp
 }
 
-// tiles reports whether the tiled layout applies to m: a q4 matrix of a
-// whole tile of rows or more.
-func tiles(m *kernels.Mat) bool { return m.Kind == format.Q4 && m.Rows >= kernels.TileRows }
+// tiles reports whether the tiled layout applies to m (kernels.Tiles).
+func tiles(m *kernels.Mat) bool { return kernels.Tiles(m) }
 
 // TileRecord rearranges one expert record laid out as st says into the
 // tiled layout in place (the q4 matrices that span a whole tile), for
