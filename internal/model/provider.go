@@ -189,16 +189,13 @@ func (r *Resident) tile(ctx context.Context) error {
 // rearranged once, however many views they have.
 func (e *Expert) tile(tmp []byte) []byte {
 	for _, m := range []*kernels.Mat{&e.Gate, &e.Up, &e.Down} {
-		if tiles(m) {
+		if kernels.Tiles(m) {
 			tmp = kernels.TileQ4(m.Q, m.Rows, m.Cols, tmp)
 			m.Tiled = true
 		}
 	}
 	return tmp
 }
-
-// tiles reports whether the tiled layout applies to m (kernels.Tiles).
-func tiles(m *kernels.Mat) bool { return kernels.Tiles(m) }
 
 // TileRecord rearranges one expert record laid out as st says into the
 // tiled layout in place (the q4 matrices that span a whole tile), for
@@ -215,7 +212,7 @@ func TileRecord(rec []byte, st *format.ExpertStore, tmp []byte) ([]byte, error) 
 // rearranged.
 func (e *Expert) MarkTiled() {
 	for _, m := range []*kernels.Mat{&e.Gate, &e.Up, &e.Down} {
-		if tiles(m) {
+		if kernels.Tiles(m) {
 			m.Tiled = true
 		}
 	}
