@@ -104,19 +104,13 @@ func BenchmarkQ4DecodeDRAM(b *testing.B) {
 		per := int64(len(ms[0].Q) + 4*len(ms[0].Scales))
 		name := fmt.Sprintf("%dx%d", sh[0], sh[1])
 		benchModes(b, ms, x, per, name, "", q4RowsModes())
-		// The same weights tiled (TileQ4), for the 256-bit variants.
+		// The same weights tiled (TileQ4).
 		var tmp []byte
 		for i := range ms {
 			tmp = TileQ4(ms[i].Q, ms[i].Rows, ms[i].Cols, tmp)
 			ms[i].Tiled = true
 		}
-		var ymm []uint8
-		for _, mode := range q4RowsModes() {
-			if mode&q4RowsZMM == 0 {
-				ymm = append(ymm, mode)
-			}
-		}
-		benchModes(b, ms, x, per, name, "-tiled", ymm)
+		benchModes(b, ms, x, per, name, "-tiled", q4RowsModes())
 		free()
 	}
 }
@@ -243,14 +237,12 @@ func BenchmarkQ4RowsModes(b *testing.B) {
 		for _, mode := range q4RowsModes() {
 			run(mode, "")
 		}
-		// The same matrix tiled (TileQ4), for the 256-bit variants.
+		// The same matrix tiled (TileQ4).
 		m.Q = append([]byte(nil), m.Q...)
 		TileQ4(m.Q, m.Rows, m.Cols, nil)
 		m.Tiled = true
 		for _, mode := range q4RowsModes() {
-			if mode&q4RowsZMM == 0 {
-				run(mode, "-tiled")
-			}
+			run(mode, "-tiled")
 		}
 		free()
 	}

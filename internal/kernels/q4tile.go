@@ -91,20 +91,26 @@ func flatTile(w *Mat, w0, n int, buf []byte) *byte {
 
 // untile writes the tile src (TileRows rows of rb bytes, tiled) to dst
 // row-major, group by group so that src is read in order. The Go loop's
-// 32-byte copies each call memmove, a call per 32 bytes, which costs
-// about as much as reading the tile; the assembly moves a group's 8 rows
-// a pass, prefetching ahead.
+// 8-byte moves cost about as much as reading the tile; the assembly moves
+// a group's 8 rows a pass, prefetching ahead.
 func untile(dst, src []byte, rb int) {
-	ng := rb / tileGroup
 	_, _ = dst[TileRows*rb-1], src[TileRows*rb-1]
 	if q4RowsTiles && useAVX2 {
-		untileAVX2(&dst[0], rb, &src[0], ng)
+		untileAVX2(&dst[0], rb, &src[0], rb/tileGroup)
 		return
 	}
+	untileGo(dst, src, rb)
+}
+
+// untileGo is untile's Go twin.
+func untileGo(dst, src []byte, rb int) {
+	ng := rb / tileGroup
+	_, _ = dst[TileRows*rb-1], src[TileRows*rb-1]
 	for g := range ng {
-		s := src[g*TileRows*tileGroup:][:TileRows*tileGroup]
 		for r := range TileRows {
-			*(*[tileGroup]byte)(dst[r*rb+g*tileGroup:]) = *(*[tileGroup]byte)(s[r*tileGroup:])
+			for k := range tileQwords {
+				*(*[8]byte)(dst[r*rb+g*tileGroup+8*k:]) = *(*[8]byte)(src[tileAt(g, r, k):])
+			}
 		}
 	}
 }
@@ -137,7 +143,7 @@ func (t *matmulTask) rowsQ4(lo, hi, r int) {
 	}
 	if w.Tiled {
 		// q4Rows takes the whole tiles inside [lo,hi).
-		mode = mode&^q4RowsZMM | q4RowsTiled
+		mode |= q4RowsTiled
 		a = min((lo+TileRows-1)/TileRows*TileRows, hi)
 		n8 = max(min(hi, w.Rows/TileRows*TileRows)/TileRows*TileRows-a, 0)
 		if !q4RowsTiles {

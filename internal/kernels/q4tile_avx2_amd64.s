@@ -728,6 +728,50 @@ b1part:
 	VPDPBUSD (DI), Y9, I \
 	VPDPBUSD 32(DI), Y8, I
 
+// Qword k of a tiled group's 8 rows against the activations' qword k
+// broadcast (Mat.Tiled: row r's bytes 8k..8k+7 at k·64 + r·8 from the
+// group's start, so that row r's partial sums stay in its own lanes and
+// need no fold across lanes). TQZ: all 8 rows on a Z register (VNNI); L
+// and H hold the low and high nibbles' activations, Z24 the nibble mask.
+#define TQZ(K, L, H, I) \
+	VMOVDQU64 (K*64)(SI), Z8 \
+	VPANDD Z24, Z8, Z9 \
+	VPSRLW $4, Z8, Z8 \
+	VPANDD Z24, Z8, Z8 \
+	VPDPBUSD L, Z9, I \
+	VPDPBUSD H, Z8, I
+
+// TQV: rows 0-3 (O = 0) or 4-7 (O = 32) on a Y register (VNNI; AVX512VL).
+#define TQV(K, O, L, H, I) \
+	VMOVDQU (K*64+O)(SI), Y8 \
+	VPAND Y10, Y8, Y9 \
+	VPSRLW $4, Y8, Y8 \
+	VPAND Y10, Y8, Y8 \
+	VPDPBUSD L, Y9, I \
+	VPDPBUSD H, Y8, I
+
+// TQA: the same in AVX2, the activations in Y12 (low nibbles) and Y13.
+#define TQA(K, O, I) \
+	VMOVDQU (K*64+O)(SI), Y8 \
+	VPAND Y10, Y8, Y9 \
+	VPSRLW $4, Y8, Y8 \
+	VPAND Y10, Y8, Y8 \
+	VPMADDUBSW Y12, Y9, Y9 \
+	VPMADDUBSW Y13, Y8, Y8 \
+	VPADDW Y9, Y8, Y8 \
+	VPMADDWD ONES16, Y8, Y8 \
+	VPADDD Y8, I, I
+
+// TQFOLD: rows 0-3's sums in the even dwords of A's qwords, after adding
+// each qword's two dwords, and rows 4-7's in B's, to lane r of Y1.
+#define TQFOLD(A, B) \
+	VPSRLQ $32, A, Y8 \
+	VPADDD Y8, A, A \
+	VPSRLQ $32, B, Y9 \
+	VPADDD Y9, B, B \
+	VSHUFPS $0x88, B, A, Y1 \
+	VPERMQ $0xD8, Y1, Y1
+
 // Rows at SI, SI+BX, SI+2BX, SI+DX, SI+4BX, R8, R8+BX, R8+2BX.
 #define RDOT8(DOT) \
 	DOT((SI), Y0) \
@@ -816,10 +860,12 @@ TEXT ·q4Rows(SB), 0, $8960-96
 	MOVQ AX, L_RQS(SP)
 	TESTB $16, mode+80(FP)
 	JEQ rflat
-	// Tiled rows: a tile's groups one after another, each with its 8
-	// rows' 32 bytes side by side.
+	// Tiled rows: a tile's groups one after another, 256 bytes each.
 	MOVQ $256, L_RQG(SP)
 	MOVQ $32, L_RQS(SP)
+	TESTB $8, mode+80(FP)
+	JEQ rzoff
+	VBROADCASTI64X4 NIBBLES, Z24
 	JMP rzoff
 rflat:
 	TESTB $8, mode+80(FP)
@@ -1067,12 +1113,94 @@ rgroup:
 	JEQ rnopf
 	PF4
 rnopf:
+	TESTB $16, mode+80(FP)
+	JNE rtiled
 	TESTB $1, mode+80(FP)
 	JNE rvnni
 	RDOT8(RDOT2)
 	JMP rsum
 rvnni:
 	RDOT8(RDOTV)
+	JMP rsum
+rtiled:
+	TESTB $8, mode+80(FP)
+	JNE rtz
+	TESTB $1, mode+80(FP)
+	JNE rtv
+	// AVX2: rows 0-3 into Y0, 4-7 into Y2.
+	VPXOR Y0, Y0, Y0
+	VPXOR Y2, Y2, Y2
+	VPBROADCASTQ 0(DI), Y12
+	VPBROADCASTQ 32(DI), Y13
+	TQA(0, 0, Y0)
+	TQA(0, 32, Y2)
+	VPBROADCASTQ 8(DI), Y12
+	VPBROADCASTQ 40(DI), Y13
+	TQA(1, 0, Y0)
+	TQA(1, 32, Y2)
+	VPBROADCASTQ 16(DI), Y12
+	VPBROADCASTQ 48(DI), Y13
+	TQA(2, 0, Y0)
+	TQA(2, 32, Y2)
+	VPBROADCASTQ 24(DI), Y12
+	VPBROADCASTQ 56(DI), Y13
+	TQA(3, 0, Y0)
+	TQA(3, 32, Y2)
+	TQFOLD(Y0, Y2)
+	JMP rfloat
+rtv:
+	// VNNI on Y registers: rows 0-3 into Y0 and Y1, 4-7 into Y2 and Y3
+	// (two chains each).
+	VPBROADCASTQ 0(DI), Y16
+	VPBROADCASTQ 8(DI), Y17
+	VPBROADCASTQ 16(DI), Y18
+	VPBROADCASTQ 24(DI), Y19
+	VPBROADCASTQ 32(DI), Y20
+	VPBROADCASTQ 40(DI), Y21
+	VPBROADCASTQ 48(DI), Y22
+	VPBROADCASTQ 56(DI), Y23
+	VPXOR Y0, Y0, Y0
+	VPXOR Y1, Y1, Y1
+	VPXOR Y2, Y2, Y2
+	VPXOR Y3, Y3, Y3
+	TQV(0, 0, Y16, Y20, Y0)
+	TQV(0, 32, Y16, Y20, Y2)
+	TQV(1, 0, Y17, Y21, Y1)
+	TQV(1, 32, Y17, Y21, Y3)
+	TQV(2, 0, Y18, Y22, Y0)
+	TQV(2, 32, Y18, Y22, Y2)
+	TQV(3, 0, Y19, Y23, Y1)
+	TQV(3, 32, Y19, Y23, Y3)
+	VPADDD Y1, Y0, Y0
+	VPADDD Y3, Y2, Y2
+	TQFOLD(Y0, Y2)
+	JMP rfloat
+rtz:
+	// VNNI on Z registers: all 8 rows a register, row r in dwords 2r
+	// and 2r+1; four chains.
+	VPBROADCASTQ 0(DI), Z16
+	VPBROADCASTQ 8(DI), Z17
+	VPBROADCASTQ 16(DI), Z18
+	VPBROADCASTQ 24(DI), Z19
+	VPBROADCASTQ 32(DI), Z20
+	VPBROADCASTQ 40(DI), Z21
+	VPBROADCASTQ 48(DI), Z22
+	VPBROADCASTQ 56(DI), Z23
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	TQZ(0, Z16, Z20, Z0)
+	TQZ(1, Z17, Z21, Z1)
+	TQZ(2, Z18, Z22, Z2)
+	TQZ(3, Z19, Z23, Z3)
+	VPADDD Z1, Z0, Z0
+	VPADDD Z3, Z2, Z2
+	VPADDD Z2, Z0, Z0
+	VPSRLQ $32, Z0, Z1
+	VPADDD Z1, Z0, Z0
+	VPMOVQD Z0, Y1
+	JMP rfloat
 rsum:
 	// Fold to one exact sum per row (dword then qword interleaves, then
 	// across 128-bit lanes): lane r of Y1 is row r's.
@@ -1097,6 +1225,7 @@ rsum:
 	VPERM2I128 $0x20, Y4, Y0, Y1
 	VPERM2I128 $0x31, Y4, Y0, Y2
 	VPADDD Y2, Y1, Y1
+rfloat:
 	VCVTDQ2PS Y1, Y1
 	VBROADCASTSS (R11), Y12
 	VMULPS (R9), Y12, Y12       // scale·xs
@@ -1135,12 +1264,25 @@ rdone:
 	VZEROUPPER
 	RET
 
+// UTRANS transposes the 4×4 qwords of Y0-Y3 (row r's qword k in lane r
+// of Yk) into rows in Y12-Y15.
+#define UTRANS \
+	VPUNPCKLQDQ Y1, Y0, Y8 \
+	VPUNPCKHQDQ Y1, Y0, Y9 \
+	VPUNPCKLQDQ Y3, Y2, Y10 \
+	VPUNPCKHQDQ Y3, Y2, Y11 \
+	VPERM2I128 $0x20, Y10, Y8, Y12 \
+	VPERM2I128 $0x20, Y11, Y9, Y13 \
+	VPERM2I128 $0x31, Y10, Y8, Y14 \
+	VPERM2I128 $0x31, Y11, Y9, Y15
+
 // func untileAVX2(dst *byte, rb int, src *byte, ng int)
 //
-// A tile of 8 rows of rb bytes, tiled at src (a group's 8 rows of 32 bytes
-// side by side, group after group), row-major to dst: per group, 256
-// bytes read in order and 8 stores rb apart. It prefetches the lines 1 KB
-// ahead, past the tile's end too (prefetches never fault).
+// A tile of 8 rows of rb bytes, tiled at src (Mat.Tiled: per group, row
+// r's qword k at k·64 + r·8), row-major to dst: per group, 256 bytes read
+// in order, two 4×4 transposes of qwords, and 8 stores rb apart. It
+// prefetches the lines 1 KB ahead, past the tile's end too (prefetches
+// never fault).
 TEXT ·untileAVX2(SB), NOSPLIT, $0-32
 	MOVQ dst+0(FP), DI
 	MOVQ rb+8(FP), BX
@@ -1155,22 +1297,26 @@ uloop:
 	PREFETCHT0 1088(SI)
 	PREFETCHT0 1152(SI)
 	PREFETCHT0 1216(SI)
+	// Rows 0-3: qword k of each in Yk.
 	VMOVDQU (SI), Y0
-	VMOVDQU 32(SI), Y1
-	VMOVDQU 64(SI), Y2
-	VMOVDQU 96(SI), Y3
-	VMOVDQU 128(SI), Y4
-	VMOVDQU 160(SI), Y5
-	VMOVDQU 192(SI), Y6
-	VMOVDQU 224(SI), Y7
-	VMOVDQU Y0, (DI)
-	VMOVDQU Y1, (DI)(BX*1)
-	VMOVDQU Y2, (DI)(BX*2)
-	VMOVDQU Y3, (DI)(DX*1)
-	VMOVDQU Y4, (R8)
-	VMOVDQU Y5, (R8)(BX*1)
-	VMOVDQU Y6, (R8)(BX*2)
-	VMOVDQU Y7, (R8)(DX*1)
+	VMOVDQU 64(SI), Y1
+	VMOVDQU 128(SI), Y2
+	VMOVDQU 192(SI), Y3
+	UTRANS
+	VMOVDQU Y12, (DI)
+	VMOVDQU Y13, (DI)(BX*1)
+	VMOVDQU Y14, (DI)(BX*2)
+	VMOVDQU Y15, (DI)(DX*1)
+	// Rows 4-7.
+	VMOVDQU 32(SI), Y0
+	VMOVDQU 96(SI), Y1
+	VMOVDQU 160(SI), Y2
+	VMOVDQU 224(SI), Y3
+	UTRANS
+	VMOVDQU Y12, (R8)
+	VMOVDQU Y13, (R8)(BX*1)
+	VMOVDQU Y14, (R8)(BX*2)
+	VMOVDQU Y15, (R8)(DX*1)
 	ADDQ $256, SI
 	ADDQ $32, DI
 	ADDQ $32, R8

@@ -32,8 +32,11 @@ func Tiles(m *Mat) bool {
 
 // TileQ4 rearranges the row-major q4 weights q of a rows×cols matrix into
 // the tiled layout of Mat.Tiled, in place: within each whole tile of
-// TileRows rows, group g of row r moves to (g·TileRows + r)·32 bytes from
-// the tile's start. tmp is scratch of TileRows·cols/2 bytes, grown when
+// TileRows rows, group g takes the 256 bytes at g·256 from the tile's
+// start, and in them bytes 8k..8k+7 of row r (qword k) sit at k·64 + r·8.
+// Qword k of all 8 rows is then one 64-byte line, which the decode kernel
+// multiplies by the activations' qword k broadcast, each row's sum staying
+// in its own lanes. tmp is scratch of TileRows·cols/2 bytes, grown when
 // short and returned for the next call. The results of every product are
 // the same bits in either layout; only the order of the bytes changes.
 func TileQ4(q []byte, rows, cols int, tmp []byte) []byte {
@@ -49,13 +52,22 @@ func TileQ4(q []byte, rows, cols int, tmp []byte) []byte {
 		for r := range TileRows {
 			row := src[r*rb : r*rb+rb]
 			for g := range ng {
-				d := (g*TileRows + r) * tileGroup
-				*(*[tileGroup]byte)(tmp[d : d+tileGroup]) = *(*[tileGroup]byte)(row[g*tileGroup : g*tileGroup+tileGroup])
+				for k := range tileQwords {
+					*(*[8]byte)(tmp[tileAt(g, r, k):]) = *(*[8]byte)(row[g*tileGroup+8*k:])
+				}
 			}
 		}
 		copy(src, tmp)
 	}
 	return tmp
+}
+
+// tileQwords is the qwords of one row's group.
+const tileQwords = tileGroup / 8
+
+// tileAt is the offset of row r's qword k of group g from its tile's start.
+func tileAt(g, r, k int) int {
+	return g*TileRows*tileGroup + k*TileRows*8 + r*8
 }
 
 // rowQ4 returns row r's q4 bytes in row-major order: a view of Q, or, for
@@ -71,10 +83,10 @@ func (m *Mat) rowQ4(r int, buf []byte) []byte {
 	}
 	buf = buf[:rb]
 	tile := m.Q[r/TileRows*TileRows*rb:][:TileRows*rb]
-	off := r % TileRows * tileGroup
 	for g := range rb / tileGroup {
-		s := g*TileRows*tileGroup + off
-		*(*[tileGroup]byte)(buf[g*tileGroup : g*tileGroup+tileGroup]) = *(*[tileGroup]byte)(tile[s : s+tileGroup])
+		for k := range tileQwords {
+			*(*[8]byte)(buf[g*tileGroup+8*k:]) = *(*[8]byte)(tile[tileAt(g, r%TileRows, k):])
+		}
 	}
 	return buf
 }

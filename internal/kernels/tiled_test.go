@@ -19,9 +19,10 @@ func tiledCopy(m Mat) Mat {
 	return m
 }
 
-// TestTileQ4Layout: TileQ4 puts group g of a tile's row r at
-// (g·8 + r)·32 bytes from the tile's start and leaves the rows after the
-// last whole tile alone; rowQ4 and FlatQ give the rows back.
+// TestTileQ4Layout: TileQ4 puts bytes 8k..8k+7 of group g of a tile's
+// row r at g·256 + k·64 + r·8 bytes from the tile's start and leaves the
+// rows after the last whole tile alone; rowQ4, untile and FlatQ give the
+// rows back.
 func TestTileQ4Layout(t *testing.T) {
 	r := rand.New(rand.NewPCG(61, 62))
 	for _, rows := range []int{3, 8, 13, 24} {
@@ -33,16 +34,29 @@ func TestTileQ4Layout(t *testing.T) {
 			for row := range rows {
 				want := flat.Q[row*rb : (row+1)*rb]
 				for g := range cols / format.GroupSize {
-					at := row*rb + g*32 // row-major, after the last tile
-					if row < rows/8*8 {
-						at = row/8*8*rb + (g*8+row%8)*32
-					}
-					if !bytes.Equal(m.Q[at:at+32], want[g*32:g*32+32]) {
-						t.Fatalf("%d×%d: row %d group %d is not at byte %d", rows, cols, row, g, at)
+					for k := range 4 {
+						at := row*rb + g*32 + k*8 // row-major, after the last tile
+						if row < rows/8*8 {
+							at = row/8*8*rb + g*256 + k*64 + row%8*8
+						}
+						if !bytes.Equal(m.Q[at:at+8], want[g*32+k*8:g*32+k*8+8]) {
+							t.Fatalf("%d×%d: row %d group %d qword %d is not at byte %d", rows, cols, row, g, k, at)
+						}
 					}
 				}
 				if got := m.rowQ4(row, nil); !bytes.Equal(got, want) {
 					t.Fatalf("%d×%d: rowQ4(%d) differs from the row", rows, cols, row)
+				}
+			}
+			for t0 := 0; t0+8 <= rows; t0 += 8 {
+				tile := m.Q[t0*rb : (t0+8)*rb]
+				want := flat.Q[t0*rb : (t0+8)*rb]
+				got := make([]byte, len(tile))
+				untile(got, tile, rb)
+				goTwin := make([]byte, len(tile))
+				untileGo(goTwin, tile, rb)
+				if !bytes.Equal(got, want) || !bytes.Equal(goTwin, want) {
+					t.Fatalf("%d×%d: untile of the tile at row %d differs from its rows (Go twin equal: %v)", rows, cols, t0, bytes.Equal(goTwin, want))
 				}
 			}
 			if !bytes.Equal(m.FlatQ(), flat.Q) {
@@ -77,7 +91,7 @@ func TestTiles(t *testing.T) {
 }
 
 // TestQ4RowsTiled: the decode kernel on tiled weights gives the Go twin's
-// bits in every 256-bit variant.
+// bits in every variant.
 func TestQ4RowsTiled(t *testing.T) {
 	if !useAVX2 || !q4RowsTiles {
 		t.Skip("no tiled decode kernel")
@@ -89,9 +103,6 @@ func TestQ4RowsTiled(t *testing.T) {
 			m := tiledCopy(c.w)
 			ng := cols / format.GroupSize
 			for _, mode := range q4RowsModes() {
-				if mode&q4RowsZMM != 0 {
-					continue
-				}
 				for b := 0; b < c.nb; b++ {
 					out := make([]float32, rows)
 					for i := range out {
@@ -119,12 +130,7 @@ func TestTiledMatMul(t *testing.T) {
 	shapes := []shape{{8, 64}, {21, 128}, {100, 512}, {777, 512}, {64, 2048}}
 	modes := []uint8{q4RowsMode}
 	if useAVX2 {
-		modes = nil
-		for _, m := range q4RowsModes() {
-			if m&q4RowsZMM == 0 {
-				modes = append(modes, m)
-			}
-		}
+		modes = q4RowsModes()
 	}
 	check := func(name string, p *Pool, flat, m *Mat, nb int) {
 		t.Helper()
