@@ -33,11 +33,11 @@ type Mat struct {
 	Scales     []uint16  // quantised: [rows][cols/64] halves (format 3), see widen
 	Biases     []uint16
 	// Tiled (Q4 only) says that Q holds each whole tile of TileRows rows
-	// with its groups one after another, each group's rows side by side
-	// (TileQ4), rather than row after row; the last Rows%TileRows rows
-	// stay row-major. The decode kernel then reads a tile as one
-	// sequential stream instead of TileRows streams a row apart. Scales
-	// and biases keep their layout.
+	// with its groups one after another, each group's rows interleaved
+	// 8 bytes at a time (TileQ4), rather than row after row; the last
+	// Rows%TileRows rows stay row-major. The decode kernel then reads a
+	// tile as one sequential stream instead of TileRows streams a row
+	// apart. Scales and biases keep their layout.
 	Tiled bool
 }
 

@@ -175,43 +175,46 @@ const (
 	q4RowsVNNI     = 1 // VPDPBUSD for the integer part, else VPMADDUBSW
 	q4RowsPrefetch = 4 // software prefetch of the next tile of rows
 	q4RowsZMM      = 8 // with both others: two groups at a time on 512-bit registers
-	// q4RowsTiled reads the tiled layout (Mat.Tiled) on 256-bit registers:
-	// each group's 8 rows side by side, so that a tile is one sequential
-	// stream (not with q4RowsZMM, whose pairs of groups a row's bytes
-	// would have to hold contiguously).
+	// q4RowsTiled reads the tiled layout (Mat.Tiled): a tile is one
+	// sequential stream, and each 64-byte line of it holds 8 bytes of
+	// each of the 8 rows, which VPDPBUSD (or VPMADDUBSW) multiplies by
+	// the activations' matching 8 bytes broadcast, so that each row's
+	// sums stay in its own lanes. With q4RowsZMM a line is one 512-bit
+	// register, else two 256-bit ones.
 	q4RowsTiled = 16
 )
 
 // TiledQ4 reports whether the loaders should tile the q4 matrices they own
-// (TileQ4, Mat.Tiled): where the decode kernel runs on 256-bit registers.
-// On a 2-core Zen 4, the 256-bit VNNI variant on 2 threads over 1 GiB of
-// distinct 512×2048 matrices (an expert's gate, 1 KB rows) streamed
-// 27.5-31.6 GB/s tiled against 20.2-29.7 row-major, ahead in six of six
-// alternating rounds (1.06-1.44x); BenchmarkQ4DecodeDRAM's whole2 cases
-// for mode 5, 4 runs each, gave 22.0-26.7 against 14.4-27.9 GB/s there,
-// and 28.6-33.9 against 25.1-31.7 for 2048×512 (plain reads 31-33): the
-// hardware prefetchers follow one stream where they follow 8 streams
-// 1 KB apart poorly, which the software prefetch of the next tile only
-// partly made up for. On an Intel Xeon with AVX-512 VNNI the tiled
-// 256-bit decode gained nothing (19.7-20.1 GB/s against 20.5-24.7), so
-// there, where the 512-bit variant runs (q4RowsZMM), the matrices stay
-// row-major. The resident 40-layer qwen3.5-35b-a3b synth then
-// decoded faster in six of seven alternating pairs (median 1.09x; the
-// README's Zen 4 section). On a 2-core Zen 5, which runs the 512-bit
-// variant at full width, the tiled layout on 256-bit registers still
-// decoded faster than row-major rows on 512-bit ones (amdZMM): medians of
-// alternating runs of sluice bench --prompt 1 --gen 64 --repeat 2, 96.0
-// against 88.2 tok/s on an 8-layer qwen3-30b-a3b synth (7 rounds), 50.3
-// against 47.7 on a 3-layer glm-4.5-air one (5 rounds), and 18.9 against
-// 18.9 on a 4-layer deepseek-v3 cut (5 rounds); a tiled 512-bit variant
-// (two rows of a group per register) was no faster than the 256-bit one
-// from memory and decoded more slowly (median 89.4 tok/s). Its prefill
-// (--prompt 512) lost 7% to the gathers of flatTile until untile made
-// them one pass of vector moves: 576.8 against 585.6 tok/s row-major
-// (medians of 5 alternating rounds). For
-// comparison, SLUICE_FLATQ4 in the environment keeps them row-major
-// everywhere, and SLUICE_TILEQ4 tiles them wherever the amd64 kernels run
-// (the decode then on 256-bit registers).
+// (TileQ4, Mat.Tiled): on AVX2 CPUs and AMD's, not where Intel's 512-bit
+// variant runs. On a 2-core Zen 4, the 256-bit VNNI variant on 2 threads
+// over 1 GiB of distinct 512×2048 matrices (an expert's gate, 1 KB rows)
+// streamed 27.5-31.6 GB/s tiled against 20.2-29.7 row-major, ahead in six
+// of six alternating rounds (1.06-1.44x); BenchmarkQ4DecodeDRAM's whole2
+// cases for mode 5, 4 runs each, gave 22.0-26.7 against 14.4-27.9 GB/s
+// there, and 28.6-33.9 against 25.1-31.7 for 2048×512 (plain reads
+// 31-33): the hardware prefetchers follow one stream where they follow 8
+// streams 1 KB apart poorly, which the software prefetch of the next tile
+// only partly made up for. On an Intel Xeon with AVX-512 VNNI an earlier
+// tiled layout, decoded on 256-bit registers, gained nothing (19.7-20.1
+// GB/s against 20.5-24.7), so there, where the 512-bit variant runs
+// (q4RowsZMM), the matrices stay row-major; the present layout, which
+// the 512-bit variant reads too, has not been measured there. The
+// resident 40-layer qwen3.5-35b-a3b synth then decoded faster in six of
+// seven alternating pairs (median 1.09x; the README's Zen 4 section). On
+// a 2-core Zen 5, which runs the 512-bit variant at full width, that
+// earlier layout on 256-bit registers already decoded faster than
+// row-major rows on 512-bit ones (amdZMM): medians of alternating runs of
+// sluice bench --prompt 1 --gen 64 --repeat 2, 96.0 against 88.2 tok/s on
+// an 8-layer qwen3-30b-a3b synth (7 rounds), 50.3 against 47.7 on a
+// 3-layer glm-4.5-air one (5 rounds), and 18.9 against 18.9 on a 4-layer
+// deepseek-v3 cut (5 rounds). The present layout (rows interleaved by 8
+// bytes, the decode on 512-bit registers there) computes faster in the L2
+// cache and decoded as fast from memory (the README's Zen 5 section). Its
+// prefill (--prompt 512) lost 7% to the gathers of flatTile until untile
+// made them one pass of vector moves: 576.8 against 585.6 tok/s
+// row-major (medians of 5 alternating rounds). For comparison,
+// SLUICE_FLATQ4 in the environment keeps them row-major everywhere, and
+// SLUICE_TILEQ4 tiles them wherever the amd64 kernels run.
 func TiledQ4() bool { return tiledQ4 }
 
 var tiledQ4 = q4RowsTiles && useAVX2 && os.Getenv("SLUICE_FLATQ4") == "" &&

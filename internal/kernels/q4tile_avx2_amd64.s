@@ -843,9 +843,10 @@ b1part:
 // and q4RowsZMM in q4tile.go): 1 VPDPBUSD for the integer part, else
 // VPMADDUBSW; 4 software prefetch of the next tile; 8 (with 1 and 4) two
 // groups at a time on Z registers, for at most ZNG groups (more take the
-// Y path); 16 (not with 8) the tiled layout (Mat.Tiled): a tile's group g
-// of row r at g·256 + r·32 bytes from its start, qstride still the bytes
-// of a row, so that a tile is 8·qstride bytes in either layout.
+// Y path); 16 the tiled layout (Mat.Tiled): a tile's group g at g·256
+// bytes from its start, bytes 8k..8k+7 of its row r at k·64 + r·8 in it,
+// on Z registers with 8 (for any number of groups), qstride still the
+// bytes of a row, so that a tile is 8·qstride bytes in either layout.
 TEXT ·q4Rows(SB), 0, $8960-96
 	MOVQ ng+32(FP), AX
 	TESTQ AX, AX
