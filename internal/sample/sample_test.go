@@ -112,6 +112,38 @@ func TestGreedyArgmax(t *testing.T) {
 	}
 }
 
+// TestGreedyPick: plain greedy's scan of the logits picks what argmax64
+// picks on distribution's working copy (NaN read as -Inf), also on
+// logits of NaN and infinities and on degenerate rows.
+func TestGreedyPick(t *testing.T) {
+	nan, inf := float32(math.NaN()), float32(math.Inf(1))
+	working := func(x []float32) int {
+		z := make([]float64, len(x))
+		for i, v := range x {
+			z[i] = float64(v)
+			if v != v {
+				z[i] = math.Inf(-1)
+			}
+		}
+		return argmax64(z)
+	}
+	rows := [][]float32{{nan, -inf}, {nan, nan}, {-inf, -inf, nan}, {nan, -inf, 2}, {inf, 1, inf}, {-inf, inf}, {3}}
+	for seed := uint64(0); seed < 40; seed++ {
+		x := randLogits(seed, 500)
+		var r rng
+		r.seed(seed + 1000)
+		for range int(seed % 6) {
+			x[int(r.float64()*float64(len(x)))] = []float32{nan, inf, -inf}[int(r.float64()*3)]
+		}
+		rows = append(rows, x)
+	}
+	for i, x := range rows {
+		if got, want := greedyPick(x), working(x); got != want {
+			t.Fatalf("row %d: greedyPick %d, working copy's argmax %d", i, got, want)
+		}
+	}
+}
+
 func drawSeq(t *testing.T, p Params, x []float32, n int) []int {
 	s := mustNew(t, p, len(x))
 	out := make([]int, n)
