@@ -762,6 +762,13 @@ b1part:
 	VPMADDWD ONES16, Y8, Y8 \
 	VPADDD Y8, I, I
 
+// TQAK: qword K of all 8 rows in AVX2, rows 0-3 into Y0, 4-7 into Y2.
+#define TQAK(K) \
+	VPBROADCASTQ (K*8)(DI), Y12 \
+	VPBROADCASTQ (32+K*8)(DI), Y13 \
+	TQA(K, 0, Y0) \
+	TQA(K, 32, Y2)
+
 // TQFOLD: rows 0-3's sums in the even dwords of A's qwords, after adding
 // each qword's two dwords, and rows 4-7's in B's, to lane r of Y1.
 #define TQFOLD(A, B) \
@@ -1131,22 +1138,10 @@ rtiled:
 	// AVX2: rows 0-3 into Y0, 4-7 into Y2.
 	VPXOR Y0, Y0, Y0
 	VPXOR Y2, Y2, Y2
-	VPBROADCASTQ 0(DI), Y12
-	VPBROADCASTQ 32(DI), Y13
-	TQA(0, 0, Y0)
-	TQA(0, 32, Y2)
-	VPBROADCASTQ 8(DI), Y12
-	VPBROADCASTQ 40(DI), Y13
-	TQA(1, 0, Y0)
-	TQA(1, 32, Y2)
-	VPBROADCASTQ 16(DI), Y12
-	VPBROADCASTQ 48(DI), Y13
-	TQA(2, 0, Y0)
-	TQA(2, 32, Y2)
-	VPBROADCASTQ 24(DI), Y12
-	VPBROADCASTQ 56(DI), Y13
-	TQA(3, 0, Y0)
-	TQA(3, 32, Y2)
+	TQAK(0)
+	TQAK(1)
+	TQAK(2)
+	TQAK(3)
 	TQFOLD(Y0, Y2)
 	JMP rfloat
 rtv:
