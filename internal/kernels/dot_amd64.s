@@ -585,6 +585,54 @@ TEXT ·mixAccAVX2(SB), NOSPLIT, $0-48
 	MOVQ hd+32(FP), R10
 	SHRQ $5, R10
 	MOVQ p+40(FP), R11
+	// 64 elements a pass while they last: eight chains in flight rather
+	// than four, where four left the FMA units waiting on each chain's
+	// latency; each element's chain is the same either way.
+mac64:
+	CMPQ R10, $2
+	JLT macchunk
+	VMOVUPS 0(DI), Y0
+	VMOVUPS 32(DI), Y1
+	VMOVUPS 64(DI), Y2
+	VMOVUPS 96(DI), Y3
+	VMOVUPS 128(DI), Y4
+	VMOVUPS 160(DI), Y5
+	VMOVUPS 192(DI), Y6
+	VMOVUPS 224(DI), Y8
+	MOVQ SI, BX
+	MOVQ R11, DX
+	MOVQ R9, CX
+	TESTQ CX, CX
+	JEQ mac64store
+mac64key:
+	VBROADCASTSS (DX), Y7
+	VFMADD231PS 0(BX), Y7, Y0
+	VFMADD231PS 32(BX), Y7, Y1
+	VFMADD231PS 64(BX), Y7, Y2
+	VFMADD231PS 96(BX), Y7, Y3
+	VFMADD231PS 128(BX), Y7, Y4
+	VFMADD231PS 160(BX), Y7, Y5
+	VFMADD231PS 192(BX), Y7, Y6
+	VFMADD231PS 224(BX), Y7, Y8
+	ADDQ $4, DX
+	ADDQ R8, BX
+	DECQ CX
+	JNE mac64key
+mac64store:
+	VMOVUPS Y0, 0(DI)
+	VMOVUPS Y1, 32(DI)
+	VMOVUPS Y2, 64(DI)
+	VMOVUPS Y3, 96(DI)
+	VMOVUPS Y4, 128(DI)
+	VMOVUPS Y5, 160(DI)
+	VMOVUPS Y6, 192(DI)
+	VMOVUPS Y8, 224(DI)
+	ADDQ $256, DI
+	ADDQ $256, SI
+	SUBQ $2, R10
+	JNE mac64
+	VZEROUPPER
+	RET
 macchunk:
 	VMOVUPS 0(DI), Y0
 	VMOVUPS 32(DI), Y1

@@ -101,19 +101,23 @@ func TestAttendLatentHeads(t *testing.T) {
 	if !useAVX2 {
 		return
 	}
-	const hd, n, stride = 96, 9, 128
-	v, p := randVec(rng, n*stride), randVec(rng, n)
-	a, b := randVec(rng, hd), make([]float32, hd)
-	copy(b, a)
-	c, p2 := randVec(rng, hd), randVec(rng, n)
-	c2, d2 := append([]float32(nil), c...), append([]float32(nil), c...)
-	mixAcc2AVX2(&a[0], &c[0], &v[0], 4*stride, n, hd, &p[0], &p2[0])
-	mixAccGo(b, v, stride, n, p)
-	mixAccAVX2(&c2[0], &v[0], 4*stride, n, hd, &p2[0])
-	mixAccGo(d2, v, stride, n, p2)
-	for d := range a {
-		if math.Float32bits(a[d]) != math.Float32bits(b[d]) || math.Float32bits(c[d]) != math.Float32bits(c2[d]) || math.Float32bits(c2[d]) != math.Float32bits(d2[d]) {
-			t.Fatalf("dim %d: mixAcc2AVX2 %v and %v, mixAccAVX2 %v, mixAccGo %v and %v", d, a[d], c[d], c2[d], b[d], d2[d])
+	// Widths of 32, 64 and more: mixAccAVX2 takes 64 elements a pass, then
+	// a last 32.
+	for _, hd := range []int{32, 64, 96, 128, 160} {
+		const n, stride = 9, 192
+		v, p := randVec(rng, n*stride), randVec(rng, n)
+		a, b := randVec(rng, hd), make([]float32, hd)
+		copy(b, a)
+		c, p2 := randVec(rng, hd), randVec(rng, n)
+		c2, d2 := append([]float32(nil), c...), append([]float32(nil), c...)
+		mixAcc2AVX2(&a[0], &c[0], &v[0], 4*stride, n, hd, &p[0], &p2[0])
+		mixAccGo(b, v, stride, n, p)
+		mixAccAVX2(&c2[0], &v[0], 4*stride, n, hd, &p2[0])
+		mixAccGo(d2, v, stride, n, p2)
+		for d := range a {
+			if math.Float32bits(a[d]) != math.Float32bits(b[d]) || math.Float32bits(c[d]) != math.Float32bits(c2[d]) || math.Float32bits(c2[d]) != math.Float32bits(d2[d]) {
+				t.Fatalf("width %d, dim %d: mixAcc2AVX2 %v and %v, mixAccAVX2 %v, mixAccGo %v and %v", hd, d, a[d], c[d], c2[d], b[d], d2[d])
+			}
 		}
 	}
 }

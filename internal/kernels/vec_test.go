@@ -197,3 +197,16 @@ func BenchmarkDeltaRule(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkAttendMix is AttendMix at a head of 128 over 512 positions
+// (the values in cache), the half of prefill's attention that sums.
+func BenchmarkAttendMix(b *testing.B) {
+	rng := rand.New(rand.NewPCG(17, 18))
+	const hd, n, stride = 128, 512, 1024
+	vc := randVec(rng, n*stride)
+	o, s := make([]float32, hd), randVec(rng, n)
+	b.SetBytes(int64(4 * n * hd))
+	for b.Loop() {
+		AttendMix(o, vc, stride, n, s, 1)
+	}
+}
