@@ -65,6 +65,10 @@ func mixAVX2(o, v *float32, stride, n, hd int, p *float32) {
 	mixAccAVX2(o, v, stride, n, hd, p)
 }
 
+// mixZMM lets mixAccAVX2 take 128 elements a pass on 512-bit registers,
+// where they run at full width (not splitZMM's halves).
+var mixZMM = useVNNI && !splitZMM
+
 // mixAccAVX2 is mixAVX2 continuing o's chains from their values
 // (mixAccGo).
 //

@@ -587,7 +587,56 @@ TEXT ·mixAccAVX2(SB), NOSPLIT, $0-48
 	MOVQ p+40(FP), R11
 	// 64 elements a pass while they last: eight chains in flight rather
 	// than four, where four left the FMA units waiting on each chain's
-	// latency; each element's chain is the same either way.
+	// latency; each element's chain is the same either way. Where 512-bit
+	// operations run at full width (mixZMM), 128 elements a pass on Z
+	// registers first.
+	CMPB ·mixZMM(SB), $0
+	JEQ mac64
+mac128:
+	CMPQ R10, $4
+	JLT mac64
+	VMOVUPS 0(DI), Z0
+	VMOVUPS 64(DI), Z1
+	VMOVUPS 128(DI), Z2
+	VMOVUPS 192(DI), Z3
+	VMOVUPS 256(DI), Z4
+	VMOVUPS 320(DI), Z5
+	VMOVUPS 384(DI), Z6
+	VMOVUPS 448(DI), Z8
+	MOVQ SI, BX
+	MOVQ R11, DX
+	MOVQ R9, CX
+	TESTQ CX, CX
+	JEQ mac128store
+mac128key:
+	VBROADCASTSS (DX), Z7
+	VFMADD231PS 0(BX), Z7, Z0
+	VFMADD231PS 64(BX), Z7, Z1
+	VFMADD231PS 128(BX), Z7, Z2
+	VFMADD231PS 192(BX), Z7, Z3
+	VFMADD231PS 256(BX), Z7, Z4
+	VFMADD231PS 320(BX), Z7, Z5
+	VFMADD231PS 384(BX), Z7, Z6
+	VFMADD231PS 448(BX), Z7, Z8
+	ADDQ $4, DX
+	ADDQ R8, BX
+	DECQ CX
+	JNE mac128key
+mac128store:
+	VMOVUPS Z0, 0(DI)
+	VMOVUPS Z1, 64(DI)
+	VMOVUPS Z2, 128(DI)
+	VMOVUPS Z3, 192(DI)
+	VMOVUPS Z4, 256(DI)
+	VMOVUPS Z5, 320(DI)
+	VMOVUPS Z6, 384(DI)
+	VMOVUPS Z8, 448(DI)
+	ADDQ $512, DI
+	ADDQ $512, SI
+	SUBQ $4, R10
+	JNE mac128
+	VZEROUPPER
+	RET
 mac64:
 	CMPQ R10, $2
 	JLT macchunk

@@ -101,10 +101,10 @@ func TestAttendLatentHeads(t *testing.T) {
 	if !useAVX2 {
 		return
 	}
-	// Widths of 32, 64 and more: mixAccAVX2 takes 64 elements a pass, then
-	// a last 32.
-	for _, hd := range []int{32, 64, 96, 128, 160} {
-		const n, stride = 9, 192
+	// Widths of 32 to 352: mixAccAVX2 takes 128 elements a pass on 512-bit
+	// registers (mixZMM), then 64, then a last 32.
+	for _, hd := range []int{32, 64, 96, 128, 160, 256, 288, 352} {
+		n, stride := 9, hd+64
 		v, p := randVec(rng, n*stride), randVec(rng, n)
 		a, b := randVec(rng, hd), make([]float32, hd)
 		copy(b, a)
