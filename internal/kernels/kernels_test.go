@@ -632,21 +632,24 @@ func TestExpSubAVX2(t *testing.T) {
 	}
 }
 
-// TestScoresBlocks: scores computed four keys at a time equal one-key dots.
+// TestScoresBlocks: scores computed four keys at a time equal one-key
+// dots, over key counts with and without a remainder.
 func TestScoresBlocks(t *testing.T) {
 	if !useAVX2 {
 		t.Skip("no AVX2/FMA")
 	}
 	r := rand.New(rand.NewPCG(31, 32))
-	for _, hd := range []int{64, 128} {
-		stride, n := 2*hd, 11
-		q, kc := randVec(r, hd), randVec(r, n*stride)
-		out := make([]float32, n)
-		scoresAVX2(&q[0], &kc[0], 4*stride, n, hd, 0.125, &out[0])
-		for j := 0; j < n; j++ {
-			want := dotF32AVX2(&q[0], &kc[j*stride], hd) * 0.125
-			if math.Float32bits(out[j]) != math.Float32bits(want) {
-				t.Fatalf("hd %d key %d: %v, one-key %v", hd, j, out[j], want)
+	for _, hd := range []int{16, 48, 64, 128} {
+		for _, n := range []int{3, 11, 8, 29} {
+			stride := 2 * hd
+			q, kc := randVec(r, hd), randVec(r, n*stride)
+			out := make([]float32, n)
+			scoresAVX2(&q[0], &kc[0], 4*stride, n, hd, 0.125, &out[0])
+			for j := 0; j < n; j++ {
+				want := dotF32AVX2(&q[0], &kc[j*stride], hd) * 0.125
+				if math.Float32bits(out[j]) != math.Float32bits(want) {
+					t.Fatalf("hd %d, %d keys, key %d: %v, one-key %v", hd, n, j, out[j], want)
+				}
 			}
 		}
 	}

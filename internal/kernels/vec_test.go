@@ -210,3 +210,17 @@ func BenchmarkAttendMix(b *testing.B) {
 		AttendMix(o, vc, stride, n, s, 1)
 	}
 }
+
+// BenchmarkAttendScores is AttendScores at a head of 128 over 512
+// positions (the keys in cache), the half of prefill's attention that
+// scores.
+func BenchmarkAttendScores(b *testing.B) {
+	rng := rand.New(rand.NewPCG(19, 20))
+	const hd, n, stride = 128, 512, 1024
+	kc, q := randVec(rng, n*stride), randVec(rng, hd)
+	s := make([]float32, n)
+	b.SetBytes(int64(4 * n * hd))
+	for b.Loop() {
+		AttendScores(q, kc, stride, n, 0.088, s)
+	}
+}
