@@ -64,12 +64,15 @@ func TestGPUBench(t *testing.T) {
 				must(d.CopyD(ws[i].Scales, q.w.Scales, 2*sh.O*sh.C/64))
 				must(d.CopyD(ws[i].Biases, q.w.Biases, 2*sh.O*sh.C/64))
 			}
-			for _, nb := range []int{1, 8, 32} {
+			for _, nb := range []int{1, 8, 32, 256} {
 				x := randF32(r, nb*sh.C, 2)
 				act := Acts{X: up(e, x), X8: e.alloc(nb * sh.C), XS: e.alloc(4 * nb * sh.C / 64), XSum: e.alloc(4 * nb * sh.C / 64), Rows: nb, Cols: sh.C}
 				must(e.k.PrepQ4(s, act))
 				out := e.alloc(4 * nb * sh.O)
-				variants := []int{0, 16} // q4_mm8, q4_mma
+				variants := []int{0, 16, 32, 64} // q4_mm8, q4_mma, q4_gemm32, q4_gemm64
+				if nb == 256 {
+					variants = []int{16, 32, 64}
+				}
 				if nb == 1 {
 					variants = []int{1, 2} // q4_mv, q4_mv2
 				}
@@ -78,6 +81,8 @@ func TestGPUBench(t *testing.T) {
 					switch v {
 					case 16:
 						name = "q4_mma"
+					case 32, 64:
+						name = gemmName(v)
 					case 1:
 						name = "q4_mv"
 					case 2:
@@ -219,6 +224,13 @@ func TestGPUBench(t *testing.T) {
 							}
 						})
 						report("q4 a head at a time, %d heads of [%d %d], %d rows: %.2f us a (row, head) a slot", nh, O, C, rows, ms*1e3)
+						if rows == 1 {
+							continue
+						}
+						for _, bn := range []int{32, 64} {
+							ms := timed(20, func(int) { must(e.k.MatQ4Heads(s, out, tabd, nh, O, a, bn)) })
+							report("q4 a head at a time, %d heads of [%d %d], %d rows: %.2f us tiled by %d", nh, O, C, rows, ms*1e3, bn)
+						}
 					}
 				}
 			}
@@ -393,4 +405,62 @@ func (b *bench) inGraph(n int, launch func()) float64 {
 	must(err)
 	defer b.d.DestroyGraph(g)
 	return b.timed(1, func(int) { must(b.d.LaunchGraph(g, b.s)) }) / float64(n)
+}
+
+// TestGPUBenchGrouped (SLUICE_GPU_BENCH=1) times the experts of a prefill
+// chunk at two real shapes: every expert's rows through MatQ4, a launch
+// an expert (as the batched step ran them before), against one grouped
+// launch of the tiled kernel (MatQ4Groups), each row's products the same
+// bits. It asserts nothing about speed.
+func TestGPUBenchGrouped(t *testing.T) {
+	if os.Getenv("SLUICE_GPU_BENCH") == "" {
+		t.Skip("set SLUICE_GPU_BENCH=1 to run the GPU benchmarks")
+	}
+	onGPU(t, func(e *env) {
+		bn := newBench(e)
+		defer bn.close()
+		s, timed := bn.s, bn.timed
+		r := rand.New(rand.NewPCG(22, 22))
+		for _, sh := range []struct {
+			name          string
+			E, O, C, rows int
+		}{
+			{"qwen3-30b-a3b gate (128 experts of [768 2048], 32 rows each)", 128, 768, 2048, 32},
+			{"qwen3-30b-a3b down (128 experts of [2048 768], 32 rows each)", 128, 2048, 768, 32},
+			{"deepseek-v3 gate (64 experts of [2048 7168], 64 rows each)", 64, 2048, 7168, 64},
+			{"deepseek-v3 down (64 experts of [7168 2048], 64 rows each)", 64, 7168, 2048, 64},
+		} {
+			ms := make([]qmat, sh.E)
+			tab := make([]uint64, 3*sh.E)
+			for i := range ms {
+				ms[i] = newQMat(e, r, sh.O, sh.C, format.Q4)
+				tab[3*i], tab[3*i+1], tab[3*i+2] = uint64(ms[i].w.Q), uint64(ms[i].w.Scales), uint64(ms[i].w.Biases)
+			}
+			n := sh.E * sh.rows
+			a := Acts{X: up(e, randF32(r, n*sh.C, 1)), X8: e.alloc(n * sh.C), XS: e.alloc(4 * n * sh.C / 64), XSum: e.alloc(4 * n * sh.C / 64), Rows: n, Cols: sh.C}
+			must(e.k.PrepQ4(s, a))
+			out := e.alloc(4 * n * sh.O)
+			one := timed(5, func(int) {
+				for i := range ms {
+					b := a
+					b.X8, b.XS, b.XSum, b.Rows = a.X8+uintptr(i*sh.rows*sh.C), a.XS+uintptr(4*i*sh.rows*sh.C/64), a.XSum+uintptr(4*i*sh.rows*sh.C/64), sh.rows
+					must(e.k.MatQ4(s, out+uintptr(4*i*sh.rows*sh.O), ms[i].w, b))
+				}
+			})
+			flop := 2 * float64(n) * float64(sh.O) * float64(sh.C)
+			fmt.Printf("bench: %s: a launch an expert %.1f us (%.1f TOP/s)\n", sh.name, one*1e3, flop/(one/1e3)/1e12)
+			tabd := up(e, tab)
+			for _, tb := range []int{32, 64} {
+				var tiles []Tile
+				for i := range ms {
+					for j := 0; j < sh.rows; j += tb {
+						tiles = append(tiles, Tile{int32(i), int32(i*sh.rows + j), int32(min(tb, sh.rows-j)), 1})
+					}
+				}
+				td := up(e, tiles)
+				g := timed(5, func(int) { must(e.k.MatQ4Groups(s, out, tabd, td, len(tiles), tb, sh.O, a)) })
+				fmt.Printf("bench: %s: grouped, tiles of %d, %.1f us (%.1f TOP/s)\n", sh.name, tb, g*1e3, flop/(g/1e3)/1e12)
+			}
+		}
+	})
 }

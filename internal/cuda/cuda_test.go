@@ -344,10 +344,83 @@ func TestQ4(t *testing.T) {
 				e.exact(fmt.Sprintf("q4 [%d %d]: batch of %d (1-row kernel) vs %d", O, C, nb, N), gpuMat(e, q, x, nb, 1), full[:nb*O])
 				e.exact(fmt.Sprintf("q4 [%d %d]: batch of %d (1-row kernel, variant 2) vs %d", O, C, nb, N), gpuMat(e, q, x, nb, 2), full[:nb*O])
 				e.exact(fmt.Sprintf("q4 [%d %d]: batch of %d (tensor cores) vs %d", O, C, nb, N), gpuMat(e, q, x, nb, 16), full[:nb*O])
+				if GemmCols(C) {
+					for _, bn := range []int{32, 64} {
+						e.exact(fmt.Sprintf("q4 [%d %d]: batch of %d (tiled by %d) vs %d", O, C, nb, bn, N), gpuMat(e, q, x, nb, bn), full[:nb*O])
+					}
+				}
 			}
 			for i := 0; i < N; i++ {
 				e.exact(fmt.Sprintf("q4 [%d %d]: row %d alone vs in %d", O, C, i, N), gpuMat(e, q, x[i*C:], 1, 0), full[i*O:(i+1)*O])
 			}
+		}
+	})
+}
+
+// TestQ4Tiled checks the tiled tensor-core product over more rows than a
+// tile (several row tiles, the last one partial) and outputs that are not
+// whole tiles, bit for bit against the CPU, and its grouped form: tiles
+// of contiguous and of strided rows over several matrices in one launch,
+// each row's products the bits of its matrix's own product.
+func TestQ4Tiled(t *testing.T) {
+	onGPU(t, func(e *env) {
+		r := rand.New(rand.NewPCG(7, 9))
+		for _, sh := range [][3]int{{300, 256, 150}, {129, 1024, 70}, {1000, 128, 33}, {64, 4096, 65}} {
+			O, C, N := sh[0], sh[1], sh[2]
+			q := newQMat(e, r, O, C, format.Q4)
+			x := randF32(r, N*C, 3)
+			var sc kernels.Scratch
+			want := make([]float32, N*O)
+			sc.MatMul(want, &q.m, x, N)
+			for _, bn := range []int{32, 64} {
+				e.exact(fmt.Sprintf("q4 [%d %d] x %d rows, tiled by %d", O, C, N, bn), gpuMat(e, q, x, N, bn), want)
+			}
+			e.exact(fmt.Sprintf("q4 [%d %d] x %d rows, MatQ4", O, C, N), gpuMat(e, q, x, N, 0), want)
+		}
+
+		// Grouped: 4 matrices of [O][C], 90 activation rows; each tile
+		// names a matrix and its rows (contiguous runs and a strided one).
+		const nm, O, C, N = 4, 160, 384, 90
+		ms := make([]qmat, nm)
+		tab := make([]uint64, 3*nm)
+		for i := range ms {
+			ms[i] = newQMat(e, r, O, C, format.Q4)
+			tab[3*i], tab[3*i+1], tab[3*i+2] = uint64(ms[i].w.Q), uint64(ms[i].w.Scales), uint64(ms[i].w.Biases)
+		}
+		x := randF32(r, N*C, 2)
+		// Rows 0..39 matrix 2 (two tiles of 32 and 8), rows 40..44
+		// matrix 0, every third row of 45..89 matrix 3, the others of
+		// 45..89 matrix 1.
+		which := make([]int, N)
+		var tiles32 []Tile
+		add := func(m, first, rows, step int) {
+			for j := 0; j < rows; j += 32 {
+				n := min(32, rows-j)
+				tiles32 = append(tiles32, Tile{int32(m), int32(first + j*step), int32(n), int32(step)})
+				for k := 0; k < n; k++ {
+					which[first+(j+k)*step] = m
+				}
+			}
+		}
+		add(2, 0, 40, 1)
+		add(0, 40, 5, 1)
+		add(3, 45, 15, 3)
+		add(1, 46, 15, 3)
+		add(1, 47, 15, 3)
+		want := make([]float32, N*O)
+		var sc kernels.Scratch
+		for i := range N {
+			sc.MatMul(want[i*O:(i+1)*O], &ms[which[i]].m, x[i*C:(i+1)*C], 1)
+		}
+		a := Acts{X: up(e, x), X8: e.alloc(N * C), XS: e.alloc(4 * N * C / 64), XSum: e.alloc(4 * N * C / 64), Rows: N, Cols: C}
+		must(e.k.PrepQ4(e.s, a))
+		out := e.alloc(4 * N * O)
+		must(e.k.MatQ4Groups(e.s, out, up(e, tab), up(e, tiles32), len(tiles32), 32, O, a))
+		e.exact("q4 grouped, tiles of 32", down[float32](e, out, N*O), want)
+		must(e.k.MatQ4Groups(e.s, out, up(e, tab), up(e, tiles32), len(tiles32), 64, O, a))
+		e.exact("q4 grouped, the same tiles in a launch of 64-row tiles", down[float32](e, out, N*O), want)
+		if err := e.k.MatQ4Tiled(e.s, out, ms[0].w, Acts{Rows: 3, Cols: C}, 48); err == nil {
+			t.Error("MatQ4Tiled took tiles of 48 rows")
 		}
 	})
 }

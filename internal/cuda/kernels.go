@@ -93,7 +93,7 @@ type ModuleLoad struct {
 func LoadKernels(d *Device) (*Kernels, error) {
 	k := &Kernels{d: d, f: map[string]Func{}}
 	names := map[string][]string{
-		"matvec": {"prep_x", "q4_mv", "q4_mv2", "q4_mm8", "q4_mma", "q3_mv", "q3_mm8", "q2_mv", "q2_mm8", "q8_mv", "q8_mm8", "bf16_mv", "bf16_mm8", "q4_ex", "q8_ex", "bf16_ex"},
+		"matvec": {"prep_x", "q4_mv", "q4_mv2", "q4_mm8", "q4_mma", "q4_gemm32", "q4_gemm64", "q3_mv", "q3_mm8", "q2_mv", "q2_mm8", "q8_mv", "q8_mm8", "bf16_mv", "bf16_mm8", "q4_ex", "q8_ex", "bf16_ex"},
 		"ops":    {"rmsnorm", "rmsnorm_block", "rope", "swiglu", "route", "route_groups", "route_topk", "clamped_swiglu", "add_rows", "add_ex", "argmax", "dn_qk_norm", "dn_gates"},
 		"attn":   {"attend_part", "attend_combine"},
 		"delta":  {"dn_conv", "dn_rule32", "dn_rule64", "dn_rule128", "bench_empty"},
@@ -120,6 +120,11 @@ func LoadKernels(d *Device) (*Kernels, error) {
 				return nil, err
 			}
 			k.f[n] = f
+		}
+	}
+	for _, bn := range []int{32, 64} {
+		if err := d.SetMaxDynamicShared(k.f[gemmName(bn)], gemmShared(bn)); err != nil {
+			return nil, fmt.Errorf("cuda: kernel %s: %w", gemmName(bn), err)
 		}
 	}
 	return k, nil
@@ -169,15 +174,20 @@ func (k *Kernels) PrepQ4(s Stream, a Acts) error {
 // prepared: out is float32 [a.Rows][w.Rows]. Bits match
 // kernels.Scratch.MatMul's q4 path, and are the same for every a.Rows.
 //
-// The kernel is chosen by size, which is allowed because all three give
-// the same bits: q4_mv2 for one row; for more, the tensor-core q4_mma
-// once the product has at least 64K outputs (it needs that many warps to
-// hide its latency; measured on the H200, NOTES.md), else q4_mm8.
+// The kernel is chosen by size, which is allowed because all of them give
+// the same bits: q4_mv2 for one row; for more, once the product has at
+// least 64K outputs (fewer leave the tensor cores' warps too little to
+// hide their latency; measured on the H200, NOTES.md), the tiled
+// q4_gemm where the columns are whole stages of 128, else q4_mma; below
+// that q4_mm8.
 func (k *Kernels) MatQ4(s Stream, out uintptr, w Q4, a Acts) error {
 	if w.Cols != a.Cols || w.Cols%64 != 0 {
 		return fmt.Errorf("cuda: q4 product of [%d %d] with %d columns", w.Rows, w.Cols, a.Cols)
 	}
 	if a.Rows > 1 && a.Rows*w.Rows >= 1<<16 {
+		if GemmCols(a.Cols) {
+			return k.MatQ4Tiled(s, out, w, a, GemmRows(a.Rows))
+		}
 		return k.MatQ4MMA(s, out, w, a)
 	}
 	f, R := k.f["q4_mv2"], 1
@@ -190,10 +200,13 @@ func (k *Kernels) MatQ4(s Stream, out uintptr, w Q4, a Acts) error {
 
 // MatQ4Rows is MatQ4 with the kernel forced: r = 1 for the one-row
 // kernel, 2 for its variant with fewer loads in flight and more warps, 8
-// for the eight-row one (tests and benchmarks compare them).
+// for the eight-row one, 32 and 64 for the tiled one with tiles of that
+// many rows (tests and benchmarks compare them).
 func (k *Kernels) MatQ4Rows(s Stream, out uintptr, w Q4, a Acts, r int) error {
 	f := k.f["q4_mv"]
 	switch r {
+	case 32, 64:
+		return k.MatQ4Tiled(s, out, w, a, r)
 	case 2:
 		f, r = k.f["q4_mv2"], 1
 	case 8:
@@ -211,6 +224,90 @@ func (k *Kernels) MatQ4MMA(s Stream, out uintptr, w Q4, a Acts) error {
 	}
 	return k.d.Launch(k.f["q4_mma"], Dim3{ceil(w.Rows, 64), ceil(a.Rows, 8), 1}, Dim3{128, 1, 1}, 0, s,
 		P(w.Q), P(w.Scales), P(w.Biases), P(a.X8), P(a.XS), P(a.XSum), P(out), I(w.Rows), I(w.Cols), I(a.Rows))
+}
+
+// The tiled tensor-core q4 product (q4_gemm32, q4_gemm64 in matvec.cu):
+// blocks of gemmM outputs by 32 or 64 activation rows, a ring of
+// gemmStages stages of two groups each in dynamic shared memory.
+const (
+	gemmM      = 128
+	gemmStages = 3
+)
+
+// gemmName is the tiled kernel for tiles of bn activation rows.
+func gemmName(bn int) string { return fmt.Sprintf("q4_gemm%d", bn) }
+
+// gemmShared is its dynamic shared memory: gemm_stage_bytes(bn) a stage.
+func gemmShared(bn int) int { return gemmStages * (gemmM*96 + bn*160 + gemmM*8 + bn*16) }
+
+// GemmRows is the tile height the tiled product takes for products of
+// about rows activation rows a matrix: 32 up to 32 rows, else 64.
+func GemmRows(rows int) int {
+	if rows <= 32 {
+		return 32
+	}
+	return 64
+}
+
+// GemmCols reports whether the tiled product takes C columns: whole
+// stages of two groups of 64.
+func GemmCols(C int) bool { return C > 0 && C%128 == 0 }
+
+// gemm launches the tiled product in one of its modes (matvec.cu's
+// q4_gemm): tiles != 0 grouped (nt tiles), heads > 0 a head at a time,
+// else plain W·x over a.Rows rows.
+func (k *Kernels) gemm(s Stream, out uintptr, w Q4, a Acts, tab, tiles uintptr, nt, bn, heads int) error {
+	if !GemmCols(a.Cols) || (w.Cols != 0 && w.Cols != a.Cols) {
+		return fmt.Errorf("cuda: tiled q4 product of [%d %d] with %d columns (want a multiple of 128)", w.Rows, w.Cols, a.Cols)
+	}
+	if bn != 32 && bn != 64 {
+		return fmt.Errorf("cuda: tiled q4 product with tiles of %d rows", bn)
+	}
+	grid := Dim3{nt, ceil(w.Rows, gemmM), 1}
+	if grid.Y > 65535 {
+		return fmt.Errorf("cuda: tiled q4 product of %d outputs", w.Rows)
+	}
+	return k.d.Launch(k.f[gemmName(bn)], grid, Dim3{256, 1, 1}, gemmShared(bn), s,
+		P(tab), P(tiles), P(w.Q), P(w.Scales), P(w.Biases), P(a.X8), P(a.XS), P(a.XSum), P(out),
+		I(w.Rows), I(a.Cols), I(a.Rows), I(heads))
+}
+
+// MatQ4Tiled is MatQ4 through the tiled tensor-core kernel, tiles of bn
+// (32 or 64) rows: the same bits. w.Cols must be a multiple of 128.
+func (k *Kernels) MatQ4Tiled(s Stream, out uintptr, w Q4, a Acts, bn int) error {
+	return k.gemm(s, out, w, a, 0, 0, ceil(a.Rows, bn), bn, 0)
+}
+
+// Tile is one block's rows in a grouped tiled product: matrix E of the
+// address table, activation rows First + j·Step for j < Rows (Rows at
+// most the launch's tile height), each product written to the same row of
+// out.
+type Tile struct{ E, First, Rows, Step int32 }
+
+// MatQ4Groups computes the grouped products of a prefill chunk's
+// experts in one launch: for each of the nt tiles at tiles (device
+// []Tile), out row r = W_E·x row r for the tile's rows, W_E at tab[3E..]
+// (codes, scales, biases, as MatEx's tables), every matrix [O][a.Cols].
+// The bits are MatQ4's.
+func (k *Kernels) MatQ4Groups(s Stream, out, tab, tiles uintptr, nt, bn, O int, a Acts) error {
+	if nt == 0 {
+		return nil
+	}
+	return k.gemm(s, out, Q4{Rows: O}, a, tab, tiles, nt, bn, 0)
+}
+
+// MatQ4Heads computes W a head at a time over nb token rows: activation
+// row i·heads+h (a.Rows = nb·heads) times head h's [O][a.Cols] rows at
+// tab[3h..] (HeadTab) into out row i·heads+h, as MatEx with one slot a
+// (row, head) computes it: the same bits.
+func (k *Kernels) MatQ4Heads(s Stream, out, tab uintptr, heads, O int, a Acts, bn int) error {
+	if heads <= 0 || a.Rows%heads != 0 {
+		return fmt.Errorf("cuda: %d rows a head at a time over %d heads", a.Rows, heads)
+	}
+	nb := a.Rows / heads
+	b := a
+	b.Rows = nb
+	return k.gemm(s, out, Q4{Rows: O}, b, tab, 0, heads*ceil(nb, bn), bn, heads)
 }
 
 // MatLow computes out = W·x for a low-bit matrix of bits 3 or 2

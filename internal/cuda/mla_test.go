@@ -259,9 +259,41 @@ func TestHeads(t *testing.T) {
 				what, got := fmt.Sprintf("%s [%d %d] a head a slot", name, O, C), down[float32](e, od, n*O)
 				if kind == format.Q4 {
 					e.exact(what, got, want) // q4's integer design: the CPU's bits
+					if GemmCols(C) {
+						for _, bn := range []int{32, 64} {
+							must(e.k.MatQ4Heads(e.s, od, up(e, tab), heads, O, a, bn))
+							e.exact(fmt.Sprintf("q4 [%d %d] a head at a time, tiled by %d", O, C, bn), down[float32](e, od, n*O), want)
+						}
+					}
 				} else {
 					e.close(what, got, want, 2e-6) // q8 sums in another order
 				}
+			}
+		}
+		// The tiled product a head at a time over more token rows than a
+		// tile, with outputs that are not whole tiles, against the CPU.
+		{
+			const nb, heads, O, C = 70, 3, 200, 256
+			q := newQMat(e, r, heads*O, C, format.Q4)
+			xq := randF32(r, nb*heads*C, 2)
+			n := nb * heads
+			want := make([]float32, n*O)
+			var sc kernels.Scratch
+			for k := range n {
+				v, _ := q.m.View((k%heads)*O, (k%heads+1)*O)
+				sc.MatMul(want[k*O:(k+1)*O], &v, xq[k*C:(k+1)*C], 1)
+			}
+			tab, err := HeadTab("q4", q.w, heads)
+			must(err)
+			a := Acts{X: up(e, xq), X8: e.alloc(n * C), XS: e.alloc(4 * n * C / 64), XSum: e.alloc(4 * n * C / 64), Rows: n, Cols: C}
+			must(e.k.PrepQ4(e.s, a))
+			od := e.alloc(4 * n * O)
+			for _, bn := range []int{32, 64} {
+				must(e.k.MatQ4Heads(e.s, od, up(e, tab), heads, O, a, bn))
+				e.exact(fmt.Sprintf("q4 [%d %d] x %d heads x %d rows, tiled by %d", O, C, heads, nb, bn), down[float32](e, od, n*O), want)
+			}
+			if err := e.k.MatQ4Heads(e.s, od, up(e, tab), heads, O, Acts{Rows: n, Cols: 192}, 32); err == nil {
+				t.Error("MatQ4Heads took 192 columns")
 			}
 		}
 		if _, err := HeadTab("q4", Q4{Rows: 10, Cols: 64}, 3); err == nil {

@@ -121,6 +121,7 @@ type Runner struct {
 	sg, su, shared, sgate    uintptr
 	logits, am               uintptr
 	x8, xs, xsum             uintptr
+	tiles                    uintptr // cuda.Tile [rows·K]: a prefill chunk's experts' tiles (groupedExperts)
 
 	// Pinned host memory: the step's inputs and what comes back.
 	pin                    cuda.Host
@@ -132,7 +133,8 @@ type Runner struct {
 	offX, offCos, offSin   int
 	offIds, offW, offGidx  int
 	offPos, offAm, offPosW int
-	offIds2                int
+	offIds2, offTiles      int
+	ptiles                 []cuda.Tile
 
 	// Host grouping of a step's rows by expert.
 	slot, distinct, base, nrows []int
@@ -950,6 +952,7 @@ func (r *Runner) alloc() error {
 	add(&r.x8, acts/4+1)
 	add(&r.xs, acts/64)
 	add(&r.xsum, acts/64)
+	add(&r.tiles, 4*R*K)
 	if r.M.MTP != nil {
 		add(&r.mtp.in, R*2*H)
 		add(&r.mtp.out, R*H)
@@ -968,7 +971,7 @@ func (r *Runner) alloc() error {
 	h := func(words int) int { off := hw; hw += (words + 15) &^ 15; return off * 4 }
 	r.offX, r.offCos, r.offSin = h(R*H), h(R*rh), h(R*rh)
 	r.offIds, r.offW, r.offGidx, r.offPos, r.offAm, r.offPosW = h(R*K), h(R*K), h(R*K), h(R*K), h(R), h(R)
-	r.offIds2 = h(K)
+	r.offIds2, r.offTiles = h(K), h(4*R*K)
 	if r.M.MTP != nil {
 		r.mtp.offIn, r.mtp.offOut, r.mtp.offHid = h(R*2*H), h(R*H), h(R*H)
 	}
@@ -989,6 +992,7 @@ func (r *Runner) alloc() error {
 	r.ppos = i32[r.offPos/4 : r.offPos/4+R*K]
 	r.pam = i32[r.offAm/4 : r.offAm/4+R]
 	r.pids2 = i32[r.offIds2/4 : r.offIds2/4+K]
+	r.ptiles = unsafe.Slice((*cuda.Tile)(unsafe.Pointer(&i32[r.offTiles/4])), R*K)
 	if r.hyb.on() {
 		r.hyb.h = f32[r.hyb.offH/4 : r.hyb.offH/4+H]
 		r.hyb.out = f32[r.hyb.offOut/4 : r.hyb.offOut/4+K*H]
@@ -1895,6 +1899,10 @@ func (r *Runner) Experts(m *block.MoE) error {
 		r.shared1(m)
 		return r.err
 	}
+	if r.groupedExperts(m, n) {
+		r.shared1(m)
+		return r.err
+	}
 	exps := r.experts[m.Layer*r.E:]
 	kind := exps[r.distinct[0]].gate.kind
 	a := r.prepare(r.gin, n, H, kind)
@@ -1913,6 +1921,48 @@ func (r *Runner) Experts(m *block.MoE) error {
 	r.shared1(m)
 	return r.err
 }
+
+// groupedExperts multiplies a batched step's resident q4 experts over
+// the rows the host grouped (r.distinct, r.base, r.nrows; the n rows
+// gathered in gin) with the tiled kernel, one launch per product for
+// every expert: tiles of up to bn rows of one expert each, through the
+// layer's address tables. Each row's products are the bits of its
+// expert's own (MatQ4's). It reports false, doing nothing, where the
+// kernel does not apply: other kinds, biases, or hidden and expert widths
+// that are not whole stages of 128 columns.
+func (r *Runner) groupedExperts(m *block.MoE, n int) bool {
+	H, I := r.H, r.I
+	ex := &r.experts[m.Layer*r.E+r.distinct[0]]
+	if r.nb < groupedRows || ex.gate.kind != format.Q4 || ex.up.kind != format.Q4 || ex.down.kind != format.Q4 ||
+		r.tabBias != nil || r.tabGate == nil || !cuda.GemmCols(H) || !cuda.GemmCols(I) {
+		return false
+	}
+	bn := cuda.GemmRows(n / len(r.distinct))
+	nt := 0
+	for di, e := range r.distinct {
+		b, rows := r.base[di], r.nrows[di]
+		for j := 0; j < rows; j += bn {
+			r.ptiles[nt] = cuda.Tile{E: int32(e), First: int32(b + j), Rows: int32(min(bn, rows-j)), Step: 1}
+			nt++
+		}
+	}
+	r.check(r.Dev.UploadAsync(r.tiles, r.pin, r.offTiles, 16*nt, r.s))
+	l := m.Layer
+	a := r.prepare(r.gin, n, H, format.Q4)
+	x := cuda.Acts{X: a.x, X8: r.x8, XS: r.xs, XSum: r.xsum, Rows: n, Cols: H}
+	r.check(r.k.MatQ4Groups(r.s, r.g, r.tabGate[l], r.tiles, nt, bn, I, x))
+	r.check(r.k.MatQ4Groups(r.s, r.u, r.tabUp[l], r.tiles, nt, bn, I, x))
+	r.act(m, r.g, r.g, r.u, n*I)
+	r.prepare(r.g, n, I, format.Q4)
+	g := cuda.Acts{X: r.g, X8: r.x8, XS: r.xs, XSum: r.xsum, Rows: n, Cols: I}
+	r.check(r.k.MatQ4Groups(r.s, r.outk, r.tabDown[l], r.tiles, nt, bn, H, g))
+	return true
+}
+
+// groupedRows is the fewest rows a step takes its experts in one launch
+// a product (groupedExperts) from; with fewer the one-matrix kernels run
+// an expert at a time.
+const groupedRows = 8
 
 // expertsOnDevice multiplies the rows' experts on the router's choice on
 // the device (recorded steps): slot k's outputs land in row k of outk,

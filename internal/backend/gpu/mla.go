@@ -128,9 +128,18 @@ func headSlots(heads, rows int) int {
 // headMul writes out row k = W_{k % heads}·x row k for the step's
 // nb·heads rows (x [nb·heads][cols] and out [nb·heads][w.rows/heads],
 // contiguous), W at its kind through its address table: the one-row
-// kernels, a (row, head) a slot.
+// kernels, a (row, head) a slot, or for a chunk of rows at q4 the tiled
+// kernel a head at a time (the same bits).
 func (r *Runner) headMul(out uintptr, w mat, kind string, tab uintptr, x uintptr, heads int) {
 	n, C, O := r.nb*heads, w.cols, w.rows/heads
+	if kind == "q4" && r.nb >= groupedRows && cuda.GemmCols(C) {
+		// A chunk's rows: the tiled kernel, every (row, head) in one
+		// launch, each head's weights read once a tile of rows.
+		r.prepare(x, n, C, w.kind)
+		a := cuda.Acts{X: x, X8: r.x8, XS: r.xs, XSum: r.xsum, Rows: n, Cols: C}
+		r.check(r.k.MatQ4Heads(r.s, out, tab, heads, O, a, cuda.GemmRows(r.nb)))
+		return
+	}
 	step := headSlots(heads, r.maxRows)
 	for k0 := 0; k0 < n; k0 += step {
 		k1 := min(n, k0+step)

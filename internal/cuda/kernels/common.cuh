@@ -86,3 +86,41 @@ __device__ __forceinline__ float lanes32_sum(float a) {
     float s = __fadd_rn(__fadd_rn(a, a8), __fadd_rn(a16, a24));
     return hsum8_lanes(s);
 }
+
+// mma_s8 is D += A·B for one m16n8k32 int8 tensor-core tile (sm_80+):
+// lane → gid = lane/4, t = lane%4; A row-major 16x32: a0 = A[gid][4t..],
+// a1 = A[gid+8][4t..], a2 = A[gid][16+4t..], a3 = A[gid+8][16+4t..]; B 32x8
+// by column: b0 = B[4t..][gid], b1 = B[16+4t..][gid]; D: d0 = D[gid][2t],
+// d1 = D[gid][2t+1], d2 = D[gid+8][2t], d3 = D[gid+8][2t+1]. Integer sums
+// are exact, so the result does not depend on how the hardware orders
+// them.
+__device__ __forceinline__ void mma_s8(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                       uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// cp_async16, cp_async8, cp_async4 copy 16, 8 or 4 bytes from global to
+// shared memory without a register (sm_80+), in the group that the next
+// cp_async_commit closes; cp_async_wait<N> waits until at most N groups
+// are in flight.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src));
+}
+
+__device__ __forceinline__ void cp_async8(void* dst, const void* src) {
+    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(d), "l"(src));
+}
+
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }

@@ -453,20 +453,6 @@ extern "C" __global__ void __launch_bounds__(256) bf16_mm8(const uint16_t* W, co
     bf16_rows<8>(W, x, out, O, C, nb);
 }
 
-// mma_s8 is D += A·B for one m16n8k32 int8 tensor-core tile (sm_80+):
-// lane → gid = lane/4, t = lane%4; A row-major 16x32: a0 = A[gid][4t..],
-// a1 = A[gid+8][4t..], a2 = A[gid][16+4t..], a3 = A[gid+8][16+4t..]; B 32x8
-// by column: b0 = B[4t..][gid], b1 = B[16+4t..][gid]; D: d0 = D[gid][2t],
-// d1 = D[gid][2t+1], d2 = D[gid+8][2t], d3 = D[gid+8][2t+1]. Integer sums
-// are exact, so the result does not depend on how the hardware orders
-// them.
-__device__ __forceinline__ void mma_s8(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                       uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 // q4_mma is the batched q4 product on int8 tensor cores, with q4_rows's
 // bits: a group of 64 is two k=32 slices (the low nibbles of its 32 bytes
 // are q[0..31], the high ones q[32..63], matching x8's two halves), so two
@@ -564,4 +550,22 @@ extern "C" __global__ void __launch_bounds__(256) bf16_ex(const unsigned long lo
     const unsigned long long* t = tab + 3 * (size_t)ids[k];
     size_t back = xsel ? 0 : (size_t)k;
     bf16_rows<1>((const uint16_t*)t[0], x - back * C, out, O, C, nk);
+}
+
+#include "gemm.cuh"
+
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS) q4_gemm32(const unsigned long long* tab, const int4* tiles,
+                                                                   const uint8_t* W, const uint16_t* scales,
+                                                                   const uint16_t* biases, const int8_t* x8,
+                                                                   const float* xs, const float* xsum, float* out,
+                                                                   int O, int C, int nb, int heads) {
+    q4_gemm<32>(tab, tiles, W, scales, biases, x8, xs, xsum, out, O, C, nb, heads);
+}
+
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS) q4_gemm64(const unsigned long long* tab, const int4* tiles,
+                                                                   const uint8_t* W, const uint16_t* scales,
+                                                                   const uint16_t* biases, const int8_t* x8,
+                                                                   const float* xs, const float* xsum, float* out,
+                                                                   int O, int C, int nb, int heads) {
+    q4_gemm<64>(tab, tiles, W, scales, biases, x8, xs, xsum, out, O, C, nb, heads);
 }
