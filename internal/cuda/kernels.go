@@ -178,14 +178,14 @@ func (k *Kernels) PrepQ4(s Stream, a Acts) error {
 // the same bits: q4_mv2 for one row; for more, once the product has at
 // least 64K outputs (fewer leave the tensor cores' warps too little to
 // hide their latency; measured on the H200, NOTES.md), the tiled
-// q4_gemm where the columns are whole stages of 128, else q4_mma; below
-// that q4_mm8.
+// q4_gemm for more than gemmMinRows rows where the columns are whole
+// stages of 128, else q4_mma; below that q4_mm8.
 func (k *Kernels) MatQ4(s Stream, out uintptr, w Q4, a Acts) error {
 	if w.Cols != a.Cols || w.Cols%64 != 0 {
 		return fmt.Errorf("cuda: q4 product of [%d %d] with %d columns", w.Rows, w.Cols, a.Cols)
 	}
 	if a.Rows > 1 && a.Rows*w.Rows >= 1<<16 {
-		if GemmCols(a.Cols) {
+		if a.Rows > gemmMinRows && GemmCols(a.Cols) {
 			return k.MatQ4Tiled(s, out, w, a, GemmRows(a.Rows))
 		}
 		return k.MatQ4MMA(s, out, w, a)
@@ -233,6 +233,13 @@ const (
 	gemmM      = 128
 	gemmStages = 3
 )
+
+// gemmMinRows is the most activation rows MatQ4 leaves to q4_mma: on the
+// H200 at 8 rows q4_mma took 55.1 µs for the gate and up of 10 experts
+// ([20480 4096]) against 60.4 for q4_gemm32, and 19.8 against 34.0 for
+// their down ([40960 1024]); at 32 rows 197.7 against 55.5 and 71.5
+// against 21.1 (TestGPUBench, NOTES.md).
+const gemmMinRows = 8
 
 // gemmName is the tiled kernel for tiles of bn activation rows.
 func gemmName(bn int) string { return fmt.Sprintf("q4_gemm%d", bn) }
