@@ -28,6 +28,10 @@ stage)
 	go test -c -ldflags=-s -o "$dir/gpu.test" ./internal/backend/gpu || exit 1
 	[ -n "${NOCUDATEST:-}" ] || go test -c -ldflags=-s -o "$dir/cuda.test" ./internal/cuda || exit 1
 	cp internal/cuda/kernels/*.cu internal/cuda/kernels/*.cuh "$dir/kernels/"
+	# internal/cuda's tests read the kernel sources (TestPTXFresh,
+	# TestGemmEmulated) relative to the package, so run starts it in DIR.
+	mkdir -p "$dir/testdata/emu"
+	cp internal/cuda/testdata/emu/* "$dir/testdata/emu/"
 	cp scripts/gpu-ptx.sh scripts/gpu-backend.sh "$dir/"
 	for m in "$@"; do
 		cp "../shared/refs/$m.json" "$dir/refs/"
@@ -50,8 +54,11 @@ PY
 	du -sh "$dir"
 	;;
 run)
+	# Absolute, since gpu-ptx.sh and the tests change directory.
+	dir=$(cd "$dir" && pwd)
 	out=${OUT:-$dir/out}
 	mkdir -p "$out"
+	out=$(cd "$out" && pwd)
 	log=$out/log.txt
 	export PATH=$PATH:/usr/local/cuda/bin
 	sh=${SLUICE_SHARED:-/tmp/sluice-shared}
@@ -88,7 +95,7 @@ PY
 	mkdir -p "$SLUICE_GPU_PACKS"
 	rc=0
 	if [ -x "$dir/cuda.test" ]; then
-		"$dir/cuda.test" -test.count=1 -test.timeout=300s >>"$log" 2>&1 || rc=1
+		(cd "$dir" && exec ./cuda.test -test.count=1 -test.timeout=300s) >>"$log" 2>&1 || rc=1
 		echo "== cuda.test rc $rc" >>"$log"
 	fi
 	"$dir/gpu.test" -test.v -test.count=1 -test.timeout=400s -test.run "${TESTS:-TestGPU(Conformance|BatchInvariance|QuantisedNLL|Refusals|DecodeAllocs)}" 2>&1 | grep -v "^=== RUN" >>"$log"
