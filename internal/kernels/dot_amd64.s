@@ -572,6 +572,40 @@ s3done:
 	VZEROUPPER
 	RET
 
+// MIXLOAD8, MIXFMA8 and MIXSTORE8 are a pass of mixAccAVX2 over 8
+// registers of W bytes (Y or Z): the chains loaded from o at DI, one key's
+// value row at BX times the broadcast weight P added in, the chains
+// stored back.
+#define MIXLOAD8(W, R0, R1, R2, R3, R4, R5, R6, R7) \
+	VMOVUPS (0*W)(DI), R0 \
+	VMOVUPS (1*W)(DI), R1 \
+	VMOVUPS (2*W)(DI), R2 \
+	VMOVUPS (3*W)(DI), R3 \
+	VMOVUPS (4*W)(DI), R4 \
+	VMOVUPS (5*W)(DI), R5 \
+	VMOVUPS (6*W)(DI), R6 \
+	VMOVUPS (7*W)(DI), R7
+
+#define MIXFMA8(W, P, R0, R1, R2, R3, R4, R5, R6, R7) \
+	VFMADD231PS (0*W)(BX), P, R0 \
+	VFMADD231PS (1*W)(BX), P, R1 \
+	VFMADD231PS (2*W)(BX), P, R2 \
+	VFMADD231PS (3*W)(BX), P, R3 \
+	VFMADD231PS (4*W)(BX), P, R4 \
+	VFMADD231PS (5*W)(BX), P, R5 \
+	VFMADD231PS (6*W)(BX), P, R6 \
+	VFMADD231PS (7*W)(BX), P, R7
+
+#define MIXSTORE8(W, R0, R1, R2, R3, R4, R5, R6, R7) \
+	VMOVUPS R0, (0*W)(DI) \
+	VMOVUPS R1, (1*W)(DI) \
+	VMOVUPS R2, (2*W)(DI) \
+	VMOVUPS R3, (3*W)(DI) \
+	VMOVUPS R4, (4*W)(DI) \
+	VMOVUPS R5, (5*W)(DI) \
+	VMOVUPS R6, (6*W)(DI) \
+	VMOVUPS R7, (7*W)(DI)
+
 // func mixAccAVX2(o, v *float32, stride, n, hd int, p *float32)
 // o += Σ_j p[j]·v_j over n values stride bytes apart, in j order: each
 // element continues its FMA chain (the chain Axpy would compute) from o's
@@ -595,14 +629,7 @@ TEXT ·mixAccAVX2(SB), NOSPLIT, $0-48
 mac128:
 	CMPQ R10, $4
 	JLT mac64
-	VMOVUPS 0(DI), Z0
-	VMOVUPS 64(DI), Z1
-	VMOVUPS 128(DI), Z2
-	VMOVUPS 192(DI), Z3
-	VMOVUPS 256(DI), Z4
-	VMOVUPS 320(DI), Z5
-	VMOVUPS 384(DI), Z6
-	VMOVUPS 448(DI), Z8
+	MIXLOAD8(64, Z0, Z1, Z2, Z3, Z4, Z5, Z6, Z8)
 	MOVQ SI, BX
 	MOVQ R11, DX
 	MOVQ R9, CX
@@ -610,27 +637,13 @@ mac128:
 	JEQ mac128store
 mac128key:
 	VBROADCASTSS (DX), Z7
-	VFMADD231PS 0(BX), Z7, Z0
-	VFMADD231PS 64(BX), Z7, Z1
-	VFMADD231PS 128(BX), Z7, Z2
-	VFMADD231PS 192(BX), Z7, Z3
-	VFMADD231PS 256(BX), Z7, Z4
-	VFMADD231PS 320(BX), Z7, Z5
-	VFMADD231PS 384(BX), Z7, Z6
-	VFMADD231PS 448(BX), Z7, Z8
+	MIXFMA8(64, Z7, Z0, Z1, Z2, Z3, Z4, Z5, Z6, Z8)
 	ADDQ $4, DX
 	ADDQ R8, BX
 	DECQ CX
 	JNE mac128key
 mac128store:
-	VMOVUPS Z0, 0(DI)
-	VMOVUPS Z1, 64(DI)
-	VMOVUPS Z2, 128(DI)
-	VMOVUPS Z3, 192(DI)
-	VMOVUPS Z4, 256(DI)
-	VMOVUPS Z5, 320(DI)
-	VMOVUPS Z6, 384(DI)
-	VMOVUPS Z8, 448(DI)
+	MIXSTORE8(64, Z0, Z1, Z2, Z3, Z4, Z5, Z6, Z8)
 	ADDQ $512, DI
 	ADDQ $512, SI
 	SUBQ $4, R10
@@ -640,14 +653,7 @@ mac128store:
 mac64:
 	CMPQ R10, $2
 	JLT macchunk
-	VMOVUPS 0(DI), Y0
-	VMOVUPS 32(DI), Y1
-	VMOVUPS 64(DI), Y2
-	VMOVUPS 96(DI), Y3
-	VMOVUPS 128(DI), Y4
-	VMOVUPS 160(DI), Y5
-	VMOVUPS 192(DI), Y6
-	VMOVUPS 224(DI), Y8
+	MIXLOAD8(32, Y0, Y1, Y2, Y3, Y4, Y5, Y6, Y8)
 	MOVQ SI, BX
 	MOVQ R11, DX
 	MOVQ R9, CX
@@ -655,27 +661,13 @@ mac64:
 	JEQ mac64store
 mac64key:
 	VBROADCASTSS (DX), Y7
-	VFMADD231PS 0(BX), Y7, Y0
-	VFMADD231PS 32(BX), Y7, Y1
-	VFMADD231PS 64(BX), Y7, Y2
-	VFMADD231PS 96(BX), Y7, Y3
-	VFMADD231PS 128(BX), Y7, Y4
-	VFMADD231PS 160(BX), Y7, Y5
-	VFMADD231PS 192(BX), Y7, Y6
-	VFMADD231PS 224(BX), Y7, Y8
+	MIXFMA8(32, Y7, Y0, Y1, Y2, Y3, Y4, Y5, Y6, Y8)
 	ADDQ $4, DX
 	ADDQ R8, BX
 	DECQ CX
 	JNE mac64key
 mac64store:
-	VMOVUPS Y0, 0(DI)
-	VMOVUPS Y1, 32(DI)
-	VMOVUPS Y2, 64(DI)
-	VMOVUPS Y3, 96(DI)
-	VMOVUPS Y4, 128(DI)
-	VMOVUPS Y5, 160(DI)
-	VMOVUPS Y6, 192(DI)
-	VMOVUPS Y8, 224(DI)
+	MIXSTORE8(32, Y0, Y1, Y2, Y3, Y4, Y5, Y6, Y8)
 	ADDQ $256, DI
 	ADDQ $256, SI
 	SUBQ $2, R10

@@ -834,7 +834,6 @@ b1part:
 #define L_RTILES 56            // tiles left
 #define L_RZ 64                // 1: pairs of groups on Z registers
 #define L_RQG 72               // bytes from a row's group to its next
-#define L_RQS 80               // bytes from a tile's row to the next
 #define L_RST 192              // [KC] × (8 scales, 8 biases), aligned
 #define ZNG 128                // the most groups the Z path takes (8192 columns)
 #define L_XSX 768              // [ZNG] × 8 copies of xs[g]
@@ -864,13 +863,10 @@ TEXT ·q4Rows(SB), 0, $8960-96
 	MOVQ AX, L_RTILES(SP)
 	MOVB $0, L_RZ(SP)
 	MOVQ $32, L_RQG(SP)
-	MOVQ qstride+8(FP), AX
-	MOVQ AX, L_RQS(SP)
 	TESTB $16, mode+80(FP)
 	JEQ rflat
 	// Tiled rows: a tile's groups one after another, 256 bytes each.
 	MOVQ $256, L_RQG(SP)
-	MOVQ $32, L_RQS(SP)
 	TESTB $8, mode+80(FP)
 	JEQ rzoff
 	VBROADCASTI64X4 NIBBLES, Z24
@@ -1034,7 +1030,7 @@ rgroups:
 	ADDQ BX, R11
 	MOVQ xsum+64(FP), R10
 	ADDQ BX, R10
-	MOVQ L_RQS(SP), BX
+	MOVQ qstride+8(FP), BX
 	LEAQ (BX)(BX*2), DX
 	LEAQ (SI)(BX*4), R8
 	ADDQ BX, R8
