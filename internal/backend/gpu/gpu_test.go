@@ -46,6 +46,7 @@ var gpuModels = []string{"tiny-qwen3-moe", "tiny-qwen3-5-moe", "tiny-gpt-oss", "
 
 func TestMain(m *testing.M) {
 	code := m.Run()
+	testutil.Cleanup() // the shared packs (TestSupported's extra models)
 	if packDir != "" && os.Getenv("SLUICE_GPU_PACKS") == "" {
 		os.RemoveAll(packDir)
 	}
