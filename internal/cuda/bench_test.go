@@ -278,7 +278,7 @@ func TestGPUBench(t *testing.T) {
 		// Module load with the driver's JIT cache warm (TestMain loaded
 		// every module once already).
 		for _, m := range modules {
-			ptx, err := PTX(m)
+			ptx, err := PTX(m, e.k.PDL)
 			must(err)
 			mod, err := d.LoadPTX(ptx)
 			must(err)

@@ -796,26 +796,43 @@ func TestMatF32(t *testing.T) {
 	})
 }
 
-// TestArgmax checks greedy argmax with planted ties.
+// TestArgmax checks greedy argmax with planted ties, at vocabulary sizes
+// that take the kernel's float4 path (a multiple of 4) and its scalar one,
+// below one element a thread, and a row with no finite value.
 func TestArgmax(t *testing.T) {
 	onGPU(t, func(e *env) {
 		r := rand.New(rand.NewPCG(9, 9))
-		const nb, V = 4, 151937
-		x := randF32(r, nb*V, 10)
-		want := make([]int32, nb)
-		for i := 0; i < nb; i++ {
-			row := x[i*V : (i+1)*V]
-			a, b := r.IntN(V), r.IntN(V)
-			row[a], row[b] = 11, 11 // a tie for the maximum
-			want[i] = int32(min(a, b))
-		}
-		x[3*V+5] = float32(math.NaN()) // NaN never wins
-		out := e.alloc(4 * nb)
-		must(e.k.Argmax(e.s, up(e, x), out, nb, V))
-		got := down[int32](e, out, nb)
-		for i := range want {
-			if got[i] != want[i] {
-				t.Errorf("argmax row %d: %d, want %d", i, got[i], want[i])
+		for _, V := range []int{151937, 151936, 4100, 7} {
+			const nb = 5
+			x := randF32(r, nb*V, 10)
+			want := make([]int32, nb)
+			for i := 0; i < nb-1; i++ {
+				row := x[i*V : (i+1)*V]
+				a, b := r.IntN(V), r.IntN(V)
+				row[a], row[b] = 11, 11 // a tie for the maximum
+				want[i] = int32(min(a, b))
+				if i == 3 {
+					n := (max(a, b) + 1) % V
+					for n == a || n == b {
+						n = (n + 1) % V
+					}
+					row[n] = float32(math.NaN()) // NaN never wins
+				}
+			}
+			for j := range V {
+				x[4*V+j] = float32(math.Inf(-1))
+				if j%3 == 0 {
+					x[4*V+j] = float32(math.NaN())
+				}
+			}
+			want[4] = 0
+			out := e.alloc(4 * nb)
+			must(e.k.Argmax(e.s, up(e, x), out, nb, V))
+			got := down[int32](e, out, nb)
+			for i := range want {
+				if got[i] != want[i] {
+					t.Errorf("argmax V=%d row %d: %d, want %d", V, i, got[i], want[i])
+				}
 			}
 		}
 	})

@@ -52,6 +52,7 @@ const (
 	arenaBytes = 64 << 10
 	outBase    = 0     // [0, 256): out-parameters of one call
 	argBase    = 256   // launch argument values, 8 bytes each
+	cfgBase    = 4096  // cuLaunchKernelEx's CUlaunchConfig (56 bytes), then its attribute (72)
 	ptrBase    = 8192  // launch argument pointer array
 	scratchOff = 16384 // JIT option values and logs
 	maxArgs    = 64

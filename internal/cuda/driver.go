@@ -58,7 +58,7 @@ var fns struct {
 	streamCreate, streamDestroy, streamSynchronize             uintptr
 	eventCreate, eventDestroy, eventRecord, eventSynchronize   uintptr
 	eventElapsedTime                                           uintptr
-	launchKernel                                               uintptr
+	launchKernel, launchKernelEx                               uintptr
 	streamBeginCapture, streamEndCapture                       uintptr
 	graphInstantiate, graphLaunch, graphExecDestroy, graphDest uintptr
 }
@@ -127,7 +127,7 @@ func loadDriver() error {
 		{&fns.streamCreate, "cuStreamCreate"}, {&fns.streamDestroy, "cuStreamDestroy"}, {&fns.streamSynchronize, "cuStreamSynchronize"},
 		{&fns.eventCreate, "cuEventCreate"}, {&fns.eventDestroy, "cuEventDestroy"}, {&fns.eventRecord, "cuEventRecord"},
 		{&fns.eventSynchronize, "cuEventSynchronize"}, {&fns.eventElapsedTime, "cuEventElapsedTime"},
-		{&fns.launchKernel, "cuLaunchKernel"},
+		{&fns.launchKernel, "cuLaunchKernel"}, {&fns.launchKernelEx, "cuLaunchKernelEx"},
 		{&fns.streamBeginCapture, "cuStreamBeginCapture"}, {&fns.streamEndCapture, "cuStreamEndCapture"},
 		{&fns.graphInstantiate, "cuGraphInstantiateWithFlags"}, {&fns.graphLaunch, "cuGraphLaunch"},
 		{&fns.graphExecDestroy, "cuGraphExecDestroy"}, {&fns.graphDest, "cuGraphDestroy"},

@@ -57,15 +57,27 @@ func ptxHash(ptx []byte) string {
 	return strings.TrimSpace(h)
 }
 
-// PTX returns the embedded PTX of module name. With $SLUICE_PTX_DIR set it
-// reads name.ptx from that directory instead: the GPU test script uses this
-// to test kernels compiled in the same run, before they are committed.
-func PTX(name string) ([]byte, error) {
-	if dir := os.Getenv("SLUICE_PTX_DIR"); dir != "" {
-		return os.ReadFile(filepath.Join(dir, name+".ptx"))
+// PTX returns the embedded PTX of module name: with pdl the sm_90 set,
+// whose kernels open with PDL_ENTRY, else the sm_80 one. With
+// $SLUICE_PTX_DIR set it reads the file from that directory instead: the
+// GPU test script uses this to test kernels compiled in the same run,
+// before they are committed.
+func PTX(name string, pdl bool) ([]byte, error) {
+	file := name + ".ptx"
+	if pdl {
+		file = name + ".sm90.ptx"
 	}
-	return ptxFS.ReadFile("kernels/" + name + ".ptx")
+	if dir := os.Getenv("SLUICE_PTX_DIR"); dir != "" {
+		return os.ReadFile(filepath.Join(dir, file))
+	}
+	return ptxFS.ReadFile("kernels/" + file)
 }
+
+// UsePDL reports whether kernels on a device of compute capability major
+// launch with programmatic dependent launch: on Hopper (9) and later,
+// unless $SLUICE_PDL is 0 (which gives the sm_80 kernels and plain
+// launches, for comparison).
+func UsePDL(major int) bool { return major >= 9 && os.Getenv("SLUICE_PDL") != "0" }
 
 // Kernels are sluice's GPU kernels, loaded into one device. The launch
 // methods queue work on a stream and, like every Device method, must be
@@ -76,6 +88,8 @@ type Kernels struct {
 	d    *Device
 	mods []*Module
 	f    map[string]Func
+	// PDL: the kernels launch with programmatic dependent launch (UsePDL).
+	PDL bool
 	// Load has each module's load time (a JIT compile, or a hit in the
 	// driver's JIT cache).
 	Load []ModuleLoad
@@ -91,7 +105,7 @@ type ModuleLoad struct {
 // eagerly (Open sets CUDA_MODULE_LOADING=EAGER before cuInit), so no first
 // launch later waits for a compile.
 func LoadKernels(d *Device) (*Kernels, error) {
-	k := &Kernels{d: d, f: map[string]Func{}}
+	k := &Kernels{d: d, f: map[string]Func{}, PDL: UsePDL(d.Major)}
 	names := map[string][]string{
 		"matvec": {"prep_x", "q4_mv", "q4_mv2", "q4_mm8", "q4_mma", "q4_gemm32", "q4_gemm64", "q3_mv", "q3_mm8", "q2_mv", "q2_mm8", "q8_mv", "q8_mm8", "bf16_mv", "bf16_mm8", "q4_ex", "q8_ex", "bf16_ex"},
 		"ops":    {"rmsnorm", "rmsnorm_block", "rope", "swiglu", "route", "route_groups", "route_topk", "clamped_swiglu", "add_rows", "add_ex", "argmax", "dn_qk_norm", "dn_gates"},
@@ -101,7 +115,7 @@ func LoadKernels(d *Device) (*Kernels, error) {
 		"mla":    {"layer_norm", "index_scores", "index_select", "mla_attend_part", "mla_attend_wide"},
 	}
 	for _, m := range modules {
-		ptx, err := PTX(m)
+		ptx, err := PTX(m, k.PDL)
 		if err != nil {
 			return nil, fmt.Errorf("cuda: kernels %s: %v", m, err)
 		}
@@ -119,6 +133,7 @@ func LoadKernels(d *Device) (*Kernels, error) {
 			if err != nil {
 				return nil, err
 			}
+			f.pdl = k.PDL
 			k.f[n] = f
 		}
 	}
@@ -490,7 +505,7 @@ func (k *Kernels) AddRows(s Stream, x, b uintptr, rows, n int) error {
 // Argmax writes, for each of nb rows of V floats, the index of the largest
 // (lowest index on ties) as int32 into out.
 func (k *Kernels) Argmax(s Stream, x, out uintptr, nb, V int) error {
-	return k.d.Launch(k.f["argmax"], Dim3{nb, 1, 1}, Dim3{256, 1, 1}, 0, s, P(x), P(out), I(V))
+	return k.d.Launch(k.f["argmax"], Dim3{nb, 1, 1}, Dim3{1024, 1, 1}, 0, s, P(x), P(out), I(V))
 }
 
 // Attn describes one attention call: nb query rows at positions pos..,

@@ -66,6 +66,11 @@ func (d *Device) Unload(m *Module) error {
 type Func struct {
 	h    uintptr
 	Name string
+	// pdl: launch with programmatic dependent launch (LaunchEx's
+	// attribute). Only kernels that open with kernels/common.cuh's
+	// PDL_ENTRY (the sm_90 PTX) may: a kernel that does not wait for its
+	// predecessor could read its output before it is written.
+	pdl bool
 }
 
 // Func looks up the kernel called name (its extern "C" name) in m.
@@ -106,14 +111,42 @@ func (d *Device) Launch(f Func, grid, block Dim3, shared int, s Stream, args ...
 		ptrs[i] = d.arena + argBase + uintptr(8*i)
 	}
 	d.Launches++
-	err := d.call("cuLaunchKernel", fns.launchKernel, f.h,
-		uintptr(max(grid.X, 1)), uintptr(max(grid.Y, 1)), uintptr(max(grid.Z, 1)),
-		uintptr(max(block.X, 1)), uintptr(max(block.Y, 1)), uintptr(max(block.Z, 1)),
-		uintptr(shared), s.h, d.arena+ptrBase, 0)
+	var err error
+	if f.pdl {
+		err = d.launchPDL(f, grid, block, shared, s)
+	} else {
+		err = d.call("cuLaunchKernel", fns.launchKernel, f.h,
+			uintptr(max(grid.X, 1)), uintptr(max(grid.Y, 1)), uintptr(max(grid.Z, 1)),
+			uintptr(max(block.X, 1)), uintptr(max(block.Y, 1)), uintptr(max(block.Z, 1)),
+			uintptr(shared), s.h, d.arena+ptrBase, 0)
+	}
 	if err != nil {
 		return fmt.Errorf("%w: kernel %s grid %v block %v", err, f.Name, grid, block)
 	}
 	return nil
+}
+
+// launchPDL queues f through cuLaunchKernelEx with the attribute
+// CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION set: f's blocks may
+// be scheduled before the kernel ahead of it on s has finished (f waits for
+// it itself), which hides f's launch behind that kernel. Stream capture
+// records the dependency in the graph, so a recorded decode step replays
+// the same way. The CUlaunchConfig and its one attribute are built in the
+// arena (driver.h's layout on 64-bit hosts: six dims and the shared bytes
+// as uint32 from 0, the stream at 32, the attribute pointer at 40, their
+// count at 48; an attribute is a uint32 id, 4 bytes of padding and a
+// 64-byte value).
+func (d *Device) launchPDL(f Func, grid, block Dim3, shared int, s Stream) error {
+	cfg := (*[7]uint32)(cptr(d.arena + cfgBase))
+	cfg[0], cfg[1], cfg[2] = uint32(max(grid.X, 1)), uint32(max(grid.Y, 1)), uint32(max(grid.Z, 1))
+	cfg[3], cfg[4], cfg[5] = uint32(max(block.X, 1)), uint32(max(block.Y, 1)), uint32(max(block.Z, 1))
+	cfg[6] = uint32(shared)
+	attr := d.arena + cfgBase + 64
+	*(*uintptr)(cptr(d.arena + cfgBase + 32)) = s.h
+	*(*uintptr)(cptr(d.arena + cfgBase + 40)) = attr
+	*(*uint32)(cptr(d.arena + cfgBase + 48)) = 1
+	*(*[18]uint32)(cptr(attr)) = [18]uint32{0: 6, 2: 1} // the id, then programmaticStreamSerializationAllowed = 1
+	return d.call("cuLaunchKernelEx", fns.launchKernelEx, d.arena+cfgBase, f.h, d.arena+ptrBase, 0)
 }
 
 // I is an int kernel argument (int32 in the kernel).

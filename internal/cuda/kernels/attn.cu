@@ -137,6 +137,7 @@ attend_part(float* __restrict__ part, const float* __restrict__ q, const float* 
             const float* __restrict__ vc, int pos, int nh, int nkv, int hd, int qRow, int qHead, int kvw, float scale,
             int nc, const int* __restrict__ posp, int win, int ring, int vd, const int* __restrict__ sel, int topk,
             int gate) {
+    PDL_ENTRY
     if (posp != nullptr) pos = *posp; // a recorded step reads its position on the device
     if (att_skip(gate, pos, gridDim.y, sel != nullptr ? topk : 0, ATT_CHUNK)) return;
     extern __shared__ float qs[]; // [hd]
@@ -170,6 +171,7 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
 attend_combine(float* __restrict__ o, const float* __restrict__ part, const float* __restrict__ q, int pos, int nh,
                int hd, int qRow, int qHead, int oRow, int nc, int gated, const int* __restrict__ posp, int win,
                const float* __restrict__ sinks, int vd, int topk) {
+    PDL_ENTRY
     if (posp != nullptr) pos = *posp;
     __shared__ float w[ATT_MAX_CHUNKS];
     __shared__ float inv;

@@ -12,6 +12,27 @@
 
 #define FULL_MASK 0xffffffffu
 
+// PDL_ENTRY opens every kernel. Built with SLUICE_PDL (the sm_90 PTX,
+// scripts/gpu-ptx.sh), the host launches kernels with programmatic
+// dependent launch (Hopper and later): a kernel's blocks may start while
+// the kernel before it on the stream still runs, so that its launch and
+// ramp-up overlap the predecessor's tail instead of following it. Each
+// kernel therefore first waits until its predecessor has finished and its
+// writes are visible (griddepcontrol.wait, which returns at once for a
+// launch without the attribute), and only then lets its own successor
+// start (launch_dependents): a grid waits on its predecessor, which
+// waited on its own, so every kernel still sees all the work queued
+// before it, and no kernel's blocks can hold a multiprocessor that a
+// predecessor's unstarted blocks need. Without SLUICE_PDL (the sm_80
+// PTX) it is empty.
+#ifdef SLUICE_PDL
+#define PDL_ENTRY                                          \
+    asm volatile("griddepcontrol.wait;" ::: "memory");     \
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#else
+#define PDL_ENTRY
+#endif
+
 // ld_half loads a quantisation scale or bias of the packed format (an IEEE
 // half, format 3) as float32, exactly: as the CPU widens it.
 __device__ __forceinline__ float ld_half(const uint16_t* p) { return __half2float(__ushort_as_half(__ldg(p))); }

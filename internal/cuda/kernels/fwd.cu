@@ -26,6 +26,7 @@ __device__ __forceinline__ float f32_dot(const float* __restrict__ w, const floa
 // (o, r) (f32_dot).
 extern "C" __global__ void f32_mv(const float* __restrict__ W, const float* __restrict__ x, float* __restrict__ out,
                                   int O, int C, int nb) {
+    PDL_ENTRY
     int o = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     int r = blockIdx.y;
     if (o >= O || r >= nb) return;
@@ -39,6 +40,7 @@ extern "C" __global__ void f32_mv(const float* __restrict__ W, const float* __re
 // (i, h) at out + i·oRow + h·oHead. Grid (⌈O/8⌉, heads, rows).
 extern "C" __global__ void head_f32(const float* __restrict__ W, const float* __restrict__ x, float* __restrict__ out,
                                     int O, int C, int xRow, int xHead, int oRow, int oHead) {
+    PDL_ENTRY
     int o = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     int h = blockIdx.y, i = blockIdx.z;
     if (o >= O) return;
@@ -50,6 +52,7 @@ extern "C" __global__ void head_f32(const float* __restrict__ W, const float* __
 // ds and ss floats apart.
 extern "C" __global__ void copy_rows(float* __restrict__ dst, int ds, const float* __restrict__ src, int ss, int rows,
                                      int n) {
+    PDL_ENTRY
     size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (size_t)rows * n) return;
     size_t r = t / n, c = t % n;
@@ -59,6 +62,7 @@ extern "C" __global__ void copy_rows(float* __restrict__ dst, int ds, const floa
 // gather_rows: dst[j] = src[idx[j]] for n rows of width floats.
 extern "C" __global__ void gather_rows(float* __restrict__ dst, const float* __restrict__ src, const int* __restrict__ idx,
                                        int n, int width) {
+    PDL_ENTRY
     size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (size_t)n * width) return;
     size_t j = t / width, c = t % width;
@@ -71,6 +75,7 @@ extern "C" __global__ void gather_rows(float* __restrict__ dst, const float* __r
 extern "C" __global__ void moe_combine(float* __restrict__ y, const float* __restrict__ outk, const int* __restrict__ pos,
                                        const float* __restrict__ w, const float* __restrict__ shared,
                                        const float* __restrict__ sgate, int nb, int K, int H, int mode) {
+    PDL_ENTRY
     size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (size_t)nb * H) return;
     int i = (int)(t / H), c = (int)(t % H);
@@ -90,6 +95,7 @@ extern "C" __global__ void moe_combine(float* __restrict__ y, const float* __res
 // any position. vc may be null: a latent cache has one row per position.
 extern "C" __global__ void kv_append(float* __restrict__ kc, float* __restrict__ vc, const float* __restrict__ k,
                                      const float* __restrict__ v, const int* __restrict__ posp, int n, int ring) {
+    PDL_ENTRY
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n) return;
     int p = *posp;

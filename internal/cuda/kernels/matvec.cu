@@ -21,6 +21,7 @@
 // few dozen groups: each thread's latency is the kernel's).
 extern "C" __global__ void prep_x(const float* __restrict__ x, int8_t* __restrict__ x8,
                                   float* __restrict__ xs, float* __restrict__ xsum, int C, int total) {
+    PDL_ENTRY
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= total) return;
     int ng = C >> 6;
@@ -184,6 +185,7 @@ __device__ __forceinline__ void q4_rows(const uint8_t* __restrict__ W, const uin
 extern "C" __global__ void __launch_bounds__(256) q4_mv(const uint8_t* W, const uint16_t* scales, const uint16_t* biases,
                                                         const int8_t* x8, const float* xs, const float* xsum,
                                                         float* out, int O, int C, int nb) {
+    PDL_ENTRY
     q4_rows<1, 4>(W, scales, biases, x8, xs, xsum, out, O, C, nb);
 }
 
@@ -193,6 +195,7 @@ extern "C" __global__ void __launch_bounds__(256) q4_mv(const uint8_t* W, const 
 extern "C" __global__ void __launch_bounds__(256, 6) q4_mv2(const uint8_t* W, const uint16_t* scales, const uint16_t* biases,
                                                             const int8_t* x8, const float* xs, const float* xsum,
                                                             float* out, int O, int C, int nb) {
+    PDL_ENTRY
     q4_rows<1, 2>(W, scales, biases, x8, xs, xsum, out, O, C, nb);
 }
 
@@ -201,6 +204,7 @@ extern "C" __global__ void __launch_bounds__(256, 6) q4_mv2(const uint8_t* W, co
 extern "C" __global__ void __launch_bounds__(256) q4_mm8(const uint8_t* W, const uint16_t* scales, const uint16_t* biases,
                                                          const int8_t* x8, const float* xs, const float* xsum,
                                                          float* out, int O, int C, int nb) {
+    PDL_ENTRY
     q4_rows<8, 4>(W, scales, biases, x8, xs, xsum, out, O, C, nb);
 }
 
@@ -309,24 +313,28 @@ __device__ __forceinline__ void low_rows(const uint8_t* __restrict__ W, const ui
 extern "C" __global__ void __launch_bounds__(256, 6) q3_mv(const uint8_t* W, const uint16_t* scales, const uint16_t* biases,
                                                            const int8_t* x8, const float* xs, const float* xsum,
                                                            float* out, int O, int C, int nb) {
+    PDL_ENTRY
     low_rows<3, 1, 2>(W, scales, biases, x8, xs, xsum, out, O, C, nb);
 }
 
 extern "C" __global__ void __launch_bounds__(256) q3_mm8(const uint8_t* W, const uint16_t* scales, const uint16_t* biases,
                                                          const int8_t* x8, const float* xs, const float* xsum,
                                                          float* out, int O, int C, int nb) {
+    PDL_ENTRY
     low_rows<3, 8, 4>(W, scales, biases, x8, xs, xsum, out, O, C, nb);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 6) q2_mv(const uint8_t* W, const uint16_t* scales, const uint16_t* biases,
                                                            const int8_t* x8, const float* xs, const float* xsum,
                                                            float* out, int O, int C, int nb) {
+    PDL_ENTRY
     low_rows<2, 1, 2>(W, scales, biases, x8, xs, xsum, out, O, C, nb);
 }
 
 extern "C" __global__ void __launch_bounds__(256) q2_mm8(const uint8_t* W, const uint16_t* scales, const uint16_t* biases,
                                                          const int8_t* x8, const float* xs, const float* xsum,
                                                          float* out, int O, int C, int nb) {
+    PDL_ENTRY
     low_rows<2, 8, 4>(W, scales, biases, x8, xs, xsum, out, O, C, nb);
 }
 
@@ -389,11 +397,13 @@ __device__ __forceinline__ void q8_rows(const uint8_t* __restrict__ W, const uin
 
 extern "C" __global__ void __launch_bounds__(256) q8_mv(const uint8_t* W, const uint16_t* scales, const uint16_t* biases,
                                                         const float* x, const float* xsum, float* out, int O, int C, int nb) {
+    PDL_ENTRY
     q8_rows<1>(W, scales, biases, x, xsum, out, O, C, nb);
 }
 
 extern "C" __global__ void __launch_bounds__(256) q8_mm8(const uint8_t* W, const uint16_t* scales, const uint16_t* biases,
                                                          const float* x, const float* xsum, float* out, int O, int C, int nb) {
+    PDL_ENTRY
     q8_rows<8>(W, scales, biases, x, xsum, out, O, C, nb);
 }
 
@@ -446,10 +456,12 @@ __device__ __forceinline__ void bf16_rows(const uint16_t* __restrict__ W, const 
 }
 
 extern "C" __global__ void __launch_bounds__(256) bf16_mv(const uint16_t* W, const float* x, float* out, int O, int C, int nb) {
+    PDL_ENTRY
     bf16_rows<1>(W, x, out, O, C, nb);
 }
 
 extern "C" __global__ void __launch_bounds__(256) bf16_mm8(const uint16_t* W, const float* x, float* out, int O, int C, int nb) {
+    PDL_ENTRY
     bf16_rows<8>(W, x, out, O, C, nb);
 }
 
@@ -464,6 +476,7 @@ extern "C" __global__ void __launch_bounds__(128) q4_mma(const uint8_t* __restri
                                                          const uint16_t* __restrict__ biases, const int8_t* __restrict__ x8,
                                                          const float* __restrict__ xs, const float* __restrict__ xsum,
                                                          float* __restrict__ out, int O, int C, int nb) {
+    PDL_ENTRY
     int lane = threadIdx.x & 31;
     int m0 = (blockIdx.x * 4 + (threadIdx.x >> 5)) * 16;
     if (m0 >= O) return; // whole warps
@@ -523,6 +536,7 @@ extern "C" __global__ void __launch_bounds__(256, 6) q4_ex(const unsigned long l
                                                            const int* __restrict__ ids, const int8_t* x8,
                                                            const float* xs, const float* xsum, float* out, int O,
                                                            int C, int nk, int xsel) {
+    PDL_ENTRY
     int k = blockIdx.y;
     const unsigned long long* t = tab + 3 * (size_t)ids[k];
     size_t back = xsel ? 0 : (size_t)k;
@@ -535,6 +549,7 @@ extern "C" __global__ void __launch_bounds__(256) q8_ex(const unsigned long long
                                                         const int* __restrict__ ids, const float* x,
                                                         const float* xsum, float* out, int O, int C, int nk,
                                                         int xsel) {
+    PDL_ENTRY
     int k = blockIdx.y;
     const unsigned long long* t = tab + 3 * (size_t)ids[k];
     size_t back = xsel ? 0 : (size_t)k;
@@ -546,6 +561,7 @@ extern "C" __global__ void __launch_bounds__(256) q8_ex(const unsigned long long
 extern "C" __global__ void __launch_bounds__(256) bf16_ex(const unsigned long long* __restrict__ tab,
                                                           const int* __restrict__ ids, const float* x, float* out,
                                                           int O, int C, int nk, int xsel) {
+    PDL_ENTRY
     int k = blockIdx.y;
     const unsigned long long* t = tab + 3 * (size_t)ids[k];
     size_t back = xsel ? 0 : (size_t)k;
@@ -554,18 +570,14 @@ extern "C" __global__ void __launch_bounds__(256) bf16_ex(const unsigned long lo
 
 #include "gemm.cuh"
 
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS) q4_gemm32(const unsigned long long* tab, const int4* tiles,
-                                                                   const uint8_t* W, const uint16_t* scales,
-                                                                   const uint16_t* biases, const int8_t* x8,
-                                                                   const float* xs, const float* xsum, float* out,
-                                                                   int O, int C, int nb, int heads) {
-    q4_gemm<32>(tab, tiles, W, scales, biases, x8, xs, xsum, out, O, C, nb, heads);
-}
-
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS) q4_gemm64(const unsigned long long* tab, const int4* tiles,
-                                                                   const uint8_t* W, const uint16_t* scales,
-                                                                   const uint16_t* biases, const int8_t* x8,
-                                                                   const float* xs, const float* xsum, float* out,
-                                                                   int O, int C, int nb, int heads) {
-    q4_gemm<64>(tab, tiles, W, scales, biases, x8, xs, xsum, out, O, C, nb, heads);
-}
+// q4_gemm32 and q4_gemm64: q4_gemm with tiles of 32 and 64 rows.
+#define Q4_GEMM(R)                                                                                              \
+    extern "C" __global__ void __launch_bounds__(GEMM_THREADS)                                                  \
+        q4_gemm##R(const unsigned long long* tab, const int4* tiles, const uint8_t* W, const uint16_t* scales, \
+                   const uint16_t* biases, const int8_t* x8, const float* xs, const float* xsum, float* out,    \
+                   int O, int C, int nb, int heads) {                                                           \
+        PDL_ENTRY                                                                                               \
+        q4_gemm<R>(tab, tiles, W, scales, biases, x8, xs, xsum, out, O, C, nb, heads);                          \
+    }
+Q4_GEMM(32)
+Q4_GEMM(64)

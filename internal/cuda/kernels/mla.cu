@@ -16,6 +16,7 @@
 extern "C" __global__ void __launch_bounds__(256)
 layer_norm(float* dst, const float* x, const float* __restrict__ w, const float* __restrict__ b, int rows, int n,
            float eps) {
+    PDL_ENTRY
     int lane = threadIdx.x & 31;
     int r = blockIdx.x * 8 + (threadIdx.x >> 5);
     if (r >= rows) return;
@@ -45,6 +46,7 @@ extern "C" __global__ void __launch_bounds__(256)
 index_scores(float* __restrict__ sc, const float* __restrict__ q, const float* __restrict__ k,
              const float* __restrict__ w, int pos, const int* __restrict__ posp, int heads, int dim, float scale,
              float wscale, int topk, int stride) {
+    PDL_ENTRY
     if (posp != nullptr) pos = *posp;
     int lane = threadIdx.x & 31;
     int t = blockIdx.x * 8 + (threadIdx.x >> 5), i = blockIdx.y;
@@ -99,6 +101,7 @@ __device__ __forceinline__ int block_prefix(bool flag, int* cnt, int* all) {
 extern "C" __global__ void __launch_bounds__(SEL_THREADS)
 index_select(int* __restrict__ sel, const float* __restrict__ sc, int pos, const int* __restrict__ posp, int topk,
              int stride) {
+    PDL_ENTRY
     if (posp != nullptr) pos = *posp;
     __shared__ unsigned hist[256];
     __shared__ unsigned sprefix, swant;
@@ -314,6 +317,7 @@ __device__ __forceinline__ void mla_part(float* __restrict__ part, const float* 
         name(float* __restrict__ part, const float* __restrict__ q, const float* __restrict__ kc, int pos, int nh,     \
              int hb, int hd, int vd, int qRow, int qHead, float scale, int nc, const int* __restrict__ posp,            \
              const int* __restrict__ sel, int topk, int gate) {                                                        \
+        PDL_ENTRY                                                                                                      \
         extern __shared__ float qs[]; /* [hb][hd] */                                                                   \
         __shared__ float sc[MLA_HEADS][MLA_CHUNK];                                                                     \
         __shared__ float red[MLA_HEADS][(threads) / 32];                                                               \

@@ -40,6 +40,7 @@ __device__ __forceinline__ float sum_squares32(const float* x, int n) {
 // after kernels.Add. One warp per row; dst may be x.
 extern "C" __global__ void rmsnorm(float* dst, float* x, const float* __restrict__ add, const float* __restrict__ w,
                                    int rows, int n, int stride, float eps, int zc) {
+    PDL_ENTRY
     int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= rows) return;
     int lane = threadIdx.x & 31;
@@ -85,6 +86,7 @@ extern "C" __global__ void rmsnorm(float* dst, float* x, const float* __restrict
 extern "C" __global__ void __launch_bounds__(NORM_THREADS)
 rmsnorm_block(float* dst, float* x, const float* __restrict__ add, const float* __restrict__ w, int n, int stride,
               float eps, int zc) {
+    PDL_ENTRY
     extern __shared__ float sh[];
     __shared__ float sinv;
     int tid = threadIdx.x;
@@ -130,6 +132,7 @@ rmsnorm_block(float* dst, float* x, const float* __restrict__ add, const float* 
 // kernels.RopeTable). As kernels.Rope. One thread per (row, head, i).
 extern "C" __global__ void rope(float* x, const float* __restrict__ cos, const float* __restrict__ sin, int nb, int nh,
                                 int rowStride, int headStride, int rh) {
+    PDL_ENTRY
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= nb * nh * rh) return;
     int i = t % rh;
@@ -144,6 +147,7 @@ extern "C" __global__ void rope(float* x, const float* __restrict__ cos, const f
 
 // swiglu: dst = silu(gate)·up over n floats, as kernels.SwiGLU.
 extern "C" __global__ void swiglu(float* dst, const float* gate, const float* up, int n) {
+    PDL_ENTRY
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) dst[i] = __fmul_rn(sl_silu(gate[i]), up[i]);
 }
@@ -156,6 +160,7 @@ extern "C" __global__ void swiglu(float* dst, const float* gate, const float* up
 // probs is left with the chosen entries overwritten by -1.
 extern "C" __global__ void route(const float* logits, float* probs, int* __restrict__ ids, float* __restrict__ wts,
                                  int nb, int E, int K, int norm) {
+    PDL_ENTRY
     int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= nb) return;
     int lane = threadIdx.x & 31;
@@ -247,6 +252,7 @@ __device__ __forceinline__ int pick_next(int E, unsigned& chosen, F val, float& 
 extern "C" __global__ void route_groups(const float* logits, float* probs, const float* __restrict__ corr,
                                         int* __restrict__ ids, float* __restrict__ wts, int nb, int E, int K, int G,
                                         int TG, int norm, float scale) {
+    PDL_ENTRY
     int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= nb) return;
     int lane = threadIdx.x & 31;
@@ -309,6 +315,7 @@ extern "C" __global__ void route_groups(const float* logits, float* probs, const
 // left as they were.
 extern "C" __global__ void route_topk(const float* __restrict__ logits, int* __restrict__ ids, float* __restrict__ wts,
                                       int nb, int E, int K) {
+    PDL_ENTRY
     int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= nb) return;
     int lane = threadIdx.x & 31;
@@ -342,6 +349,7 @@ extern "C" __global__ void route_topk(const float* __restrict__ logits, int* __r
 // clamped_swiglu: gpt-oss's expert activation, as kernels.ClampedSwiGLU:
 // g = min(gate, 7), u = clamp(up, ±7), dst = (u+1)·(g·sigmoid(1.702·g)).
 extern "C" __global__ void clamped_swiglu(float* dst, const float* gate, const float* up, int n) {
+    PDL_ENTRY
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float g = fminf(gate[i], 7.0f);
@@ -354,6 +362,7 @@ extern "C" __global__ void clamped_swiglu(float* dst, const float* gate, const f
 // add_rows adds each expert's.
 extern "C" __global__ void add_ex(float* out, const unsigned long long* __restrict__ tab, const int* __restrict__ ids,
                                   int which, int O, int nk) {
+    PDL_ENTRY
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= nk * O) return;
     const float* b = (const float*)tab[3 * (size_t)ids[t / O] + which];
@@ -363,6 +372,7 @@ extern "C" __global__ void add_ex(float* out, const unsigned long long* __restri
 // add_rows: x row r += b for rows rows of n floats (the projections'
 // biases), as kernels.Add.
 extern "C" __global__ void add_rows(float* x, const float* __restrict__ b, int rows, int n) {
+    PDL_ENTRY
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= rows * n) return;
     x[t] = __fadd_rn(x[t], b[t % n]);
@@ -370,14 +380,57 @@ extern "C" __global__ void add_rows(float* x, const float* __restrict__ b, int r
 
 // argmax: per row of V logits the index of the largest, ties to the lowest
 // index (as sample's greedy argmax); a row of only NaN or -Inf gives 0.
-// One block of 256 threads per row.
-extern "C" __global__ void __launch_bounds__(256) argmax(const float* __restrict__ x, int* __restrict__ out, int V) {
+// One block of 1024 threads per row. A row is a few hundred KB that one
+// multiprocessor reads: each thread keeps 4 loads (of 4 floats where the
+// row allows) in flight before comparing, so that the block waits for
+// memory a dozen times instead of once per element. A thread visits its
+// elements in increasing index order, so a strict > keeps its lowest
+// index of a tie, and the reductions break ties by index.
+#define ARGMAX_THREADS 1024
+#define ARGMAX_TAKE(v, i) \
+    if ((v) > bv) bv = (v), bi = (i);
+
+extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax(const float* __restrict__ x, int* __restrict__ out,
+                                                                    int V) {
+    PDL_ENTRY
     const float* xr = x + (size_t)blockIdx.x * V;
+    const int T = blockDim.x;
     float bv = __int_as_float(0xff800000);
     int bi = 0x7fffffff;
-    for (int i = threadIdx.x; i < V; i += blockDim.x) {
-        float v = xr[i];
-        if (v > bv) bv = v, bi = i;
+    int i = threadIdx.x;
+    if ((V & 3) == 0 && ((uintptr_t)xr & 15) == 0) {
+        // Thread t takes float4 q = t, t+T, ...: elements 4q..4q+3.
+        const float4* x4 = (const float4*)xr;
+        int n4 = V >> 2;
+        for (; i + 3 * T < n4; i += 4 * T) {
+            float4 v[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) v[u] = x4[i + u * T];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                int e = 4 * (i + u * T);
+                ARGMAX_TAKE(v[u].x, e)
+                ARGMAX_TAKE(v[u].y, e + 1)
+                ARGMAX_TAKE(v[u].z, e + 2)
+                ARGMAX_TAKE(v[u].w, e + 3)
+            }
+        }
+        for (; i < n4; i += T) {
+            float4 v = x4[i];
+            ARGMAX_TAKE(v.x, 4 * i)
+            ARGMAX_TAKE(v.y, 4 * i + 1)
+            ARGMAX_TAKE(v.z, 4 * i + 2)
+            ARGMAX_TAKE(v.w, 4 * i + 3)
+        }
+    } else {
+        for (; i + 3 * T < V; i += 4 * T) {
+            float v[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) v[u] = xr[i + u * T];
+#pragma unroll
+            for (int u = 0; u < 4; u++) ARGMAX_TAKE(v[u], i + u * T)
+        }
+        for (; i < V; i += T) ARGMAX_TAKE(xr[i], i)
     }
 #pragma unroll
     for (int s = 16; s > 0; s >>= 1) {
@@ -409,6 +462,7 @@ extern "C" __global__ void __launch_bounds__(256) argmax(const float* __restrict
 // ‖x‖ = sqrt(Σx²+eps) summed as kernels.L2Norm. One warp per (row, key
 // head), rows = nb·nk.
 extern "C" __global__ void dn_qk_norm(float* qkv, int rows, int nk, int dk, int cd, float eps, float qscale) {
+    PDL_ENTRY
     int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (t >= rows) return;
     int lane = threadIdx.x & 31;
@@ -429,6 +483,7 @@ extern "C" __global__ void dn_qk_norm(float* qkv, int rows, int nk, int dk, int 
 // with the CPU's float64 steps (model.dnPrep); softplus is linear above 20.
 extern "C" __global__ void dn_gates(float* b, float* a, const float* __restrict__ alog, const float* __restrict__ dtBias,
                                     int nb, int nv) {
+    PDL_ENTRY
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= nb * nv) return;
     int h = t % nv;

@@ -16,6 +16,7 @@
 #define __launch_bounds__(x)
 #define __shared__
 #define __align__(x) __attribute__((aligned(x)))
+#define PDL_ENTRY // programmatic dependent launch: nothing to wait for on the host
 struct dim3e { unsigned x, y, z; };
 extern thread_local dim3e threadIdx;
 extern dim3e blockIdx;
