@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"time"
 
@@ -44,6 +45,12 @@ func Pack(ctx context.Context, src, dst string, o Options) (err error) {
 	kind, err := format.KindForBits(o.Bits)
 	if err != nil {
 		return fmt.Errorf("pack: %v", err)
+	}
+	// Replacing dst deletes it, and the packed files land in it: when it
+	// is the checkpoint or holds it, that would delete the checkpoint,
+	// and a destination inside the checkpoint would mix the two.
+	if err := checkApart(src, dst); err != nil {
+		return err
 	}
 	if _, err := os.Stat(dst); err == nil && !o.Force {
 		return fmt.Errorf("pack: %s already exists (use --force to replace it)", dst)
@@ -141,6 +148,57 @@ func Pack(ctx context.Context, src, dst string, o Options) (err error) {
 	p.done(dst)
 	mx.report(o.Log)
 	return nil
+}
+
+// checkApart refuses a destination that is the source checkpoint, holds
+// it or lies inside it. Paths are compared absolute and cleaned, with
+// symbolic links resolved as far as the path exists, so that "ck/..",
+// "./ck" or a link to ck are recognised too.
+func checkApart(src, dst string) error {
+	s, err := realPath(src)
+	if err != nil {
+		return fmt.Errorf("pack: %v", err)
+	}
+	d, err := realPath(dst)
+	if err != nil {
+		return fmt.Errorf("pack: %v", err)
+	}
+	switch {
+	case s == d:
+		return fmt.Errorf("pack: destination %s is the source checkpoint; pick another DST", dst)
+	case within(s, d):
+		return fmt.Errorf("pack: destination %s contains the source checkpoint %s, which replacing it would delete; pick another DST", dst, src)
+	case within(d, s):
+		return fmt.Errorf("pack: destination %s lies inside the source checkpoint %s; pick a DST outside it", dst, src)
+	}
+	return nil
+}
+
+// realPath is p absolute and cleaned, with the symbolic links of its
+// longest existing prefix resolved (a destination need not exist yet).
+func realPath(p string) (string, error) {
+	p, err := filepath.Abs(p)
+	if err != nil {
+		return "", err
+	}
+	var rest []string
+	for {
+		if r, err := filepath.EvalSymlinks(p); err == nil {
+			return filepath.Join(append([]string{r}, rest...)...), nil
+		}
+		parent := filepath.Dir(p)
+		if parent == p {
+			return filepath.Join(append([]string{p}, rest...)...), nil
+		}
+		rest = append([]string{filepath.Base(p)}, rest...)
+		p = parent
+	}
+}
+
+// within reports whether path lies strictly inside dir (both cleaned).
+func within(path, dir string) bool {
+	rel, err := filepath.Rel(dir, path)
+	return err == nil && rel != "." && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator)) && !filepath.IsAbs(rel)
 }
 
 // writeDense writes every dense tensor of the family's list, 64-byte

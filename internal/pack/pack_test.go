@@ -12,6 +12,7 @@ import (
 	"reflect"
 	"regexp"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -513,6 +514,61 @@ func TestPackExistingDestination(t *testing.T) {
 		t.Fatal(err)
 	}
 	readManifest(t, dst2)
+}
+
+// TestPackOntoSource checks that pack refuses, even with Force, a
+// destination that is the checkpoint, holds it or lies inside it, and
+// leaves the checkpoint whole.
+func TestPackOntoSource(t *testing.T) {
+	shared := testutil.ModelDir(t, "tiny-qwen3-moe")
+	parent := t.TempDir()
+	src := filepath.Join(parent, "ck")
+	if err := os.Mkdir(src, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ents, err := os.ReadDir(shared)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for _, e := range ents {
+		testutil.Link(t, mustAbs(t, filepath.Join(shared, e.Name())), filepath.Join(src, e.Name()))
+		want = append(want, e.Name())
+	}
+	alias := filepath.Join(parent, "alias")
+	if err := os.Symlink(src, alias); err != nil {
+		t.Logf("no symbolic links here (%v): the alias case is left out", err)
+		alias = ""
+	}
+	for _, c := range []struct{ dst, want string }{
+		{src, "is the source"},
+		{src + string(filepath.Separator) + ".", "is the source"},
+		{filepath.Join(src, "..", "ck"), "is the source"},
+		{parent, "contains the source"},
+		{filepath.Join(src, "packed"), "inside the source"},
+		{filepath.Join(src, "a", "b"), "inside the source"},
+		{alias, "is the source"},
+	} {
+		if c.dst == "" {
+			continue
+		}
+		err := pack.Pack(context.Background(), src, c.dst, pack.Options{Bits: 4, Force: true})
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("pack %s onto %s: err = %v, want %q", src, c.dst, err, c.want)
+		}
+		var got []string
+		ents, _ := os.ReadDir(src)
+		for _, e := range ents {
+			got = append(got, e.Name())
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("after pack onto %s the checkpoint holds %v, want %v", c.dst, got, want)
+		}
+	}
+	// A sibling whose name shares the checkpoint's prefix is apart from it.
+	if err := pack.Pack(context.Background(), src, src+"-packed", pack.Options{Bits: 4, Force: true}); err != nil {
+		t.Fatalf("pack beside the checkpoint: %v", err)
+	}
 }
 
 func TestPackCancelled(t *testing.T) {
