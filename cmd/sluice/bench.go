@@ -35,7 +35,7 @@ func cmdBench(ctx context.Context, args []string) error {
 	disk := fs.Bool("disk", false, "also measure the uncached (O_DIRECT, F_NOCACHE, FILE_FLAG_NO_BUFFERING) random-read bandwidth of the expert store at the record size and queue depth in use")
 	drafts := fs.Int("drafts", 0, "MTP drafts per decode step (speculative decoding; 0 = off): the decode's tok/s then counts every token a step decides")
 	membw := fs.Bool("membw", false, "also measure the memory's read bandwidth and print the decode speed it allows: the weights a token reads ÷ bandwidth")
-	if _, err := parse(fs, args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if pools := strings.Split(mf.experts.poolMB, ","); len(pools) > 1 {

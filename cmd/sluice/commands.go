@@ -53,7 +53,7 @@ func cmdPack(ctx context.Context, args []string) error {
 		}
 	}
 	if len(pos) != 2 {
-		return fmt.Errorf("want SRC and DST, got %d arguments (usage: sluice pack [--bits 16|8|4] [--force] SRC DST)", len(pos))
+		return fmt.Errorf("want SRC and DST, got %d arguments %q (usage: sluice pack [--bits 16|8|4] [--force] SRC DST)", len(pos), pos)
 	}
 	var progress io.Writer
 	if isTerminal(os.Stderr) {
@@ -70,7 +70,7 @@ func cmdInspect(ctx context.Context, args []string) error {
 		return err
 	}
 	if len(pos) != 1 {
-		return fmt.Errorf("want one DIR (usage: sluice inspect DIR)")
+		return fmt.Errorf("want one DIR, got %q (usage: sluice inspect DIR)", pos)
 	}
 	dir := pos[0]
 	if _, err := os.Stat(dir); err != nil {
@@ -166,7 +166,7 @@ func cmdTokenize(ctx context.Context, args []string) error {
 	var mf modelFlags
 	mf.register(fs)
 	text := fs.String("text", "", "text to tokenize")
-	if _, err := parse(fs, args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if _, err := mf.resolve(ctx); err != nil {
@@ -200,7 +200,7 @@ func cmdScore(ctx context.Context, args []string) error {
 	tokens := fs.String("tokens", "", "comma-separated token ids")
 	textFile := fs.String("text-file", "", "file whose text is tokenized and scored")
 	fs.Bool("json", true, "print JSON (the only output format)")
-	if _, err := parse(fs, args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if (*tokens == "") == (*textFile == "") {
@@ -245,7 +245,7 @@ func cmdRun(ctx context.Context, args []string) error {
 	n := fs.Int("n", 128, "tokens to generate at most")
 	ignoreEOS := fs.Bool("ignore-eos", false, "keep generating past end-of-sequence tokens")
 	asJSON := fs.Bool("json", false, "print one JSON object instead of streaming text")
-	if _, err := parse(fs, args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if (*prompt == "") == (*tokens == "") {
@@ -376,7 +376,7 @@ func cmdChat(ctx context.Context, args []string) error {
 	sf.register(fs)
 	n := fs.Int("n", 512, "tokens per reply at most")
 	system := fs.String("system", "", "system prompt")
-	if _, err := parse(fs, args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	sp, err := sf.params()

@@ -26,22 +26,101 @@ var (
 // parse parses flags that may stand before, between or after positional
 // arguments, and returns the positionals.
 func parse(fs *flag.FlagSet, args []string) ([]string, error) {
+	pos, _, err := parseAt(fs, args)
+	return pos, err
+}
+
+// parseAt is parse, also returning where in args each positional stood.
+func parseAt(fs *flag.FlagSet, args []string) (pos []string, at []int, err error) {
 	fs.SetOutput(os.Stderr)
-	var pos []string
+	rest := args
 	for {
-		if err := fs.Parse(args); err != nil {
+		if err := fs.Parse(rest); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
-				return nil, errHelp
+				return nil, nil, errHelp
 			}
-			return nil, errUsage
+			return nil, nil, errUsage
 		}
-		args = fs.Args()
-		if len(args) == 0 {
-			return pos, nil
+		rest = fs.Args()
+		if len(rest) == 0 {
+			return pos, at, nil
 		}
-		pos = append(pos, args[0])
-		args = args[1:]
+		pos = append(pos, rest[0])
+		at = append(at, len(args)-len(rest))
+		rest = rest[1:]
 	}
+}
+
+// parseFlags parses the flags of a command that takes no positional
+// arguments, and refuses any. Since flags may follow positionals, an
+// unquoted prompt (-p What is a mixture) would otherwise run with its
+// first word alone and drop the rest without a word.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	pos, at, err := parseAt(fs, args)
+	if err != nil || len(pos) == 0 {
+		return err
+	}
+	return strayError(fs, args, pos, at)
+}
+
+// strayError names the stray positionals of a command that takes none.
+// When the first one follows a flag's value, the words are most likely the
+// rest of that value, so the hint shows the flag with them quoted.
+func strayError(fs *flag.FlagSet, args, pos []string, at []int) error {
+	q := make([]string, len(pos))
+	for i, p := range pos {
+		q[i] = strconv.Quote(p)
+	}
+	what := "unexpected argument " + q[0]
+	if len(q) > 1 {
+		what = "unexpected arguments " + strings.Join(q, " ")
+	}
+	hint := "quote a value that contains spaces"
+	if name, value, ok := flagValueBefore(fs, args, at[0]); ok {
+		words := []string{value}
+		for i := 0; i < len(pos) && at[i] == at[0]+i; i++ {
+			words = append(words, pos[i])
+		}
+		// Show the quoted form only where the flag takes it (a text, not
+		// a number). Setting the flag is harmless: the command fails.
+		joined := strings.Join(words, " ")
+		if fs.Set(strings.TrimLeft(name, "-"), joined) == nil {
+			hint = fmt.Sprintf("quote the value of %s: %s %q", name, name, joined)
+		}
+	}
+	return fmt.Errorf("%s: sluice %s takes no positional arguments; %s", what, fs.Name(), hint)
+}
+
+// flagValueBefore returns the non-boolean flag (as written) and its value
+// that stand just before args[i], if any: "-p What" or "-p=What".
+func flagValueBefore(fs *flag.FlagSet, args []string, i int) (name, value string, ok bool) {
+	isValueFlag := func(arg string) (string, bool) {
+		n := strings.TrimLeft(arg, "-")
+		if !strings.HasPrefix(arg, "-") || n == "" || len(arg)-len(n) > 2 {
+			return "", false
+		}
+		f := fs.Lookup(n)
+		if f == nil {
+			return "", false
+		}
+		if b, isBool := f.Value.(interface{ IsBoolFlag() bool }); isBool && b.IsBoolFlag() {
+			return "", false
+		}
+		return n, true
+	}
+	if i >= 1 {
+		if flagPart, v, found := strings.Cut(args[i-1], "="); found {
+			if _, ok := isValueFlag(flagPart); ok {
+				return flagPart, v, true
+			}
+		}
+	}
+	if i >= 2 && !strings.Contains(args[i-2], "=") {
+		if _, ok := isValueFlag(args[i-2]); ok {
+			return args[i-2], args[i-1], true
+		}
+	}
+	return "", "", false
 }
 
 // modelFlags are the flags every model-loading command shares.

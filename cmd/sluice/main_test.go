@@ -545,6 +545,44 @@ func TestErrors(t *testing.T) {
 	}
 }
 
+// TestStrayArguments checks that every command without positional
+// arguments refuses stray words, naming them, before it loads a model: an
+// unquoted prompt must not run as its first word alone.
+func TestStrayArguments(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "synth")
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"run", "-p", "What", "is", "a", "mixture", "-n", "3"}, `unexpected arguments "is" "a" "mixture": sluice run takes no positional arguments; quote the value of -p: -p "What is a mixture"`},
+		{[]string{"run", "-p=What", "is", "-n", "3"}, `unexpected argument "is": sluice run takes no positional arguments; quote the value of -p: -p "What is"`},
+		{[]string{"run", "-n", "3", "extra", "-p", "hi"}, `unexpected argument "extra": sluice run takes no positional arguments; quote a value that contains spaces`},
+		{[]string{"run", "--json", "extra", "-p", "hi"}, `unexpected argument "extra"`},
+		{[]string{"tokenize", "--text", "hi", "extra"}, `unexpected argument "extra": sluice tokenize takes no positional arguments; quote the value of --text: --text "hi extra"`},
+		{[]string{"chat", "--system", "be", "brief"}, `unexpected argument "brief": sluice chat takes no positional arguments; quote the value of --system: --system "be brief"`},
+		{[]string{"score", "--tokens", "1,2", "3"}, `unexpected argument "3": sluice score takes no positional arguments`},
+		{[]string{"bench", "--gen", "4", "x"}, `unexpected argument "x": sluice bench takes no positional arguments`},
+		{[]string{"sweep", "--pools", "5", "x"}, `unexpected argument "x": sluice sweep takes no positional arguments`},
+		{[]string{"pack", "a", "b", "c"}, `want SRC and DST, got 3 arguments ["a" "b" "c"]`},
+		{[]string{"inspect", "a", "b"}, `want one DIR, got ["a" "b"]`},
+		{[]string{"pull", "a/b", "c"}, `want one REPO, got ["a/b" "c"]`},
+		{[]string{"serve", "x"}, `unexpected argument "x": sluice serve takes no positional arguments`},
+		{[]string{"synth", "--like", "qwen3-30b-a3b", "--layers", "1", "--experts", "8", "--out", out, "x"}, `unexpected argument "x": sluice synth takes no positional arguments`},
+	}
+	for _, c := range cases {
+		_, e, code := sluice(t, c.args...)
+		if code == 0 || !strings.Contains(e, c.want) {
+			t.Errorf("sluice %q: exit %d, stderr %q; want an error containing %q", c.args, code, e, c.want)
+		}
+		if strings.Contains(e, "prompt ") || strings.Contains(e, "experts:") {
+			t.Errorf("sluice %q ran before refusing its arguments:\n%s", c.args, e)
+		}
+	}
+	if _, err := os.Stat(out); !os.IsNotExist(err) {
+		t.Errorf("synth with a stray argument wrote %s (%v)", out, err)
+	}
+}
+
 func joinInts(v []int) string {
 	s := make([]string, len(v))
 	for i, x := range v {

@@ -40,7 +40,7 @@ func cmdPull(ctx context.Context, args []string) error {
 		return err
 	}
 	if len(pos) != 1 {
-		return fmt.Errorf("want one REPO (usage: sluice pull OWNER/NAME[@REVISION] [--include GLOB] [--dir DIR] [--no-pack])")
+		return fmt.Errorf("want one REPO, got %q (usage: sluice pull OWNER/NAME[@REVISION] [--include GLOB] [--dir DIR] [--no-pack])", pos)
 	}
 	if *bits != 16 && *bits != 8 && *bits != 4 {
 		return fmt.Errorf("--bits %d: want 16, 8 or 4", *bits)

@@ -39,12 +39,8 @@ func cmdServe(ctx context.Context, args []string) error {
 	grace := fs.Duration("grace", 30*time.Second, "on SIGTERM, how long requests in flight may take to finish before they are cancelled")
 	maxBody := fs.Int64("max-body-kb", 4096, "request bodies beyond this many KiB get 413")
 	modelID := fs.String("model-id", "", "model id reported by /v1/models (default: the model directory's name)")
-	pos, err := parse(fs, args)
-	if err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
-	}
-	if len(pos) != 0 {
-		return fmt.Errorf("unexpected arguments %q (usage: sluice serve [-m DIR] [--addr HOST:PORT] [flags])", pos)
 	}
 	memGB, err := strconv.ParseFloat(fs.Lookup("memory-gb").Value.String(), 64)
 	if err != nil || memGB < 0 {

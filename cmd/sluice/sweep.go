@@ -173,7 +173,7 @@ func cmdSweep(ctx context.Context, args []string) error {
 	svgPath := fs.String("svg", "sweep.svg", "write the plot to this file (\"\": no plot)")
 	rounds := fs.Int("rounds", 1, "sweep the pools this many times in turn and keep each pool's round of median decode speed (for a noisy machine)")
 	diskMBs := fs.Float64("disk-mbs", 0, "the disk's read bandwidth in MB/s for the limit (0: measure it, O_DIRECT at the record size and reader depth, before and after the sweep)")
-	if _, err := parse(fs, args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if *promptN < 1 || *genN < 2 || *repeat < 1 || *depth < 0 || *rounds < 1 {
