@@ -31,6 +31,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/sluicelm/sluice/internal/platform"
 )
 
 // DefaultEndpoint is the hub's address unless HF_ENDPOINT says otherwise.
@@ -414,7 +416,7 @@ func (c *Client) Download(ctx context.Context, r *Repo, files []File, dir string
 		}
 		need += f.Size - have
 	}
-	free := freeBytes
+	free := platform.FreeBytes
 	if c.freeBytes != nil {
 		free = c.freeBytes
 	}

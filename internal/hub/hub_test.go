@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sluicelm/sluice/internal/hub/hubtest"
+	"github.com/sluicelm/sluice/internal/platform"
 )
 
 const tinyDir = "../../../shared/models/tiny-qwen3-moe"
@@ -426,7 +427,7 @@ func TestPullRefusesWhatCannotFit(t *testing.T) {
 	if requested(h, "/resolve/") {
 		t.Errorf("files were downloaded anyway: %v", h.Requests)
 	}
-	if free := freeBytes(dir); free == 0 {
-		t.Errorf("freeBytes(%s) = 0", dir)
+	if free := platform.FreeBytes(dir); free == 0 {
+		t.Errorf("platform.FreeBytes(%s) = 0", dir)
 	}
 }

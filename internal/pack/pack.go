@@ -130,23 +130,32 @@ func Pack(ctx context.Context, src, dst string, o Options) (err error) {
 	if err := writeFileSync(filepath.Join(tmp, format.ManifestFile), mb); err != nil {
 		return fmt.Errorf("pack: %v", err)
 	}
-	// Move the old copy aside first, and back if the swap fails, so that a
-	// failure in between still leaves one complete model.
+	if err := Install(tmp, dst, o.Force); err != nil {
+		return fmt.Errorf("pack: %v", err)
+	}
+	p.done(dst)
+	mx.report(o.Log)
+	return nil
+}
+
+// Install renames the finished directory tmp, written beside dst, to
+// dst. With replace, an existing dst is moved aside first, and back if the
+// swap fails, and deleted only once tmp is in place, so that a failure in
+// between still leaves one complete model.
+func Install(tmp, dst string, replace bool) error {
 	old, moved := tmp+".old", false
-	if o.Force {
+	if replace {
 		moved = os.Rename(dst, old) == nil
 	}
 	if err := os.Rename(tmp, dst); err != nil {
 		if moved {
 			os.Rename(old, dst)
 		}
-		return fmt.Errorf("pack: %v", err)
+		return err
 	}
 	if moved {
 		os.RemoveAll(old)
 	}
-	p.done(dst)
-	mx.report(o.Log)
 	return nil
 }
 

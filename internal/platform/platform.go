@@ -1,9 +1,10 @@
 // Package platform holds the few operating-system calls sluice needs that
 // the standard library does not give on every platform: read-only file
 // mappings, page-aligned anonymous memory, uncached (page-cache bypassing)
-// reads, and how much memory the process may still use. Each has one file
-// per platform; a platform that lacks a feature falls back and says so
-// through the returned description, never silently.
+// reads, how much memory the process may still use, and the free space of
+// a file system. Each has one file per platform; a platform that lacks a
+// feature falls back and says so through the returned description, never
+// silently.
 package platform
 
 import (
