@@ -20,6 +20,8 @@ import (
 	"github.com/sluicelm/sluice/internal/family"
 	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/gguf"
+	"github.com/sluicelm/sluice/internal/pack"
+	"github.com/sluicelm/sluice/internal/platform"
 	"github.com/sluicelm/sluice/internal/quant"
 )
 
@@ -104,13 +106,14 @@ const synthLikes = "qwen3.5-35b-a3b, qwen3.5-397b-a17b, qwen3-next-80b-a3b, qwen
 // embedded in the binary so that synth runs anywhere. With --route router
 // the model routes by its own random router weights instead, as llama.cpp
 // does on the GGUF.
-func cmdSynth(ctx context.Context, args []string) error {
+func cmdSynth(ctx context.Context, args []string) (err error) {
 	fs := flag.NewFlagSet("synth", flag.ContinueOnError)
 	like := fs.String("like", "qwen3.5-35b-a3b", "shapes: "+synthLikes)
 	layers := fs.Int("layers", 0, "keep only this many layers (0 = all; at least one of them an MoE layer)")
 	nExperts := fs.Int("experts", 0, "keep only this many routed experts a layer (0 = all; records keep their real size)")
 	bits := fs.Int("bits", 4, "8 or 4")
-	out := fs.String("out", "", "output directory (GBs; not inside the repository)")
+	out := fs.String("out", "", "output directory (GBs; not inside the repository), written under a temporary name beside it and renamed when complete")
+	force := fs.Bool("force", false, "replace --out when it exists and is not empty")
 	refs := fs.String("routes", "", "refs JSON whose routes_long0 to replay (default: the embedded recording)")
 	route := fs.String("route", "replay", "replay: replay the recorded routes; router: route by the router weights")
 	ggufPath := fs.String("gguf", "", "also write the model as a GGUF file for llama.cpp, as its converter would write the real model")
@@ -147,13 +150,16 @@ func cmdSynth(ctx context.Context, args []string) error {
 	if *ggufPath != "" && (ggufFamilies[cfg.Family] == nil || *like == "deepseek-v3.2") {
 		return fmt.Errorf("--gguf: %s shapes cannot be written as GGUF", *like)
 	}
+	if *layers < 0 || *layers > cfg.Layers {
+		return fmt.Errorf("--layers %d: %s has %d layers (0 = all)", *layers, *like, cfg.Layers)
+	}
 	if *layers > 0 && *layers < cfg.Layers {
 		cfg.Layers = *layers
 		// Keep the leading dense layers, but at least one MoE layer.
 		cfg.FirstDense = min(cfg.FirstDense, cfg.Layers-1)
 	}
-	if *nExperts < 0 {
-		return fmt.Errorf("--experts %d: want 0 (all) or more", *nExperts)
+	if *nExperts < 0 || *nExperts > cfg.Experts {
+		return fmt.Errorf("--experts %d: %s has %d routed experts a layer (0 = all)", *nExperts, *like, cfg.Experts)
 	}
 	if *nExperts > 0 && *nExperts < cfg.Experts {
 		if err := synthFewerExperts(&cfg, *nExperts); err != nil {
@@ -179,16 +185,48 @@ func cmdSynth(ctx context.Context, args []string) error {
 			return err
 		}
 	}
-	if err := os.MkdirAll(*out, 0o755); err != nil {
+	exists, err := synthOut(*out, *force)
+	if err != nil {
+		return err
+	}
+	// The model is written under a temporary name beside --out and renamed
+	// when complete, as pack does: a failure, a full disk or Ctrl-C leaves
+	// no half-written model of GBs behind, and an existing --out stays
+	// whole until the new one is in place.
+	parent := filepath.Dir(filepath.Clean(*out))
+	if err := os.MkdirAll(parent, 0o755); err != nil {
+		return err
+	}
+	size := synthSize(&cfg, kind)
+	if err := checkRoom(parent, size, "--out"); err != nil {
+		return err
+	}
+	if *ggufPath != "" {
+		// The GGUF holds the same weights at about the same bits. When it
+		// goes to the same file system, this counts the room once each.
+		if err := checkRoom(filepath.Dir(filepath.Clean(*ggufPath)), size, "--gguf"); err != nil {
+			return err
+		}
+	}
+	tmp, err := os.MkdirTemp(parent, "."+filepath.Base(*out)+".synth-")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			os.RemoveAll(tmp)
+		}
+	}()
+	if err := os.Chmod(tmp, 0o755); err != nil {
 		return err
 	}
 	t0 := time.Now()
-	m, err := synthPack(ctx, cfg, kind, *out)
+	m, err := synthPack(ctx, cfg, kind, tmp)
 	if err != nil {
 		return err
 	}
 	st := &m.Stores[0]
-	rp := filepath.Join(*out, experts.RoutesFile)
+	rp := filepath.Join(tmp, experts.RoutesFile)
 	if routes != nil {
 		rt, _ := json.Marshal(map[string]any{"experts": 64, "routes": routes})
 		if err := os.WriteFile(rp, rt, 0o644); err != nil {
@@ -198,7 +236,10 @@ func cmdSynth(ctx context.Context, args []string) error {
 		return err
 	}
 	// The tokenizer only has to load: bench feeds random ids.
-	if err := os.WriteFile(filepath.Join(*out, "tokenizer.json"), synthTokenizer(), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(tmp, "tokenizer.json"), synthTokenizer(), 0o644); err != nil {
+		return err
+	}
+	if err := pack.Install(tmp, *out, exists); err != nil {
 		return err
 	}
 	fmt.Fprintf(os.Stderr, "synth %s: %d layers, %d records of %s, %s dense, in %.1fs\n", *out, cfg.Layers, m.ExpertLayers*m.Experts,
@@ -206,6 +247,7 @@ func cmdSynth(ctx context.Context, args []string) error {
 	if *ggufPath != "" {
 		t0 = time.Now()
 		if err := synthGGUF(m, *out, *ggufPath, gt); err != nil {
+			os.Remove(*ggufPath) // a partial GGUF is of no use
 			return err
 		}
 		fi, err := os.Stat(*ggufPath)
@@ -215,6 +257,63 @@ func cmdSynth(ctx context.Context, args []string) error {
 		fmt.Fprintf(os.Stderr, "synth %s: %s GGUF (%s) in %.1fs\n", *ggufPath, bytesStr(fi.Size()), gt, time.Since(t0).Seconds())
 	}
 	return nil
+}
+
+// synthOut checks --out before synth writes anything: a missing or empty
+// directory is taken, anything else only with --force. It reports whether
+// out exists, to be replaced once the new model is complete.
+func synthOut(out string, force bool) (exists bool, err error) {
+	st, err := os.Stat(out)
+	if os.IsNotExist(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if force {
+		return true, nil
+	}
+	if !st.IsDir() {
+		return true, fmt.Errorf("--out %s exists and is not a directory (use --force to replace it)", out)
+	}
+	ents, err := os.ReadDir(out)
+	if err != nil {
+		return true, err
+	}
+	if len(ents) > 0 {
+		return true, fmt.Errorf("--out %s exists and is not empty (use --force to replace it)", out)
+	}
+	return true, nil
+}
+
+// freeBytes is the free space of a directory's file system; tests replace it.
+var freeBytes = platform.FreeBytes
+
+// checkRoom refuses to start writing about need bytes into dir when its
+// file system has less free: better at once than after filling the disk.
+func checkRoom(dir string, need int64, flag string) error {
+	if free := freeBytes(dir); free >= 0 && need > free {
+		return fmt.Errorf("%s: the model needs about %s in %s, and only %s is free there", flag, bytesStr(need), dir, bytesStr(free))
+	}
+	return nil
+}
+
+// synthSize is about the bytes synthPack writes for cfg at kind: the
+// dense tensors as synthDense lays them out and every expert record.
+func synthSize(cfg *format.Config, kind format.Kind) int64 {
+	var n int64
+	specs, _ := family.Specs(cfg) // an error surfaces when synthDense asks again
+	for _, s := range specs {
+		t := format.Tensor{Shape: s.Shape}
+		size := 4 * int64(t.Rows()) * int64(t.Cols())
+		if s.Quant {
+			v, sb := kind.Sizes(t.Rows(), t.Cols())
+			size = format.AlignUp(v, format.DenseAlign) + 2*format.AlignUp(sb, format.DenseAlign)
+		}
+		n += format.AlignUp(size, format.DenseAlign)
+	}
+	st := format.ExpertRecordLayout(cfg, kind, "experts.bin")
+	return n + int64(cfg.ExpertLayers())*int64(cfg.Experts)*st.Stride
 }
 
 // synthPack writes a model of config cfg with random weights of kind in
