@@ -163,6 +163,16 @@ func (c *Config) Validate() error {
 	if c.MTPLayers < 0 || c.MTPLayers > 1 {
 		return bad("mtp_num_hidden_layers = %d, sluice supports 0 or 1", c.MTPLayers)
 	}
+	// The rotary frequencies are theta^(-2i/d) and a norm divides by
+	// sqrt(mean(x²)+eps): a theta <= 0 or a negative eps makes them NaN or
+	// infinite, and the model would then emit token 0 forever, which
+	// looks like output.
+	if !(c.RopeTheta > 0) || math.IsInf(c.RopeTheta, 0) {
+		return bad("rope_theta = %g, want a finite number > 0", c.RopeTheta)
+	}
+	if !(c.RMSEps >= 0) || math.IsInf(c.RMSEps, 0) {
+		return bad("rms_norm_eps = %g, want a finite number >= 0", c.RMSEps)
+	}
 	return nil
 }
 

@@ -281,6 +281,16 @@ func TestReadConfigErrors(t *testing.T) {
 		{"linear-attention-in-qwen3", "tiny-qwen3-moe", set("layer_types", []any{"linear_attention", "full_attention", "full_attention", "full_attention", "full_attention", "full_attention"}), []string{"linear_attention"}},
 		{"mtp-2", "tiny-qwen3-5-moe", set("mtp_num_hidden_layers", 2), []string{"mtp_num_hidden_layers"}},
 		{"linear-heads", "tiny-qwen3-5-moe", set("linear_num_value_heads", 3), []string{"linear_num_value_heads"}},
+		{"rope-theta-0", "tiny-qwen3-moe", set("rope_parameters", map[string]any{"rope_theta": 0, "rope_type": "default"}), []string{"rope_theta = 0", "> 0"}},
+		{"rope-theta-negative", "tiny-qwen3-moe", func(m map[string]any) {
+			delete(m, "rope_parameters")
+			m["rope_theta"] = -5
+		}, []string{"rope_theta = -5"}},
+		{"rope-theta-negative-35", "tiny-qwen3-5-moe", set("rope_parameters", map[string]any{"rope_theta": -1, "rope_type": "default"}), []string{"rope_theta = -1"}},
+		{"rope-theta-0-gpt-oss", "tiny-gpt-oss", func(m map[string]any) { m["rope_parameters"].(map[string]any)["rope_theta"] = 0 }, []string{"rope_theta"}},
+		{"rope-theta-0-deepseek", "tiny-deepseek-v32", set("rope_parameters", map[string]any{"rope_theta": 0, "rope_type": "default"}), []string{"rope_theta = 0"}},
+		{"rms-eps-negative", "tiny-qwen3-moe", set("rms_norm_eps", -1), []string{"rms_norm_eps = -1"}},
+		{"rms-eps-negative-gpt-oss", "tiny-gpt-oss", set("rms_norm_eps", -1e-5), []string{"rms_norm_eps = -1e-05"}},
 		{"rotary-odd", "tiny-qwen3-5-moe", set("rope_parameters", map[string]any{"partial_rotary_factor": 0.3, "rope_type": "default"}), []string{"rotary"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
