@@ -161,6 +161,9 @@ type sampling struct {
 	FrequencyPenalty    *float64         `json:"frequency_penalty"`
 	Logprobs            *json.RawMessage `json:"logprobs"`
 	User                *string          `json:"user"`
+	// Refused unless they ask for plain text: sluice cannot constrain its
+	// output, and a client that asked for JSON would get free text.
+	ResponseFormat *json.RawMessage `json:"response_format"`
 
 	// Extensions of vLLM and llama.cpp.
 	TopK              *int     `json:"top_k"`
@@ -177,6 +180,10 @@ type sampling struct {
 type chatRequest struct {
 	sampling
 	Messages *[]message `json:"messages"`
+	// Tool calling is not supported: both are refused unless they leave
+	// the model no tool to call.
+	Tools      *json.RawMessage `json:"tools"`
+	ToolChoice *json.RawMessage `json:"tool_choice"`
 }
 
 // completionRequest is the body of POST /v1/completions.
@@ -185,6 +192,7 @@ type completionRequest struct {
 	Prompt promptInput `json:"prompt"`
 	Echo   *bool       `json:"echo"`
 	Suffix *string     `json:"suffix"`
+	BestOf *int        `json:"best_of"`
 }
 
 // Limits on request fields beyond which a request is refused.
@@ -214,7 +222,10 @@ func decodeJSON(body []byte, v any) *apiError {
 		if typ.Field == "" {
 			return invalid("", "invalid_json", "the request body must be a JSON object, not a JSON %s", typ.Value)
 		}
-		return invalid(typ.Field, "invalid_type", "invalid type for '%s': expected %s, got a JSON %s", typ.Field, jsonTypeName(typ.Type.String()), typ.Value)
+		// The decoder names a field inside the embedded sampling struct
+		// "sampling.max_tokens"; the client knows it as max_tokens.
+		field := strings.TrimPrefix(typ.Field, "sampling.")
+		return invalid(field, "invalid_type", "invalid type for '%s': expected %s, got a JSON %s", field, jsonTypeName(typ.Type.String()), typ.Value)
 	}
 	// Errors from the custom unmarshalers and anything else the decoder says.
 	return invalid("", "invalid_value", "invalid request: %v", err)
@@ -267,6 +278,17 @@ func (s *sampling) validate() (genParams, *apiError) {
 		raw := bytes.TrimSpace(*s.Logprobs)
 		if !bytes.Equal(raw, []byte("null")) && !bytes.Equal(raw, []byte("false")) && !bytes.Equal(raw, []byte("0")) {
 			return g, invalid("logprobs", "unsupported_value", "logprobs are not supported")
+		}
+	}
+	if s.ResponseFormat != nil && !isNull(*s.ResponseFormat) {
+		var f struct {
+			Type string `json:"type"`
+		}
+		if err := json.Unmarshal(*s.ResponseFormat, &f); err != nil || f.Type == "" {
+			return g, invalid("response_format", "invalid_value", "response_format must be an object with a \"type\"")
+		}
+		if f.Type != "text" {
+			return g, invalid("response_format", "unsupported_value", "response_format %q is not supported: sluice cannot constrain its output (only \"text\")", f.Type)
 		}
 	}
 	mt := s.MaxTokens
@@ -354,6 +376,33 @@ func (s *sampling) validate() (genParams, *apiError) {
 	return g, nil
 }
 
+// isNull reports whether a raw JSON value is null.
+func isNull(raw json.RawMessage) bool {
+	return bytes.Equal(bytes.TrimSpace(raw), []byte("null"))
+}
+
+// validateTools refuses what would need tool calls: tool_choice
+// "required" or naming a function, and tools that tool_choice does not
+// rule out with "none". tool_choice "auto" without tools asks for nothing.
+func (r *chatRequest) validateTools() *apiError {
+	choice := "auto"
+	if r.ToolChoice != nil && !isNull(*r.ToolChoice) {
+		if err := json.Unmarshal(*r.ToolChoice, &choice); err != nil || (choice != "none" && choice != "auto") {
+			return invalid("tool_choice", "unsupported_value", "tool_choice %s is not supported: sluice does not call tools (only \"none\")", bytes.TrimSpace(*r.ToolChoice))
+		}
+	}
+	if r.Tools != nil && !isNull(*r.Tools) {
+		var tools []json.RawMessage
+		if err := json.Unmarshal(*r.Tools, &tools); err != nil {
+			return invalid("tools", "invalid_type", "invalid type for 'tools': expected an array")
+		}
+		if len(tools) > 0 && choice != "none" {
+			return invalid("tools", "unsupported_value", "tools are not supported: sluice does not call tools")
+		}
+	}
+	return nil
+}
+
 // chatMessage is a validated chat turn.
 type chatMessage struct {
 	role, content string
@@ -363,6 +412,9 @@ type chatMessage struct {
 func (r *chatRequest) validate() (genParams, []chatMessage, *apiError) {
 	g, err := r.sampling.validate()
 	if err != nil {
+		return g, nil, err
+	}
+	if err := r.validateTools(); err != nil {
 		return g, nil, err
 	}
 	if r.Messages == nil {
@@ -410,6 +462,12 @@ func (r *completionRequest) validate() (g genParams, text string, ids []int, err
 	}
 	if r.Suffix != nil && *r.Suffix != "" {
 		return g, "", nil, invalid("suffix", "unsupported_value", "suffix is not supported")
+	}
+	if r.BestOf != nil && *r.BestOf < 1 {
+		return g, "", nil, invalid("best_of", "invalid_value", "best_of must be at least 1, got %d", *r.BestOf)
+	}
+	if r.BestOf != nil && *r.BestOf > 1 {
+		return g, "", nil, invalid("best_of", "unsupported_value", "best_of=%d is not supported: only one candidate per request (best_of=1)", *r.BestOf)
 	}
 	if r.MaxTokens == nil && r.MaxCompletionTokens == nil {
 		g.maxTokens = 16 // OpenAI's default for completions

@@ -660,6 +660,62 @@ func TestErrors(t *testing.T) {
 	waitLoad(t, s, 0, 0)
 }
 
+// TestUnsupportedParameters checks that requests asking for what sluice
+// cannot do (constrained output, tool calls, several candidates) get a 400
+// naming the parameter, as n and logprobs do, instead of free text; that
+// the plain forms of the same fields pass; and that type errors name the
+// field as the request spells it.
+func TestUnsupportedParameters(t *testing.T) {
+	s, url := start(t, Config{})
+	user := []msg{{"role": "user", "content": "hi"}}
+	tools := []msg{{"type": "function", "function": msg{"name": "f"}}}
+	chat := func(extra msg) msg {
+		m := msg{"messages": user, "max_tokens": 2}
+		for k, v := range extra {
+			m[k] = v
+		}
+		return m
+	}
+	cases := []struct {
+		name, path string
+		body       any
+		status     int
+		code       string
+		param      any
+	}{
+		{"json mode", "/v1/chat/completions", chat(msg{"response_format": msg{"type": "json_object"}}), 400, "unsupported_value", "response_format"},
+		{"json schema", "/v1/completions", msg{"prompt": "x", "response_format": msg{"type": "json_schema", "json_schema": msg{}}}, 400, "unsupported_value", "response_format"},
+		{"response_format a string", "/v1/chat/completions", chat(msg{"response_format": "json"}), 400, "invalid_value", "response_format"},
+		{"tools", "/v1/chat/completions", chat(msg{"tools": tools}), 400, "unsupported_value", "tools"},
+		{"tools with auto", "/v1/chat/completions", chat(msg{"tools": tools, "tool_choice": "auto"}), 400, "unsupported_value", "tools"},
+		{"tools not an array", "/v1/chat/completions", chat(msg{"tools": "f"}), 400, "invalid_type", "tools"},
+		{"tool_choice required", "/v1/chat/completions", chat(msg{"tool_choice": "required"}), 400, "unsupported_value", "tool_choice"},
+		{"tool_choice a function", "/v1/chat/completions", chat(msg{"tools": tools, "tool_choice": msg{"type": "function", "function": msg{"name": "f"}}}), 400, "unsupported_value", "tool_choice"},
+		{"best_of 2", "/v1/completions", msg{"prompt": "x", "best_of": 2}, 400, "unsupported_value", "best_of"},
+		{"best_of 0", "/v1/completions", msg{"prompt": "x", "best_of": 0}, 400, "invalid_value", "best_of"},
+		{"max_tokens a string", "/v1/chat/completions", chat(msg{"max_tokens": "5"}), 400, "invalid_type", "max_tokens"},
+		{"seed a string", "/v1/completions", msg{"prompt": "x", "seed": "5"}, 400, "invalid_type", "seed"},
+		{"include_usage a string", "/v1/completions", msg{"prompt": "x", "stream_options": msg{"include_usage": "yes"}}, 400, "invalid_type", "stream_options.include_usage"},
+		{"n of 2", "/v1/chat/completions", chat(msg{"n": 2}), 400, "unsupported_value", "n"},
+
+		{"text format", "/v1/chat/completions", chat(msg{"response_format": msg{"type": "text"}}), 200, "", nil},
+		{"null format", "/v1/completions", msg{"prompt": "x", "max_tokens": 2, "response_format": nil}, 200, "", nil},
+		{"tools ruled out", "/v1/chat/completions", chat(msg{"tools": tools, "tool_choice": "none"}), 200, "", nil},
+		{"no tools, auto", "/v1/chat/completions", chat(msg{"tools": []msg{}, "tool_choice": "auto"}), 200, "", nil},
+		{"best_of 1", "/v1/completions", msg{"prompt": "x", "max_tokens": 2, "best_of": 1}, 200, "", nil},
+	}
+	for _, c := range cases {
+		r := post(t, url, c.path, "", c.body)
+		if r.Status != c.status || r.Error.Code != c.code || r.Error.Param != c.param {
+			t.Errorf("%s: got %d %+v, want %d with code %q and param %v", c.name, r.Status, r.Error, c.status, c.code, c.param)
+		}
+		if c.status != 200 && (r.Error.Message == "" || r.Error.Type != "invalid_request_error" || strings.Contains(r.Error.Message, "sampling.")) {
+			t.Errorf("%s: error %+v", c.name, r.Error)
+		}
+	}
+	waitLoad(t, s, 0, 0)
+}
+
 // TestAPIKey checks the bearer token on /v1/, and that health and metrics
 // stay open.
 func TestAPIKey(t *testing.T) {
