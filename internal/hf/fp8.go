@@ -32,6 +32,7 @@ func (c *Checkpoint) fp8Float32(name string, t *safetensors.Tensor) ([]float32, 
 	}
 	rows, cols := t.Shape[0], t.Shape[1]
 	sn := name + "_scale_inv"
+	c.use(sn)
 	st, ok := c.byName[sn]
 	if !ok {
 		return nil, fmt.Errorf("checkpoint %s: tensor %s is F8_E4M3 but %s is missing", c.Dir, name, sn)

@@ -13,8 +13,10 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"sort"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/sluicelm/sluice/internal/family"
 	"github.com/sluicelm/sluice/internal/format"
@@ -32,6 +34,9 @@ type Checkpoint struct {
 	// NoMTP is set when config.json declares an MTP layer the weights do
 	// not carry: the checkpoint is read without it (Config.MTPLayers 0).
 	NoMTP bool
+
+	usedMu sync.Mutex
+	used   map[string]bool // canonical names whose data was read (see Unused)
 }
 
 // IsCheckpoint reports whether dir looks like a Hugging Face model directory.
@@ -331,9 +336,48 @@ func Open(dir string) (*Checkpoint, error) {
 // Close unmaps the checkpoint.
 func (c *Checkpoint) Close() error { return c.ck.Close() }
 
+// use records that the data of canonical tensor name was read. Readers
+// run concurrently (pack converts experts in parallel).
+func (c *Checkpoint) use(name string) {
+	c.usedMu.Lock()
+	if c.used == nil {
+		c.used = map[string]bool{}
+	}
+	c.used[name] = true
+	c.usedMu.Unlock()
+}
+
+// Unused returns the checkpoint's names of the tensors whose data no
+// reader has asked for so far, sorted; after a whole pack, the tensors
+// the model does not use. A tensor read under another name (a tied
+// lm_head is the embedding) counts as used, and so do an MLX weight's
+// scales and biases and an FP8 weight's scales when it was read.
+func (c *Checkpoint) Unused() []string {
+	c.usedMu.Lock()
+	defer c.usedMu.Unlock()
+	read := map[*safetensors.Tensor]bool{}
+	for n := range c.used {
+		if t := c.byName[n]; t != nil {
+			read[t] = true
+		}
+		if q := c.mlx[n]; q != nil {
+			read[q.w] = true
+		}
+	}
+	var names []string
+	for _, t := range c.byName {
+		if !read[t] {
+			names = append(names, t.Name)
+		}
+	}
+	sort.Strings(names)
+	return slices.Compact(names)
+}
+
 // Float32 returns the canonical tensor name converted to float32 after
 // checking its shape.
 func (c *Checkpoint) Float32(name string, shape []int) ([]float32, error) {
+	c.use(name)
 	if q := c.mlx[name]; q != nil {
 		if !slices.Equal(q.shape, shape) {
 			return nil, fmt.Errorf("checkpoint %s: tensor %s is %v, want %v", c.Dir, name, q.shape, shape)
@@ -371,6 +415,7 @@ func (c *Checkpoint) Has(name string) bool {
 // Slice returns sub-tensor i of the first dimension of the canonical
 // tensor name, converted to float32, after checking its full shape.
 func (c *Checkpoint) Slice(name string, shape []int, i int) ([]float32, error) {
+	c.use(name)
 	if q := c.mlx[name]; q != nil {
 		if !slices.Equal(q.shape, shape) {
 			return nil, fmt.Errorf("checkpoint %s: tensor %s is %v, want %v", c.Dir, name, q.shape, shape)
@@ -402,6 +447,7 @@ func (c *Checkpoint) Slice(name string, shape []int, i int) ([]float32, error) {
 // Raw returns sub-tensor i of the first dimension of the canonical tensor
 // name as stored, with its dtype, after checking its full shape.
 func (c *Checkpoint) Raw(name string, shape []int, i int) (string, []byte, error) {
+	c.use(name)
 	if c.mlx[name] != nil {
 		return "", nil, fmt.Errorf("checkpoint %s: tensor %s is MLX-quantised, not in the layout this family converts", c.Dir, name)
 	}

@@ -375,7 +375,9 @@ func (c *Checkpoint) Q4(name string, shape []int, i int) (e *quant.Encoded, ok b
 	if i >= shape[0] {
 		return nil, false, fmt.Errorf("checkpoint %s: tensor %s has no slice %d", c.Dir, name, i)
 	}
-	e, ok = q.q4(i)
+	if e, ok = q.q4(i); ok {
+		c.use(name)
+	}
 	return e, ok, nil
 }
 

@@ -14,6 +14,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strings"
 	"sync"
@@ -121,6 +122,13 @@ func Pack(ctx context.Context, src, dst string, o Options) (err error) {
 		}
 		m.Stores = append(m.Stores, ls)
 	}
+	// A tensor no reader asked for is weights the packed model would
+	// silently lack: config.json then describes another model than the
+	// checkpoint (num_hidden_layers 3 for 6 layers of weights packs half
+	// the model, which runs and prints plausible nonsense).
+	if un := unused(ck); len(un) > 0 {
+		return unusedError(src, un)
+	}
 	for _, f := range CopiedFiles {
 		if err := copyFile(filepath.Join(src, f), filepath.Join(tmp, f)); err != nil && !os.IsNotExist(err) {
 			return fmt.Errorf("pack: %v", err)
@@ -136,6 +144,54 @@ func Pack(ctx context.Context, src, dst string, o Options) (err error) {
 	p.done(dst)
 	mx.report(o.Log)
 	return nil
+}
+
+// Tensors a checkpoint may carry that pack leaves out on purpose.
+var (
+	// invFreq are the rotary frequency buffers older transformers saved
+	// with the weights: pack computes them from rope_theta instead.
+	invFreq = regexp.MustCompile(`(^|\.)rotary_emb\.inv_freq$`)
+	// mtpTensor is a multi-token-prediction head stored apart (Qwen3.5's
+	// mtp.*). With mtp_num_hidden_layers 0 the config asks for none: the
+	// model decodes the same without its drafts, so dropping it is a
+	// choice, not a mismatch. (DeepSeek stores its head as layer
+	// num_hidden_layers, which cannot be told from a surplus layer.)
+	mtpTensor = regexp.MustCompile(`(^|\.)mtp\.`)
+	// indexer is DeepSeek-V3.2's lightning indexer, which only picks the
+	// positions each row attends to. A deepseek_v3 config for its weights
+	// asks for attention over every position instead: the same weights
+	// without the indexer, which is what such a config is for.
+	indexer = regexp.MustCompile(`\.self_attn\.indexer\.`)
+)
+
+// unused is the checkpoint's tensors the pack did not read, less those
+// it leaves out on purpose.
+func unused(ck *hf.Checkpoint) []string {
+	var names []string
+	for _, n := range ck.Unused() {
+		switch {
+		case invFreq.MatchString(n): // left out on purpose: see above
+		case ck.Config.MTPLayers == 0 && mtpTensor.MatchString(n):
+		case ck.Config.Family == family.NameDeepSeek && indexer.MatchString(n):
+		default:
+			names = append(names, n)
+		}
+	}
+	return names
+}
+
+// unusedError names the first few of the tensors pack did not use.
+func unusedError(src string, names []string) error {
+	const show = 5
+	list := strings.Join(names[:min(show, len(names))], ", ")
+	if len(names) > show {
+		list += fmt.Sprintf(", ... (%d more)", len(names)-show)
+	}
+	count := fmt.Sprintf("%d tensors", len(names))
+	if len(names) == 1 {
+		count = "1 tensor"
+	}
+	return fmt.Errorf("pack: checkpoint %s has %s that the model its config.json describes does not use (does num_hidden_layers or another size match the weights?): %s", src, count, list)
 }
 
 // Install renames the finished directory tmp, written beside dst, to

@@ -571,6 +571,40 @@ func TestPackOntoSource(t *testing.T) {
 	}
 }
 
+// TestPackUnusedTensors checks that pack refuses a checkpoint with
+// weights the packed model would lack, naming them and their count, and
+// accepts the tensors it leaves out on purpose.
+func TestPackUnusedTensors(t *testing.T) {
+	// config.json says 3 layers of a 6-layer checkpoint.
+	src := makeVariant(t, "tiny-qwen3-moe", variant{config: func(c map[string]any) { c["num_hidden_layers"] = 3 }})
+	parent := t.TempDir()
+	err := pack.Pack(context.Background(), src, filepath.Join(parent, "out"), pack.Options{Bits: 4})
+	if err == nil || !regexp.MustCompile(`has \d+ tensors that the model .* does not use .*: model\.layers\.3\.[^ ]+, .* more\)$`).MatchString(err.Error()) {
+		t.Fatalf("pack of 6 layers as 3: err = %v, want the unused layers 3 to 5 named and counted", err)
+	}
+	assertEmptyDir(t, parent)
+
+	// Extra tensors beside the weights in a second file.
+	src = makeVariant(t, "tiny-qwen3-moe", variant{edit: func(string, *rawTensor) bool { return true }})
+	vec := rawTensor{"BF16", []int{32}, make([]byte, 64)}
+	extra := func(name string) {
+		writeSafetensors(t, filepath.Join(src, "zz-extra.safetensors"), map[string]rawTensor{name: vec})
+	}
+	// Rotary buffers older transformers saved, and an MTP head the config
+	// does not ask for, are left out on purpose.
+	for _, name := range []string{"model.layers.0.self_attn.rotary_emb.inv_freq", "mtp.fc.weight"} {
+		extra(name)
+		if err := pack.Pack(context.Background(), src, filepath.Join(t.TempDir(), "out"), pack.Options{Bits: 4}); err != nil {
+			t.Errorf("pack with an extra %s: %v", name, err)
+		}
+	}
+	extra("model.layers.0.mlp.shared_expert.up_proj.weight")
+	err = pack.Pack(context.Background(), src, filepath.Join(t.TempDir(), "out"), pack.Options{Bits: 4})
+	if err == nil || !strings.Contains(err.Error(), "has 1 tensor that") || !strings.HasSuffix(err.Error(), ": model.layers.0.mlp.shared_expert.up_proj.weight") {
+		t.Errorf("pack with an unknown extra tensor: err = %v", err)
+	}
+}
+
 func TestPackCancelled(t *testing.T) {
 	for _, model := range testutil.Models {
 		t.Run(model, func(t *testing.T) {
