@@ -39,7 +39,17 @@ func cmdBench(ctx context.Context, args []string) error {
 		return err
 	}
 	if pools := strings.Split(mf.experts.poolMB, ","); len(pools) > 1 {
-		// One bench per pool size, each with its own engine.
+		// One bench per pool size, each with its own engine. Every size is
+		// checked first: a bad one found only in its turn would come after
+		// the benches before it, which take minutes on a real model.
+		for _, p := range pools {
+			if strings.TrimSpace(p) == "" {
+				return fmt.Errorf("--pool-mb %q: an empty entry", mf.experts.poolMB)
+			}
+			if _, _, err := poolSize("--pool-mb", strings.TrimSpace(p)); err != nil {
+				return err
+			}
+		}
 		for _, p := range pools {
 			if err := cmdBench(ctx, append(slices.Clone(args), "--pool-mb", strings.TrimSpace(p))); err != nil {
 				return err

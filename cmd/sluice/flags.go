@@ -144,6 +144,7 @@ type expertFlags struct {
 	vramGB     float64
 	gpuCPU     string
 	memoryGB   float64
+	memorySet  bool // --memory-gb given, where 0 would mean "not set"
 	lookahead  bool
 	evict      string
 	missBits   int
@@ -164,13 +165,54 @@ func (m *modelFlags) register(fs *flag.FlagSet) {
 	fs.Float64Var(&x.vramGB, "vram-gb", 0, "on the GPU, the most device memory sluice takes in GiB beyond the CUDA context: weights, scratch, sequence states and the expert pool, which gets what the rest leaves (default: what the GPU has free)")
 	fs.StringVar(&x.gpuCPU, "gpu-cpu-share", "auto", "on the GPU with an expert pool, the share (0..1) of each layer's decode misses that the CPU computes from host memory instead of copying them to the GPU; auto: a cost model picks it per layer from the CPU's measured time per expert and the link's per record (q4 experts; the tokens are the same either way)")
 	fs.StringVar(&x.gpuPoolMB, "gpu-pool-mb", "", "on the GPU, stream experts through a device pool of N MiB, or N% of the expert store, filled from host memory (default: every expert on the GPU if they fit, else a pool of the memory left)")
-	fs.Float64Var(&x.memoryGB, "memory-gb", 0, "total memory budget in GiB (dense + state + scratch + expert pool); experts stream when they do not fit")
+	fs.Var(setFloat{&x.memoryGB, &x.memorySet}, "memory-gb", "total memory budget in GiB (dense + state + scratch + expert pool); experts stream when they do not fit")
 	fs.BoolVar(&x.lookahead, "lookahead", true, "prefetch the next layer's predicted experts while this layer computes")
 	fs.StringVar(&x.evict, "evict", "", "expert pool eviction: markov (each layer's expert-to-expert transitions), lrfu (recency-weighted use counts, by layer order), flru (frequency-weighted LRU) or lru; default markov")
 	fs.IntVar(&x.missBits, "miss-bits", 0, "lossy: read missed experts from the 3- or 2-bit store (sluice pack --low-bits)")
 	fs.Float64Var(&x.cutWeak, "cut-weak", 0, "lossy: skip a late-arriving expert whose routing weight is below W in every row")
 	fs.IntVar(&x.readers, "readers", 0, "expert reader goroutines, i.e. read queue depth (0 = 8)")
 	fs.IntVar(&x.preReaders, "prefetch-readers", 0, "of the readers, how many also take lookahead prefetches (0 = follow the disk: 2 while the reads take most of its bandwidth, all while it has room)")
+}
+
+// setFloat is a float flag that remembers being given, so that an explicit
+// 0 can be refused where the default 0 means "not set".
+type setFloat struct {
+	v   *float64
+	set *bool
+}
+
+func (f setFloat) String() string {
+	if f.v == nil {
+		return "0"
+	}
+	return strconv.FormatFloat(*f.v, 'g', -1, 64)
+}
+
+func (f setFloat) Set(s string) error {
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		return errors.New("want a number")
+	}
+	*f.v, *f.set = v, true
+	return nil
+}
+
+// check refuses values of the shared model flags that would otherwise be
+// replaced by a default without a word (a negative --threads ran as "one
+// per CPU") or, for NaN, slip past every range check. Commands call it,
+// through open, before any work.
+func (m *modelFlags) check() error {
+	if m.threads < 0 {
+		return fmt.Errorf("--threads %d must be >= 0 (0 = one per CPU)", m.threads)
+	}
+	if m.ctx < 0 {
+		return fmt.Errorf("--ctx %d must be >= 0 (0 = the model's maximum, at most 4096)", m.ctx)
+	}
+	if m.chunk < 1 {
+		return fmt.Errorf("--chunk %d must be >= 1", m.chunk)
+	}
+	_, err := m.experts.options(io.Discard)
+	return err
 }
 
 // poolFlag sets the host's pool size under either of its names.
@@ -220,11 +262,14 @@ func (x *expertFlags) options(log io.Writer) (engine.ExpertOptions, error) {
 			return o, err
 		}
 	}
-	if x.memoryGB < 0 {
-		return o, fmt.Errorf("--memory-gb %g must be positive", x.memoryGB)
+	if x.memorySet && !(x.memoryGB > 0 && !math.IsInf(x.memoryGB, 1)) || x.memoryGB < 0 {
+		return o, fmt.Errorf("--memory-gb %g must be a positive number of GiB", x.memoryGB)
 	}
-	if x.vramGB < 0 {
+	if !(x.vramGB >= 0) || math.IsInf(x.vramGB, 1) {
 		return o, fmt.Errorf("--vram-gb %g must be positive", x.vramGB)
+	}
+	if x.readers < 0 {
+		return o, fmt.Errorf("--readers %d must be >= 0 (0 = 8)", x.readers)
 	}
 	o.VRAMBytes = int64(x.vramGB * (1 << 30))
 	switch x.gpuCPU {
@@ -240,7 +285,7 @@ func (x *expertFlags) options(log io.Writer) (engine.ExpertOptions, error) {
 	if x.missBits != 0 && x.missBits != 2 && x.missBits != 3 {
 		return o, fmt.Errorf("--miss-bits %d: want 3 or 2", x.missBits)
 	}
-	if x.cutWeak < 0 || x.cutWeak >= 1 {
+	if !(x.cutWeak >= 0 && x.cutWeak < 1) { // NaN too
 		return o, fmt.Errorf("--cut-weak %g: want a routing weight in [0,1)", x.cutWeak)
 	}
 	return o, nil
@@ -264,6 +309,9 @@ func poolSize(name, v string) (bytes int64, share float64, err error) {
 }
 
 func (m *modelFlags) open(ctx context.Context) (*engine.Engine, error) {
+	if err := m.check(); err != nil {
+		return nil, err
+	}
 	if _, err := m.resolve(ctx); err != nil {
 		return nil, err
 	}

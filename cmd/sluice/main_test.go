@@ -583,6 +583,49 @@ func TestStrayArguments(t *testing.T) {
 	}
 }
 
+// TestFlagsCheckedFirst checks that bad values of flags are refused with
+// the flag named before any work: before a model is opened ("device:" is
+// the engine's first line) and before a bench or sweep runs. They used to
+// run with a default in their place, or fail after the work.
+func TestFlagsCheckedFirst(t *testing.T) {
+	svg := filepath.Join(t.TempDir(), "missing", "x.svg")
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"run", "-p", "hi", "--threads", "-1"}, "--threads -1 must be >= 0"},
+		{[]string{"run", "-p", "hi", "--ctx", "-5"}, "--ctx -5 must be >= 0"},
+		{[]string{"run", "-p", "hi", "--chunk", "0"}, "--chunk 0 must be >= 1"},
+		{[]string{"run", "-p", "hi", "--chunk", "-1"}, "--chunk -1 must be >= 1"},
+		{[]string{"run", "-p", "hi", "--readers", "-3"}, "--readers -3 must be >= 0"},
+		{[]string{"run", "-p", "hi", "--memory-gb", "NaN"}, "--memory-gb NaN must be a positive number of GiB"},
+		{[]string{"run", "-p", "hi", "--memory-gb", "+Inf"}, "--memory-gb +Inf must be a positive number of GiB"},
+		{[]string{"run", "-p", "hi", "--memory-gb", "0"}, "--memory-gb 0 must be a positive number of GiB"},
+		{[]string{"run", "-p", "hi", "--memory-gb", "-1"}, "--memory-gb -1 must be a positive number of GiB"},
+		{[]string{"run", "-p", "hi", "--pool-mb", "50%", "--cut-weak", "NaN"}, "--cut-weak NaN"},
+		{[]string{"run", "-p", "hi", "--vram-gb", "NaN"}, "--vram-gb NaN"},
+		{[]string{"score", "--tokens", "1,2", "--threads", "-2"}, "--threads -2"},
+		{[]string{"chat", "--ctx", "-1"}, "--ctx -1"},
+		{[]string{"serve", "--threads", "-1"}, "--threads -1"},
+		{[]string{"serve", "--memory-gb", "0"}, "--memory-gb 0 must be a positive number of GiB"},
+		{[]string{"bench", "--prompt", "8", "--gen", "4", "--repeat", "1", "--pool-mb", "100%,0%"}, `--pool-mb "0%": want a percentage in (0,100]`},
+		{[]string{"bench", "--prompt", "8", "--gen", "4", "--repeat", "1", "--pool-mb", ","}, `--pool-mb ",": an empty entry`},
+		{[]string{"bench", "--prompt", "8", "--gen", "4", "--repeat", "1", "--pool-mb", "50%,,25%"}, "an empty entry"},
+		{[]string{"bench", "--prompt", "8", "--gen", "4", "--repeat", "1", "--chunk", "0"}, "--chunk 0"},
+		{[]string{"sweep", "--prompt", "8", "--gen", "4", "--repeat", "1", "--svg", svg}, "--svg " + svg + ": directory " + filepath.Dir(svg)},
+		{[]string{"sweep", "--prompt", "8", "--gen", "4", "--repeat", "1", "--svg", "", "--readers", "-1"}, "--readers -1"},
+	}
+	for _, c := range cases {
+		_, e, code := sluice(t, c.args...)
+		if code == 0 || !strings.Contains(e, c.want) {
+			t.Errorf("sluice %q: exit %d, stderr %q; want an error containing %q", c.args, code, e, c.want)
+		}
+		if strings.Contains(e, "device:") || strings.Contains(e, "tok/s") {
+			t.Errorf("sluice %q worked before refusing its flags:\n%s", c.args, e)
+		}
+	}
+}
+
 func joinInts(v []int) string {
 	s := make([]string, len(v))
 	for i, x := range v {

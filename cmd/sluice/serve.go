@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
 	"time"
 
 	"github.com/sluicelm/sluice/internal/engine"
@@ -28,9 +27,6 @@ func cmdServe(ctx context.Context, args []string) error {
 	var mf modelFlags
 	mf.register(fs)
 	addr := fs.String("addr", "127.0.0.1:8080", "listen address (host:port; port 0 picks a free one)")
-	if fs.Lookup("memory-gb") == nil {
-		fs.Float64("memory-gb", 0, "memory budget in GiB for weights, expert pool, sequence states and prefix cache (0 = automatic)")
-	}
 	maxQueue := fs.Int("max-queue", 64, "requests that may wait for a slot; beyond them the answer is 429 with Retry-After")
 	apiKey := fs.String("api-key", os.Getenv("SLUICE_API_KEY"), "require \"Authorization: Bearer KEY\" on /v1/ (default $SLUICE_API_KEY)")
 	slots := fs.Int("slots", 4, "requests generating at once, each with its own sequence state")
@@ -42,10 +38,10 @@ func cmdServe(ctx context.Context, args []string) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	memGB, err := strconv.ParseFloat(fs.Lookup("memory-gb").Value.String(), 64)
-	if err != nil || memGB < 0 {
-		return fmt.Errorf("--memory-gb %s must be a number >= 0", fs.Lookup("memory-gb").Value)
+	if err := mf.check(); err != nil {
+		return err
 	}
+	memGB := mf.experts.memoryGB
 	if *slots < 1 {
 		return fmt.Errorf("--slots %d must be >= 1", *slots)
 	}

@@ -160,6 +160,24 @@ type sweepResult struct {
 	Pools []sweepRow `json:"pools"`
 }
 
+// checkWritable reports whether a file can be created at path, by
+// creating and removing a temporary one in its directory, so that an
+// existing file at path is left as it is.
+func checkWritable(path string) error {
+	dir := filepath.Dir(path)
+	if st, err := os.Stat(dir); err != nil {
+		return fmt.Errorf("directory %s: %w", dir, err)
+	} else if !st.IsDir() {
+		return fmt.Errorf("%s is not a directory", dir)
+	}
+	f, err := os.CreateTemp(dir, ".sluice-check-*")
+	if err != nil {
+		return fmt.Errorf("cannot write in %s: %w", dir, err)
+	}
+	f.Close()
+	return os.Remove(f.Name())
+}
+
 func cmdSweep(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("sweep", flag.ContinueOnError)
 	var mf modelFlags
@@ -187,6 +205,16 @@ func cmdSweep(ctx context.Context, args []string) error {
 	}
 	specs, err := parsePools(*pools)
 	if err != nil {
+		return err
+	}
+	if *svgPath != "" {
+		// The plot is written after the sweep, which takes hours on a real
+		// model: find out now whether it can be.
+		if err := checkWritable(*svgPath); err != nil {
+			return fmt.Errorf("--svg %s: %v", *svgPath, err)
+		}
+	}
+	if err := mf.check(); err != nil {
 		return err
 	}
 	if mf.ctx == 0 {
