@@ -97,6 +97,13 @@ func (e *Engine) selectDevice(o Options, rows int) error {
 	return nil
 }
 
+// mayUseGPU reports whether the forward may run on a GPU: asked for, or
+// left to auto on a machine that has one.
+func mayUseGPU(o Options) bool {
+	ds, err := parseDevice(o.Device)
+	return err == nil && ds.kind != "cpu" && gpuPresent()
+}
+
 // checkDevice refuses, before anything loads, the options the chosen
 // device cannot honour.
 func checkDevice(o Options) error {

@@ -24,6 +24,13 @@ func (g gpuForwarder) Close() {
 // DevicePool implements DevicePooler.
 func (g gpuForwarder) DevicePool() DevicePool { return g.Runner.Pool() }
 
+// gpuPresent reports whether the driver finds a GPU, which device auto
+// may then choose.
+func gpuPresent() bool {
+	n, err := cuda.Count()
+	return err == nil && n > 0
+}
+
 // openCUDA opens GPU ordinal and uploads m for steps of rows rows, its
 // experts whole or through a device pool (o.Experts), with room for
 // o.States sequences and o.Drafts drafts per step, or says why the GPU is

@@ -9,6 +9,9 @@ import (
 	"github.com/sluicelm/sluice/internal/model"
 )
 
+// gpuPresent is false: this build has no GPU backend.
+func gpuPresent() bool { return false }
+
 // openCUDA reports that this build has no GPU backend.
 func openCUDA(m *model.Model, ordinal, rows, ctx int, o Options) (Forwarder, string, error) {
 	if runtime.GOOS != "linux" {

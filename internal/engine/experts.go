@@ -81,6 +81,18 @@ func openExperts(ctx context.Context, m *model.Model, o Options, avail int64, av
 	if err != nil {
 		return nil, "", err
 	}
+	if plan.Resident && xo.MissBits != 0 && !mayUseGPU(o) {
+		// Every expert fits in memory, so on the CPU no record is ever
+		// read again after its first read: low bits would only make those
+		// first reads lossy for nothing. Map them whole instead, and leave
+		// the model directory as it is (deriving the low-bit store writes
+		// a file and rewrites the manifest). On a GPU the flag still acts
+		// on the device pool's copies, which need the host's pool.
+		if xo.Log != nil {
+			fmt.Fprintf(xo.Log, "note: --miss-bits %d is unused: every expert fits in memory (give --pool-mb to stream them)\n", xo.MissBits)
+		}
+		xo.MissBits = 0
+	}
 	lossy := xo.MissBits != 0 || xo.CutWeak > 0
 	if plan.Resident && !lossy {
 		prov, err := model.OpenResident(ctx, m, o.Progress)

@@ -1,10 +1,12 @@
 package engine_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -95,4 +97,49 @@ func budgetChild(t *testing.T, dir string) {
 	}
 	fmt.Println(e.ExpertPlan)
 	fmt.Printf("VmHWM=%d\n", testutil.ProcStatus(t, "VmHWM"))
+}
+
+// TestMissBitsResident checks that --miss-bits leaves the model directory
+// alone, with a note, when every expert fits in memory on the CPU: no
+// record is read twice then, so there is nothing for low bits to save.
+// With a pool that streams, the low-bit store is derived as before.
+func TestMissBitsResident(t *testing.T) {
+	dir := testutil.CopyDir(t, testutil.Packed(t, "tiny-qwen3-moe", 4))
+	manifest := filepath.Join(dir, format.ManifestFile)
+	before, err := os.ReadFile(manifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var log bytes.Buffer
+	e, err := engine.Open(context.Background(), dir, engine.Options{Threads: 2, Device: "cpu", Experts: engine.ExpertOptions{MissBits: 2, Log: &log}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resident := e.Stream == nil
+	e.Close()
+	if !resident {
+		t.Fatalf("--miss-bits 2 with every expert in memory streams them: %s", e.ExpertPlan)
+	}
+	if !strings.Contains(log.String(), "--miss-bits 2 is unused") {
+		t.Errorf("no note that --miss-bits is unused: %q", log.String())
+	}
+	if _, err := os.Stat(filepath.Join(dir, format.LowStoreFile(2))); !os.IsNotExist(err) {
+		t.Errorf("%s was written (%v)", format.LowStoreFile(2), err)
+	}
+	if after, _ := os.ReadFile(manifest); !bytes.Equal(after, before) {
+		t.Errorf("manifest.json was rewritten")
+	}
+
+	e, err = engine.Open(context.Background(), dir, engine.Options{Threads: 2, Device: "cpu", Experts: engine.ExpertOptions{MissBits: 2, PoolShare: 0.5}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	streams := e.Stream != nil
+	e.Close()
+	if !streams {
+		t.Fatalf("a 50%% pool does not stream: %s", e.ExpertPlan)
+	}
+	if _, err := os.Stat(filepath.Join(dir, format.LowStoreFile(2))); err != nil {
+		t.Errorf("a streaming pool with --miss-bits 2 did not derive the low-bit store: %v", err)
+	}
 }
