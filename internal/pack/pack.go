@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -162,7 +163,22 @@ var (
 	// asks for attention over every position instead: the same weights
 	// without the indexer, which is what such a config is for.
 	indexer = regexp.MustCompile(`\.self_attn\.indexer\.`)
+	// mtpCopy is the embedding and LM head that DeepSeek-V3 and GLM-4.5
+	// store again in their MTP layer (layer num_hidden_layers): copies of
+	// the trunk's, which the MTP head shares (see family.deepSeekMTP).
+	mtpCopy = regexp.MustCompile(`(^|\.)layers\.(\d+)\.(embed_tokens|shared_head\.head)\.weight$`)
 )
+
+// isMTPCopy reports whether n is one of the MTP layer's copies of the
+// trunk's embedding and LM head, in a config with that MTP layer.
+func isMTPCopy(c *format.Config, n string) bool {
+	m := mtpCopy.FindStringSubmatch(n)
+	if m == nil || c.MTPLayers == 0 || (c.Family != family.NameDeepSeek && c.Family != family.NameGLM4MoE) {
+		return false
+	}
+	l, err := strconv.Atoi(m[2])
+	return err == nil && l >= c.Layers && l < c.Layers+c.MTPLayers
+}
 
 // unused is the checkpoint's tensors the pack did not read, less those
 // it leaves out on purpose.
@@ -173,6 +189,7 @@ func unused(ck *hf.Checkpoint) []string {
 		case invFreq.MatchString(n): // left out on purpose: see above
 		case ck.Config.MTPLayers == 0 && mtpTensor.MatchString(n):
 		case ck.Config.Family == family.NameDeepSeek && indexer.MatchString(n):
+		case isMTPCopy(&ck.Config, n):
 		default:
 			names = append(names, n)
 		}

@@ -598,6 +598,11 @@ func TestPackUnusedTensors(t *testing.T) {
 			t.Errorf("pack with an extra %s: %v", name, err)
 		}
 	}
+	// DeepSeek's MTP layer stores copies of the embedding and LM head,
+	// which the MTP head shares with the trunk instead.
+	if err := pack.Pack(context.Background(), testutil.WithDeepSeekMTP(t, "tiny-deepseek-v32", ""), filepath.Join(t.TempDir(), "out"), pack.Options{Bits: 4}); err != nil {
+		t.Errorf("pack with DeepSeek's MTP layer: %v", err)
+	}
 	extra("model.layers.0.mlp.shared_expert.up_proj.weight")
 	err = pack.Pack(context.Background(), src, filepath.Join(t.TempDir(), "out"), pack.Options{Bits: 4})
 	if err == nil || !strings.Contains(err.Error(), "has 1 tensor that") || !strings.HasSuffix(err.Error(), ": model.layers.0.mlp.shared_expert.up_proj.weight") {
