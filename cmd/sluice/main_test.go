@@ -550,10 +550,7 @@ func TestErrors(t *testing.T) {
 // unquoted prompt must not run as its first word alone.
 func TestStrayArguments(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "synth")
-	cases := []struct {
-		args []string
-		want string
-	}{
+	cases := []refused{
 		{[]string{"run", "-p", "What", "is", "a", "mixture", "-n", "3"}, `unexpected arguments "is" "a" "mixture": sluice run takes no positional arguments; quote the value of -p: -p "What is a mixture"`},
 		{[]string{"run", "-p=What", "is", "-n", "3"}, `unexpected argument "is": sluice run takes no positional arguments; quote the value of -p: -p "What is"`},
 		{[]string{"run", "-n", "3", "extra", "-p", "hi"}, `unexpected argument "extra": sluice run takes no positional arguments; quote a value that contains spaces`},
@@ -569,15 +566,7 @@ func TestStrayArguments(t *testing.T) {
 		{[]string{"serve", "x"}, `unexpected argument "x": sluice serve takes no positional arguments`},
 		{[]string{"synth", "--like", "qwen3-30b-a3b", "--layers", "1", "--experts", "8", "--out", out, "x"}, `unexpected argument "x": sluice synth takes no positional arguments`},
 	}
-	for _, c := range cases {
-		_, e, code := sluice(t, c.args...)
-		if code == 0 || !strings.Contains(e, c.want) {
-			t.Errorf("sluice %q: exit %d, stderr %q; want an error containing %q", c.args, code, e, c.want)
-		}
-		if strings.Contains(e, "prompt ") || strings.Contains(e, "experts:") {
-			t.Errorf("sluice %q ran before refusing its arguments:\n%s", c.args, e)
-		}
-	}
+	refusedFirst(t, cases, "prompt ", "experts:")
 	if _, err := os.Stat(out); !os.IsNotExist(err) {
 		t.Errorf("synth with a stray argument wrote %s (%v)", out, err)
 	}
@@ -589,10 +578,7 @@ func TestStrayArguments(t *testing.T) {
 // run with a default in their place, or fail after the work.
 func TestFlagsCheckedFirst(t *testing.T) {
 	svg := filepath.Join(t.TempDir(), "missing", "x.svg")
-	cases := []struct {
-		args []string
-		want string
-	}{
+	cases := []refused{
 		{[]string{"run", "-p", "hi", "--threads", "-1"}, "--threads -1 must be >= 0"},
 		{[]string{"run", "-p", "hi", "--ctx", "-5"}, "--ctx -5 must be >= 0"},
 		{[]string{"run", "-p", "hi", "--chunk", "0"}, "--chunk 0 must be >= 1"},
@@ -615,13 +601,28 @@ func TestFlagsCheckedFirst(t *testing.T) {
 		{[]string{"sweep", "--prompt", "8", "--gen", "4", "--repeat", "1", "--svg", svg}, "--svg " + svg + ": directory " + filepath.Dir(svg)},
 		{[]string{"sweep", "--prompt", "8", "--gen", "4", "--repeat", "1", "--svg", "", "--readers", "-1"}, "--readers -1"},
 	}
+	refusedFirst(t, cases, "device:", "tok/s")
+}
+
+// refused is a command line that must fail with want in its error.
+type refused struct {
+	args []string
+	want string
+}
+
+// refusedFirst runs each case and requires it to fail with its error, and
+// before any work: stderr holds none of the lines work prints (worked).
+func refusedFirst(t *testing.T, cases []refused, worked ...string) {
+	t.Helper()
 	for _, c := range cases {
 		_, e, code := sluice(t, c.args...)
 		if code == 0 || !strings.Contains(e, c.want) {
 			t.Errorf("sluice %q: exit %d, stderr %q; want an error containing %q", c.args, code, e, c.want)
 		}
-		if strings.Contains(e, "device:") || strings.Contains(e, "tok/s") {
-			t.Errorf("sluice %q worked before refusing its flags:\n%s", c.args, e)
+		for _, w := range worked {
+			if strings.Contains(e, w) {
+				t.Errorf("sluice %q worked (%q) before refusing:\n%s", c.args, w, e)
+			}
 		}
 	}
 }
