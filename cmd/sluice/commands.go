@@ -412,9 +412,12 @@ func cmdChat(ctx context.Context, args []string) error {
 			continue
 		}
 		msgs = append(msgs, tokenizer.Message{Role: "user", Content: line})
-		prompt, err := e.Tok.ApplyChatTemplate(msgs, true)
-		if err != nil {
+		var ids []int
+		if msgs, ids, err = fitChat(e, msgs, *n, os.Stderr); err != nil {
 			return err
+		}
+		if ids == nil {
+			continue // the message alone does not fit: said, and dropped
 		}
 		// The whole conversation is prefilled each turn: simple and exact;
 		// the server's prefix reuse is what avoids recomputing it.
@@ -423,7 +426,7 @@ func cmdChat(ctx context.Context, args []string) error {
 			return err
 		}
 		var reply strings.Builder
-		_, stats, err := e.Generate(ctx, st, e.Tok.Encode(prompt), engine.GenOptions{MaxTokens: *n, Sample: sp, Drafts: sf.drafts}, func(_ int, s string) error {
+		_, stats, err := e.Generate(ctx, st, ids, engine.GenOptions{MaxTokens: *n, Sample: sp, Drafts: sf.drafts}, func(_ int, s string) error {
 			reply.WriteString(s)
 			fmt.Print(s)
 			return nil
@@ -436,6 +439,41 @@ func cmdChat(ctx context.Context, args []string) error {
 			fmt.Fprintf(os.Stderr, "[%d tokens, %.1f tok/s]\n", stats.GeneratedTokens, stats.DecodeTokS)
 		}
 		msgs = append(msgs, tokenizer.Message{Role: "assistant", Content: reply.String()})
+	}
+}
+
+// fitChat returns the conversation msgs (its last message the user's new
+// one) as the prompt ids of the next turn, after dropping its oldest
+// exchanges (a user message and the reply to it; the system prompt stays)
+// until the prompt leaves room for a reply of n tokens, or of half the
+// context if n is more, as ollama truncates a chat's history: a chat that
+// outgrows the context goes on instead of ending. Each drop is noted on
+// log. When the new message does not fit even alone, it says so and
+// returns the conversation without it and nil ids.
+func fitChat(e *engine.Engine, msgs []tokenizer.Message, n int, log io.Writer) ([]tokenizer.Message, []int, error) {
+	first := 0
+	if len(msgs) > 0 && msgs[0].Role == "system" {
+		first = 1
+	}
+	room := min(n, e.Ctx/2)
+	for {
+		prompt, err := e.Tok.ApplyChatTemplate(msgs, true)
+		if err != nil {
+			return nil, nil, err
+		}
+		ids := e.Tok.Encode(prompt)
+		if len(ids)+room <= e.Ctx {
+			return msgs, ids, nil
+		}
+		if len(msgs)-first < 3 { // nothing older than the new message
+			if len(ids) < e.Ctx {
+				return msgs, ids, nil // no room for a whole reply: it stops at the context's end
+			}
+			fmt.Fprintf(log, "this message makes a prompt of %d tokens, more than the context of %d: not sent; %s\n", len(ids), e.Ctx, e.CtxHint())
+			return msgs[:len(msgs)-1], nil, nil
+		}
+		msgs = append(msgs[:first], msgs[first+2:]...)
+		fmt.Fprintf(log, "note: the oldest exchange was dropped from the conversation to fit the context of %d tokens\n", e.Ctx)
 	}
 }
 

@@ -476,6 +476,31 @@ func TestInterrupt(t *testing.T) {
 	}
 }
 
+// TestChatOutgrowsContext checks that a chat longer than its context goes
+// on: the oldest exchanges are dropped, with a note, and a message too
+// long for the context alone is refused by itself, the session kept.
+func TestChatOutgrowsContext(t *testing.T) {
+	cmd := exec.Command(bin, "chat", "--temp", "0", "-n", "8", "--threads", "2", "--ctx", "80")
+	cmd.Env = append(os.Environ(), "SLUICE_CACHE="+cache)
+	turns := []string{"hello there", "how are you", "what is up", "more text here", "and more", "final",
+		strings.Repeat("word ", 200), "last"}
+	cmd.Stdin = strings.NewReader(strings.Join(turns, "\n") + "\n")
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("chat: %v\n%s", err, e.String())
+	}
+	if !strings.Contains(e.String(), "oldest exchange was dropped") {
+		t.Errorf("no note of a dropped exchange:\n%s", e.String())
+	}
+	if !strings.Contains(e.String(), "not sent") {
+		t.Errorf("the message longer than the context was not refused:\n%s", e.String())
+	}
+	if n := strings.Count(o.String(), "\n"); n < len(turns)-1 {
+		t.Errorf("chat printed %d lines for %d turns that fit: %q", n, len(turns)-1, o.String())
+	}
+}
+
 func TestChatPiped(t *testing.T) {
 	cmd := exec.Command(bin, "chat", "--temp", "0", "-n", "8", "--threads", "2")
 	cmd.Env = append(os.Environ(), "SLUICE_CACHE="+cache)

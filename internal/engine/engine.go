@@ -201,6 +201,20 @@ func (e *Engine) Close() {
 // NewState allocates a sequence state of the engine's context length.
 func (e *Engine) NewState() (*model.State, error) { return e.Model.NewState(e.Ctx) }
 
+// CtxHint is what to tell a user whose text does not fit the context: to
+// raise --ctx, up to the model's maximum where it is known, or that the
+// context already is that maximum.
+func (e *Engine) CtxHint() string {
+	switch mp := e.Model.Config.MaxPos; {
+	case mp <= 0:
+		return "raise --ctx"
+	case e.Ctx >= mp:
+		return fmt.Sprintf("the context is the model's maximum of %d positions", mp)
+	default:
+		return fmt.Sprintf("raise --ctx (the model's maximum is %d)", mp)
+	}
+}
+
 // GenOptions control one generation.
 type GenOptions struct {
 	MaxTokens int
@@ -294,7 +308,7 @@ func (e *Engine) Score(ctx context.Context, tokens []int) (*Score, error) {
 		return nil, fmt.Errorf("score: no tokens")
 	}
 	if len(tokens) > e.Ctx {
-		return nil, fmt.Errorf("score: %d tokens exceed the context of %d; raise --ctx", len(tokens), e.Ctx)
+		return nil, fmt.Errorf("score: %d tokens exceed the context of %d; %s", len(tokens), e.Ctx, e.CtxHint())
 	}
 	st, err := e.NewState()
 	if err != nil {

@@ -80,7 +80,7 @@ func (q *Sequence) Prefill(ctx context.Context, prompt []int) error {
 	}
 	st := q.St
 	if st.Pos+len(prompt) > st.Ctx {
-		return fmt.Errorf("generate: prompt of %d tokens does not fit the context of %d (at position %d); raise --ctx", len(prompt), st.Ctx, st.Pos)
+		return fmt.Errorf("generate: prompt of %d tokens does not fit the context of %d (at position %d); %s", len(prompt), st.Ctx, st.Pos, q.e.CtxHint())
 	}
 	t0 := time.Now()
 	step := q.e.Runner.MaxRows
