@@ -331,6 +331,9 @@ func (e *Engine) Score(ctx context.Context, tokens []int) (*Score, error) {
 			row := logits[r*V : (r+1)*V]
 			p := i + r
 			sc.Argmax[p] = sample.Argmax(row)
+			if err := finiteLogit(row[sc.Argmax[p]], p); err != nil {
+				return nil, fmt.Errorf("score: %v", err)
+			}
 			if p+1 < len(tokens) {
 				sample.LogSoftmax(lp, row)
 				sc.Logprobs = append(sc.Logprobs, float64(lp[tokens[p+1]]))

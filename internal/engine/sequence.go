@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/sluicelm/sluice/internal/experts"
@@ -156,6 +157,10 @@ func (q *Sequence) Step(ctx context.Context) ([]int, string, error) {
 	next := q.next
 	if q.am == nil {
 		next = q.smp.Sample(q.logits, q.history)
+		if err := finiteLogit(q.logits[next], q.St.Pos-1); err != nil {
+			q.done = true
+			return nil, "", fmt.Errorf("generate: %w", err)
+		}
 	}
 	q.out = append(q.out, next)
 	q.history = append(q.history, next)
@@ -182,6 +187,17 @@ func (q *Sequence) Step(ctx context.Context) ([]int, string, error) {
 		}
 	}
 	return q.out[len(q.out)-1:], text, nil
+}
+
+// finiteLogit refuses a chosen token whose logit is NaN or infinite: the
+// forward computed garbage (corrupt weights, or an overflow), and greedy
+// and sampled choices alike fall back to token 0 on it, which reads as a
+// real answer. pos is the position whose logits these are.
+func finiteLogit(v float32, pos int) error {
+	if v != v || math.IsInf(float64(v), 0) {
+		return fmt.Errorf("the logits at position %d are not finite (%v): the model's weights may be corrupt", pos, v)
+	}
+	return nil
 }
 
 // Flush returns text held back for an incomplete UTF-8 sequence.
