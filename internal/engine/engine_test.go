@@ -244,10 +244,10 @@ func TestSeededSampling(t *testing.T) {
 
 // TestNonFiniteLogits checks that a model whose weights are corrupt (every
 // byte of dense.bin 0xFF: NaN scales and values) is refused when it
-// computes NaN logits, by generation, greedy and sampled, and by scoring,
-// instead of answering token 0 forever.
+// computes NaN logits, by generation, greedy and sampled, with and without
+// MTP drafts, and by scoring, instead of answering token 0 forever.
 func TestNonFiniteLogits(t *testing.T) {
-	dir := testutil.CopyDir(t, testutil.Packed(t, "tiny-qwen3-moe", 4))
+	dir := testutil.CopyDir(t, testutil.Packed(t, "tiny-qwen3-5-moe", 4))
 	f, err := os.OpenFile(filepath.Join(dir, "dense.bin"), os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -265,14 +265,17 @@ func TestNonFiniteLogits(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer e.Close()
-	for _, sp := range []sample.Params{{Temperature: 0}, {Temperature: 0.8, TopK: 40, Seed: 1}} {
-		st, err := e.NewState()
-		if err != nil {
-			t.Fatal(err)
-		}
-		out, _, err := e.Generate(context.Background(), st, []int{5, 6, 7}, engine.GenOptions{MaxTokens: 4, Sample: sp, IgnoreEOS: true}, nil)
-		if err == nil || !strings.Contains(err.Error(), "not finite") {
-			t.Errorf("temperature %g: tokens %v, err %v; want an error about non-finite logits", sp.Temperature, out, err)
+	for _, drafts := range []int{0, 2} {
+		for _, sp := range []sample.Params{{Temperature: 0}, {Temperature: 0.8, TopK: 40, Seed: 1}} {
+			st, err := e.NewState()
+			if err != nil {
+				t.Fatal(err)
+			}
+			o := engine.GenOptions{MaxTokens: 4, Sample: sp, IgnoreEOS: true, Drafts: drafts}
+			out, _, err := e.Generate(context.Background(), st, []int{5, 6, 7}, o, nil)
+			if err == nil || !strings.Contains(err.Error(), "not finite") {
+				t.Errorf("temperature %g, %d drafts: tokens %v, err %v; want an error about non-finite logits", sp.Temperature, drafts, out, err)
+			}
 		}
 	}
 	if _, err := e.Score(context.Background(), []int{5, 6, 7}); err == nil || !strings.Contains(err.Error(), "not finite") {

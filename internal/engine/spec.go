@@ -200,7 +200,12 @@ func (q *Sequence) specStep(ctx context.Context) ([]int, string, error) {
 	text := ""
 	if sp.tok < 0 {
 		// The first token comes from the prefill's logits.
-		if q.decide(q.smp.Sample(q.logits, q.history), st.Pos, &text) {
+		t := q.smp.Sample(q.logits, q.history)
+		if err := finiteLogit(q.logits[t], st.Pos-1); err != nil {
+			q.done = true
+			return nil, "", fmt.Errorf("generate: %w", err)
+		}
+		if q.decide(t, st.Pos, &text) {
 			return q.out[start:], text, nil
 		}
 		sp.tok = q.out[len(q.out)-1]
@@ -293,6 +298,19 @@ func (q *Sequence) specStep(ctx context.Context) ([]int, string, error) {
 		c = q.smp.Sample(sp.vlog[D*V:(D+1)*V], q.history)
 	}
 	q.history = q.history[:hist]
+	if sp.ga == nil {
+		// The trunk's rows decided drafts[:n] and c: refuse them where the
+		// forward computed garbage, as Step does.
+		for j := 0; j <= n; j++ {
+			t := c
+			if j < n {
+				t = sp.drafts[j]
+			}
+			if err := finiteLogit(sp.vlog[j*V+t], st.Pos-1+j); err != nil {
+				return fail(fmt.Errorf("generate: %w", err))
+			}
+		}
+	}
 	if D > 0 {
 		if err := r.Commit(st, n+1); err != nil {
 			return fail(err)
