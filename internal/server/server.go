@@ -266,12 +266,16 @@ func allow(w http.ResponseWriter, r *http.Request, code *int, methods ...string)
 	return false
 }
 
+// authorized reports whether r carries the API key as a bearer token. The
+// scheme is matched without regard to case because RFC 7235 makes auth
+// schemes case-insensitive, and some clients send "bearer".
 func (s *Server) authorized(r *http.Request) bool {
 	if s.cfg.APIKey == "" {
 		return true
 	}
-	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	return ok && subtle.ConstantTimeCompare([]byte(strings.TrimSpace(tok)), []byte(s.cfg.APIKey)) == 1
+	scheme, tok, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	return ok && strings.EqualFold(scheme, "Bearer") &&
+		subtle.ConstantTimeCompare([]byte(strings.TrimSpace(tok)), []byte(s.cfg.APIKey)) == 1
 }
 
 func (s *Server) modelObject() map[string]any {

@@ -735,6 +735,25 @@ func TestAPIKey(t *testing.T) {
 	if code, _ := get(t, url+"/health"); code != 200 {
 		t.Errorf("health: %d", code)
 	}
+	// RFC 7235: the scheme is case-insensitive; the token is not.
+	for header, want := range map[string]int{
+		"Bearer sekrit": 200, "bearer sekrit": 200, "BEARER sekrit": 200, "bEaReR  sekrit": 200,
+		"Bearer SEKRIT": 401, "Basic sekrit": 401, "sekrit": 401, "Bearersekrit": 401, "bearer": 401,
+	} {
+		req, err := http.NewRequest(http.MethodGet, url+"/v1/models", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", header)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("Authorization %q: %d, want %d", header, resp.StatusCode, want)
+		}
+	}
 }
 
 // TestModelsHealthMetrics checks the read-only endpoints.
