@@ -539,6 +539,7 @@ func TestErrors(t *testing.T) {
 		{"score without input", []string{"score"}, "--tokens"},
 		{"score with both inputs", []string{"score", "--tokens", "1", "--text-file", "f"}, "--tokens"},
 		{"score id outside vocab", []string{"score", "--tokens", "1,99999"}, "vocabulary"},
+		{"score one token", []string{"score", "--tokens", "5", "--json"}, "score needs at least 2 tokens, got 1"},
 		{"score missing file", []string{"score", "--text-file", filepath.Join(empty, "none.txt")}, "none.txt"},
 		{"pack one arg", []string{"pack", "src"}, "SRC and DST"},
 		{"pack bits 3", []string{"pack", "--bits", "3", testutil.ModelDir(t, testutil.Models[0]), filepath.Join(empty, "out")}, "bits"},

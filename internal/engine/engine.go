@@ -302,10 +302,12 @@ type Score struct {
 }
 
 // Score runs tokens through a fresh state and reports, per position, the
-// argmax and the log-probability of the next token.
+// argmax and the log-probability of the next token. It needs at least two
+// tokens: each log-probability is of a token given those before it, so one
+// token has none, and an NLL of 0 would read as a perfect prediction.
 func (e *Engine) Score(ctx context.Context, tokens []int) (*Score, error) {
-	if len(tokens) == 0 {
-		return nil, fmt.Errorf("score: no tokens")
+	if len(tokens) < 2 {
+		return nil, fmt.Errorf("score needs at least 2 tokens, got %d: each log-probability is of a token given those before it", len(tokens))
 	}
 	if len(tokens) > e.Ctx {
 		return nil, fmt.Errorf("score: %d tokens exceed the context of %d; %s", len(tokens), e.Ctx, e.CtxHint())

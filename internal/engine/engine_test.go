@@ -320,6 +320,9 @@ func TestGenerateErrors(t *testing.T) {
 	if _, err := e.Score(cancelled, short); !errors.Is(err, context.Canceled) {
 		t.Errorf("Score on a cancelled context: err %v, want context.Canceled", err)
 	}
+	if _, err := e.Score(bg, short[:1]); err == nil || !strings.Contains(err.Error(), "score needs at least 2 tokens, got 1") {
+		t.Errorf("score of one token: %v", err)
+	}
 	if _, err := e.Score(bg, nil); err == nil {
 		t.Error("Score of no tokens: no error")
 	}
