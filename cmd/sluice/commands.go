@@ -206,6 +206,13 @@ func cmdScore(ctx context.Context, args []string) error {
 	if (*tokens == "") == (*textFile == "") {
 		return fmt.Errorf("give exactly one of --tokens or --text-file")
 	}
+	if *tokens != "" {
+		// A malformed list is refused before the model loads; the range
+		// check waits for its vocabulary.
+		if _, err := parseIDs(*tokens); err != nil {
+			return err
+		}
+	}
 	e, err := mf.open(ctx)
 	if err != nil {
 		return err
@@ -253,6 +260,13 @@ func cmdRun(ctx context.Context, args []string) error {
 	}
 	if *n < 0 {
 		return fmt.Errorf("-n %d must be >= 0", *n)
+	}
+	if *tokens != "" {
+		// A malformed list is refused before the model loads; the range
+		// check waits for its vocabulary.
+		if _, err := parseIDs(*tokens); err != nil {
+			return err
+		}
 	}
 	sp, err := sf.params()
 	if err != nil {

@@ -126,6 +126,7 @@ func flagValueBefore(fs *flag.FlagSet, args []string, i int) (name, value string
 // modelFlags are the flags every model-loading command shares.
 type modelFlags struct {
 	dir     string
+	dirSet  bool // -m given, where "" would otherwise mean the bundled model
 	threads int
 	ctx     int
 	chunk   int
@@ -154,7 +155,7 @@ type expertFlags struct {
 }
 
 func (m *modelFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&m.dir, "m", "", "model: a packed directory, a Hugging Face checkpoint (packed once at 4 bits into the cache), or a hub repository OWNER/NAME[@REVISION] (pulled once into the cache); default: the bundled tiny model")
+	fs.Var(setString{&m.dir, &m.dirSet}, "m", "model: a packed directory, a Hugging Face checkpoint (packed once at 4 bits into the cache), or a hub repository OWNER/NAME[@REVISION] (pulled once into the cache); default: the bundled tiny model")
 	fs.IntVar(&m.threads, "threads", 0, "worker threads (0 = one per CPU)")
 	fs.IntVar(&m.ctx, "ctx", 0, "context length in tokens (0 = min(model maximum, 4096))")
 	fs.IntVar(&m.chunk, "chunk", 256, "prefill chunk size in tokens (rows per batched step)")
@@ -197,11 +198,35 @@ func (f setFloat) Set(s string) error {
 	return nil
 }
 
+// setString is a string flag that remembers being given, so that an
+// explicit empty value can be refused where the default "" means "not set".
+type setString struct {
+	v   *string
+	set *bool
+}
+
+func (f setString) String() string {
+	if f.v == nil {
+		return ""
+	}
+	return *f.v
+}
+
+func (f setString) Set(s string) error {
+	*f.v, *f.set = s, true
+	return nil
+}
+
 // check refuses values of the shared model flags that would otherwise be
 // replaced by a default without a word (a negative --threads ran as "one
 // per CPU") or, for NaN, slip past every range check. Commands call it,
 // through open, before any work.
 func (m *modelFlags) check() error {
+	// -m "" (an unset variable in a script, say) must not quietly run the
+	// bundled model in place of the one meant.
+	if m.dirSet && strings.TrimSpace(m.dir) == "" {
+		return fmt.Errorf("-m: empty path (leave -m out for the bundled model)")
+	}
 	if m.threads < 0 {
 		return fmt.Errorf("--threads %d must be >= 0 (0 = one per CPU)", m.threads)
 	}
@@ -406,18 +431,26 @@ func (s *sampleFlags) params() (sample.Params, error) {
 	return p, p.Validate()
 }
 
-// parseIDs reads "1,2,3" (spaces allowed).
+// parseIDs reads "1,2,3" (spaces allowed, around commas or in place of
+// them). An empty entry between commas ("1,,2", "1,2,") is refused: it is
+// most likely a lost id, and dropping it would run another prompt.
 func parseIDs(s string) ([]int, error) {
-	var ids []int
-	for _, f := range strings.FieldsFunc(s, func(r rune) bool { return r == ',' || r == ' ' }) {
-		v, err := strconv.Atoi(f)
-		if err != nil {
-			return nil, fmt.Errorf("bad token id %q in --tokens", f)
-		}
-		ids = append(ids, v)
-	}
-	if len(ids) == 0 {
+	if strings.TrimSpace(s) == "" {
 		return nil, fmt.Errorf("--tokens is empty")
+	}
+	var ids []int
+	for _, part := range strings.Split(s, ",") {
+		fields := strings.Fields(part)
+		if len(fields) == 0 {
+			return nil, fmt.Errorf("bad token id \"\" in --tokens %q: an empty entry", s)
+		}
+		for _, f := range fields {
+			v, err := strconv.Atoi(f)
+			if err != nil {
+				return nil, fmt.Errorf("bad token id %q in --tokens", f)
+			}
+			ids = append(ids, v)
+		}
 	}
 	return ids, nil
 }
