@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -18,6 +19,40 @@ import (
 	"github.com/sluicelm/sluice/internal/server"
 	"github.com/sluicelm/sluice/models"
 )
+
+// serveLimits are serve's own numeric flags, checked before the model
+// loads.
+type serveLimits struct {
+	slots, maxQueue int
+	cacheMB         float64
+	grace           time.Duration
+	maxBodyKB       int64
+}
+
+// check refuses values that would otherwise be replaced without a word:
+// the server took --max-body-kb 0 as its 4 MiB default, any negative or NaN
+// --cache-mb as "off", and announced "up to -1s to finish" for a negative
+// --grace.
+func (l serveLimits) check() error {
+	if l.slots < 1 {
+		return fmt.Errorf("--slots %d must be >= 1", l.slots)
+	}
+	if l.maxQueue < 0 {
+		return fmt.Errorf("--max-queue %d must be >= 0", l.maxQueue)
+	}
+	// -1 is the documented "off"; other negatives are more likely typos.
+	if l.cacheMB != -1 && !(l.cacheMB >= 0 && !math.IsInf(l.cacheMB, 1) && l.cacheMB*(1<<20) < math.MaxInt64) {
+		return fmt.Errorf("--cache-mb %g: want a size in MiB >= 0 (0 = four sequence states' worth), or -1 for off", l.cacheMB)
+	}
+	if l.grace < 0 {
+		return fmt.Errorf("--grace %v must be >= 0", l.grace)
+	}
+	// The limit is passed on in bytes, so it must survive the shift.
+	if l.maxBodyKB < 1 || l.maxBodyKB > math.MaxInt64>>10 {
+		return fmt.Errorf("--max-body-kb %d must be >= 1", l.maxBodyKB)
+	}
+	return nil
+}
 
 // cmdServe runs the OpenAI-compatible HTTP server until SIGINT or SIGTERM,
 // then stops accepting, lets requests in flight finish within --grace,
@@ -41,13 +76,11 @@ func cmdServe(ctx context.Context, args []string) error {
 	if err := mf.check(); err != nil {
 		return err
 	}
+	lim := serveLimits{slots: *slots, maxQueue: *maxQueue, cacheMB: *cacheMB, grace: *grace, maxBodyKB: *maxBody}
+	if err := lim.check(); err != nil {
+		return err
+	}
 	memGB := mf.experts.memoryGB
-	if *slots < 1 {
-		return fmt.Errorf("--slots %d must be >= 1", *slots)
-	}
-	if *maxQueue < 0 {
-		return fmt.Errorf("--max-queue %d must be >= 0", *maxQueue)
-	}
 	id := *modelID
 	if ref, err := mf.resolve(ctx); err != nil {
 		return err
