@@ -64,3 +64,64 @@ func TestReadManifestRopeAndEps(t *testing.T) {
 		}
 	}
 }
+
+// TestReadManifestEOS checks that eos_token_ids outside the vocabulary are
+// refused at load with the key named: such an id can never be sampled, so
+// generation would not stop, and a negative one would index out of range.
+func TestReadManifestEOS(t *testing.T) {
+	b, err := os.ReadFile(bundledManifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		ids  []any
+		want string
+	}{
+		{[]any{999999}, "eos_token_ids[0] = 999999, outside the vocabulary [0, "},
+		{[]any{1, -1}, "eos_token_ids[1] = -1, outside the vocabulary"},
+	} {
+		var m map[string]any
+		if err := json.Unmarshal(b, &m); err != nil {
+			t.Fatal(err)
+		}
+		m["config"].(map[string]any)["eos_token_ids"] = c.ids
+		dir := t.TempDir()
+		mb, _ := json.Marshal(m)
+		if err := os.WriteFile(filepath.Join(dir, format.ManifestFile), mb, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := format.ReadManifest(dir); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("eos_token_ids %v: err = %v, want %q", c.ids, err, c.want)
+		}
+	}
+}
+
+// TestReadManifestGenerationConfig checks that a packed directory whose
+// generation_config.json is no longer JSON is refused with the file named,
+// and that one without the file loads.
+func TestReadManifestGenerationConfig(t *testing.T) {
+	b, err := os.ReadFile(bundledManifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, format.ManifestFile), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := format.ReadManifest(dir); err != nil {
+		t.Fatalf("without generation_config.json: %v", err)
+	}
+	gp := filepath.Join(dir, format.GenerationConfigFile)
+	if err := os.WriteFile(gp, []byte(`{"eos_token_id": 1}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := format.ReadManifest(dir); err != nil {
+		t.Fatalf("with a valid generation_config.json: %v", err)
+	}
+	if err := os.WriteFile(gp, []byte(`{"eos_token_id": "x"`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := format.ReadManifest(dir); err == nil || !strings.Contains(err.Error(), gp+" is not valid JSON") {
+		t.Errorf("corrupt generation_config.json: err = %v", err)
+	}
+}

@@ -18,7 +18,9 @@ package format
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"math"
 	"os"
 	"path/filepath"
@@ -158,6 +160,13 @@ func (c *Config) Validate() error {
 		}
 		if t == SlidingAttention && c.SlidingWindow <= 0 {
 			return bad("layer_types[%d] = %s needs sliding_window > 0", i, t)
+		}
+	}
+	// An id outside the vocabulary can never be sampled: generation would
+	// run to the length limit, and a negative one would index out of range.
+	for i, id := range c.EOS {
+		if id < 0 || id >= c.Vocab {
+			return bad("eos_token_ids[%d] = %d, outside the vocabulary [0, %d)", i, id, c.Vocab)
 		}
 	}
 	if c.MTPLayers < 0 || c.MTPLayers > 1 {
@@ -411,8 +420,24 @@ func ReadManifest(dir string) (*Manifest, error) {
 	if err := m.check(); err != nil {
 		return nil, fmt.Errorf("packed model %s: %s: %v", dir, ManifestFile, err)
 	}
+	// The packer copies the checkpoint's generation_config.json beside the
+	// manifest, whose eos_token_ids were read from it. A copy that is no
+	// longer JSON means the directory was damaged after packing, which is
+	// said rather than ignored; a missing one is fine.
+	gp := filepath.Join(dir, GenerationConfigFile)
+	if gb, err := os.ReadFile(gp); err == nil {
+		if !json.Valid(gb) {
+			return nil, fmt.Errorf("packed model %s: %s is not valid JSON", dir, gp)
+		}
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("packed model %s: %v", dir, err)
+	}
 	return &m, nil
 }
+
+// GenerationConfigFile is the checkpoint's generation settings, copied
+// into a packed directory.
+const GenerationConfigFile = "generation_config.json"
 
 // maxElems bounds a tensor's element count, far above any real tensor
 // (2^48 values), so that its byte sizes and Rows*Cols cannot overflow.

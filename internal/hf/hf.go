@@ -111,6 +111,7 @@ func ReadConfig(dir string) (format.Config, bool, error) {
 	if c.EOS, err = eosIDs(r.EOS); err != nil {
 		return c, false, fmt.Errorf("checkpoint: %s: %v", p, err)
 	}
+	eosFrom := p
 	gp := filepath.Join(dir, "generation_config.json")
 	if gb, err := os.ReadFile(gp); err == nil {
 		var g struct {
@@ -124,7 +125,14 @@ func ReadConfig(dir string) (format.Config, bool, error) {
 			return c, false, fmt.Errorf("checkpoint: %s: %v", gp, err)
 		}
 		if len(ids) > 0 {
-			c.EOS = ids
+			c.EOS, eosFrom = ids, gp
+		}
+	}
+	// Here rather than in Validate, to name the file and key the id came
+	// from.
+	for _, id := range c.EOS {
+		if id >= c.Vocab && c.Vocab > 0 {
+			return c, false, fmt.Errorf("checkpoint: %s: eos_token_id %d is outside the vocabulary [0, %d)", eosFrom, id, c.Vocab)
 		}
 	}
 	// Before Validate, whose rotary-dim message would blame the truncated

@@ -251,6 +251,20 @@ func TestEOS(t *testing.T) {
 	}
 }
 
+// TestEOSOutsideVocab checks that an eos_token_id no token can reach is
+// refused, naming the file it came from: generation would never stop on it.
+func TestEOSOutsideVocab(t *testing.T) {
+	cfg := baseConfig(t, "tiny-qwen3-5-moe")
+	cfg["eos_token_id"] = 999999
+	if _, _, err := ReadConfig(configDir(t, cfg, nil)); err == nil || !strings.Contains(err.Error(), "config.json: eos_token_id 999999 is outside the vocabulary") {
+		t.Errorf("config.json eos 999999: err = %v", err)
+	}
+	cfg = baseConfig(t, "tiny-qwen3-5-moe")
+	if _, _, err := ReadConfig(configDir(t, cfg, map[string]any{"eos_token_id": []any{1, 999999}})); err == nil || !strings.Contains(err.Error(), "generation_config.json: eos_token_id 999999 is outside the vocabulary") {
+		t.Errorf("generation_config.json eos 999999: err = %v", err)
+	}
+}
+
 func TestReadConfigErrors(t *testing.T) {
 	type edit func(m map[string]any)
 	set := func(k string, v any) edit { return func(m map[string]any) { m[k] = v } }
