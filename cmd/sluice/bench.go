@@ -57,8 +57,9 @@ func cmdBench(ctx context.Context, args []string) error {
 		}
 		return nil
 	}
-	if *promptN < 1 || *genN < 2 || *repeat < 1 || *depth < 0 || *drafts < 0 {
-		return fmt.Errorf("want --prompt >= 1, --gen >= 2, --repeat >= 1, --depth >= 0, --drafts >= 0")
+	if err := checkMins([]intMin{{"--prompt", *promptN, 1}, {"--gen", *genN, 2}, {"--repeat", *repeat, 1},
+		{"--depth", *depth, 0}, {"--drafts", *drafts, 0}}); err != nil {
+		return err
 	}
 	mf.drafts = *drafts
 	if mf.ctx == 0 {

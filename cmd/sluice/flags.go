@@ -240,6 +240,23 @@ func (m *modelFlags) check() error {
 	return err
 }
 
+// intMin is an integer flag's value and the least it may be.
+type intMin struct {
+	name   string
+	v, min int
+}
+
+// checkMins names the first flag below its minimum, with its value, so that
+// the one wrong flag stands out from a list of constraints.
+func checkMins(flags []intMin) error {
+	for _, f := range flags {
+		if f.v < f.min {
+			return fmt.Errorf("%s %d must be >= %d", f.name, f.v, f.min)
+		}
+	}
+	return nil
+}
+
 // poolFlag sets the host's pool size under either of its names.
 type poolFlag struct {
 	x    *expertFlags

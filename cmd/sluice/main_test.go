@@ -641,6 +641,13 @@ func TestFlagsCheckedFirst(t *testing.T) {
 		{[]string{"bench", "--prompt", "8", "--gen", "4", "--repeat", "1", "--pool-mb", ","}, `--pool-mb ",": an empty entry`},
 		{[]string{"bench", "--prompt", "8", "--gen", "4", "--repeat", "1", "--pool-mb", "50%,,25%"}, "an empty entry"},
 		{[]string{"bench", "--prompt", "8", "--gen", "4", "--repeat", "1", "--chunk", "0"}, "--chunk 0"},
+		{[]string{"bench", "--gen", "0"}, "--gen 0 must be >= 2"},
+		{[]string{"bench", "--prompt", "0"}, "--prompt 0 must be >= 1"},
+		{[]string{"bench", "--repeat", "-1"}, "--repeat -1 must be >= 1"},
+		{[]string{"bench", "--depth", "-2"}, "--depth -2 must be >= 0"},
+		{[]string{"bench", "--drafts", "-1"}, "--drafts -1 must be >= 0"},
+		{[]string{"sweep", "--gen", "1", "--svg", ""}, "--gen 1 must be >= 2"},
+		{[]string{"sweep", "--rounds", "0", "--svg", ""}, "--rounds 0 must be >= 1"},
 		{[]string{"sweep", "--prompt", "8", "--gen", "4", "--repeat", "1", "--svg", svg}, "--svg " + svg + ": directory " + filepath.Dir(svg)},
 		{[]string{"sweep", "--prompt", "8", "--gen", "4", "--repeat", "1", "--svg", "", "--readers", "-1"}, "--readers -1"},
 	}

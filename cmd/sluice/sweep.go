@@ -194,8 +194,9 @@ func cmdSweep(ctx context.Context, args []string) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if *promptN < 1 || *genN < 2 || *repeat < 1 || *depth < 0 || *rounds < 1 {
-		return fmt.Errorf("want --prompt >= 1, --gen >= 2, --repeat >= 1, --depth >= 0, --rounds >= 1")
+	if err := checkMins([]intMin{{"--prompt", *promptN, 1}, {"--gen", *genN, 2}, {"--repeat", *repeat, 1},
+		{"--depth", *depth, 0}, {"--rounds", *rounds, 1}}); err != nil {
+		return err
 	}
 	if *diskMBs < 0 || math.IsNaN(*diskMBs) || math.IsInf(*diskMBs, 0) {
 		return fmt.Errorf("--disk-mbs %g: want a positive bandwidth, or 0 to measure it", *diskMBs)
