@@ -419,7 +419,7 @@ func (s *sampleFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&s.topK, "top-k", 40, "keep the k most likely tokens (0 = off)")
 	fs.Float64Var(&s.topP, "top-p", 0.95, "nucleus: keep the smallest set with this probability mass (1 = off)")
 	fs.Float64Var(&s.minP, "min-p", 0.05, "drop tokens below this fraction of the top probability (0 = off)")
-	fs.Float64Var(&s.rep, "repeat-penalty", 1, "repetition penalty over the context (1 = off)")
+	fs.Float64Var(&s.rep, "repeat-penalty", 1, "repetition penalty over the context, in (0, 10] (1 = off)")
 	fs.Float64Var(&s.presence, "presence-penalty", 0, "subtracted from tokens already present")
 	fs.Float64Var(&s.frequency, "frequency-penalty", 0, "subtracted per occurrence")
 	fs.Int64Var(&s.seed, "seed", -1, "random seed (-1 = random)")
@@ -442,6 +442,11 @@ func (s *sampleFlags) params() (sample.Params, error) {
 	}
 	if s.drafts < 0 {
 		return sample.Params{}, fmt.Errorf("--drafts %d must be >= 0", s.drafts)
+	}
+	// The same rule as the API's, which Validate cannot apply alone: it
+	// takes 0 as the zero value's "off".
+	if err := sample.CheckRepetitionPenalty(s.rep); err != nil {
+		return sample.Params{}, fmt.Errorf("--repeat-penalty %v: %v", s.rep, err)
 	}
 	p := sample.Params{Temperature: s.temp, TopK: s.topK, TopP: s.topP, MinP: s.minP,
 		RepetitionPenalty: s.rep, PresencePenalty: s.presence, FrequencyPenalty: s.frequency, Seed: seed}

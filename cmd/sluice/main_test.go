@@ -616,6 +616,8 @@ func TestFlagsCheckedFirst(t *testing.T) {
 		{[]string{"run", "-p", "hi", "--memory-gb", "-1"}, "--memory-gb -1 must be a positive number of GiB"},
 		{[]string{"run", "-p", "hi", "--pool-mb", "50%", "--cut-weak", "NaN"}, "--cut-weak NaN"},
 		{[]string{"run", "-p", "hi", "--vram-gb", "NaN"}, "--vram-gb NaN"},
+		{[]string{"run", "-p", "hi", "--repeat-penalty", "0"}, "--repeat-penalty 0: repetition_penalty must be in (0, 10] (1 = off), got 0"},
+		{[]string{"chat", "--repeat-penalty", "11"}, "--repeat-penalty 11: repetition_penalty must be in (0, 10]"},
 		{[]string{"run", "-n", "5", "--tokens", "1,,2"}, `bad token id "" in --tokens "1,,2"`},
 		{[]string{"run", "-n", "5", "--tokens", "1,2,"}, `bad token id "" in --tokens "1,2,"`},
 		{[]string{"run", "-n", "5", "--tokens", " , "}, `bad token id "" in --tokens`},

@@ -36,8 +36,10 @@ type Params struct {
 	// most likely token; 0 disables it.
 	MinP float64
 	// RepetitionPenalty follows Hugging Face: for tokens in the history a
-	// positive logit is divided by it and a non-positive one multiplied; 0
-	// and 1 disable it.
+	// positive logit is divided by it and a non-positive one multiplied; 1
+	// disables it. The zero value disables it too, so that Params{} has no
+	// penalty, but a user-given penalty must pass CheckRepetitionPenalty,
+	// which refuses 0.
 	RepetitionPenalty float64
 	// PresencePenalty follows OpenAI: it is subtracted once from the logit of
 	// every token present in the history.
@@ -62,12 +64,29 @@ func (p Params) Validate() error {
 		return fmt.Errorf("sample: top_p %v must be in [0, 1]", p.TopP)
 	case math.IsNaN(p.MinP) || p.MinP < 0 || p.MinP > 1:
 		return fmt.Errorf("sample: min_p %v must be in [0, 1]", p.MinP)
-	case !finite(p.RepetitionPenalty) || p.RepetitionPenalty < 0:
-		return fmt.Errorf("sample: repetition_penalty %v must be finite and >= 0", p.RepetitionPenalty)
+	case p.RepetitionPenalty != 0 && CheckRepetitionPenalty(p.RepetitionPenalty) != nil:
+		return fmt.Errorf("sample: %v", CheckRepetitionPenalty(p.RepetitionPenalty))
 	case !finite(p.PresencePenalty):
 		return fmt.Errorf("sample: presence_penalty %v must be finite", p.PresencePenalty)
 	case !finite(p.FrequencyPenalty):
 		return fmt.Errorf("sample: frequency_penalty %v must be finite", p.FrequencyPenalty)
+	}
+	return nil
+}
+
+// MaxRepetitionPenalty is the largest repetition penalty accepted. Beyond
+// it a repeated token is all but banned; larger values are more likely
+// typos than intent.
+const MaxRepetitionPenalty = 10
+
+// CheckRepetitionPenalty is the one rule for a repetition penalty that a
+// user gives, on the command line or through the API: a number in
+// (0, MaxRepetitionPenalty], where 1 is off. 0 is refused, as Hugging Face
+// refuses it: dividing by it would make no sense, and reading it as "off"
+// hides a mistaken value.
+func CheckRepetitionPenalty(r float64) error {
+	if !(r > 0 && r <= MaxRepetitionPenalty) { // NaN too
+		return fmt.Errorf("repetition_penalty must be in (0, %d] (1 = off), got %v", MaxRepetitionPenalty, r)
 	}
 	return nil
 }

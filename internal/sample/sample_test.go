@@ -2,6 +2,7 @@ package sample
 
 import (
 	"math"
+	"strings"
 	"testing"
 )
 
@@ -554,6 +555,21 @@ func TestSampleFrom(t *testing.T) {
 	}
 }
 
+// TestCheckRepetitionPenalty checks the one rule the CLI and the API
+// apply to a repetition penalty a user gives: (0, 10], 1 = off, 0 refused.
+func TestCheckRepetitionPenalty(t *testing.T) {
+	for _, r := range []float64{0, -1, math.NaN(), math.Inf(1), 10.5} {
+		if err := CheckRepetitionPenalty(r); err == nil || !strings.Contains(err.Error(), "repetition_penalty must be in (0, 10] (1 = off)") {
+			t.Errorf("CheckRepetitionPenalty(%v) = %v", r, err)
+		}
+	}
+	for _, r := range []float64{0.5, 1, 1.1, 10} {
+		if err := CheckRepetitionPenalty(r); err != nil {
+			t.Errorf("CheckRepetitionPenalty(%v) = %v", r, err)
+		}
+	}
+}
+
 func TestValidate(t *testing.T) {
 	nan, inf := math.NaN(), math.Inf(1)
 	bad := []Params{
@@ -570,6 +586,7 @@ func TestValidate(t *testing.T) {
 		{RepetitionPenalty: -1},
 		{RepetitionPenalty: nan},
 		{RepetitionPenalty: inf},
+		{RepetitionPenalty: 10.5},
 		{PresencePenalty: nan},
 		{FrequencyPenalty: -inf},
 	}

@@ -8,6 +8,8 @@ import (
 	"math"
 	"net/http"
 	"strings"
+
+	"github.com/sluicelm/sluice/internal/sample"
 )
 
 // apiError is an error in OpenAI's shape, with the HTTP status it is sent
@@ -331,8 +333,8 @@ func (s *sampling) validate() (genParams, *apiError) {
 	}
 	if s.RepetitionPenalty != nil {
 		r := *s.RepetitionPenalty
-		if math.IsNaN(r) || r <= 0 || r > 10 {
-			return g, invalid("repetition_penalty", "invalid_value", "repetition_penalty must be in (0, 10], got %v", r)
+		if err := sample.CheckRepetitionPenalty(r); err != nil {
+			return g, invalid("repetition_penalty", "invalid_value", "%v", err)
 		}
 		g.repetition = r
 	}

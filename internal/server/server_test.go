@@ -644,6 +644,14 @@ func TestErrors(t *testing.T) {
 			t.Errorf("%s: got %d %+v, want %d with code %s", c.name, r.Status, r.Error, c.status, c.code)
 		}
 	}
+	// repetition_penalty follows the CLI's --repeat-penalty rule, message
+	// included: 0 is refused, not read as off.
+	for _, rp := range []float64{0, 10.5} {
+		r := post(t, url, "/v1/completions", "", msg{"prompt": "x", "max_tokens": 2, "repetition_penalty": rp})
+		if want := fmt.Sprintf("repetition_penalty must be in (0, 10] (1 = off), got %v", rp); r.Status != 400 || r.Error.Param != "repetition_penalty" || r.Error.Message != want {
+			t.Errorf("repetition_penalty %v: %d %+v, want 400 %q", rp, r.Status, r.Error, want)
+		}
+	}
 	// Unknown fields are ignored, as OpenAI's clients send fields a
 	// server may not know.
 	if r := post(t, url, "/v1/chat/completions", "", msg{"messages": user, "max_tokens": 2, "frobnicate": []int{1}, "tools": nil}); r.Status != 200 {
