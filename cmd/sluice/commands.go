@@ -81,6 +81,8 @@ func cmdInspect(ctx context.Context, args []string) error {
 		if man, err = format.ReadManifest(dir); err != nil {
 			return err
 		}
+	} else if err := format.CheckComplete(dir); err != nil {
+		return err
 	} else if hf.IsCheckpoint(dir) {
 		cfg, _, err := hf.ReadConfig(dir)
 		if err != nil {

@@ -571,6 +571,43 @@ func TestErrors(t *testing.T) {
 	}
 }
 
+// TestIncompletePacked checks that a packed directory without its manifest
+// is named as one, not taken for a checkpoint and blamed for missing
+// safetensors, and that pack refuses a source that is already packed.
+func TestIncompletePacked(t *testing.T) {
+	packed, nomani := t.TempDir(), t.TempDir()
+	for _, f := range []string{"manifest.json", "config.json"} {
+		b, err := os.ReadFile(filepath.Join("../../models/default", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(packed, f), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if f == "config.json" {
+			if err := os.WriteFile(filepath.Join(nomani, f), b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, f := range []string{"dense.bin", "experts.bin"} {
+		if err := os.WriteFile(filepath.Join(nomani, f), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out := filepath.Join(t.TempDir(), "out")
+	incomplete := "manifest.json missing: " + nomani + " is not a complete packed model"
+	refusedFirst(t, []refused{
+		{[]string{"run", "-m", nomani, "-p", "hi"}, incomplete},
+		{[]string{"inspect", nomani}, incomplete},
+		{[]string{"pack", nomani, out}, incomplete},
+		{[]string{"pack", packed, out}, packed + " is already a packed model"},
+	}, "safetensors", "device:")
+	if _, err := os.Stat(out); !os.IsNotExist(err) {
+		t.Errorf("a refused pack left %s (%v)", out, err)
+	}
+}
+
 // TestStrayArguments checks that every command without positional
 // arguments refuses stray words, naming them, before it loads a model: an
 // unquoted prompt must not run as its first word alone.

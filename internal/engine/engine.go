@@ -84,6 +84,9 @@ func Open(ctx context.Context, dir string, o Options) (*Engine, error) {
 	}
 	packed := dir
 	if _, err := os.Stat(filepath.Join(dir, format.ManifestFile)); err != nil {
+		if err := format.CheckComplete(dir); err != nil {
+			return nil, fmt.Errorf("model: %v", err)
+		}
 		if !hf.IsCheckpoint(dir) {
 			return nil, fmt.Errorf("model: %s holds neither a packed model (manifest.json) nor a Hugging Face checkpoint (config.json)", dir)
 		}

@@ -125,3 +125,29 @@ func TestReadManifestGenerationConfig(t *testing.T) {
 		t.Errorf("corrupt generation_config.json: err = %v", err)
 	}
 }
+
+// TestCheckComplete checks that weight files without a manifest are called
+// an incomplete packed model, and that a checkpoint or a complete packed
+// directory passes.
+func TestCheckComplete(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), []byte("{}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := format.CheckComplete(dir); err != nil {
+		t.Errorf("a checkpoint: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "experts.bin"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	want := "manifest.json missing: " + dir + " is not a complete packed model"
+	if err := format.CheckComplete(dir); err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("experts.bin without manifest.json: err = %v, want %q", err, want)
+	}
+	if err := os.WriteFile(filepath.Join(dir, format.ManifestFile), []byte("{}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := format.CheckComplete(dir); err != nil {
+		t.Errorf("with manifest.json: %v", err)
+	}
+}

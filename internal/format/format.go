@@ -397,6 +397,26 @@ func AlignUp(x, a int64) int64 { return alignUp(x, a) }
 // ManifestFile is the manifest's name inside a packed directory.
 const ManifestFile = "manifest.json"
 
+// packedWeights are weight files only a packed directory holds.
+var packedWeights = []string{"dense.bin", "experts.bin"}
+
+// CheckComplete returns an error when dir holds a packed model's weight
+// files but no manifest.json, and nil otherwise. Such a directory is a
+// packed model left incomplete (an interrupted copy, a deleted manifest);
+// the packer copies config.json into it, so without this check it would be
+// taken for a Hugging Face checkpoint and blamed for missing safetensors.
+func CheckComplete(dir string) error {
+	if _, err := os.Stat(filepath.Join(dir, ManifestFile)); err == nil {
+		return nil
+	}
+	for _, f := range packedWeights {
+		if _, err := os.Stat(filepath.Join(dir, f)); err == nil {
+			return fmt.Errorf("%s missing: %s is not a complete packed model (it holds %s)", ManifestFile, dir, f)
+		}
+	}
+	return nil
+}
+
 // ReadManifest loads and checks dir/manifest.json.
 func ReadManifest(dir string) (*Manifest, error) {
 	p := filepath.Join(dir, ManifestFile)

@@ -57,6 +57,14 @@ func Pack(ctx context.Context, src, dst string, o Options) (err error) {
 	if _, err := os.Stat(dst); err == nil && !o.Force {
 		return fmt.Errorf("pack: %s already exists (use --force to replace it)", dst)
 	}
+	// A packed directory holds a copy of config.json, so hf.Open would
+	// take it for a checkpoint and blame its missing safetensors.
+	if _, err := os.Stat(filepath.Join(src, format.ManifestFile)); err == nil {
+		return fmt.Errorf("pack: %s is already a packed model", src)
+	}
+	if err := format.CheckComplete(src); err != nil {
+		return fmt.Errorf("pack: %v", err)
+	}
 	ck, err := hf.Open(src)
 	if err != nil {
 		return err
