@@ -31,14 +31,27 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 }
 
 // parseAt is parse, also returning where in args each positional stood.
+//
+// A bad flag prints its error and a pointer to -h, not the whole flag list,
+// which would scroll the error out of sight; -h prints the list.
 func parseAt(fs *flag.FlagSet, args []string) (pos []string, at []int, err error) {
 	fs.SetOutput(os.Stderr)
+	usage := fs.Usage
+	fs.Usage = func() {}
+	defer func() { fs.Usage = usage }()
 	rest := args
 	for {
 		if err := fs.Parse(rest); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
+				if usage != nil {
+					usage()
+				} else {
+					fmt.Fprintf(fs.Output(), "Usage of %s:\n", fs.Name())
+					fs.PrintDefaults()
+				}
 				return nil, nil, errHelp
 			}
+			fmt.Fprintf(fs.Output(), "run 'sluice %s -h' for its flags\n", fs.Name())
 			return nil, nil, errUsage
 		}
 		rest = fs.Args()

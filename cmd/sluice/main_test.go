@@ -693,6 +693,22 @@ func TestFlagsCheckedFirst(t *testing.T) {
 	refusedFirst(t, cases, "device:", "tok/s")
 }
 
+// TestBadFlagShort checks that a bad flag prints its error and a pointer
+// to -h, not the whole flag list that would scroll the error away, and
+// that -h prints the list.
+func TestBadFlagShort(t *testing.T) {
+	for _, args := range [][]string{{"run", "--bogus"}, {"run", "-n", "abc"}, {"bench", "--gen", "x"}} {
+		_, e, code := sluice(t, args...)
+		if code != 2 || !strings.Contains(e, "'sluice "+args[0]+" -h'") || strings.Count(e, "\n") > 3 {
+			t.Errorf("sluice %q: exit %d, stderr %q; want exit 2, the error and a pointer to -h", args, code, e)
+		}
+	}
+	_, e, code := sluice(t, "run", "-h")
+	if code != 0 || !strings.Contains(e, "-temp") {
+		t.Errorf("sluice run -h: exit %d, stderr %q; want the flag list", code, e)
+	}
+}
+
 // refused is a command line that must fail with want in its error.
 type refused struct {
 	args []string
