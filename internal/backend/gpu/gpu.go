@@ -221,6 +221,13 @@ func Supported(m *model.Model) error {
 	if c.TopK > 32 {
 		return fmt.Errorf("top-%d routing not supported on the GPU (at most 32)", c.TopK)
 	}
+	if m.Manifest != nil && len(m.Manifest.Stores) > 0 {
+		if k := m.Manifest.Stores[0].Kind; k == format.MXFP4 {
+			// The release's gpt-oss experts, kept MXFP4 by pack at 4 bits:
+			// the device has no kernel for them.
+			return fmt.Errorf("%s experts run on the CPU only (pack with --bits 8 for the GPU)", k)
+		}
+	}
 	return nil
 }
 

@@ -512,4 +512,14 @@ func TestSupportedRouting(t *testing.T) {
 			t.Errorf("%s: Supported = %v, want ok %v", c.name, err, c.ok)
 		}
 	}
+	// MXFP4 experts (gpt-oss at 4 bits) have no device kernel.
+	m := mk(128, &block.MoE{Score: block.SoftmaxTopK})
+	m.Manifest = &format.Manifest{Stores: []format.ExpertStore{{Kind: format.MXFP4}}}
+	if err := Supported(m); err == nil || !strings.Contains(err.Error(), "mxfp4 experts run on the CPU only") {
+		t.Errorf("MXFP4 experts: Supported = %v, want a refusal", err)
+	}
+	m.Manifest.Stores[0].Kind = format.Q4
+	if err := Supported(m); err != nil {
+		t.Errorf("q4 experts: Supported = %v", err)
+	}
 }
