@@ -138,7 +138,7 @@ func openExperts(ctx context.Context, m *model.Model, o Options, avail int64, av
 		// the record then stays, not in a pool that evicts (under a
 		// memory cap the user CPU went up by 47 and 49 ms a token in two
 		// pairs of runs).
-		Tile: kernels.TiledQ4() && plan.Slots >= records})
+		Tile: kernels.TiledKind(m.Manifest.Stores[0].Kind) && plan.Slots >= records})
 	if err != nil {
 		return nil, "", err
 	}

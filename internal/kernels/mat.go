@@ -32,12 +32,14 @@ type Mat struct {
 	E8         []byte    // MXFP4: [rows][cols/32] block scales (E8M0)
 	Scales     []uint16  // quantised: [rows][cols/64] halves (format 3), see widen
 	Biases     []uint16
-	// Tiled (Q4 only) says that Q holds each whole tile of TileRows rows
+	// Tiled (Q4) says that Q holds each whole tile of TileRows rows
 	// with its groups one after another, each group's rows interleaved
 	// 8 bytes at a time (TileQ4), rather than row after row; the last
 	// Rows%TileRows rows stay row-major. The decode kernel then reads a
 	// tile as one sequential stream instead of TileRows streams a row
-	// apart. Scales and biases keep their layout.
+	// apart. Scales and biases keep their layout. For MXFP4 it says that
+	// Q and E8 hold tiles of 16 rows, each row in a 32-bit lane
+	// (TileMXFP4).
 	Tiled bool
 }
 
@@ -121,7 +123,7 @@ func (m *Mat) Row(dst []float32, r int) {
 		}
 	case format.MXFP4:
 		B := format.MXBlock
-		q, e8 := m.Q[r*m.Cols/2:(r+1)*m.Cols/2], m.E8[r*m.Cols/B:(r+1)*m.Cols/B]
+		q, e8 := m.rowMX(r, nil, nil)
 		for i := range dst {
 			dst[i] = float32(mxCode[q[i/2]>>(4*(i%2))&15]) * mxScale[e8[i/B]]
 		}

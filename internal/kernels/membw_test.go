@@ -247,3 +247,45 @@ func BenchmarkQ4RowsModes(b *testing.B) {
 		free()
 	}
 }
+
+// BenchmarkMXFP4DecodeDRAM is BenchmarkQ4DecodeDRAM for MXFP4 weights
+// (gpt-oss's experts: 2880×2880, gate, up and down alike) over 1 GiB of
+// distinct matrices, row-major and then tiled (TileMXFP4); bytes/s counts
+// the codes and the scale bytes.
+func BenchmarkMXFP4DecodeDRAM(b *testing.B) {
+	const rows, cols = 2880, 2880
+	vb, _ := format.MXFP4.Sizes(rows, cols)
+	n := max(int((1<<30)/vb), 2)
+	buf, free := benchMem(b, n*int(vb))
+	defer free()
+	r := rand.New(rand.NewPCG(7, 8))
+	for i := range buf {
+		buf[i] = byte(r.Uint32())
+	}
+	ms := make([]Mat, n)
+	for i := range ms {
+		q := buf[i*int(vb) : (i+1)*int(vb)]
+		for j := rows * cols / 2; j < len(q); j++ {
+			q[j] = 118 + q[j]%4 // scales near 2^-10, as trained weights have
+		}
+		tn := format.Tensor{Name: "w", Kind: format.MXFP4, Shape: []int{rows, cols}, Size: vb}
+		m, err := MatFrom(q, &tn)
+		if err != nil {
+			b.Fatal(err)
+		}
+		ms[i] = m
+	}
+	x := randVec(rand.New(rand.NewPCG(1, 1)), cols)
+	b.Run("whole2", func(b *testing.B) { benchWhole2(b, ms, x, vb) })
+	b.Run("whole1", func(b *testing.B) { benchWhole1(b, ms, x, vb) })
+	if !TiledMXFP4() {
+		return
+	}
+	var tmp []byte
+	for i := range ms {
+		tmp = TileMXFP4(ms[i].Q, ms[i].E8, rows, cols, tmp)
+		ms[i].Tiled = true
+	}
+	b.Run("whole2-tiled", func(b *testing.B) { benchWhole2(b, ms, x, vb) })
+	b.Run("whole1-tiled", func(b *testing.B) { benchWhole1(b, ms, x, vb) })
+}

@@ -68,6 +68,20 @@ func (t *matmulTask) runMXFP4(lo, hi int) {
 		t.runMXFP4Tiles(lo, hi)
 		return
 	}
+	if w.Tiled {
+		if mxTiledReady(w) && t.sx12 != nil {
+			for r := 0; r < t.nb; r++ {
+				t.rowsMXTiled(lo, hi, r)
+			}
+			return
+		}
+		for o := lo; o < hi; o++ {
+			for r := 0; r < t.nb; r++ {
+				t.rowMXOne(o, r, out[r*w.Rows:])
+			}
+		}
+		return
+	}
 	if mxfp4Asm() && nblk > 0 {
 		_, _ = w.Q[hi*C/2-1], w.E8[hi*nblk-1]
 		_, _ = t.x8[t.nb*C-1], t.xs[t.nb*ng-1]
@@ -123,24 +137,61 @@ func (t *matmulTask) runMXFP4Tiles(lo, hi int) {
 	}
 	buf := (*bp)[:need]
 	tile := unsafe.Slice((*byte)(unsafe.Pointer(&buf[0])), nblk*mxTileBytes)
-	sx12 := buf[nblk*mxTileBytes/4:]
-	for r := 0; r < t.nb; r++ {
-		x := t.x8[r*C : (r+1)*C]
-		for b := range nblk {
-			var s int32
-			for _, v := range x[b*format.MXBlock : (b+1)*format.MXBlock] {
-				s += int32(v)
+	sx12 := t.sx12 // Scratch.prepare's, once a product
+	if len(sx12) < t.nb*nblk {
+		sx12 = buf[nblk*mxTileBytes/4:]
+		for r := 0; r < t.nb; r++ {
+			x := t.x8[r*C : (r+1)*C]
+			for b := range nblk {
+				var s int32
+				for _, v := range x[b*format.MXBlock : (b+1)*format.MXBlock] {
+					s += int32(v)
+				}
+				sx12[r*nblk+b] = 12 * s
 			}
-			sx12[r*nblk+b] = 12 * s
 		}
 	}
 	out := t.out[:t.nb*w.Rows]
-	for w0 := lo; w0 < hi; w0 += 16 {
+	whole := w.Rows / mxTileRows * mxTileRows // a tiled matrix's stored tiles end here
+	for w0 := lo; w0 < hi; {
 		n := min(16, hi-w0)
-		mxPrepTile(tile, w, w0, n)
+		switch {
+		case w.Tiled && w0%mxTileRows == 0 && w0+mxTileRows <= min(hi, whole):
+			mxPrepTileTiled(&tile[0], &w.Q[w0*C/2], &w.E8[w0*nblk], nblk)
+		case w.Tiled && w0 < whole:
+			// Up to the next stored tile's start, gathered.
+			n = min(n, (w0/mxTileRows+1)*mxTileRows-w0)
+			mxPrepTileRows(tile, w, w0, n)
+		default:
+			mxPrepTile(tile, w, w0, n)
+		}
 		mxfp4Tile(&tile[0], nblk, n, &t.x8[0], &t.xs[0], &sx12[0], t.nb, &out[w0], 4*w.Rows)
+		w0 += n
 	}
 	mxTileBufs.Put(bp)
+}
+
+// mxGatherBufs recycles mxPrepTileRows' room for gathered rows.
+var mxGatherBufs = sync.Pool{New: func() any { return new([]byte) }}
+
+// mxPrepTileRows is mxPrepTile for n rows of a tiled matrix from w0, which
+// lie in one stored tile: gathered row-major first.
+func mxPrepTileRows(tile []byte, w *Mat, w0, n int) {
+	C := w.Cols
+	rb, nblk := C/2, C/format.MXBlock
+	bp := mxGatherBufs.Get().(*[]byte)
+	defer mxGatherBufs.Put(bp)
+	if cap(*bp) < n*(rb+nblk) {
+		*bp = make([]byte, n*(rb+nblk))
+	}
+	buf := (*bp)[:n*(rb+nblk)]
+	flat := Mat{Rows: n, Cols: C, Kind: format.MXFP4, Q: buf[:n*rb], E8: buf[n*rb:]}
+	for i := range n {
+		q, e8 := w.rowMX(w0+i, flat.Q[i*rb:(i+1)*rb], flat.E8[i*nblk:(i+1)*nblk])
+		copy(flat.Q[i*rb:], q)
+		copy(flat.E8[i*nblk:], e8)
+	}
+	mxPrepTile(tile, &flat, 0, n)
 }
 
 // mxPrepTile lays out weight rows [w0, w0+n) for mxfp4Tile: per block, for

@@ -26,5 +26,25 @@ func mxfp4Tile(tile *byte, nblk, n int, x8 *int8, xs *float32, sx12 *int32, nb i
 //go:noescape
 func mxPrepTileAVX512(tile, q, e8 *byte, nblk, n, qstride int)
 
+// mxfp4Tiled is the decode kernel of the tiled layout (TileMXFP4):
+// ntiles whole tiles of 16 rows (codes from q, scale bytes from e8, tile
+// after tile) against one activation row prepared by mxPermX (xp, sx12)
+// with scales xs; out[16·t + r] = dotMXFP4I8 of the tile's row r, bit for
+// bit. nblk is even.
+//
+//go:noescape
+func mxfp4Tiled(q, e8 *byte, nblk, ntiles int, xp *int8, sx12 *int32, xs *float32, out *float32)
+
+// mxPrepXAVX512 is mxPermX of nblk (even) blocks.
+//
+//go:noescape
+func mxPrepXAVX512(xp *int8, sx12 *int32, x8 *int8, nblk int)
+
+// mxPrepTileTiled is mxPrepTile's layout of one whole stored tile of the
+// tiled layout (codes q, scale bytes e8).
+//
+//go:noescape
+func mxPrepTileTiled(tile, q, e8 *byte, nblk int)
+
 // mxfp4Asm reports whether the AVX2 MXFP4 row kernels run.
 func mxfp4Asm() bool { return useAVX2 }

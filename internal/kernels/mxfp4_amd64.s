@@ -387,3 +387,200 @@ pscale:
 pdone:
 	VZEROUPPER
 	RET
+
+// mxfp4Tiled(q, e8 *byte, nblk, ntiles int, xp *int8, sx12 *int32, xs *float32, out *float32)
+//
+// The decode kernel of the tiled layout (TileMXFP4): one row of the tile
+// per 32-bit lane. Line j of a block holds dword j of each row's codes,
+// values 8j..8j+7: the low nibbles (the even values) and the high ones,
+// each mapped to mxCode+12, go through VPDPBUSD against the activations'
+// even and odd values of those eight (mxPermX) broadcast, into the rows'
+// lanes. At the end of the block 12·Σx8 takes the +12 back out, and the
+// float part is dotMXFP4I8's, 16 rows at once: c = xs·2^(s−128) (VSCALEFPS,
+// exact as mxScale[s]·xs is, a power of two times xs rounded once), then
+// acc += float32(sum)·c. Two blocks a step share their group's xs.
+#define MXPF 2048
+
+// MXLINE adds line c's codes times the activations' dwords at x (even
+// values) and x+4 (odd values) into lo and hi.
+#define MXLINE(c, x, lo, hi) \
+	PREFETCHT0 (c+MXPF)(SI) \
+	VMOVDQU64 c(SI), Z3 \
+	VPSRLW    $4, Z3, Z4 \
+	VPANDD    Z9, Z3, Z3 \
+	VPANDD    Z9, Z4, Z4 \
+	VPSHUFB   Z3, Z15, Z3 \
+	VPSHUFB   Z4, Z15, Z4 \
+	VPDPBUSD.BCST x(AX), Z3, lo \
+	VPDPBUSD.BCST x+4(AX), Z4, hi
+
+// MXBLK adds the block with codes at c(SI), activations at x(AX), 12·Σx8
+// at s(BX) and scale bytes at e(DI) to the rows' accumulators Z0.
+#define MXBLK(c, x, s, e, lo, hi) \
+	VPXORD lo, lo, lo \
+	VPXORD hi, hi, hi \
+	MXLINE(c, x, lo, hi) \
+	MXLINE(c+64, x+8, lo, hi) \
+	MXLINE(c+128, x+16, lo, hi) \
+	MXLINE(c+192, x+24, lo, hi) \
+	VPADDD hi, lo, lo \
+	VPSUBD.BCST s(BX), lo, lo \
+	VCVTDQ2PS lo, lo \
+	VPMOVZXBD e(DI), hi \
+	VPSUBD Z10, hi, hi \
+	VCVTDQ2PS hi, hi \
+	VSCALEFPS hi, Z8, hi \
+	VMULPS hi, lo, lo \
+	VADDPS lo, Z0, Z0
+
+TEXT ·mxfp4Tiled(SB), NOSPLIT, $0-64
+	MOVQ q+0(FP), SI
+	MOVQ e8+8(FP), DI
+	MOVQ nblk+16(FP), R8
+	MOVQ ntiles+24(FP), R9
+	MOVQ xp+32(FP), R10
+	MOVQ sx12+40(FP), R11
+	MOVQ xs+48(FP), R12
+	MOVQ out+56(FP), DX
+	TESTQ R9, R9
+	JLE  xdone
+	TESTQ R8, R8
+	JLE  xdone
+	VBROADCASTI32X4 mxlut<>+16(SB), Z15
+	MOVL $0x0f0f0f0f, AX
+	VMOVD AX, X9
+	VPBROADCASTD X9, Z9
+	MOVL $128, AX
+	VMOVD AX, X10
+	VPBROADCASTD X10, Z10
+
+xtile:
+	MOVQ R10, AX
+	MOVQ R11, BX
+	MOVQ R12, CX
+	MOVQ R8, R13
+	VXORPS Z0, Z0, Z0
+
+xpair:
+	VBROADCASTSS (CX), Z8
+	MXBLK(0, 0, 0, 0, Z1, Z2)
+	MXBLK(256, 32, 4, 16, Z5, Z6)
+	ADDQ $512, SI
+	ADDQ $32, DI
+	ADDQ $64, AX
+	ADDQ $8, BX
+	ADDQ $4, CX
+	SUBQ $2, R13
+	JGT  xpair
+
+	VMOVUPS Z0, (DX)
+	ADDQ $64, DX
+	DECQ R9
+	JNZ  xtile
+
+xdone:
+	VZEROUPPER
+	RET
+
+// Within each 8 activations, the even ones then the odd ones.
+DATA mxperm<>+0(SB)/8, $0x0705030106040200
+DATA mxperm<>+8(SB)/8, $0x0f0d0b090e0c0a08
+GLOBL mxperm<>(SB), RODATA|NOPTR, $16
+
+// mxPrepXAVX512(xp *int8, sx12 *int32, x8 *int8, nblk int): two blocks
+// (64 activations) a step: the permutation by VPSHUFB, each block's sum
+// by VPDPBUSD of ones and a reduction of its eight lanes, times 12.
+TEXT ·mxPrepXAVX512(SB), NOSPLIT, $0-32
+	MOVQ xp+0(FP), DI
+	MOVQ sx12+8(FP), BX
+	MOVQ x8+16(FP), SI
+	MOVQ nblk+24(FP), CX
+	TESTQ CX, CX
+	JLE  pxdone
+	VBROADCASTI32X4 mxperm<>+0(SB), Z1
+	MOVL $0x01010101, AX
+	VMOVD AX, X2
+	VPBROADCASTD X2, Z2
+	MOVL $12, AX
+	VMOVD AX, X12
+	VPBROADCASTD X12, X12
+
+pxloop:
+	VMOVDQU64 (SI), Z0
+	VPSHUFB   Z1, Z0, Z3
+	VMOVDQU64 Z3, (DI)
+	VPXORD    Z4, Z4, Z4
+	VPDPBUSD  Z0, Z2, Z4
+	VEXTRACTI64X4 $1, Z4, Y5
+	VPHADDD   Y5, Y4, Y6
+	VPHADDD   Y6, Y6, Y6
+	VEXTRACTI128 $1, Y6, X7
+	VPADDD    X7, X6, X6
+	VPMULLD   X12, X6, X6
+	VMOVQ     X6, (BX)
+	ADDQ $64, SI
+	ADDQ $64, DI
+	ADDQ $8, BX
+	SUBQ $2, CX
+	JGT  pxloop
+
+pxdone:
+	VZEROUPPER
+	RET
+
+// PTLINE writes line c of a stored tile's block (dword j of 16 rows) as
+// k = 2j and 2j+1 of mxPrepTile's layout at o(DI): nibbles apart, the
+// rows' bytes interleaved low, high (values 8j..8j+7 in order, eight bytes
+// a row), mapped to mxCode+12, and the dwords regrouped by k.
+#define PTLINE(c, o) \
+	VMOVDQU64  c(SI), Z1 \
+	VPSRLW     $4, Z1, Z2 \
+	VPANDD     Z13, Z1, Z1 \
+	VPANDD     Z13, Z2, Z2 \
+	VPUNPCKLBW Z2, Z1, Z3 \
+	VPUNPCKHBW Z2, Z1, Z4 \
+	VPSHUFB    Z3, Z14, Z3 \
+	VPSHUFB    Z4, Z14, Z4 \
+	VSHUFPS    $0x88, Z4, Z3, Z5 \
+	VSHUFPS    $0xdd, Z4, Z3, Z6 \
+	VMOVDQU64  Z5, o(DI) \
+	VMOVDQU64  Z6, o+64(DI)
+
+// mxPrepTileTiled(tile, q, e8 *byte, nblk int)
+TEXT ·mxPrepTileTiled(SB), NOSPLIT, $0-32
+	MOVQ tile+0(FP), DI
+	MOVQ q+8(FP), SI
+	MOVQ e8+16(FP), R8
+	MOVQ nblk+24(FP), CX
+	TESTQ CX, CX
+	JLE  ptdone
+	VBROADCASTI32X4 mxlut<>+16(SB), Z14
+	MOVL $0x0f0f0f0f, AX
+	VMOVD AX, X13
+	VPBROADCASTD X13, Z13
+	MOVL $128, AX
+	VMOVD AX, X10
+	VPBROADCASTD X10, Z10
+	MOVL $0x3f800000, AX
+	VMOVD AX, X11
+	VPBROADCASTD X11, Z11
+
+ptblk:
+	PTLINE(0, 0)
+	PTLINE(64, 128)
+	PTLINE(128, 256)
+	PTLINE(192, 384)
+	VPMOVZXBD (R8), Z1
+	VPSUBD    Z10, Z1, Z1
+	VCVTDQ2PS Z1, Z1
+	VSCALEFPS Z1, Z11, Z1
+	VMOVUPS   Z1, 512(DI)
+	ADDQ $256, SI
+	ADDQ $16, R8
+	ADDQ $576, DI
+	DECQ CX
+	JNZ  ptblk
+
+ptdone:
+	VZEROUPPER
+	RET

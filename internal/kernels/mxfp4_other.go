@@ -15,3 +15,11 @@ func mxfp4Tile(tile *byte, nblk, n int, x8 *int8, xs *float32, sx12 *int32, nb i
 }
 
 func mxPrepTileAVX512(tile, q, e8 *byte, nblk, n, qstride int) { panic("no AVX-512") }
+
+func mxfp4Tiled(q, e8 *byte, nblk, ntiles int, xp *int8, sx12 *int32, xs *float32, out *float32) {
+	panic("no AVX-512")
+}
+
+func mxPrepXAVX512(xp *int8, sx12 *int32, x8 *int8, nblk int) { panic("no AVX-512") }
+
+func mxPrepTileTiled(tile, q, e8 *byte, nblk int) { panic("no AVX-512") }

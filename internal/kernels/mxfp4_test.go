@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"bytes"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -280,4 +281,185 @@ func TestMXFP4PrepTile(t *testing.T) {
 			t.Fatalf("n %d: AVX-512 tile differs from Go's", n)
 		}
 	}
+}
+
+// mxTiledCopy is a copy of m (MXFP4) in the tiled layout.
+func mxTiledCopy(m Mat) Mat {
+	m.Q, m.E8 = slices.Clone(m.Q), slices.Clone(m.E8)
+	TileMXFP4(m.Q, m.E8, m.Rows, m.Cols, nil)
+	m.Tiled = true
+	return m
+}
+
+// TestTileMXFP4Layout: TileMXFP4 puts dword j of row r's block b at
+// b·256 + j·64 + r·4 from its tile's first code byte and the row's scale
+// byte of block b at b·16 + r from the tile's first scale byte, leaving
+// the rows after the last whole tile alone; rowMX and Row give the rows
+// back.
+func TestTileMXFP4Layout(t *testing.T) {
+	r := rand.New(rand.NewPCG(71, 72))
+	for _, rows := range []int{5, 16, 21, 48} {
+		for _, cols := range []int{64, 192, 2880} {
+			c := newMXCase(r, rows, cols, 1)
+			flat := c.w
+			m := mxTiledCopy(flat)
+			rb, nblk := cols/2, cols/format.MXBlock
+			for row := range rows {
+				for b := range nblk {
+					for j := range 4 {
+						at := row*rb + b*16 + j*4
+						if row < rows/16*16 {
+							at = row/16*16*rb + b*256 + j*64 + row%16*4
+						}
+						if !bytes.Equal(m.Q[at:at+4], flat.Q[row*rb+b*16+j*4:][:4]) {
+							t.Fatalf("%d×%d: row %d block %d dword %d is not at byte %d", rows, cols, row, b, j, at)
+						}
+					}
+					at := row*nblk + b
+					if row < rows/16*16 {
+						at = row/16*16*nblk + b*16 + row%16
+					}
+					if m.E8[at] != flat.E8[row*nblk+b] {
+						t.Fatalf("%d×%d: row %d block %d's scale is not at byte %d", rows, cols, row, b, at)
+					}
+				}
+				q, e8 := m.rowMX(row, nil, nil)
+				if !bytes.Equal(q, flat.Q[row*rb:(row+1)*rb]) || !bytes.Equal(e8, flat.E8[row*nblk:(row+1)*nblk]) {
+					t.Fatalf("%d×%d: rowMX(%d) differs from the row", rows, cols, row)
+				}
+				got, want := make([]float32, cols), make([]float32, cols)
+				m.Row(got, row)
+				flat.Row(want, row)
+				if !slices.Equal(got, want) {
+					t.Fatalf("%d×%d: Row(%d) of the tiled matrix differs", rows, cols, row)
+				}
+			}
+		}
+	}
+}
+
+// TestMXFP4PrepX: the assembly's permutation and block sums are the Go
+// twin's.
+func TestMXFP4PrepX(t *testing.T) {
+	if !useVNNI {
+		t.Skip("no AVX-512 VNNI")
+	}
+	r := rand.New(rand.NewPCG(73, 74))
+	for _, cols := range []int{64, 320, 2880} {
+		c := newMXCase(r, 1, cols, 1)
+		nblk := cols / format.MXBlock
+		xa, xb := make([]int8, cols), make([]int8, cols)
+		sa, sb := make([]int32, nblk), make([]int32, nblk)
+		mxPermX(xa, sa, c.x8)
+		mxPrepX(xb, sb, c.x8)
+		if !slices.Equal(xa, xb) || !slices.Equal(sa, sb) {
+			t.Fatalf("%d columns: assembly permutation %v, block sums %v", cols, slices.Equal(xa, xb), slices.Equal(sa, sb))
+		}
+	}
+}
+
+// TestMXFP4Tiled: products with a tiled matrix give the row-major
+// matrix's bits (dotMXFP4I8) on every path, the decode kernel and its Go
+// twin, the batched kernel from stored tiles, and the gathered rows of
+// parts that do not start on a tile, with scale bytes at both ends of
+// their range.
+func TestMXFP4Tiled(t *testing.T) {
+	r := rand.New(rand.NewPCG(75, 76))
+	for _, p := range q4Paths() {
+		for _, sh := range [][2]int{{16, 64}, {37, 128}, {48, 576}, {21, 320}, {64, 2880}} {
+			for _, nb := range []int{1, 2, 3, 4, 8, 17} {
+				rows, cols := sh[0], sh[1]
+				c := newMXCase(r, rows, cols, nb)
+				for i := range c.w.E8 {
+					if i%53 == 7 {
+						c.w.E8[i] = 255 // 2^127, with xs small enough to stay finite
+					}
+				}
+				want := make([]float32, nb*rows)
+				for b := range nb {
+					for o := range rows {
+						want[b*rows+o] = c.want(b, o)
+					}
+				}
+				tc := *c
+				tc.w = mxTiledCopy(c.w)
+				var out, gotMM, wantMM []float32
+				withQ4Path(p.avx2, p.vnni, func() {
+					out = tc.runTiled(rows/3, rows/3+1, rows-rows/4)
+					gotMM, wantMM = tc.viaScratch()
+				})
+				for i := range want {
+					if math.Float32bits(out[i]) != math.Float32bits(want[i]) {
+						t.Fatalf("%s [%d %d] nb %d: out %d: %v, row-major %v", p.name, rows, cols, nb, i, out[i], want[i])
+					}
+					if math.Float32bits(gotMM[i]) != math.Float32bits(wantMM[i]) {
+						t.Fatalf("%s [%d %d] nb %d: MatMul out %d: %v, row-major %v", p.name, rows, cols, nb, i, gotMM[i], wantMM[i])
+					}
+				}
+				if nb == 1 && cols%format.GroupSize == 0 {
+					// The Go twin of the decode kernel reads the layout alike.
+					nblk, ng := cols/format.MXBlock, cols/format.GroupSize
+					xp, sx := make([]int8, cols), make([]int32, nblk)
+					mxPermX(xp, sx, c.x8)
+					n := rows / 16
+					got := make([]float32, 16*n)
+					mxfp4TiledGo(tc.w.Q, tc.w.E8, nblk, n, xp, sx, c.xs[:ng], got)
+					for i := range got {
+						if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+							t.Fatalf("Go twin [%d %d]: row %d: %v, row-major %v", rows, cols, i, got[i], want[i])
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+// runTiled runs the product as a thread's parts do, split at splits, with
+// the activations prepared as Scratch.prepare prepares them.
+func (c *mxCase) runTiled(splits ...int) []float32 {
+	out := make([]float32, c.nb*c.rows)
+	for i := range out {
+		out[i] = float32(math.NaN())
+	}
+	t := matmulTask{out: out, xs: c.xs, x8: c.x8, w: &c.w, nb: c.nb}
+	if mxTiledReady(&c.w) && c.nb < mxTileMinRows {
+		nblk := c.cols / format.MXBlock
+		t.x8p, t.sx12 = make([]int8, len(c.x8)), make([]int32, c.nb*nblk)
+		for r := range c.nb {
+			mxPrepX(t.x8p[r*c.cols:(r+1)*c.cols], t.sx12[r*nblk:(r+1)*nblk], c.x8[r*c.cols:(r+1)*c.cols])
+		}
+	}
+	lo := 0
+	for _, s := range append(splits, c.rows) {
+		t.Run(lo, s)
+		lo = s
+	}
+	return out
+}
+
+// viaScratch runs the product through Scratch.MatMul from float
+// activations near c's, and returns it with the row-major rows' products
+// (dotMXFP4I8) of the int8 activations MatMul quantises them to.
+func (c *mxCase) viaScratch() (got, want []float32) {
+	ng := c.cols / format.GroupSize
+	x := make([]float32, c.nb*c.cols)
+	for i := range x {
+		x[i] = float32(c.x8[i]) * c.xs[i/format.GroupSize]
+	}
+	x8, xs := make([]int8, len(x)), make([]float32, c.nb*ng)
+	for b := range c.nb {
+		quantizeRow8Go(x8[b*c.cols:(b+1)*c.cols], xs[b*ng:(b+1)*ng], x[b*c.cols:(b+1)*c.cols])
+	}
+	want = make([]float32, c.nb*c.rows)
+	for o := range c.rows {
+		q, e8 := c.w.rowMX(o, nil, nil)
+		for b := range c.nb {
+			want[b*c.rows+o] = dotMXFP4I8(q, e8, x8[b*c.cols:(b+1)*c.cols], xs[b*ng:(b+1)*ng])
+		}
+	}
+	got = make([]float32, c.nb*c.rows)
+	var sc Scratch
+	sc.MatMul(got, &c.w, x, c.nb)
+	return got, want
 }

@@ -261,7 +261,8 @@ func (p *Pool) Parallel(n, grain int, t Task) {
 type matmulTask struct {
 	out, x, xsum, xs []float32
 	x8               []int8
-	x8p              []int8 // q3, q2 with the kernel: x8 permuted by lowPerm
+	x8p              []int8  // q3, q2 with the kernel: x8 permuted by lowPerm; tiled MXFP4: by mxPermX
+	sx12             []int32 // tiled MXFP4: 12·Σx8 a block (mxPermX)
 	w                *Mat
 	nb               int
 	// rooms are the parts' rooms for widened scales (the Scratch's), and
@@ -419,7 +420,8 @@ type Scratch struct {
 	mm    matmulTask
 	xsum  []float32
 	x8    []int8      // [rows][cols] int8 activations for q4 products
-	x8p   []int8      // x8 permuted for the low-bit kernel
+	x8p   []int8      // x8 permuted for the low-bit kernel or the tiled MXFP4 one
+	sx12  []int32     // the tiled MXFP4 kernel's block sums
 	xs    []float32   // [rows][cols/64] their scales
 	rooms [][]float32 // per part: widened scales and biases (half.go)
 	// crew, when set (Join), shares this thread's products with the other
@@ -439,10 +441,26 @@ func (s *Scratch) prepare(out []float32, w *Mat, x []float32, nb int) {
 		x8p = s.x8p[:len(x8)]
 		permuteLow(x8p, x8, w.Kind.Bits())
 	}
+	var sx12 []int32
+	if w.Kind == format.MXFP4 && useVNNI && (mxTiledReady(w) || nb >= mxTileMinRows) && w.Cols%format.GroupSize == 0 {
+		// The tiled decode kernel's activations, or the batched kernel's
+		// block sums: once a product, not once a part.
+		if cap(s.x8p) < len(x8) {
+			s.x8p = make([]int8, len(x8))
+		}
+		nblk := w.Cols / format.MXBlock
+		if cap(s.sx12) < nb*nblk {
+			s.sx12 = make([]int32, nb*nblk)
+		}
+		x8p, sx12 = s.x8p[:len(x8)], s.sx12[:nb*nblk]
+		for r := range nb {
+			mxPrepX(x8p[r*w.Cols:(r+1)*w.Cols], sx12[r*nblk:(r+1)*nblk], x8[r*w.Cols:(r+1)*w.Cols])
+		}
+	}
 	if s.rooms == nil {
 		s.rooms = [][]float32{make([]float32, scaleRoom)}
 	}
-	s.mm = matmulTask{out: out[:nb*w.Rows], x: x[:nb*w.Cols], xsum: s.xsum, xs: xs, x8: x8, x8p: x8p, w: w, nb: nb, rooms: s.rooms}
+	s.mm = matmulTask{out: out[:nb*w.Rows], x: x[:nb*w.Cols], xsum: s.xsum, xs: xs, x8: x8, x8p: x8p, sx12: sx12, w: w, nb: nb, rooms: s.rooms}
 }
 
 // activations computes what a product with w needs of x: group sums for

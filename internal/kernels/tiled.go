@@ -29,8 +29,18 @@ const rowQRoom = 4096
 // interleaved by 8 bytes, TileQ4) tiling those rows too still lost: the
 // gpt-oss synth decoded at 83.7 tok/s against 102.9 with them row-major
 // (medians of 6 alternating rounds, row-major ahead in all six).
+//
+// An MXFP4 matrix is tiled (TileMXFP4) where TiledMXFP4 says so, when it
+// has a whole tile of 16 rows and whole groups of 64 columns (the
+// activations' scales come a group at a time).
 func Tiles(m *Mat) bool {
-	return m.Kind == format.Q4 && m.Rows >= TileRows && !(amdZMM && m.Cols/format.GroupSize%2 == 1)
+	switch m.Kind {
+	case format.Q4:
+		return m.Rows >= TileRows && !(amdZMM && m.Cols/format.GroupSize%2 == 1)
+	case format.MXFP4:
+		return TiledMXFP4() && m.Rows >= mxTileRows && m.Cols%format.GroupSize == 0 && m.Cols > 0
+	}
+	return false
 }
 
 // TileQ4 rearranges the row-major q4 weights q of a rows×cols matrix into

@@ -149,7 +149,7 @@ func OpenResident(ctx context.Context, m *Model, w io.Writer) (*Resident, error)
 		return nil, fmt.Errorf("packed model %s: %w", m.Dir, err)
 	}
 	r, err := newResident(m, data)
-	if err != nil || !own || !kernels.TiledQ4() {
+	if err != nil || !own || !kernels.TiledKind(st.Kind) {
 		return r, err
 	}
 	if err := r.tile(ctx); err != nil {
@@ -183,22 +183,20 @@ func (r *Resident) tile(ctx context.Context) error {
 	return ctx.Err()
 }
 
-// tile rearranges the q4 matrices of e's record that span a whole tile
-// into the tiled layout (kernels.TileQ4) in place and marks their views;
+// tile rearranges the matrices of e's record that kernels.Tiles picks
+// (q4 or MXFP4 of a whole tile of rows) into their tiled layout in place
+// (kernels.Tile) and marks their views;
 // tmp is scratch, returned for the next call. A record's bytes must be
 // rearranged once, however many views they have.
 func (e *Expert) tile(tmp []byte) []byte {
 	for _, m := range []*kernels.Mat{&e.Gate, &e.Up, &e.Down} {
-		if kernels.Tiles(m) {
-			tmp = kernels.TileQ4(m.Q, m.Rows, m.Cols, tmp)
-			m.Tiled = true
-		}
+		tmp = kernels.Tile(m, tmp)
 	}
 	return tmp
 }
 
 // TileRecord rearranges one expert record laid out as st says into the
-// tiled layout in place (the q4 matrices that span a whole tile), for
+// tiled layout in place (the matrices kernels.Tiles picks), for
 // views that MarkTiled marked; tmp is scratch, returned for the next call.
 func TileRecord(rec []byte, st *format.ExpertStore, tmp []byte) ([]byte, error) {
 	e, err := ExpertFromRecord(rec, st)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluicelm/sluice/internal/experts"
 	"github.com/sluicelm/sluice/internal/format"
+	"github.com/sluicelm/sluice/internal/kernels"
 	"github.com/sluicelm/sluice/internal/model"
 	"github.com/sluicelm/sluice/internal/pack"
 	"github.com/sluicelm/sluice/internal/quant"
@@ -310,7 +311,9 @@ func TestPackMXFP4Refused(t *testing.T) {
 // TestMXFP4Stream: MXFP4 records stream through the expert pool like any
 // other: a pack at 4 bits (MXFP4 experts) decodes the same tokens with
 // the same logits, bit for bit, from the smallest pool as from the store
-// mapped whole.
+// mapped whole; and so do the store held whole in memory and a pool that
+// keeps every record, which tile the records (kernels.TileMXFP4) where
+// the CPU has the tiled kernel.
 func TestMXFP4Stream(t *testing.T) {
 	mx, _, _ := mxfp4Checkpoints(t, nil)
 	dir := packTo(t, mx, 4)
@@ -318,20 +321,43 @@ func TestMXFP4Stream(t *testing.T) {
 	for i := range prompt {
 		prompt[i] = (i*104729 + 7) % 1000
 	}
-	run := func(stream bool) ([]int, []float32) {
+	const (
+		mapped = iota
+		stream
+		held
+		streamTiled
+	)
+	run := func(how int) ([]int, []float32) {
 		m, err := model.Load(dir)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer m.Close()
-		if stream {
-			s, err := experts.Open(dir, m.Manifest, experts.Options{Slots: experts.MinSlots(&m.Config), Buffered: true})
+		switch how {
+		case stream, streamTiled:
+			o := experts.Options{Slots: experts.MinSlots(&m.Config), Buffered: true}
+			if how == streamTiled {
+				o = experts.Options{Slots: m.Manifest.ExpertLayers * m.Manifest.Experts, Buffered: true, Tile: kernels.TiledMXFP4()}
+			}
+			s, err := experts.Open(dir, m.Manifest, o)
 			if err != nil {
 				t.Fatal(err)
 			}
 			m.Experts = s
-		} else if m.Experts, err = model.NewResidentProvider(m); err != nil {
-			t.Fatal(err)
+		case held:
+			if m.Experts, err = model.OpenResident(context.Background(), m, nil); err != nil {
+				t.Fatal(err)
+			}
+			if err := m.Experts.Begin(0, []int{0}, model.Hint{}); err != nil {
+				t.Fatal(err)
+			}
+			if _, ex, err := m.Experts.Next(); err != nil || ex.Gate.Tiled != kernels.TiledMXFP4() || ex.Down.Tiled != kernels.TiledMXFP4() {
+				t.Fatalf("held whole: record tiled %v %v (%v), want %v", ex.Gate.Tiled, ex.Down.Tiled, err, kernels.TiledMXFP4())
+			}
+		default:
+			if m.Experts, err = model.NewResidentProvider(m); err != nil {
+				t.Fatal(err)
+			}
 		}
 		r := model.NewRunner(m, 2, 16)
 		defer r.Close()
@@ -355,14 +381,19 @@ func TestMXFP4Stream(t *testing.T) {
 		}
 		return toks, all
 	}
-	ta, la := run(false)
-	tb, lb := run(true)
-	if !slices.Equal(ta, tb) {
-		t.Fatalf("tokens: mapped %v, streamed %v", ta, tb)
-	}
-	for i := range la {
-		if math.Float32bits(la[i]) != math.Float32bits(lb[i]) {
-			t.Fatalf("logit %d: mapped %v, streamed %v", i, la[i], lb[i])
+	ta, la := run(mapped)
+	for how, name := range []string{stream: "streamed", held: "held whole", streamTiled: "streamed into a pool of every record"} {
+		if name == "" {
+			continue
+		}
+		tb, lb := run(how)
+		if !slices.Equal(ta, tb) {
+			t.Fatalf("tokens: mapped %v, %s %v", ta, name, tb)
+		}
+		for i := range la {
+			if math.Float32bits(la[i]) != math.Float32bits(lb[i]) {
+				t.Fatalf("logit %d: mapped %v, %s %v", i, la[i], name, lb[i])
+			}
 		}
 	}
 }
