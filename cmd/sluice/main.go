@@ -30,7 +30,7 @@ func init() {
 		{"inspect", "inspect DIR", "describe a packed model or checkpoint", cmdInspect},
 		{"serve", "serve [-m DIR] [--addr 127.0.0.1:8080] [--memory-gb G] [--max-queue N] [--api-key K]", "OpenAI-compatible HTTP server with a chat page at /", cmdServe},
 		{"tokenize", "tokenize [-m DIR] --text T", "print token ids as JSON", cmdTokenize},
-		{"synth", "synth --like qwen3.5-35b-a3b|qwen3-30b-a3b [--layers N] [--experts N] [--force] --out DIR", "write a random model of real shapes for streaming benchmarks", cmdSynth},
+		{"synth", "synth --like qwen3.5-35b-a3b|qwen3-30b-a3b|gpt-oss-20b|... [--layers N] [--experts N] [--force] --out DIR", "write a random model of real shapes for streaming benchmarks", cmdSynth},
 	}
 }
 

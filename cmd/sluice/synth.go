@@ -43,9 +43,16 @@ var synthShapes = map[string]format.Config{
 		LinearKeyHeads: 16, LinearValueHeads: 32, LinearKeyDim: 128, LinearValueDim: 128, ConvKernel: 4, MTPLayers: 1},
 	"qwen3-30b-a3b": {Family: family.NameQwen3MoE, Hidden: 2048, Layers: 48, Vocab: 151936, Heads: 32, KVHeads: 4, HeadDim: 128,
 		RotaryDim: 128, RopeTheta: 1e6, RMSEps: 1e-6, MaxPos: 40960, Experts: 128, TopK: 8, MoEInter: 768, NormTopK: true},
-	"gpt-oss-120b": {Family: family.NameGPTOSS, Hidden: 2880, Layers: 36, Vocab: 201088, Heads: 64, KVHeads: 8, HeadDim: 64,
-		RotaryDim: 64, RopeTheta: 150000, RMSEps: 1e-5, MaxPos: 131072, Experts: 128, TopK: 4, MoEInter: 2880, ExpertBias: true, SlidingWindow: 128,
-		Arch: format.ArchJSON(`{"rope":{"rope_theta":150000,"factor":32,"original_max_position_embeddings":4096,"beta_fast":32,"beta_slow":1,"truncate":false}}`)},
+	"gpt-oss-120b": gptOSSShape(36, 128),
+	"gpt-oss-20b":  gptOSSShape(24, 32),
+}
+
+// gptOSSShape is gpt-oss's config at a size: the two releases differ only
+// in their layers and experts.
+func gptOSSShape(layers, experts int) format.Config {
+	return format.Config{Family: family.NameGPTOSS, Hidden: 2880, Layers: layers, Vocab: 201088, Heads: 64, KVHeads: 8, HeadDim: 64,
+		RotaryDim: 64, RopeTheta: 150000, RMSEps: 1e-5, MaxPos: 131072, Experts: experts, TopK: 4, MoEInter: 2880, ExpertBias: true, SlidingWindow: 128,
+		Arch: format.ArchJSON(`{"rope":{"rope_theta":150000,"factor":32,"original_max_position_embeddings":4096,"beta_fast":32,"beta_slow":1,"truncate":false}}`)}
 }
 
 // deepSeekV3Config is DeepSeek-V3's config.json (deepseek-ai/DeepSeek-V3),
@@ -95,7 +102,7 @@ func synthLike(like string) (format.Config, bool, error) {
 }
 
 // synthLikes lists the names --like takes.
-const synthLikes = "qwen3.5-35b-a3b, qwen3.5-397b-a17b, qwen3-next-80b-a3b, qwen3-30b-a3b, gpt-oss-120b, deepseek-v3, deepseek-v3.2 or glm-4.5-air"
+const synthLikes = "qwen3.5-35b-a3b, qwen3.5-397b-a17b, qwen3-next-80b-a3b, qwen3-30b-a3b, gpt-oss-120b, gpt-oss-20b, deepseek-v3, deepseek-v3.2 or glm-4.5-air"
 
 // cmdSynth writes a packed model with a real model's shapes and random
 // weights, for benchmarks at real record sizes, and optionally the same
@@ -112,6 +119,7 @@ func cmdSynth(ctx context.Context, args []string) (err error) {
 	layers := fs.Int("layers", 0, "keep only this many layers (0 = all; at least one of them an MoE layer)")
 	nExperts := fs.Int("experts", 0, "keep only this many routed experts a layer (0 = all; records keep their real size)")
 	bits := fs.Int("bits", 4, "8 or 4")
+	mxfp4 := fs.Bool("mxfp4", true, "gpt-oss at --bits 4: MXFP4 expert records, as pack keeps the release's (false: q4)")
 	out := fs.String("out", "", "output directory (GBs; not inside the repository), written under a temporary name beside it and renamed when complete")
 	force := fs.Bool("force", false, "replace --out when it exists and is not empty")
 	refs := fs.String("routes", "", "refs JSON whose routes_long0 to replay (default: the embedded recording)")
@@ -197,7 +205,11 @@ func cmdSynth(ctx context.Context, args []string) (err error) {
 	if err := os.MkdirAll(parent, 0o755); err != nil {
 		return err
 	}
-	size := synthSize(&cfg, kind)
+	ekind := kind
+	if *mxfp4 {
+		ekind = synthExpertKind(&cfg, kind)
+	}
+	size := synthSize(&cfg, kind, ekind)
 	if err := checkRoom(parent, size, "--out"); err != nil {
 		return err
 	}
@@ -221,7 +233,7 @@ func cmdSynth(ctx context.Context, args []string) (err error) {
 		return err
 	}
 	t0 := time.Now()
-	m, err := synthPack(ctx, cfg, kind, tmp)
+	m, err := synthPack(ctx, cfg, kind, ekind, tmp)
 	if err != nil {
 		return err
 	}
@@ -254,7 +266,11 @@ func cmdSynth(ctx context.Context, args []string) (err error) {
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(os.Stderr, "synth %s: %s GGUF (%s) in %.1fs\n", *ggufPath, bytesStr(fi.Size()), gt, time.Since(t0).Seconds())
+		kinds := gt.String()
+		if st.Kind == format.MXFP4 {
+			kinds += ", experts MXFP4"
+		}
+		fmt.Fprintf(os.Stderr, "synth %s: %s GGUF (%s) in %.1fs\n", *ggufPath, bytesStr(fi.Size()), kinds, time.Since(t0).Seconds())
 	}
 	return nil
 }
@@ -298,9 +314,20 @@ func checkRoom(dir string, need int64, flag string) error {
 	return nil
 }
 
-// synthSize is about the bytes synthPack writes for cfg at kind: the
-// dense tensors as synthDense lays them out and every expert record.
-func synthSize(cfg *format.Config, kind format.Kind) int64 {
+// synthExpertKind is the kind of the expert records at kind: MXFP4 for
+// gpt-oss at 4 bits, as pack keeps the release's MXFP4 experts (its
+// expertKind), else kind.
+func synthExpertKind(cfg *format.Config, kind format.Kind) format.Kind {
+	if cfg.Family == family.NameGPTOSS && kind == format.Q4 && cfg.Hidden%format.GroupSize == 0 && cfg.MoEInter%format.GroupSize == 0 {
+		return format.MXFP4
+	}
+	return kind
+}
+
+// synthSize is about the bytes synthPack writes for cfg at kind, experts
+// at ekind: the dense tensors as synthDense lays them out and every
+// expert record.
+func synthSize(cfg *format.Config, kind, ekind format.Kind) int64 {
 	var n int64
 	specs, _ := family.Specs(cfg) // an error surfaces when synthDense asks again
 	for _, s := range specs {
@@ -312,19 +339,20 @@ func synthSize(cfg *format.Config, kind format.Kind) int64 {
 		}
 		n += format.AlignUp(size, format.DenseAlign)
 	}
-	st := format.ExpertRecordLayout(cfg, kind, "experts.bin")
+	st := format.ExpertRecordLayout(cfg, ekind, "experts.bin")
 	return n + int64(cfg.ExpertLayers())*int64(cfg.Experts)*st.Stride
 }
 
-// synthPack writes a model of config cfg with random weights of kind in
-// dir: dense.bin, the expert records and the manifest.
-func synthPack(ctx context.Context, cfg format.Config, kind format.Kind, dir string) (*format.Manifest, error) {
+// synthPack writes a model of config cfg with random weights of kind, its
+// expert records of ekind, in dir: dense.bin, the records and the
+// manifest.
+func synthPack(ctx context.Context, cfg format.Config, kind, ekind format.Kind, dir string) (*format.Manifest, error) {
 	m := &format.Manifest{Format: format.Version, Family: cfg.Family, Config: cfg, Bits: kind.Bits(), GroupSize: format.GroupSize,
 		ExpertLayers: cfg.ExpertLayers(), Experts: cfg.Experts}
 	if err := synthDense(m, kind, filepath.Join(dir, "dense.bin")); err != nil {
 		return nil, err
 	}
-	st := format.ExpertRecordLayout(&cfg, kind, "experts.bin")
+	st := format.ExpertRecordLayout(&cfg, ekind, "experts.bin")
 	if err := synthExperts(ctx, m, &st, filepath.Join(dir, st.File)); err != nil {
 		return nil, err
 	}
@@ -525,7 +553,9 @@ func synthExperts(ctx context.Context, m *format.Manifest, st *format.ExpertStor
 	rec := make([]byte, st.Stride)
 	block := make([]byte, 2*st.Stride)
 	fillRandom(rand.New(rand.NewPCG(3, 4)), block)
-	centre(block, st.Gate.Kind)
+	if st.Gate.Kind != format.MXFP4 {
+		centre(block, st.Gate.Kind) // E2M1 codes are symmetric already
+	}
 	amp := float32(1 / math.Sqrt(float64(m.Config.Hidden)))
 	// Expert biases (gpt-oss) come shifted from one random vector too.
 	rng := rand.New(rand.NewPCG(5, 6))
@@ -548,6 +578,10 @@ func synthExperts(ctx context.Context, m *format.Manifest, st *format.ExpertStor
 		s := (int64(i) * 4099) % st.Stride
 		copy(rec, block[s:s+st.Stride])
 		for _, t := range []*format.Tensor{&st.Gate, &st.Up, &st.Down} {
+			if t.Kind == format.MXFP4 {
+				synthMXScales(rec[t.Offset+int64(t.Rows()*t.Cols()/2):t.Offset+t.Size], amp)
+				continue
+			}
 			_, sb := t.Kind.Sizes(t.Rows(), t.Cols())
 			sc, bi := synthScale(t.Kind, amp)
 			copy(rec[t.ScaleOffset:], halves(int(sb/2), sc))
@@ -567,6 +601,19 @@ func synthExperts(ctx context.Context, m *format.Manifest, st *format.ExpertStor
 		return err
 	}
 	return f.Sync()
+}
+
+// synthMXScales sets the scale bytes of an MXFP4 matrix (e8, a byte a
+// block) so that its uniform random codes spread about as
+// widely as synthScale's values over ±amp (a root mean square of amp/√3;
+// uniform E2M1 codes have 2.93), alternating the two nearest powers of two
+// along each row.
+func synthMXScales(e8 []byte, amp float32) {
+	s := math.Log2(float64(amp) / math.Sqrt(3) / 2.93)
+	lo := byte(127 + math.Floor(s))
+	for i := range e8 {
+		e8[i] = lo + byte(i%2)
+	}
 }
 
 // synthScale is the scale and bias of quantised values spread over

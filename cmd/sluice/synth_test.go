@@ -262,3 +262,42 @@ func checkDrafts(t *testing.T, dir string, n, drafts int) {
 		t.Errorf("--drafts %d: the MTP layer drafted nothing (%+v)", drafts, m)
 	}
 }
+
+// TestSynthGPTOSS20B: --like gpt-oss-20b writes gpt-oss-20b's shapes
+// (its public config.json) with MXFP4 expert records at 4 bits, as pack
+// keeps the release's, q4 ones with --mxfp4=false and q8 ones at 8 bits;
+// the model decodes.
+func TestSynthGPTOSS20B(t *testing.T) {
+	for _, c := range []struct {
+		bits, mx string
+		want     format.Kind
+	}{{"4", "true", format.MXFP4}, {"4", "false", format.Q4}, {"8", "true", format.Q8}} {
+		bits, want := c.bits, c.want
+		dir := filepath.Join(t.TempDir(), "goss")
+		ok(t, "synth", "--like", "gpt-oss-20b", "--layers", "1", "--experts", "4", "--bits", bits, "--mxfp4="+c.mx, "--route", "router", "--out", dir)
+		out, _ := ok(t, "inspect", "--json", dir)
+		var raw map[string]any
+		decode(t, out, &raw)
+		cfg, _ := raw["config"].(map[string]any)
+		for k, v := range map[string]float64{"hidden_size": 2880, "num_hidden_layers": 1, "vocab_size": 201088, "num_attention_heads": 64,
+			"num_key_value_heads": 8, "head_dim": 64, "num_experts": 4, "num_experts_per_tok": 4, "moe_intermediate_size": 2880,
+			"sliding_window": 128, "rope_theta": 150000} {
+			if got, _ := cfg[k].(float64); got != v {
+				t.Errorf("--bits %s: inspect: %s = %v, want %v", bits, k, cfg[k], v)
+			}
+		}
+		var mf format.Manifest
+		readJSONFile(t, filepath.Join(dir, "manifest.json"), &mf)
+		if k := mf.Stores[0].Kind; k != want {
+			t.Errorf("--bits %s: expert records are %s, want %s", bits, k, want)
+		}
+		o, _ := ok(t, "run", "-m", dir, "--temp", "0", "-n", "3", "--ignore-eos", "--json", "--threads", "2", "--tokens", "1,2,3")
+		var r struct {
+			Tokens []int `json:"tokens"`
+		}
+		decode(t, o, &r)
+		if len(r.Tokens) != 3 {
+			t.Errorf("--bits %s: run gave tokens %v, want 3", bits, r.Tokens)
+		}
+	}
+}

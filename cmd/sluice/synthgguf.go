@@ -183,7 +183,11 @@ func (p *ggufPlan) addExperts(prefix string, layer int) {
 		name    string
 		t, bias *format.Tensor
 	}{{"ffn_gate_exps", &st.Gate, st.GateBias}, {"ffn_down_exps", &st.Down, st.DownBias}, {"ffn_up_exps", &st.Up, st.UpBias}} {
-		p.tensors = append(p.tensors, gguf.Tensor{Name: prefix + e.name + ".weight", Type: p.gt,
+		gt := p.gt
+		if e.t.Kind == format.MXFP4 {
+			gt = gguf.MXFP4 // kept as they are, as the converter keeps the release's
+		}
+		p.tensors = append(p.tensors, gguf.Tensor{Name: prefix + e.name + ".weight", Type: gt,
 			Dims: []uint64{uint64(e.t.Cols()), uint64(e.t.Rows()), E}})
 		p.srcs = append(p.srcs, ggufSrc{expert: e.t, layer: layer})
 		if e.bias != nil {
@@ -229,6 +233,9 @@ func (p *ggufPlan) header(arch string) {
 	fileType := uint32(2) // LLAMA_FTYPE_MOSTLY_Q4_0
 	if p.gt == gguf.Q8_0 {
 		fileType = 7 // LLAMA_FTYPE_MOSTLY_Q8_0
+	}
+	if p.m.Stores[0].Kind == format.MXFP4 {
+		fileType = 38 // LLAMA_FTYPE_MOSTLY_MXFP4_MOE: the release's GGUF
 	}
 	p.kvs = []gguf.KV{
 		{Key: "general.architecture", Value: arch},
@@ -531,6 +538,9 @@ func ggufTensor(w io.Writer, buf []byte, t *format.Tensor, gt gguf.Type, x ggufX
 		}
 		return nil
 	}
+	if t.Kind == format.MXFP4 && x.rows == nil && x.cols == nil && x.more == nil && x.f == nil {
+		return ggufMXFP4(w, buf, t)
+	}
 	if t.Kind != format.Q4 && t.Kind != format.Q8 {
 		return fmt.Errorf("tensor %s: %s cannot be written as GGUF", t.Name, t.Kind)
 	}
@@ -625,4 +635,29 @@ func ggufGroupExact(dst, q []byte, h uint16, k format.Kind, gt gguf.Type) {
 			}
 		}
 	}
+}
+
+// ggufMXFP4 writes MXFP4 tensor t of buf as GGUF MXFP4 blocks: the same
+// codes and scale bytes, each block's codes reordered from sluice's (byte
+// k: values 2k and 2k+1) to ggml's (byte j: values j and j+16).
+func ggufMXFP4(w io.Writer, buf []byte, t *format.Tensor) error {
+	rows, cols := t.Rows(), t.Cols()
+	nblk := cols / format.MXBlock
+	q := buf[t.Offset : t.Offset+int64(rows*cols/2)]
+	e8 := buf[t.Offset+int64(rows*cols/2) : t.Offset+t.Size]
+	out := make([]byte, nblk*(1+gguf.BlockSize/2))
+	var codes [gguf.BlockSize]byte
+	for r := 0; r < rows; r++ {
+		for b := 0; b < nblk; b++ {
+			src := q[(r*nblk+b)*format.MXBlock/2:][:format.MXBlock/2]
+			for k, v := range src {
+				codes[2*k], codes[2*k+1] = v&15, v>>4
+			}
+			gguf.PutMXFP4(out[b*(1+gguf.BlockSize/2):], &codes, e8[r*nblk+b])
+		}
+		if _, err := w.Write(out); err != nil {
+			return err
+		}
+	}
+	return nil
 }

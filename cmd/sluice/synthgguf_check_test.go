@@ -41,7 +41,7 @@ func writeGGUF(t *testing.T, cfg format.Config, tweak func(dense []byte, src map
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	m, err := synthPack(context.Background(), cfg, format.Q4, dir)
+	m, err := synthPack(context.Background(), cfg, format.Q4, synthExpertKind(&cfg, format.Q4), dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,6 +145,8 @@ func (f *ggufFile) rows(name string) [][]float32 {
 		}
 	case gguf.Q4_0:
 		gguf.DequantizeQ4_0(v, b)
+	case gguf.MXFP4:
+		gguf.DequantizeMXFP4(v, b)
 	default:
 		f.t.Fatalf("%s: type %s", name, tt.Type)
 	}
@@ -155,12 +157,21 @@ func (f *ggufFile) rows(name string) [][]float32 {
 	return r
 }
 
-// srcRows is tensor st of buf (F32, or q4 as synth writes it) as rows.
+// srcRows is tensor st of buf (F32, MXFP4, or q4 as synth writes it) as
+// rows.
 func srcRows(buf []byte, st *format.Tensor) [][]float32 {
 	f32 := func(off int64) float32 { return math.Float32frombits(binary.LittleEndian.Uint32(buf[off:])) }
 	f16 := func(off int64) float32 { return quant.F16ToF32(binary.LittleEndian.Uint16(buf[off:])) }
 	rows, cols := st.Rows(), st.Cols()
 	r := make([][]float32, rows)
+	if st.Kind == format.MXFP4 {
+		v := make([]float32, rows*cols)
+		quant.DecodeMXFP4(v, buf[st.Offset:st.Offset+st.Size], rows, cols)
+		for i := range r {
+			r[i] = v[i*cols : (i+1)*cols]
+		}
+		return r
+	}
 	for i := range r {
 		r[i] = make([]float32, cols)
 		for c := range r[i] {
@@ -403,7 +414,8 @@ func TestSynthGGUFRefuses(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			dir := t.TempDir()
-			m, err := synthPack(context.Background(), c.cfg(t), format.Q4, dir)
+			cfg := c.cfg(t)
+			m, err := synthPack(context.Background(), cfg, format.Q4, synthExpertKind(&cfg, format.Q4), dir)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -14,9 +14,9 @@ import (
 // projection's bias, the sinks as attn_sinks, the router's bias as
 // ffn_gate_inp.bias, the experts' gate and up (which the checkpoint
 // interleaves and sluice's records hold apart) and their biases stacked;
-// metadata for the sliding window and the YaRN rope. The experts become
-// Q4_0 or Q8_0 rather than the release's MXFP4, as the converter writes
-// them from a model whose experts are not MXFP4. llama.cpp places the
+// metadata for the sliding window and the YaRN rope. MXFP4 experts (synth
+// at 4 bits, as the release) stay MXFP4, as the converter keeps the
+// release's; q8 ones become Q8_0. llama.cpp places the
 // sliding-window layers by a period of 2 (layers 0, 2, ... slide), and
 // takes YaRN's attention factor from the scaling factor alone, so other
 // layer patterns and explicit factors are refused.

@@ -6,6 +6,7 @@ import (
 
 	"github.com/sluicelm/sluice/internal/family"
 	"github.com/sluicelm/sluice/internal/format"
+	"github.com/sluicelm/sluice/internal/gguf"
 )
 
 // gptOSSTestConfig is a small gpt_oss config.json: sliding and full
@@ -57,6 +58,16 @@ func TestSynthGGUFGPTOSS(t *testing.T) {
 	if t.Failed() {
 		return
 	}
+	// At 4 bits the experts are MXFP4, as the release's, in both files.
+	if k := f.m.Stores[0].Kind; k != format.MXFP4 {
+		t.Fatalf("synth's gpt-oss experts are %s, want mxfp4", k)
+	}
+	for _, n := range []string{"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"} {
+		if tt := f.got["blk.0."+n+".weight"]; tt.Type != gguf.MXFP4 {
+			t.Errorf("%s is %s, want MXFP4", n, tt.Type)
+		}
+	}
+	f.keys(map[string]any{"general.file_type": uint32(38)})
 	for _, n := range [][2]string{{"attn_norm.weight", "input_layernorm.weight"}, {"attn_k.weight", "self_attn.k_proj.weight"},
 		{"attn_q.bias", "self_attn.q_proj.bias"}, {"attn_k.bias", "self_attn.k_proj.bias"}, {"attn_v.bias", "self_attn.v_proj.bias"},
 		{"attn_output.bias", "self_attn.o_proj.bias"}, {"attn_output.weight", "self_attn.o_proj.weight"},

@@ -3,7 +3,7 @@
 // then the tensors' data, each aligned). sluice writes GGUF only to hand
 // llama.cpp the same synthetic model it benchmarks itself, so the package
 // covers what that needs: scalar, string and array metadata, and tensors in
-// F32, F16, Q4_0 and Q8_0.
+// F32, F16, Q4_0, Q8_0 and MXFP4.
 package gguf
 
 import (
@@ -32,6 +32,10 @@ const (
 	F16  Type = 1
 	Q4_0 Type = 2
 	Q8_0 Type = 8
+	// MXFP4 blocks of 32: the E8M0 scale byte, then 16 bytes whose byte j
+	// holds element j's E2M1 code in its low nibble and element j+16's in
+	// its high one (ggml's block_mxfp4).
+	MXFP4 Type = 39
 )
 
 // BlockSize is the number of elements per quantisation block of Q4_0 and
@@ -48,6 +52,8 @@ func (t Type) String() string {
 		return "Q4_0"
 	case Q8_0:
 		return "Q8_0"
+	case MXFP4:
+		return "MXFP4"
 	}
 	return fmt.Sprintf("type(%d)", uint32(t))
 }
@@ -60,13 +66,16 @@ func (t Type) RowBytes(n int) (int64, error) {
 		return 4 * int64(n), nil
 	case F16:
 		return 2 * int64(n), nil
-	case Q4_0, Q8_0:
+	case Q4_0, Q8_0, MXFP4:
 		if n%BlockSize != 0 {
 			return 0, fmt.Errorf("gguf: %s row of %d elements, not a multiple of %d", t, n, BlockSize)
 		}
 		per := int64(2 + BlockSize/2)
-		if t == Q8_0 {
+		switch t {
+		case Q8_0:
 			per = 2 + BlockSize
+		case MXFP4:
+			per = 1 + BlockSize/2
 		}
 		return int64(n/BlockSize) * per, nil
 	}

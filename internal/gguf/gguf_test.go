@@ -122,6 +122,34 @@ func TestQuantRoundTrip(t *testing.T) {
 	}
 }
 
+// TestMXFP4Block: PutMXFP4 puts value j's code in byte j's low nibble and
+// value j+16's in its high one, after the scale byte, and DequantizeMXFP4
+// gives E2M1(code)·2^(e−127) back: the layout and values of ggml's
+// block_mxfp4 (its table holds the E2M1 values doubled, its scale
+// 2^(e−128)).
+func TestMXFP4Block(t *testing.T) {
+	var codes [BlockSize]byte
+	for i := range codes {
+		codes[i] = byte(i*7) % 16
+	}
+	b := make([]byte, 17)
+	PutMXFP4(b, &codes, 120)
+	if b[0] != 120 || b[1] != codes[0]|codes[16]<<4 || b[16] != codes[15]|codes[31]<<4 {
+		t.Fatalf("block bytes % x", b)
+	}
+	e2m1x2 := []float32{0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12}
+	got := make([]float32, BlockSize)
+	DequantizeMXFP4(got, b)
+	for i, c := range codes {
+		if want := e2m1x2[c] * float32(math.Ldexp(1, 120-128)); got[i] != want {
+			t.Fatalf("value %d (code %d): %v, want %v", i, c, got[i], want)
+		}
+	}
+	if n, err := MXFP4.RowBytes(64); err != nil || n != 34 {
+		t.Fatalf("MXFP4 row of 64: %d bytes, %v", n, err)
+	}
+}
+
 // TestLlamaReader reads a written file with llama.cpp's own Python reader
 // (gguf-py), when SLUICE_GGUF_PY names its directory and python3 (or
 // SLUICE_PYTHON) has numpy.

@@ -86,3 +86,28 @@ func DequantizeQ8_0(dst []float32, src []byte) {
 		}
 	}
 }
+
+// PutMXFP4 writes one block of 32 values as MXFP4 into dst (17 bytes):
+// the E8M0 scale byte e, then byte j holding code j in its low nibble and
+// code j+16 in its high one. codes are E2M1 codes in the order of the
+// values; the block's values are E2M1(code)·2^(e−127), the same bytes
+// meaning the same values as in sluice's MXFP4 records.
+func PutMXFP4(dst []byte, codes *[BlockSize]byte, e byte) {
+	dst[0] = e
+	for j := 0; j < BlockSize/2; j++ {
+		dst[1+j] = codes[j]&15 | codes[j+BlockSize/2]<<4
+	}
+}
+
+// DequantizeMXFP4 decodes MXFP4 blocks (PutMXFP4's layout) into dst.
+func DequantizeMXFP4(dst []float32, src []byte) {
+	const bs = 1 + BlockSize/2
+	for b := 0; b < len(dst)/BlockSize; b++ {
+		in := src[b*bs : (b+1)*bs]
+		x := dst[b*BlockSize : (b+1)*BlockSize]
+		for j := 0; j < BlockSize/2; j++ {
+			x[j] = quant.MXFP4Value(in[1+j]&15, in[0])
+			x[j+BlockSize/2] = quant.MXFP4Value(in[1+j]>>4, in[0])
+		}
+	}
+}
