@@ -141,14 +141,7 @@ func (t *matmulTask) runMXFP4Tiles(lo, hi int) {
 	if len(sx12) < t.nb*nblk {
 		sx12 = buf[nblk*mxTileBytes/4:]
 		for r := 0; r < t.nb; r++ {
-			x := t.x8[r*C : (r+1)*C]
-			for b := range nblk {
-				var s int32
-				for _, v := range x[b*format.MXBlock : (b+1)*format.MXBlock] {
-					s += int32(v)
-				}
-				sx12[r*nblk+b] = 12 * s
-			}
+			mxBlockSums(sx12[r*nblk:(r+1)*nblk], t.x8[r*C:(r+1)*C])
 		}
 	}
 	out := t.out[:t.nb*w.Rows]

@@ -46,5 +46,11 @@ func mxPrepXAVX512(xp *int8, sx12 *int32, x8 *int8, nblk int)
 //go:noescape
 func mxPrepTileTiled(tile, q, e8 *byte, nblk int)
 
+// mxTileCodesAVX512 writes the codes of one tile of 16 rows (src, rb
+// bytes a row, nblk blocks) in TileMXFP4's layout to dst.
+//
+//go:noescape
+func mxTileCodesAVX512(dst, src *byte, rb, nblk int)
+
 // mxfp4Asm reports whether the AVX2 MXFP4 row kernels run.
 func mxfp4Asm() bool { return useAVX2 }

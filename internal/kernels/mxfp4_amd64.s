@@ -584,3 +584,42 @@ ptblk:
 ptdone:
 	VZEROUPPER
 	RET
+
+// mxTileCodesAVX512(dst, src *byte, rb, nblk int) writes the codes of one
+// tile of 16 rows (src, rb bytes a row) in the tiled layout (TileMXFP4)
+// to dst: per block and line j, one gather of dword j of the 16 rows.
+TEXT ·mxTileCodesAVX512(SB), NOSPLIT, $0-32
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ rb+16(FP), CX
+	MOVQ nblk+24(FP), R8
+	TESTQ R8, R8
+	JLE  tcdone
+	VMOVD CX, X2
+	VPBROADCASTD X2, Z2
+	VMOVDQU32 mxpat<>+32(SB), Z10
+	VPMULLD Z2, Z10, Z10
+	MOVL $0xffff, AX
+	KMOVW AX, K1
+
+tcblk:
+	KMOVW K1, K2
+	VPGATHERDD 0(SI)(Z10*1), K2, Z0
+	KMOVW K1, K3
+	VPGATHERDD 4(SI)(Z10*1), K3, Z1
+	KMOVW K1, K4
+	VPGATHERDD 8(SI)(Z10*1), K4, Z3
+	KMOVW K1, K5
+	VPGATHERDD 12(SI)(Z10*1), K5, Z4
+	VMOVDQU32 Z0, 0(DI)
+	VMOVDQU32 Z1, 64(DI)
+	VMOVDQU32 Z3, 128(DI)
+	VMOVDQU32 Z4, 192(DI)
+	ADDQ $16, SI
+	ADDQ $256, DI
+	DECQ R8
+	JNZ  tcblk
+
+tcdone:
+	VZEROUPPER
+	RET

@@ -23,3 +23,5 @@ func mxfp4Tiled(q, e8 *byte, nblk, ntiles int, xp *int8, sx12 *int32, xs *float3
 func mxPrepXAVX512(xp *int8, sx12 *int32, x8 *int8, nblk int) { panic("no AVX-512") }
 
 func mxPrepTileTiled(tile, q, e8 *byte, nblk int) { panic("no AVX-512") }
+
+func mxTileCodesAVX512(dst, src *byte, rb, nblk int) { panic("no AVX-512") }

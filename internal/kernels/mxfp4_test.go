@@ -283,12 +283,30 @@ func TestMXFP4PrepTile(t *testing.T) {
 	}
 }
 
-// mxTiledCopy is a copy of m (MXFP4) in the tiled layout.
+// mxTiledCopy is a copy of m (MXFP4) in the tiled layout, the same bytes
+// from the AVX-512 rearrangement and the Go one.
 func mxTiledCopy(m Mat) Mat {
 	m.Q, m.E8 = slices.Clone(m.Q), slices.Clone(m.E8)
+	g := Mat{Q: slices.Clone(m.Q), E8: slices.Clone(m.E8)}
 	TileMXFP4(m.Q, m.E8, m.Rows, m.Cols, nil)
+	withQ4Path(useAVX2, false, func() { TileMXFP4(g.Q, g.E8, m.Rows, m.Cols, nil) })
+	if !bytes.Equal(m.Q, g.Q) || !bytes.Equal(m.E8, g.E8) {
+		panic("TileMXFP4: the AVX-512 rearrangement differs from Go's")
+	}
 	m.Tiled = true
 	return m
+}
+
+// BenchmarkTileMXFP4 rearranges a gpt-oss expert matrix (2880×2880) into
+// the tiled layout, as loaders do once a record.
+func BenchmarkTileMXFP4(b *testing.B) {
+	const rows, cols = 2880, 2880
+	q, e8 := make([]byte, rows*cols/2), make([]byte, rows*cols/format.MXBlock)
+	var tmp []byte
+	b.SetBytes(int64(len(q) + len(e8)))
+	for b.Loop() {
+		tmp = TileMXFP4(q, e8, rows, cols, tmp)
+	}
 }
 
 // TestTileMXFP4Layout: TileMXFP4 puts dword j of row r's block b at
