@@ -118,7 +118,7 @@ assert f.read(4) == b"GGUF"
 u("I"); nt, nkv = u("Q"), u("Q")
 for _ in range(nkv):
     s(); skip(u("I"))
-row = {0: (4, 1), 1: (2, 1), 2: (18, 32), 8: (34, 32)}  # F32, F16, Q4_0, Q8_0
+row = {0: (4, 1), 1: (2, 1), 2: (18, 32), 8: (34, 32), 39: (17, 32)}  # F32, F16, Q4_0, Q8_0, MXFP4
 g_exp = 0
 for _ in range(nt):
     name = s(); dims = [u("Q") for _ in range(u("I"))]; t = u("I"); u("Q")
