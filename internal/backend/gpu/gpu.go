@@ -225,7 +225,7 @@ func Supported(m *model.Model) error {
 		if k := m.Manifest.Stores[0].Kind; k == format.MXFP4 {
 			// The release's gpt-oss experts, kept MXFP4 by pack at 4 bits:
 			// the device has no kernel for them.
-			return fmt.Errorf("%s experts run on the CPU only (pack with --bits 8 for the GPU)", k)
+			return fmt.Errorf("%s experts run on the CPU only; a pack at --bits 8 runs on the GPU", k)
 		}
 	}
 	return nil
