@@ -250,7 +250,8 @@ func BenchmarkQ4RowsModes(b *testing.B) {
 
 // BenchmarkMXFP4DecodeDRAM is BenchmarkQ4DecodeDRAM for MXFP4 weights
 // (gpt-oss's experts: 2880×2880, gate, up and down alike) over 1 GiB of
-// distinct matrices, row-major and then tiled (TileMXFP4); bytes/s counts
+// distinct matrices, row-major (16 rows at a time where mxfp4Rows16 runs,
+// then the row kernel alone) and then tiled (TileMXFP4); bytes/s counts
 // the codes and the scale bytes.
 func BenchmarkMXFP4DecodeDRAM(b *testing.B) {
 	const rows, cols = 2880, 2880
@@ -278,6 +279,10 @@ func BenchmarkMXFP4DecodeDRAM(b *testing.B) {
 	x := randVec(rand.New(rand.NewPCG(1, 1)), cols)
 	b.Run("whole2", func(b *testing.B) { benchWhole2(b, ms, x, vb) })
 	b.Run("whole1", func(b *testing.B) { benchWhole1(b, ms, x, vb) })
+	mxRows16 = false // the row kernel alone
+	b.Run("whole2-row", func(b *testing.B) { benchWhole2(b, ms, x, vb) })
+	b.Run("whole1-row", func(b *testing.B) { benchWhole1(b, ms, x, vb) })
+	mxRows16 = true
 	if !TiledMXFP4() {
 		return
 	}

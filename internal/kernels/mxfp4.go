@@ -69,7 +69,7 @@ func (t *matmulTask) runMXFP4(lo, hi int) {
 		return
 	}
 	if w.Tiled {
-		if mxTiledReady(w) && t.sx12 != nil {
+		if mxTiledReady(w) && t.xperm == mxPermTiled {
 			for r := 0; r < t.nb; r++ {
 				t.rowsMXTiled(lo, hi, r)
 			}
@@ -81,6 +81,22 @@ func (t *matmulTask) runMXFP4(lo, hi int) {
 			}
 		}
 		return
+	}
+	if useVNNI && mxRows16 && t.xperm == mxPermRowsOrder && hi-lo >= mxTileRows {
+		// Groups of 16 rows, but for one whose scale bytes end less than
+		// three bytes before the matrix's (the kernel's gather reads
+		// them); the rest below.
+		n := (hi - lo) / mxTileRows
+		for n > 0 && (lo+n*mxTileRows)*nblk+3 > len(w.E8) {
+			n--
+		}
+		if n > 0 {
+			_, _ = w.Q[(lo+n*mxTileRows)*C/2-1], w.E8[(lo+n*mxTileRows)*nblk+2]
+			for r := 0; r < t.nb; r++ {
+				mxfp4Rows16(&w.Q[lo*C/2], &w.E8[lo*nblk], nblk, n, &t.x8p[r*C], &t.sx12[r*nblk], &t.xs[r*ng], &out[r*w.Rows+lo])
+			}
+			lo += n * mxTileRows
+		}
 	}
 	if mxfp4Asm() && nblk > 0 {
 		_, _ = w.Q[hi*C/2-1], w.E8[hi*nblk-1]

@@ -52,5 +52,22 @@ func mxPrepTileTiled(tile, q, e8 *byte, nblk int)
 //go:noescape
 func mxTileCodesAVX512(dst, src *byte, rb, nblk int)
 
+// mxfp4Rows16 is the decode kernel of row-major weights 16 rows at a
+// time: ntiles groups of 16 consecutive rows (codes from q, scale bytes
+// from e8, the groups one after another) against one activation row
+// prepared by mxPermRows (xq) and mxBlockSums (sx12) with scales xs;
+// out[16·t + r] = dotMXFP4I8 of the group's row r, bit for bit. nblk is
+// even. It reads up to three bytes past each group's scale bytes: no
+// group may end the matrix.
+//
+//go:noescape
+func mxfp4Rows16(q, e8 *byte, nblk, ntiles int, xq *int8, sx12 *int32, xs *float32, out *float32)
+
+// mxPermRowsAVX512 reorders activations permuted by mxPrepXAVX512 into
+// mxPermRows' order, in place, nblk (even) blocks.
+//
+//go:noescape
+func mxPermRowsAVX512(xq *int8, nblk int)
+
 // mxfp4Asm reports whether the AVX2 MXFP4 row kernels run.
 func mxfp4Asm() bool { return useAVX2 }

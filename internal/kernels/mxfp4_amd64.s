@@ -623,3 +623,188 @@ tcblk:
 tcdone:
 	VZEROUPPER
 	RET
+
+// Dwords 0,2,4,6 then 1,3,5,7 of each 32 bytes: mxPermX's order (even and
+// odd values of each dword interleaved) to mxPermRows' (the four even
+// dwords of a block, then the four odd).
+DATA mxrows<>+0(SB)/4, $0
+DATA mxrows<>+4(SB)/4, $2
+DATA mxrows<>+8(SB)/4, $4
+DATA mxrows<>+12(SB)/4, $6
+DATA mxrows<>+16(SB)/4, $1
+DATA mxrows<>+20(SB)/4, $3
+DATA mxrows<>+24(SB)/4, $5
+DATA mxrows<>+28(SB)/4, $7
+DATA mxrows<>+32(SB)/4, $8
+DATA mxrows<>+36(SB)/4, $10
+DATA mxrows<>+40(SB)/4, $12
+DATA mxrows<>+44(SB)/4, $14
+DATA mxrows<>+48(SB)/4, $9
+DATA mxrows<>+52(SB)/4, $11
+DATA mxrows<>+56(SB)/4, $13
+DATA mxrows<>+60(SB)/4, $15
+GLOBL mxrows<>(SB), RODATA|NOPTR, $64
+
+// mxPermRowsAVX512(xq *int8, nblk int) reorders, in place, activations
+// mxPrepXAVX512 permuted, into mxPermRows' order; nblk is even.
+TEXT ·mxPermRowsAVX512(SB), NOSPLIT, $0-16
+	MOVQ xq+0(FP), DI
+	MOVQ nblk+8(FP), CX
+	TESTQ CX, CX
+	JLE  prdone
+	VMOVDQU32 mxrows<>+0(SB), Z1
+
+prloop:
+	VPERMD (DI), Z1, Z0
+	VMOVDQU32 Z0, (DI)
+	ADDQ $64, DI
+	SUBQ $2, CX
+	JGT  prloop
+
+prdone:
+	VZEROUPPER
+	RET
+
+// R16LOAD fills Z register z with the block's 16 code bytes of rows k,
+// k+4, k+8 and k+12 (one a 128-bit lane): rows 0, 4, 8 and 12 are at
+// (SI), (R9), (R10), (R11), and row k is idx past row 0; R16LOAD0 is k = 0.
+#define R16LOAD(idx, z, x) \
+	VMOVDQU32 (SI)(idx), x \
+	VINSERTI32X4 $1, (R9)(idx), z, z \
+	VINSERTI32X4 $2, (R10)(idx), z, z \
+	VINSERTI32X4 $3, (R11)(idx), z, z
+
+#define R16LOAD0(z, x) \
+	VMOVDQU32 (SI), x \
+	VINSERTI32X4 $1, (R9), z, z \
+	VINSERTI32X4 $2, (R10), z, z \
+	VINSERTI32X4 $3, (R11), z, z
+
+
+// R16DOT adds the codes of z times the activations' even (Z20) and odd
+// (Z21) dwords, lane by lane, into acc.
+#define R16DOT(z, t, acc) \
+	VPSRLW $4, z, t \
+	VPANDD Z9, z, z \
+	VPANDD Z9, t, t \
+	VPSHUFB z, Z15, z \
+	VPSHUFB t, Z15, t \
+	VPXORD acc, acc, acc \
+	VPDPBUSD Z20, z, acc \
+	VPDPBUSD Z21, t, acc
+
+// R16BLK adds one block of the 16 rows to Z22: the codes at (SI) and the
+// other rows' pointers, activations at x(AX), 12·Σx8 at s(BX), scale
+// bytes gathered from (DI) (one dword a row, its low byte), xs in Z8.
+#define R16BLK(x, s) \
+	R16LOAD0(Z0, X0) \
+	R16LOAD(R12*1, Z1, X1) \
+	R16LOAD(R12*2, Z2, X2) \
+	R16LOAD(R13*1, Z3, X3) \
+	VBROADCASTI32X4 x(AX), Z20 \
+	VBROADCASTI32X4 x+16(AX), Z21 \
+	R16DOT(Z0, Z4, Z16) \
+	R16DOT(Z1, Z5, Z17) \
+	R16DOT(Z2, Z6, Z18) \
+	R16DOT(Z3, Z7, Z19) \
+	VPUNPCKLDQ Z17, Z16, Z4 \
+	VPUNPCKHDQ Z17, Z16, Z5 \
+	VPADDD Z5, Z4, Z4 \
+	VPUNPCKLDQ Z19, Z18, Z6 \
+	VPUNPCKHDQ Z19, Z18, Z7 \
+	VPADDD Z7, Z6, Z6 \
+	VPUNPCKLQDQ Z6, Z4, Z5 \
+	VPUNPCKHQDQ Z6, Z4, Z7 \
+	VPADDD Z7, Z5, Z5 \
+	VPSUBD.BCST s(BX), Z5, Z5 \
+	VCVTDQ2PS Z5, Z5 \
+	KMOVW K1, K2 \
+	VPXORD Z6, Z6, Z6 \
+	VPGATHERDD (DI)(Z11*1), K2, Z6 \
+	VPANDD Z12, Z6, Z6 \
+	VPSUBD Z10, Z6, Z6 \
+	VCVTDQ2PS Z6, Z6 \
+	VSCALEFPS Z6, Z8, Z6 \
+	VMULPS Z6, Z5, Z5 \
+	VADDPS Z5, Z22, Z22 \
+	ADDQ $16, SI \
+	ADDQ $16, R9 \
+	ADDQ $16, R10 \
+	ADDQ $16, R11 \
+	INCQ DI
+
+// mxfp4Rows16(q, e8 *byte, nblk, ntiles int, xq *int8, sx12 *int32, xs *float32, out *float32)
+//
+// The decode kernel of row-major MXFP4 weights, 16 rows at a time: row r
+// of a group of 16 ends in lane r, as in the tiled kernel. Each Z register
+// holds one block of four rows (k, k+4, k+8, k+12, a 128-bit lane each),
+// VPDPBUSD multiplies each lane's four code dwords by the activations'
+// matching dwords (mxPermRows' order, broadcast to every lane), and a
+// transposing add of the four registers leaves each row's block sum in
+// its lane. The scale bytes come by a gather of one dword a row, which
+// reads up to three bytes past the group's last row's: the caller passes
+// no group that ends a matrix. The float part is the tiled kernel's.
+TEXT ·mxfp4Rows16(SB), NOSPLIT, $0-64
+	MOVQ nblk+16(FP), R8
+	MOVQ ntiles+24(FP), R14
+	TESTQ R14, R14
+	JLE  r16done
+	TESTQ R8, R8
+	JLE  r16done
+	MOVQ q+0(FP), SI
+	MOVQ e8+8(FP), DI
+	MOVQ out+56(FP), DX
+	MOVQ R8, R12
+	SHLQ $4, R12          // a row's code bytes: 16 a block
+	LEAQ (R12)(R12*2), R13
+	MOVQ R8, R15
+	IMULQ $15, R15
+	VBROADCASTI32X4 mxlut<>+16(SB), Z15
+	MOVL $0x0f0f0f0f, AX
+	VMOVD AX, X9
+	VPBROADCASTD X9, Z9
+	MOVL $128, AX
+	VMOVD AX, X10
+	VPBROADCASTD X10, Z10
+	MOVL $0xff, AX
+	VMOVD AX, X12
+	VPBROADCASTD X12, Z12
+	VMOVD R8, X11
+	VPBROADCASTD X11, Z13
+	VMOVDQU32 mxpat<>+32(SB), Z11
+	VPMULLD Z13, Z11, Z11
+	MOVL $0xffff, AX
+	KMOVW AX, K1
+
+r16tile:
+	LEAQ (SI)(R12*4), R9
+	LEAQ (R9)(R12*4), R10
+	LEAQ (R10)(R12*4), R11
+	MOVQ xq+32(FP), AX
+	MOVQ sx12+40(FP), BX
+	MOVQ xs+48(FP), CX
+	MOVQ nblk+16(FP), R8
+	VXORPS Z22, Z22, Z22
+
+r16pair:
+	VBROADCASTSS (CX), Z8
+	R16BLK(0, 0)
+	R16BLK(32, 4)
+	ADDQ $64, AX
+	ADDQ $8, BX
+	ADDQ $4, CX
+	SUBQ $2, R8
+	JGT  r16pair
+
+	VMOVUPS Z22, (DX)
+	ADDQ $64, DX
+	// SI and DI have passed one row: on to the next group's first row.
+	LEAQ (SI)(R13*4), SI
+	ADDQ R13, SI
+	ADDQ R15, DI
+	DECQ R14
+	JNZ  r16tile
+
+r16done:
+	VZEROUPPER
+	RET

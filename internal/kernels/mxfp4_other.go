@@ -25,3 +25,9 @@ func mxPrepXAVX512(xp *int8, sx12 *int32, x8 *int8, nblk int) { panic("no AVX-51
 func mxPrepTileTiled(tile, q, e8 *byte, nblk int) { panic("no AVX-512") }
 
 func mxTileCodesAVX512(dst, src *byte, rb, nblk int) { panic("no AVX-512") }
+
+func mxfp4Rows16(q, e8 *byte, nblk, ntiles int, xq *int8, sx12 *int32, xs *float32, out *float32) {
+	panic("no AVX-512")
+}
+
+func mxPermRowsAVX512(xq *int8, nblk int) { panic("no AVX-512") }

@@ -122,12 +122,18 @@ func TestMXFP4Kernels(t *testing.T) {
 			for _, nb := range []int{1, 2, 3, 8, 17} {
 				rows, cols := sh[0], sh[1]
 				c := newMXCase(r, rows, cols, nb)
-				var out []float32
-				withQ4Path(p.avx2, p.vnni, func() { out = c.run(rows/3, rows/3+1, rows-rows/4) })
+				var out, gotMM, wantMM []float32
+				withQ4Path(p.avx2, p.vnni, func() {
+					out = c.run(rows/3, rows/3+1, rows-rows/4)
+					gotMM, wantMM = c.viaScratch() // the activations prepared: mxfp4Rows16
+				})
 				for b := 0; b < nb; b++ {
 					for o := 0; o < rows; o++ {
 						if got, want := out[b*rows+o], c.want(b, o); math.Float32bits(got) != math.Float32bits(want) {
 							t.Fatalf("%s [%d %d] nb %d: row %d out %d: %v, Go twin %v", p.name, rows, cols, nb, b, o, got, want)
+						}
+						if got, want := gotMM[b*rows+o], wantMM[b*rows+o]; math.Float32bits(got) != math.Float32bits(want) {
+							t.Fatalf("%s [%d %d] nb %d: MatMul row %d out %d: %v, Go twin %v", p.name, rows, cols, nb, b, o, got, want)
 						}
 					}
 				}
@@ -356,8 +362,8 @@ func TestTileMXFP4Layout(t *testing.T) {
 	}
 }
 
-// TestMXFP4PrepX: the assembly's permutation and block sums are the Go
-// twin's.
+// TestMXFP4PrepX: the assembly's permutations and block sums are the Go
+// twins'.
 func TestMXFP4PrepX(t *testing.T) {
 	if !useVNNI {
 		t.Skip("no AVX-512 VNNI")
@@ -372,6 +378,11 @@ func TestMXFP4PrepX(t *testing.T) {
 		mxPrepX(xb, sb, c.x8)
 		if !slices.Equal(xa, xb) || !slices.Equal(sa, sb) {
 			t.Fatalf("%d columns: assembly permutation %v, block sums %v", cols, slices.Equal(xa, xb), slices.Equal(sa, sb))
+		}
+		mxPermRows(xa, sa, c.x8)
+		mxPrepRows(xb, sb, c.x8)
+		if !slices.Equal(xa, xb) || !slices.Equal(sa, sb) {
+			t.Fatalf("%d columns: assembly row-kernel permutation %v, block sums %v", cols, slices.Equal(xa, xb), slices.Equal(sa, sb))
 		}
 	}
 }

@@ -20,6 +20,17 @@ import (
 // rows at once. Only the bytes' order changes, so every product gives
 // the same bits in either layout.
 
+// The orders of a product's permuted activations (matmulTask.xperm):
+// mxPermX's for the tiled kernel, mxPermRows' for mxfp4Rows16.
+const (
+	mxPermTiled = 1 + iota
+	mxPermRowsOrder
+)
+
+// mxRows16 lets row-major MXFP4 products take mxfp4Rows16; false leaves
+// them to the row kernel alone, for benchmarks.
+var mxRows16 = true
+
 // mxTileRows is the rows of a tile in the tiled MXFP4 layout.
 const mxTileRows = 16
 
@@ -161,6 +172,31 @@ func mxBlockSums(sx12 []int32, x8 []int8) {
 		}
 		sx12[b] = 12 * s
 	}
+}
+
+// mxPermRows writes x8 in the order mxfp4Rows16 broadcasts it: within
+// each block of 32, the even values of its four 8-value dwords (the low
+// nibbles of the codes), then the odd ones; and the blocks' sums as
+// mxBlockSums.
+func mxPermRows(xq []int8, sx12 []int32, x8 []int8) {
+	for b := 0; b+format.MXBlock <= len(x8); b += format.MXBlock {
+		for j := range 4 {
+			for i := range 4 {
+				xq[b+4*j+i], xq[b+16+4*j+i] = x8[b+8*j+2*i], x8[b+8*j+2*i+1]
+			}
+		}
+	}
+	mxBlockSums(sx12, x8)
+}
+
+// mxPrepRows is mxPermRows, in assembly where mxfp4Rows16 runs.
+func mxPrepRows(xq []int8, sx12 []int32, x8 []int8) {
+	if n := len(x8); useVNNI && n > 0 && n%format.GroupSize == 0 {
+		mxPrepX(xq, sx12, x8)
+		mxPermRowsAVX512(&xq[0], n/format.MXBlock)
+		return
+	}
+	mxPermRows(xq, sx12, x8)
 }
 
 // mxPrepX is mxPermX, in assembly where the tiled kernel runs.

@@ -262,7 +262,8 @@ type matmulTask struct {
 	out, x, xsum, xs []float32
 	x8               []int8
 	x8p              []int8  // q3, q2 with the kernel: x8 permuted by lowPerm; tiled MXFP4: by mxPermX
-	sx12             []int32 // tiled MXFP4: 12·Σx8 a block (mxPermX)
+	sx12             []int32 // MXFP4 with AVX-512: 12·Σx8 a block
+	xperm            uint8   // MXFP4: x8p's order, mxPermTiled or mxPermRowsOrder (0: none)
 	w                *Mat
 	nb               int
 	// rooms are the parts' rooms for widened scales (the Scratch's), and
@@ -442,9 +443,10 @@ func (s *Scratch) prepare(out []float32, w *Mat, x []float32, nb int) {
 		permuteLow(x8p, x8, w.Kind.Bits())
 	}
 	var sx12 []int32
-	if w.Kind == format.MXFP4 && useVNNI && (mxTiledReady(w) || nb >= mxTileMinRows) && w.Cols%format.GroupSize == 0 {
-		// The tiled decode kernel's activations, or the batched kernel's
-		// block sums: once a product, not once a part.
+	var xperm uint8
+	if w.Kind == format.MXFP4 && useVNNI && w.Cols%format.GroupSize == 0 {
+		// The decode kernels' activations, or the batched kernel's block
+		// sums: once a product, not once a part.
 		if cap(s.x8p) < len(x8) {
 			s.x8p = make([]int8, len(x8))
 		}
@@ -453,14 +455,19 @@ func (s *Scratch) prepare(out []float32, w *Mat, x []float32, nb int) {
 			s.sx12 = make([]int32, nb*nblk)
 		}
 		x8p, sx12 = s.x8p[:len(x8)], s.sx12[:nb*nblk]
+		prep := mxPrepX
+		xperm = mxPermTiled
+		if !w.Tiled && nb < mxTileMinRows {
+			prep, xperm = mxPrepRows, mxPermRowsOrder
+		}
 		for r := range nb {
-			mxPrepX(x8p[r*w.Cols:(r+1)*w.Cols], sx12[r*nblk:(r+1)*nblk], x8[r*w.Cols:(r+1)*w.Cols])
+			prep(x8p[r*w.Cols:(r+1)*w.Cols], sx12[r*nblk:(r+1)*nblk], x8[r*w.Cols:(r+1)*w.Cols])
 		}
 	}
 	if s.rooms == nil {
 		s.rooms = [][]float32{make([]float32, scaleRoom)}
 	}
-	s.mm = matmulTask{out: out[:nb*w.Rows], x: x[:nb*w.Cols], xsum: s.xsum, xs: xs, x8: x8, x8p: x8p, sx12: sx12, w: w, nb: nb, rooms: s.rooms}
+	s.mm = matmulTask{out: out[:nb*w.Rows], x: x[:nb*w.Cols], xsum: s.xsum, xs: xs, x8: x8, x8p: x8p, sx12: sx12, xperm: xperm, w: w, nb: nb, rooms: s.rooms}
 }
 
 // activations computes what a product with w needs of x: group sums for
