@@ -17,8 +17,8 @@ type Tensors struct {
 	man   *format.Manifest
 	dense []byte
 	err   error
-	// tile rearranges the q4 matrices it binds into the tiled layout
-	// (kernels.TileQ4), each once however often it is declared.
+	// tile rearranges the matrices it binds into their kind's tiled
+	// layout (kernels.Tile), each once however often it is declared.
 	tile  bool
 	tiled map[int64]bool // by offset in dense
 	tmp   []byte
@@ -109,11 +109,12 @@ func (t *Tensors) mat(name string, quant bool, shape []int) Weight {
 		return Weight{}
 	}
 	if t.tile && kernels.Tiles(&m) {
-		if !t.tiled[ft.Offset] {
-			t.tmp = kernels.TileQ4(m.Q, m.Rows, m.Cols, t.tmp)
+		if t.tiled[ft.Offset] {
+			m.Tiled = true // rearranged when first declared
+		} else {
+			t.tmp = kernels.Tile(&m, t.tmp)
 			t.tiled[ft.Offset] = true
 		}
-		m.Tiled = true
 	}
 	return Weight{T: ft, Mat: m}
 }
