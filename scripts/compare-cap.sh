@@ -6,6 +6,10 @@
 #
 #   LLAMA_BENCH=/path/to/llama-bench SYNTH_DIR=/big/disk scripts/compare-cap.sh [CAP...]
 #
+# LLAMA_BENCH=none runs sluice alone (no GGUF is written or read): its
+# speed under each cap against its own limit, on a machine without the
+# peer.
+#
 # CAP defaults to 0.25 and 0.10. The model is `sluice synth --like LIKE
 # --route router --gguf` (default qwen3-30b-a3b, all its layers: about
 # 17 GB as a sluice pack, 15 GB as the Q4_0 GGUF), written under SYNTH_DIR
@@ -32,6 +36,8 @@
 #       as a user whose model does not fit would run it. It warms up on a
 #       16-token batch, as llama-bench warms up, then decodes LLAMA_GEN tokens
 #       after a 1-token prompt.)
+# (sluice with --device cpu: the cap is on host memory, and on a GPU host
+# its default would decode on the GPU)
 # and the script prints the medians of decode tok/s, sluice's expert hit
 # rate, MB of experts read per decoded token and pool share (its --json),
 # and for every engine the MB read from disk during the whole run, load
@@ -46,7 +52,9 @@
 # LLAMA_GEN (GEN: tokens llama.cpp's runs decode, fewer where it pages
 # its weights from disk at a few seconds a token),
 # SPARE_MB (0: memory left beyond the budget, for the rest of the machine),
-# RUN_TIMEOUT (seconds a run may take, 1800). Needs Linux, python3, and
+# RUN_TIMEOUT (seconds a run may take, 1800), SLUICE and MEMHOLD (a
+# sluice binary and a scripts/memhold binary to run instead of building
+# them: a machine without Go). Needs Linux, python3, and
 # root or CAP_IPC_LOCK for the holder. Every engine runs with
 # oom_score_adj 1000, so that when memory runs out the OOM killer takes it
 # rather than the holder or other processes: a run killed for memory
@@ -56,7 +64,9 @@
 # is given.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-: "${LLAMA_BENCH:?set LLAMA_BENCH to the llama-bench binary}"
+: "${LLAMA_BENCH:?set LLAMA_BENCH to the llama-bench binary, or to none for sluice alone}"
+peer=1
+[ "$LLAMA_BENCH" != none ] || peer=0
 : "${SYNTH_DIR:?set SYNTH_DIR to a directory for the model (GBs; not inside the repository)}"
 caps=("$@")
 [ ${#caps[@]} -gt 0 ] || caps=(0.25 0.10)
@@ -84,24 +94,30 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-go build -o "$work/sluice" ./cmd/sluice
-go build -o "$work/memhold" ./scripts/memhold
-if [ ! -f "$model.gguf" ] || [ ! -f "$model/manifest.json" ]; then
+if [ -n "${SLUICE:-}" ]; then cp "$SLUICE" "$work/sluice"; else go build -o "$work/sluice" ./cmd/sluice; fi
+if [ -n "${MEMHOLD:-}" ]; then cp "$MEMHOLD" "$work/memhold"; else go build -o "$work/memhold" ./scripts/memhold; fi
+if [ ! -f "$model/manifest.json" ] || { [ $peer = 1 ] && [ ! -f "$model.gguf" ]; }; then
   mkdir -p "$SYNTH_DIR"
   largs=()
   [ "$layers" = 0 ] || largs=(--layers "$layers")
-  "$work/sluice" synth --like "$like" "${largs[@]}" --route router --out "$model" --gguf "$model.gguf"
+  [ $peer = 0 ] || largs+=(--gguf "$model.gguf")
+  "$work/sluice" synth --like "$like" "${largs[@]}" --route router --out "$model"
 fi
 
 # Dense and expert bytes of both files: the pack from its manifest (the
 # records of the model's MoE layers), the GGUF from its header (the
 # *_exps tensors; the rest of the file counts as dense).
-read -r s_dense s_exp g_dense g_exp < <(python3 - "$model/manifest.json" "$model.gguf" <<'PY'
+gguf=$model.gguf
+[ $peer = 1 ] || gguf=
+read -r s_dense s_exp g_dense g_exp < <(python3 - "$model/manifest.json" "$gguf" <<'PY'
 import json, os, struct, sys
 m = json.load(open(sys.argv[1]))
 c = m["config"]
 moe = c["num_hidden_layers"] - c.get("first_k_dense_replace", 0)
 s_exp = moe * m["experts"] * m["stores"][0]["stride"]
+if not sys.argv[2]:
+    print(m["dense_bytes"], s_exp, 0, 0)
+    sys.exit()
 f = open(sys.argv[2], "rb")
 def u(fmt):
     return struct.unpack("<" + fmt, f.read(struct.calcsize("<" + fmt)))[0]
@@ -179,7 +195,7 @@ capped() {
 
 run_engine() { # ENGINE BUDGET OUT
   case $1 in
-    sluice) capped "$2" "$3" "$work/sluice" bench -m "$model" --prompt 1 --gen "$gen" --threads "$threads" --repeat 1 --disk --json ;;
+    sluice) capped "$2" "$3" "$work/sluice" bench -m "$model" --device cpu --prompt 1 --gen "$gen" --threads "$threads" --repeat 1 --disk --json ;;
     llama) capped "$2" "$3" "$LLAMA_BENCH" -m "$model.gguf" -t "$threads" -r 1 -p 0 -n "$lgen" -o json ;;
     llama-nommap) capped "$2" "$3" "$LLAMA_BENCH" -m "$model.gguf" -t "$threads" -r 1 -p 0 -n "$lgen" -mmp 0 -o json ;;
     llama-norepack) capped "$2" "$3" "$LLAMA_BATCHED_BENCH" -m "$model.gguf" -t "$threads" -c $((lgen + 64)) -npp 1 -ntg "$lgen" -npl 1 --no-repack --output-format jsonl ;;
@@ -191,12 +207,13 @@ run_engine() { # ENGINE BUDGET OUT
 sync
 echo 3 2>/dev/null >/proc/sys/vm/drop_caches || true
 resident_ms=0
-if "$work/sluice" bench -m "$model" --prompt 1 --gen "$gen" --threads "$threads" --repeat 1 --json >"$work/resident.json" 2>"$work/resident.err"; then
+if "$work/sluice" bench -m "$model" --device cpu --prompt 1 --gen "$gen" --threads "$threads" --repeat 1 --json >"$work/resident.json" 2>"$work/resident.err"; then
   resident_ms=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(0 if d.get("experts") else 1000 / d["decode_tok_s"])' "$work/resident.json")
 fi
 echo "sluice resident decode: $(python3 -c "print('%.1f ms/token' % $resident_ms if $resident_ms else 'does not fit uncapped')")"
 
 engines=(sluice llama llama-nommap)
+[ $peer = 1 ] || engines=(sluice)
 [ -z "${LLAMA_BATCHED_BENCH:-}" ] || engines+=(llama-norepack)
 printf '%-6s %9s %9s | %9s %7s %7s %6s %8s %7s %8s | %9s %8s | %9s %8s | %9s %8s\n' cap "sluice_GB" "llama_GB" \
   "sluice_tg" hit% MB/tok pool% disk_MB disk_MBs "limit_tg" "llama_tg" disk_MB "nommap_tg" disk_MB "norepk_tg" disk_MB

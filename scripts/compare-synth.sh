@@ -48,7 +48,7 @@ else
   go build -o "$work/sluice" ./cmd/sluice
 fi
 lflags=(-t "$threads")
-sflags=(--threads "$threads")
+sflags=(--device cpu --threads "$threads")
 if [ "${DEVICE:-cpu}" = cuda ]; then
   lflags+=(-ngl 99 -fa 1)
   sflags=(--device cuda)
@@ -93,7 +93,7 @@ for L in "${depths[@]}"; do
 done
 if [ ${#depths[@]} -gt 1 ] && [ "${DEVICE:-cpu}" != cuda ]; then
   L=${depths[0]}
-  "$work/sluice" bench -m "$synth/$like-$L" --prompt 1 --gen 2 --repeat 1 --threads "$threads" --membw --json >"$work/m.json"
+  "$work/sluice" bench -m "$synth/$like-$L" --prompt 1 --gen 2 --repeat 1 --device cpu --threads "$threads" --membw --json >"$work/m.json"
   "$py" - "$work/tg" "$work/m.json" "$synth/$like-$L.gguf" <<'PY'
 import json, sys
 rows = [list(map(float, l.split())) for l in open(sys.argv[1])]
