@@ -197,8 +197,15 @@ const (
 // only partly made up for. On an Intel Xeon with AVX-512 VNNI an earlier
 // tiled layout, decoded on 256-bit registers, gained nothing (19.7-20.1
 // GB/s against 20.5-24.7), so there, where the 512-bit variant runs
-// (q4RowsZMM), the matrices stay row-major; the present layout, which
-// the 512-bit variant reads too, has not been measured there. The
+// (q4RowsZMM), the matrices stay row-major. The present layout, which
+// the 512-bit variant reads too, streams faster there but does not decode
+// faster: on an Intel Xeon (a 16-core GPU host, 2 threads),
+// BenchmarkQ4DecodeDRAM's whole2 read 2048×768 matrices at 25.2-25.6 GB/s
+// tiled (27.3-27.9 on 256-bit registers) against 21.2-21.9 row-major, but
+// an 8-layer qwen3-30b-a3b synth decoded at 40.8, 42.7 and 44.9 tok/s
+// tiled (39.0, 42.1 and 44.3 on 256-bit registers) against 41.6, 44.3
+// and 44.5 row-major (sluice bench --device cpu --prompt 1 --gen 64
+// --repeat 2, three alternating rounds). The
 // resident 40-layer qwen3.5-35b-a3b synth then decoded faster in six of
 // seven alternating pairs (median 1.09x; the README's Zen 4 section). On
 // a 2-core Zen 5, which runs the 512-bit variant at full width, that
