@@ -16,6 +16,7 @@ import (
 	"github.com/sluicelm/sluice/internal/model"
 	"github.com/sluicelm/sluice/internal/sample"
 	"github.com/sluicelm/sluice/internal/testutil"
+	"github.com/sluicelm/sluice/internal/testutil/enginetest"
 )
 
 func TestMain(m *testing.M) {
@@ -248,39 +249,13 @@ func TestSeededSampling(t *testing.T) {
 // MTP drafts, and by scoring, instead of answering token 0 forever.
 func TestNonFiniteLogits(t *testing.T) {
 	dir := testutil.CopyDir(t, testutil.Packed(t, "tiny-qwen3-5-moe", 4))
-	f, err := os.OpenFile(filepath.Join(dir, "dense.bin"), os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fi, err := f.Stat()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.WriteAt(bytes.Repeat([]byte{0xff}, int(fi.Size())), 0); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
+	enginetest.NaNWeights(t, dir)
 	e, err := engine.Open(context.Background(), dir, engine.Options{Threads: 2, Device: "cpu"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer e.Close()
-	for _, drafts := range []int{0, 2} {
-		for _, sp := range []sample.Params{{Temperature: 0}, {Temperature: 0.8, TopK: 40, Seed: 1}} {
-			st, err := e.NewState()
-			if err != nil {
-				t.Fatal(err)
-			}
-			o := engine.GenOptions{MaxTokens: 4, Sample: sp, IgnoreEOS: true, Drafts: drafts}
-			out, _, err := e.Generate(context.Background(), st, []int{5, 6, 7}, o, nil)
-			if err == nil || !strings.Contains(err.Error(), "not finite") {
-				t.Errorf("temperature %g, %d drafts: tokens %v, err %v; want an error about non-finite logits", sp.Temperature, drafts, out, err)
-			}
-		}
-	}
-	if _, err := e.Score(context.Background(), []int{5, 6, 7}); err == nil || !strings.Contains(err.Error(), "not finite") {
-		t.Errorf("score: err %v; want an error about non-finite logits", err)
-	}
+	enginetest.RequireNotFinite(t, e, "")
 }
 
 func TestGenerateErrors(t *testing.T) {
