@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -526,7 +527,18 @@ func (s *Stream) Begin(layer int, ids []int, hint model.Hint) error {
 			s.waiting++
 		}
 	}
+	before := s.missOut
 	s.issueMisses()
+	if s.missOut > before {
+		// Let a reader take this thread's processor now: the readers the
+		// sends woke otherwise wait for one until the forward blocks in
+		// Next, with both cores computing the layer's hits, so the demand
+		// reads began only once the hits were done. A runtime trace of a
+		// 10% pool had them waiting about 1 ms each; yielding here cut the
+		// decode's io wait from 4.5-5.9 to 1.5-3.2 ms a token (bench,
+		// qwen3-30b-a3b at 48 layers).
+		runtime.Gosched()
+	}
 	if layer == s.last {
 		s.prefetchNextToken()
 	}
