@@ -148,7 +148,9 @@ print(m["dense_bytes"], s_exp, g_dense, g_exp)
 PY
 )
 gb() { python3 -c "print('%.2f' % ($1 / 2**30))"; }
-echo "model $tag: sluice dense $(gb "$s_dense") GiB + experts $(gb "$s_exp") GiB; GGUF dense $(gb "$g_dense") GiB + experts $(gb "$g_exp") GiB"
+line="model $tag: sluice dense $(gb "$s_dense") GiB + experts $(gb "$s_exp") GiB"
+[ $peer = 0 ] || line+="; GGUF dense $(gb "$g_dense") GiB + experts $(gb "$g_exp") GiB"
+echo "$line"
 echo "machine: $(awk '/^MemTotal/ {printf "%.1f GiB", $2/2^20}' /proc/meminfo), $(nproc) CPUs; threads $threads, $gen generated tokens ($lgen for llama.cpp), $rounds rounds"
 
 meminfo() { awk -v k="$1:" '$1 == k {printf "%.0f\n", $2 * 1024}' /proc/meminfo; }

@@ -1,6 +1,6 @@
-// Package enginetest holds checks on a whole engine that the engine's
-// tests and the GPU backend's share, so that both backends answer to the
-// same requirement.
+// Package enginetest holds checks on a whole engine, outside the engine's
+// own tests so that the GPU backend's tests can run the same ones and
+// both backends answer to the same requirement.
 package enginetest
 
 import (
