@@ -98,7 +98,7 @@ PY
 		(cd "$dir" && exec ./cuda.test -test.count=1 -test.timeout=300s) >>"$log" 2>&1 || rc=1
 		echo "== cuda.test rc $rc" >>"$log"
 	fi
-	"$dir/gpu.test" -test.v -test.count=1 -test.timeout=400s -test.run "${TESTS:-TestGPU(Conformance|BatchInvariance|QuantisedNLL|Refusals|DecodeAllocs)}" 2>&1 | grep -v "^=== RUN" >>"$log"
+	"$dir/gpu.test" -test.v -test.count=1 -test.timeout=400s -test.run "${TESTS:-TestGPU(Conformance|BatchInvariance|QuantisedNLL|Refusals|DecodeAllocs|NonFiniteLogits)}" 2>&1 | grep -v "^=== RUN" >>"$log"
 	r=${PIPESTATUS[0]}
 	echo "== gpu.test rc $r" >>"$log"
 	[ "$r" = 0 ] || rc=1

@@ -673,6 +673,46 @@ func TestRoute(t *testing.T) {
 	})
 }
 
+// TestRouteNaN: a NaN logit (corrupt weights) leaves each router's ids
+// distinct and in range, for rows all NaN and rows with one NaN, so that
+// the experts they address exist; the forward's logits then come out NaN
+// and the caller refuses them. An id out of range would address memory
+// outside the experts' and end the context.
+func TestRouteNaN(t *testing.T) {
+	onGPU(t, func(e *env) {
+		r := rand.New(rand.NewPCG(8, 10))
+		const E, K, nb = 128, 8, 3
+		logits := randF32(r, nb*E, 3)
+		nan := float32(math.NaN())
+		for i := range E {
+			logits[i] = nan // row 0: all NaN
+		}
+		logits[E+5] = nan // row 1: one NaN
+		logits[2*E] = nan // row 2: the first NaN
+		check := func(what string, ids []int32) {
+			t.Helper()
+			for row := range nb {
+				seen := map[int32]bool{}
+				for _, id := range ids[row*K : (row+1)*K] {
+					if id < 0 || id >= E || seen[id] {
+						t.Errorf("%s row %d: ids %v, want %d distinct in [0,%d)", what, row, ids[row*K:(row+1)*K], K, E)
+						break
+					}
+					seen[id] = true
+				}
+			}
+		}
+		idd, wd := e.alloc(4*nb*K), e.alloc(4*nb*K)
+		must(e.k.Route(e.s, up(e, logits), e.alloc(4*nb*E), idd, wd, nb, E, K, true))
+		check("route", down[int32](e, idd, nb*K))
+		must(e.k.RouteTopK(e.s, up(e, logits), idd, wd, nb, E, K))
+		check("route_topk", down[int32](e, idd, nb*K))
+		g := Groups{Corr: up(e, make([]float32, E)), Groups: 8, Top: 4, Norm: true, Scale: 1}
+		must(e.k.RouteGroups(e.s, up(e, logits), e.alloc(4*nb*E), idd, wd, nb, E, K, g))
+		check("route_groups", down[int32](e, idd, nb*K))
+	})
+}
+
 // TestRouteGroups checks DeepSeek-V3's group-limited sigmoid router
 // against the CPU's model.RouteGroups, bit for bit: one group (GLM-4.5),
 // DeepSeek-V3's 8 groups keeping 4, groups past a warp's lanes, the
@@ -798,15 +838,16 @@ func TestMatF32(t *testing.T) {
 
 // TestArgmax checks greedy argmax with planted ties, at vocabulary sizes
 // that take the kernel's float4 path (a multiple of 4) and its scalar one,
-// below one element a thread, and a row with no finite value.
+// below one element a thread, and rows whose largest value is not finite
+// (no finite value, or +Inf), which give -1.
 func TestArgmax(t *testing.T) {
 	onGPU(t, func(e *env) {
 		r := rand.New(rand.NewPCG(9, 9))
 		for _, V := range []int{151937, 151936, 4100, 7} {
-			const nb = 5
+			const nb = 6
 			x := randF32(r, nb*V, 10)
 			want := make([]int32, nb)
-			for i := 0; i < nb-1; i++ {
+			for i := 0; i < 4; i++ {
 				row := x[i*V : (i+1)*V]
 				a, b := r.IntN(V), r.IntN(V)
 				row[a], row[b] = 11, 11 // a tie for the maximum
@@ -825,7 +866,9 @@ func TestArgmax(t *testing.T) {
 					x[4*V+j] = float32(math.NaN())
 				}
 			}
-			want[4] = 0
+			want[4] = -1
+			x[5*V+r.IntN(V)] = float32(math.Inf(1)) // an overflow
+			want[5] = -1
 			out := e.alloc(4 * nb)
 			must(e.k.Argmax(e.s, up(e, x), out, nb, V))
 			got := down[int32](e, out, nb)

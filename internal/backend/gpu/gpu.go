@@ -1346,15 +1346,34 @@ func (r *Runner) doForward() error {
 		}
 		if argmax && all {
 			for i := range nb {
-				r.fa.bestAll[done+i] = int(r.pam[i])
+				b, err := choice(r.pam[i], st.Pos-nb+i)
+				if err != nil {
+					return err
+				}
+				r.fa.bestAll[done+i] = b
 			}
 		}
 		done += nb
 	}
 	if argmax {
-		r.fa.best = int(r.pam[0])
+		b, err := choice(r.pam[0], st.Pos-1)
+		if err != nil {
+			return err
+		}
+		r.fa.best = b
 	}
 	return nil
+}
+
+// choice is the device argmax's pick for the logits at position pos: the
+// kernel writes -1 where the largest logit is not finite (NaN throughout,
+// or an overflow), which the CPU's decode refuses too, since falling back
+// to a token would read as a real answer.
+func choice(v int32, pos int) (int, error) {
+	if v < 0 {
+		return 0, fmt.Errorf("the logits at position %d are not finite: the model's weights may be corrupt", pos)
+	}
+	return int(v), nil
 }
 
 // reset zeroes a sequence's DeltaNet state for position 0.

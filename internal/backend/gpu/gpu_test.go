@@ -34,6 +34,7 @@ import (
 	"github.com/sluicelm/sluice/internal/quant"
 	"github.com/sluicelm/sluice/internal/sample"
 	"github.com/sluicelm/sluice/internal/testutil"
+	"github.com/sluicelm/sluice/internal/testutil/enginetest"
 )
 
 // gpuModels are the models every GPU test runs: the shared checkpoints
@@ -559,6 +560,28 @@ func round(v []float64) []float64 {
 		out[i] = math.Round(x)
 	}
 	return out
+}
+
+// TestGPUNonFiniteLogits: a model whose weights are corrupt (every byte
+// of dense.bin 0xFF: NaN scales and values) computes NaN logits on the
+// GPU too, through each family's router (whose ids must stay in range:
+// TestRouteNaN), and generation, greedy (the device's argmax, graphs on
+// and off, and MTP verifies where the model has a head) and sampled, and
+// scoring refuse it, as the CPU does, instead of answering token 0
+// forever.
+func TestGPUNonFiniteLogits(t *testing.T) {
+	needGPU(t)
+	for _, name := range gpuModels {
+		t.Run(name, func(t *testing.T) {
+			dir := testutil.CopyDir(t, packed(t, name, 4))
+			enginetest.NaNWeights(t, dir)
+			e := open(t, dir, "cuda", 64)
+			for _, graphs := range []bool{true, false} {
+				e.Fwd.(interface{ SetGraphs(bool) }).SetGraphs(graphs)
+				enginetest.RequireNotFinite(t, e, fmt.Sprintf("graphs %v, ", graphs))
+			}
+		})
+	}
 }
 
 // TestGPUDecodeAllocs: a decode step on the GPU allocates nothing on the

@@ -308,7 +308,10 @@ func (r *Runner) mtpRows(ds *dstate, pos int, hidden []float32, toks []int, out 
 	r.prof.collect(r)
 	r.collectWaits()
 	copy(out[:lw], r.plog.F32()[:lw])
-	return int(r.pam[0]), nil
+	if !argmax {
+		return 0, nil
+	}
+	return choice(r.pam[0], pos+len(toks))
 }
 
 // mtpBody queues the head over the nb rows of its input in m.in: the two

@@ -181,7 +181,8 @@ extern "C" __global__ void route(const float* logits, float* probs, int* __restr
     __syncwarp();
     float sum = 0.0f;
     for (int k = 0; k < K; k++) {
-        float bv = -2.0f;
+        // A candidate is above -1: the chosen entries (-1) and NaN are not.
+        float bv = -1.0f;
         int bi = 0x7fffffff;
         for (int i = lane; i < E; i += 32) {
             float v = pr[i];
@@ -192,6 +193,22 @@ extern "C" __global__ void route(const float* logits, float* probs, int* __restr
             float ov = __shfl_xor_sync(FULL_MASK, bv, s);
             int oi = __shfl_xor_sync(FULL_MASK, bi, s);
             if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
+        }
+        if (bi == 0x7fffffff) {
+            // No candidate: a NaN logit made every probability NaN. Take
+            // the lowest entry not chosen yet, so that the ids stay distinct
+            // and in range (an id past E would address memory outside the
+            // experts'); the forward's logits come out NaN, which the caller
+            // refuses.
+            bi = E;
+            for (int i = lane; i < E; i += 32)
+                if (pr[i] != -1.0f) {
+                    bi = i;
+                    break;
+                }
+#pragma unroll
+            for (int s = 16; s > 0; s >>= 1) bi = min(bi, __shfl_xor_sync(FULL_MASK, bi, s));
+            bv = pr[bi];
         }
         if (lane == 0) {
             ids[row * K + k] = bi;
@@ -207,15 +224,29 @@ extern "C" __global__ void route(const float* logits, float* probs, int* __restr
 // NONE is "no entry" in a warp's search for its best.
 #define NONE 0x7fffffff
 
+// beats reports whether the candidate (v, i) ranks above (bv, bi) in a
+// search for the best: the larger value, ties to the lower index, NaN
+// below every number and NONE below everything. The order is total, so
+// that every lane of a warp agrees on one best even where a corrupt
+// model's values are NaN (with the plain comparison each lane would keep
+// its own, and the ids would repeat).
+__device__ __forceinline__ bool beats(float v, int i, float bv, int bi) {
+    if (i == NONE) return false;
+    if (bi == NONE) return true;
+    bool vn = isnan(v), bn = isnan(bv);
+    if (vn != bn) return bn;
+    if (vn) return i < bi;
+    return v > bv || (v == bv && i < bi);
+}
+
 // warp_best reduces the lanes' candidates (bv, bi; bi == NONE: none) to
-// the warp's best, the larger value with ties to the lower index. Every
-// lane returns it.
+// the warp's best by beats. Every lane returns it.
 __device__ __forceinline__ void warp_best(float& bv, int& bi) {
 #pragma unroll
     for (int s = 16; s > 0; s >>= 1) {
         float ov = __shfl_xor_sync(FULL_MASK, bv, s);
         int oi = __shfl_xor_sync(FULL_MASK, bi, s);
-        if (oi != NONE && (bi == NONE || ov > bv || (ov == bv && oi < bi))) bv = ov, bi = oi;
+        if (beats(ov, oi, bv, bi)) bv = ov, bi = oi;
     }
 }
 
@@ -232,10 +263,10 @@ __device__ __forceinline__ int pick_next(int E, unsigned& chosen, F val, float& 
     for (int i = lane, j = 0; i < E; i += 32, j++) {
         float v;
         if (((chosen >> j) & 1) || !val(i, v)) continue;
-        if (bi == NONE || v > bv) bv = v, bi = i;
+        if (beats(v, i, bv, bi)) bv = v, bi = i;
     }
     warp_best(bv, bi);
-    if (bi == NONE) bi = 0; // only NaN values left
+    if (bi == NONE) bi = 0; // every entry chosen or skipped
     if ((bi & 31) == lane) chosen |= 1u << (bi >> 5);
     best = bv;
     return bi;
@@ -279,7 +310,7 @@ extern "C" __global__ void route_groups(const float* logits, float* probs, const
             float bv = ninf;
             int bi = NONE;
             if (lane < G && !((keep >> lane) & 1)) bv = sc[0], bi = lane;
-            if (lane + 32 < G && !((keep >> (lane + 32)) & 1) && (bi == NONE || sc[1] > bv)) bv = sc[1], bi = lane + 32;
+            if (lane + 32 < G && !((keep >> (lane + 32)) & 1) && beats(sc[1], lane + 32, bv, bi)) bv = sc[1], bi = lane + 32;
             warp_best(bv, bi);
             if (bi != NONE) keep |= 1ull << bi;
         }
@@ -379,7 +410,10 @@ extern "C" __global__ void add_rows(float* x, const float* __restrict__ b, int r
 }
 
 // argmax: per row of V logits the index of the largest, ties to the lowest
-// index (as sample's greedy argmax); a row of only NaN or -Inf gives 0.
+// index (as sample's greedy argmax). A row whose largest logit is not
+// finite (every one NaN or -Inf, or the largest +Inf) gives -1: the forward
+// computed garbage, which the caller reports rather than choose a token,
+// as the CPU refuses such a choice.
 // One block of 1024 threads per row. A row is a few hundred KB that one
 // multiprocessor reads: each thread keeps 4 loads (of 4 floats where the
 // row allows) in flight before comparing, so that the block waits for
@@ -453,7 +487,7 @@ extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax(const float*
             int oi = __shfl_xor_sync(FULL_MASK, bi, s);
             if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
         }
-        if (lane == 0) out[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
+        if (lane == 0) out[blockIdx.x] = bi == 0x7fffffff || isinf(bv) ? -1 : bi;
     }
 }
 
