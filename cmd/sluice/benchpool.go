@@ -122,6 +122,7 @@ type poolBench struct {
 	LookRecall       float64 `json:"lookahead_recall"`
 	LookWaste        float64 `json:"lookahead_waste_per_useful"`
 	LookSkipped      float64 `json:"lookahead_skipped"` // share of predicted records not prefetched (their rank paused)
+	LookPaused       float64 `json:"lookahead_paused"`  // share of steps without predictions (they cost more than they saved)
 	// The decode's requests replayed offline from an empty pool of the same
 	// size: under the optimal eviction (Belady's; no policy hits more),
 	// under the pool's own policy without lookahead, and under each policy.
@@ -142,7 +143,7 @@ func summarisePool(e *engine.Engine, trials []benchTrial) *poolBench {
 	man := e.Model.Manifest
 	pb := &poolBench{Slots: s.Slots(), PoolMB: float64(int64(s.Slots())*s.Stride()) / 1e6,
 		PoolShare: float64(s.Slots()) / float64(man.ExpertLayers*man.Experts)}
-	var hit, mbt, pmbt, iow, mst, rbw, busy, load, util, rec, waste, skip, opt, cut []float64
+	var hit, mbt, pmbt, iow, mst, rbw, busy, load, util, rec, waste, skip, paused, opt, cut []float64
 	sim := map[experts.Policy][]float64{}
 	nl := 0
 	for _, t := range trials {
@@ -183,9 +184,13 @@ func summarisePool(e *engine.Engine, trials []benchTrial) *poolBench {
 		if d.LookIssued+d.LookSkip > 0 {
 			skip = append(skip, float64(d.LookSkip)/float64(d.LookIssued+d.LookSkip))
 		}
+		if d.LookTokens > 0 {
+			paused = append(paused, float64(d.LookPaused)/float64(d.LookTokens))
+		}
 	}
 	pb.HitRate, pb.MBPerToken, pb.PrefillMBTok, pb.IOWaitMSTok, pb.MSPerToken = median(hit), median(mbt), median(pmbt), median(iow), median(mst)
 	pb.ReadMBs, pb.ReadBusy, pb.LoadMBs, pb.LoadUtil, pb.LookRecall, pb.LookWaste, pb.LookSkipped = median(rbw), median(busy), median(load), median(util), median(rec), median(waste), median(skip)
+	pb.LookPaused = median(paused)
 	pb.OptimalHitRate, pb.PolicyHitRate, pb.CutsPerToken = median(opt), median(sim[s.Options().Policy]), median(cut)
 	pb.PolicyHitRates = map[string]float64{}
 	for p, r := range sim {

@@ -74,3 +74,71 @@ func TestLookGate(t *testing.T) {
 		t.Error("a layer out of range is on, or recorded a prediction")
 	}
 }
+
+// TestLookEcon: predictions that cost more than the io wait their useful
+// prefetches saved pause after a window, for longer after each window that
+// does not pay, up to lookPauseMax; predictions that save more keep on.
+func TestLookEcon(t *testing.T) {
+	s := &Stream{o: Options{Lookahead: true}}
+	s.stats.init(2, 16, 4)
+	s.startLookWindow()
+	// step runs one step: each layer missed misses experts, waiting
+	// waitNs in all, and the lookahead caught useful, its predictions
+	// costing costNs.
+	step := func(misses, useful, waitNs, costNs int64) {
+		s.stats.layers[0].Misses.Add(misses)
+		s.stats.layers[1].IOWaitNs.Add(waitNs)
+		s.stats.LookUseful.Add(useful)
+		if s.Predicting() {
+			s.LookCost(costNs)
+		}
+		s.weighLookahead()
+	}
+	// Paying: 2 useful a step at 1 ms a miss against 0.5 ms of predicting.
+	for range 4 * lookWindow {
+		step(4, 2, 4e6, 5e5)
+		if !s.Predicting() {
+			t.Fatal("paused while the predictions saved more than they cost")
+		}
+	}
+	// Not paying: 0.1 useful a step at 0.1 ms a miss against 0.5 ms.
+	want := lookPause
+	for w := range 6 {
+		for i := range lookWindow {
+			if !s.Predicting() {
+				t.Fatalf("window %d step %d: paused inside a window", w, i)
+			}
+			step(4, int64(i%10/9), 4e5, 5e5)
+		}
+		n := 0
+		for !s.Predicting() {
+			step(4, 0, 4e5, 5e5)
+			n++
+		}
+		if n != want {
+			t.Fatalf("pause %d: %d steps, want %d", w, n, want)
+		}
+		want = min(2*want, lookPauseMax)
+	}
+	st := s.Stats()
+	if st.LookPaused == 0 || st.LookTokens <= st.LookPaused {
+		t.Fatalf("counters: %d steps, %d paused", st.LookTokens, st.LookPaused)
+	}
+	// Paying again: the next pause is the shortest again.
+	for range lookWindow {
+		step(4, 8, 4e6, 5e5)
+	}
+	if !s.Predicting() {
+		t.Fatal("paused after a window that paid")
+	}
+	if s.econ.pause != lookPause {
+		t.Fatalf("next pause %d after a window that paid, want %d", s.econ.pause, lookPause)
+	}
+	// Off: nothing counted.
+	off := &Stream{}
+	off.stats.init(1, 8, 1)
+	off.weighLookahead()
+	if off.stats.LookTokens.Load() != 0 {
+		t.Fatal("counted a step with the lookahead off")
+	}
+}

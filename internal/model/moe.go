@@ -4,6 +4,7 @@ import (
 	"math"
 	"slices"
 	"sync/atomic"
+	"time"
 
 	"github.com/sluicelm/sluice/internal/block"
 	"github.com/sluicelm/sluice/internal/format"
@@ -359,6 +360,11 @@ func (r *Runner) lookahead(L *block.MoE, nb int) {
 	if !ok || !pf.Lookahead() || L.Layer+1 >= len(layers) {
 		return
 	}
+	lw, _ := pf.(LookWeigher)
+	if lw != nil && !lw.Predicting() {
+		return
+	}
+	t0 := time.Now()
 	c := &r.M.Config
 	s := &r.moe
 	H, E, K := c.Hidden, c.Experts, c.TopK
@@ -399,6 +405,9 @@ func (r *Runner) lookahead(L *block.MoE, nb int) {
 		s.pmark[e] = false
 	}
 	pf.Prefetch(L.Layer+1, s.pred)
+	if lw != nil {
+		lw.LookCost(time.Since(t0).Nanoseconds())
+	}
 }
 
 // runExpert computes distinct expert di for the rows that chose it into its

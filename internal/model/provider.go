@@ -79,6 +79,15 @@ type Prefetcher interface {
 	Prefetch(layer int, ids []int)
 }
 
+// LookWeigher is a Prefetcher that weighs what the predictions cost
+// against what they save: the forward asks Predicting before each one
+// (false: not worth it for now, skip it) and reports the time each took
+// to LookCost.
+type LookWeigher interface {
+	Predicting() bool
+	LookCost(ns int64)
+}
+
 // ExpertFromRecord builds the views of one record laid out as st says.
 func ExpertFromRecord(rec []byte, st *format.ExpertStore) (Expert, error) {
 	var e Expert
