@@ -184,8 +184,8 @@ func summarisePool(e *engine.Engine, trials []benchTrial) *poolBench {
 		if d.LookIssued+d.LookSkip > 0 {
 			skip = append(skip, float64(d.LookSkip)/float64(d.LookIssued+d.LookSkip))
 		}
-		if d.LookTokens > 0 {
-			paused = append(paused, float64(d.LookPaused)/float64(d.LookTokens))
+		if d.LookSteps > 0 {
+			paused = append(paused, float64(d.LookPaused)/float64(d.LookSteps))
 		}
 	}
 	pb.HitRate, pb.MBPerToken, pb.PrefillMBTok, pb.IOWaitMSTok, pb.MSPerToken = median(hit), median(mbt), median(pmbt), median(iow), median(mst)

@@ -121,8 +121,8 @@ func TestLookEcon(t *testing.T) {
 		want = min(2*want, lookPauseMax)
 	}
 	st := s.Stats()
-	if st.LookPaused == 0 || st.LookTokens <= st.LookPaused {
-		t.Fatalf("counters: %d steps, %d paused", st.LookTokens, st.LookPaused)
+	if st.LookPaused == 0 || st.LookSteps <= st.LookPaused {
+		t.Fatalf("counters: %d steps, %d paused", st.LookSteps, st.LookPaused)
 	}
 	// Paying again: the next pause is the shortest again.
 	for range lookWindow {
@@ -138,7 +138,7 @@ func TestLookEcon(t *testing.T) {
 	off := &Stream{}
 	off.stats.init(1, 8, 1)
 	off.weighLookahead()
-	if off.stats.LookTokens.Load() != 0 {
+	if off.stats.LookSteps.Load() != 0 {
 		t.Fatal("counted a step with the lookahead off")
 	}
 }

@@ -26,9 +26,9 @@ type Stats struct {
 	// LookSkipped counts predicted records not prefetched because their
 	// rank's predictions in their layer were not paying (LookGate).
 	LookSkipped atomic.Int64
-	// LookTokens counts the steps the lookahead's economics saw (lookEcon),
+	// LookSteps counts the steps the lookahead's economics saw (lookEcon),
 	// LookPaused those it spent without predictions.
-	LookTokens atomic.Int64
+	LookSteps  atomic.Int64
 	LookPaused atomic.Int64
 	Cuts       atomic.Int64
 	ReadErrors atomic.Int64
@@ -106,7 +106,7 @@ type Snapshot struct {
 	LookUseful       int64           `json:"-"`
 	LookWasted       int64           `json:"-"`
 	LookSkip         int64           `json:"-"`
-	LookTokens       int64           `json:"-"`
+	LookSteps        int64           `json:"-"`
 	LookPaused       int64           `json:"-"`
 	Layers           []LayerSnapshot `json:"-"`
 }
@@ -124,7 +124,7 @@ type LayerSnapshot struct {
 func (s *Stream) Stats() Snapshot {
 	st := &s.stats
 	o := Snapshot{PoolSlots: st.Slots, BytesRead: st.BytesRead.Load(), Evictions: st.Evictions.Load(), Cuts: st.Cuts.Load(),
-		LookIssued: st.LookIssued.Load(), LookUseful: st.LookUseful.Load(), LookWasted: st.LookWasted.Load(), LookSkip: st.LookSkipped.Load(), LookTokens: st.LookTokens.Load(), LookPaused: st.LookPaused.Load(), ReadBusyMS: float64(st.ReadBusyNs.Load()) / 1e6,
+		LookIssued: st.LookIssued.Load(), LookUseful: st.LookUseful.Load(), LookWasted: st.LookWasted.Load(), LookSkip: st.LookSkipped.Load(), LookSteps: st.LookSteps.Load(), LookPaused: st.LookPaused.Load(), ReadBusyMS: float64(st.ReadBusyNs.Load()) / 1e6,
 		PrefetchReaders: s.PrefetchReaders(), PrefetchSwitches: st.PrefetchSwitches.Load(),
 		DeepMS: float64(st.DeepNs.Load()) / 1e6, DeepBytes: st.DeepBytes.Load()}
 	o.Layers = make([]LayerSnapshot, len(st.layers))
@@ -143,7 +143,7 @@ func (s *Stream) Stats() Snapshot {
 func (a Snapshot) Sub(b Snapshot) Snapshot {
 	o := Snapshot{PoolSlots: a.PoolSlots, Hits: a.Hits - b.Hits, Misses: a.Misses - b.Misses, BytesRead: a.BytesRead - b.BytesRead,
 		IOWaitMS: a.IOWaitMS - b.IOWaitMS, Evictions: a.Evictions - b.Evictions, Cuts: a.Cuts - b.Cuts,
-		LookIssued: a.LookIssued - b.LookIssued, LookUseful: a.LookUseful - b.LookUseful, LookWasted: a.LookWasted - b.LookWasted, LookSkip: a.LookSkip - b.LookSkip, LookTokens: a.LookTokens - b.LookTokens, LookPaused: a.LookPaused - b.LookPaused, ReadBusyMS: a.ReadBusyMS - b.ReadBusyMS,
+		LookIssued: a.LookIssued - b.LookIssued, LookUseful: a.LookUseful - b.LookUseful, LookWasted: a.LookWasted - b.LookWasted, LookSkip: a.LookSkip - b.LookSkip, LookSteps: a.LookSteps - b.LookSteps, LookPaused: a.LookPaused - b.LookPaused, ReadBusyMS: a.ReadBusyMS - b.ReadBusyMS,
 		PrefetchReaders: a.PrefetchReaders, PrefetchSwitches: a.PrefetchSwitches - b.PrefetchSwitches,
 		DeepMS: a.DeepMS - b.DeepMS, DeepBytes: a.DeepBytes - b.DeepBytes}
 	if len(a.Layers) == len(b.Layers) {

@@ -479,7 +479,7 @@ func (s *Stream) weighLookahead() {
 		return
 	}
 	e := &s.econ
-	s.stats.LookTokens.Add(1)
+	s.stats.LookSteps.Add(1)
 	if e.paused > 0 {
 		s.stats.LookPaused.Add(1)
 		if e.paused--; e.paused == 0 {
