@@ -122,7 +122,8 @@ type poolBench struct {
 	LookRecall       float64 `json:"lookahead_recall"`
 	LookWaste        float64 `json:"lookahead_waste_per_useful"`
 	LookSkipped      float64 `json:"lookahead_skipped"` // share of predicted records not prefetched (their rank paused)
-	LookPaused       float64 `json:"lookahead_paused"`  // share of steps without predictions (they cost more than they saved)
+	LookPaused       float64 `json:"lookahead_paused"`  // share of steps without predictions (timed slower than without)
+	LookGainMS       float64 `json:"lookahead_gain_ms"` // the step time predicting saved (negative: added), as the stream's trial last timed it
 	// The decode's requests replayed offline from an empty pool of the same
 	// size: under the optimal eviction (Belady's; no policy hits more),
 	// under the pool's own policy without lookahead, and under each policy.
@@ -187,6 +188,7 @@ func summarisePool(e *engine.Engine, trials []benchTrial) *poolBench {
 		if d.LookSteps > 0 {
 			paused = append(paused, float64(d.LookPaused)/float64(d.LookSteps))
 		}
+		pb.LookGainMS = d.LookGainMS
 	}
 	pb.HitRate, pb.MBPerToken, pb.PrefillMBTok, pb.IOWaitMSTok, pb.MSPerToken = median(hit), median(mbt), median(pmbt), median(iow), median(mst)
 	pb.ReadMBs, pb.ReadBusy, pb.LoadMBs, pb.LoadUtil, pb.LookRecall, pb.LookWaste, pb.LookSkipped = median(rbw), median(busy), median(load), median(util), median(rec), median(waste), median(skip)

@@ -180,7 +180,7 @@ func (m *modelFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&x.gpuCPU, "gpu-cpu-share", "auto", "on the GPU with an expert pool, the share (0..1) of each layer's decode misses that the CPU computes from host memory instead of copying them to the GPU; auto: a cost model picks it per layer from the CPU's measured time per expert and the link's per record (q4 experts; the tokens are the same either way)")
 	fs.StringVar(&x.gpuPoolMB, "gpu-pool-mb", "", "on the GPU, stream experts through a device pool of N MiB, or N% of the expert store, filled from host memory (default: every expert on the GPU if they fit, else a pool of the memory left)")
 	fs.Var(setFloat{&x.memoryGB, &x.memorySet}, "memory-gb", "total memory budget in GiB (dense + state + scratch + expert pool); experts stream when they do not fit")
-	fs.BoolVar(&x.lookahead, "lookahead", true, "prefetch the next layer's predicted experts while this layer computes")
+	fs.BoolVar(&x.lookahead, "lookahead", true, "prefetch the next layer's predicted experts while this layer computes (steps are timed with and without predicting, and predicting pauses where it is slower)")
 	fs.StringVar(&x.evict, "evict", "", "expert pool eviction: markov (each layer's expert-to-expert transitions), lrfu (recency-weighted use counts, by layer order), flru (frequency-weighted LRU) or lru; default markov")
 	fs.IntVar(&x.missBits, "miss-bits", 0, "lossy: read missed experts from the 3- or 2-bit store (sluice pack --low-bits)")
 	fs.Float64Var(&x.cutWeak, "cut-weak", 0, "lossy: skip a late-arriving expert whose routing weight is below W in every row")

@@ -26,10 +26,13 @@ type Stats struct {
 	// LookSkipped counts predicted records not prefetched because their
 	// rank's predictions in their layer were not paying (LookGate).
 	LookSkipped atomic.Int64
-	// LookSteps counts the steps the lookahead's economics saw (lookEcon),
-	// LookPaused those it spent without predictions.
+	// LookSteps counts the steps the lookahead's trial saw (lookTrial),
+	// LookPaused those it spent without predictions; LookGainNs is the
+	// trial's estimate of the step time predicting saves (negative: adds),
+	// in ns.
 	LookSteps  atomic.Int64
 	LookPaused atomic.Int64
+	LookGainNs atomic.Int64
 	Cuts       atomic.Int64
 	ReadErrors atomic.Int64
 	// Wall time with at least one read in flight: bytes over this is
@@ -108,6 +111,7 @@ type Snapshot struct {
 	LookSkip         int64           `json:"-"`
 	LookSteps        int64           `json:"-"`
 	LookPaused       int64           `json:"-"`
+	LookGainMS       float64         `json:"-"` // the trial's estimate when taken (Sub keeps the later)
 	Layers           []LayerSnapshot `json:"-"`
 }
 
@@ -124,7 +128,7 @@ type LayerSnapshot struct {
 func (s *Stream) Stats() Snapshot {
 	st := &s.stats
 	o := Snapshot{PoolSlots: st.Slots, BytesRead: st.BytesRead.Load(), Evictions: st.Evictions.Load(), Cuts: st.Cuts.Load(),
-		LookIssued: st.LookIssued.Load(), LookUseful: st.LookUseful.Load(), LookWasted: st.LookWasted.Load(), LookSkip: st.LookSkipped.Load(), LookSteps: st.LookSteps.Load(), LookPaused: st.LookPaused.Load(), ReadBusyMS: float64(st.ReadBusyNs.Load()) / 1e6,
+		LookIssued: st.LookIssued.Load(), LookUseful: st.LookUseful.Load(), LookWasted: st.LookWasted.Load(), LookSkip: st.LookSkipped.Load(), LookSteps: st.LookSteps.Load(), LookPaused: st.LookPaused.Load(), LookGainMS: float64(st.LookGainNs.Load()) / 1e6, ReadBusyMS: float64(st.ReadBusyNs.Load()) / 1e6,
 		PrefetchReaders: s.PrefetchReaders(), PrefetchSwitches: st.PrefetchSwitches.Load(),
 		DeepMS: float64(st.DeepNs.Load()) / 1e6, DeepBytes: st.DeepBytes.Load()}
 	o.Layers = make([]LayerSnapshot, len(st.layers))
@@ -143,7 +147,7 @@ func (s *Stream) Stats() Snapshot {
 func (a Snapshot) Sub(b Snapshot) Snapshot {
 	o := Snapshot{PoolSlots: a.PoolSlots, Hits: a.Hits - b.Hits, Misses: a.Misses - b.Misses, BytesRead: a.BytesRead - b.BytesRead,
 		IOWaitMS: a.IOWaitMS - b.IOWaitMS, Evictions: a.Evictions - b.Evictions, Cuts: a.Cuts - b.Cuts,
-		LookIssued: a.LookIssued - b.LookIssued, LookUseful: a.LookUseful - b.LookUseful, LookWasted: a.LookWasted - b.LookWasted, LookSkip: a.LookSkip - b.LookSkip, LookSteps: a.LookSteps - b.LookSteps, LookPaused: a.LookPaused - b.LookPaused, ReadBusyMS: a.ReadBusyMS - b.ReadBusyMS,
+		LookIssued: a.LookIssued - b.LookIssued, LookUseful: a.LookUseful - b.LookUseful, LookWasted: a.LookWasted - b.LookWasted, LookSkip: a.LookSkip - b.LookSkip, LookSteps: a.LookSteps - b.LookSteps, LookPaused: a.LookPaused - b.LookPaused, LookGainMS: a.LookGainMS, ReadBusyMS: a.ReadBusyMS - b.ReadBusyMS,
 		PrefetchReaders: a.PrefetchReaders, PrefetchSwitches: a.PrefetchSwitches - b.PrefetchSwitches,
 		DeepMS: a.DeepMS - b.DeepMS, DeepBytes: a.DeepBytes - b.DeepBytes}
 	if len(a.Layers) == len(b.Layers) {

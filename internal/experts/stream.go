@@ -223,8 +223,8 @@ type Stream struct {
 	isMiss  []bool  // [position] issued as a miss this step
 	thresh  int     // rows an expert needs this step to be in its layer's share; 0 = all are
 
-	look *LookGate // which predictions are read ahead
-	econ lookEcon  // whether predicting pays at all
+	look  *LookGate // which predictions are read ahead
+	trial lookTrial // whether predicting pays at all
 
 	tracing bool  // record each step's records (RecordTrace)
 	trace   Trace // what Begin was asked for while tracing
@@ -375,6 +375,7 @@ func Open(dir string, man *format.Manifest, o Options) (*Stream, error) {
 	wake := make(chan struct{})
 	s.wake.Store(&wake)
 	s.now = func() int64 { return time.Now().UnixNano() }
+	s.trial.begin()
 	pre := o.PrefetchReaders
 	if pre == 0 { // following the disk, from prefetchReaders
 		pre = min(prefetchReaders, o.Readers)
@@ -433,93 +434,6 @@ func (s *Stream) Options() Options { return s.o }
 
 // Lookahead implements model.Prefetcher.
 func (s *Stream) Lookahead() bool { return s.o.Lookahead }
-
-// lookEcon weighs the lookahead's predictions against what they save.
-// Computing one is the next layer's router and a norm, on the decode's
-// critical path, at every layer of every step; on a model whose pool hits
-// nearly everything, with a fast disk, that cost more than the io wait
-// the useful prefetches saved (the lookahead decoded slower than none in
-// 9 of 10 alternating pairs on the 48-layer qwen3-30b-a3b synth at 100%,
-// 25% and 10% pools; README, "The lookahead costs more than it saves").
-// So over each window of lookWindow steps with predictions on, their
-// time (LookCost) is set against their useful prefetches valued at the
-// window's io wait per demand miss, what each would have cost as a miss;
-// when they cost more, the steps go without predictions for a pause,
-// then a window runs again. A pause lasts lookPause steps after a window
-// that paid and twice the last one after a window that did not, up to
-// lookPauseMax, so that the windows' own cost fades where predicting
-// never pays.
-type lookEcon struct {
-	paused int   // steps left without predictions
-	pause  int   // the next pause's length; 0 = lookPause
-	steps  int   // steps in the current window
-	costNs int64 // the predictions' time in it
-	// The counters when the window began.
-	useful, misses, waitNs int64
-}
-
-// The lookahead's economics: steps a window weighs, and the steps of the
-// shortest and longest pauses.
-const (
-	lookWindow   = 16
-	lookPause    = 48
-	lookPauseMax = 768
-)
-
-// Predicting implements model.LookWeigher: false while predictions do
-// not pay (lookEcon).
-func (s *Stream) Predicting() bool { return s.econ.paused == 0 }
-
-// LookCost implements model.LookWeigher: one prediction took ns.
-func (s *Stream) LookCost(ns int64) { s.econ.costNs += ns }
-
-// weighLookahead ends a step for lookEcon.
-func (s *Stream) weighLookahead() {
-	if !s.o.Lookahead {
-		return
-	}
-	e := &s.econ
-	s.stats.LookSteps.Add(1)
-	if e.paused > 0 {
-		s.stats.LookPaused.Add(1)
-		if e.paused--; e.paused == 0 {
-			s.startLookWindow()
-		}
-		return
-	}
-	if e.steps++; e.steps < lookWindow {
-		return
-	}
-	useful, misses, wait := s.lookCounters()
-	saved := 0.0
-	if m := misses - e.misses; m > 0 {
-		saved = float64(useful-e.useful) * float64(wait-e.waitNs) / float64(m)
-	}
-	if float64(e.costNs) > saved {
-		e.paused = max(e.pause, lookPause)
-		e.pause = min(2*e.paused, lookPauseMax)
-	} else {
-		e.pause = lookPause
-	}
-	s.startLookWindow()
-}
-
-// startLookWindow begins a window of lookEcon.
-func (s *Stream) startLookWindow() {
-	e := &s.econ
-	e.steps, e.costNs = 0, 0
-	e.useful, e.misses, e.waitNs = s.lookCounters()
-}
-
-// lookCounters are the useful prefetches, demand misses and io wait so far.
-func (s *Stream) lookCounters() (useful, misses, waitNs int64) {
-	for i := range s.stats.layers {
-		l := &s.stats.layers[i]
-		misses += l.Misses.Load()
-		waitNs += l.IOWaitNs.Load()
-	}
-	return s.stats.LookUseful.Load(), misses, waitNs
-}
 
 // Memory is the pool's memory, every slot's record within it: a device
 // that page-locks it copies records straight from their slots. A record
@@ -628,8 +542,8 @@ func (s *Stream) Begin(layer int, ids []int, hint model.Hint) error {
 		runtime.Gosched()
 	}
 	if layer == s.last {
+		s.stepLookahead()
 		s.prefetchNextToken()
-		s.weighLookahead()
 	}
 	return nil
 }
@@ -647,8 +561,8 @@ func (s *Stream) Begin(layer int, ids []int, hint model.Hint) error {
 // rank), so estimates that do not pay stop being read ahead.
 func (s *Stream) prefetchNextToken() {
 	mk := s.ev.mk
-	if mk == nil || mk.multi || !s.o.Lookahead || s.first >= s.L {
-		return // not Markov, a multi-row step's, lookahead off, no layer yet
+	if mk == nil || mk.multi || !s.o.Lookahead || !s.trial.on || s.first >= s.L {
+		return // not Markov, a multi-row step's, lookahead off or not paying, no layer yet
 	}
 	pred := mk.pred[s.first*s.E : (s.first+1)*s.E]
 	ids := s.xtok[:0]

@@ -4,7 +4,6 @@ import (
 	"math"
 	"slices"
 	"sync/atomic"
-	"time"
 
 	"github.com/sluicelm/sluice/internal/block"
 	"github.com/sluicelm/sluice/internal/format"
@@ -361,10 +360,9 @@ func (r *Runner) lookahead(L *block.MoE, nb int) {
 		return
 	}
 	lw, _ := pf.(LookWeigher)
-	if lw != nil && !lw.Predicting() {
+	if lw != nil && !lw.Predicting(nb) {
 		return
 	}
-	t0 := time.Now()
 	c := &r.M.Config
 	s := &r.moe
 	H, E, K := c.Hidden, c.Experts, c.TopK
@@ -405,9 +403,6 @@ func (r *Runner) lookahead(L *block.MoE, nb int) {
 		s.pmark[e] = false
 	}
 	pf.Prefetch(L.Layer+1, s.pred)
-	if lw != nil {
-		lw.LookCost(time.Since(t0).Nanoseconds())
-	}
 }
 
 // runExpert computes distinct expert di for the rows that chose it into its

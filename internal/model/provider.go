@@ -79,13 +79,11 @@ type Prefetcher interface {
 	Prefetch(layer int, ids []int)
 }
 
-// LookWeigher is a Prefetcher that weighs what the predictions cost
-// against what they save: the forward asks Predicting before each one
-// (false: not worth it for now, skip it) and reports the time each took
-// to LookCost.
+// LookWeigher is a Prefetcher that weighs whether predictions pay at
+// all: the forward asks Predicting before each one, with the step's row
+// count, and skips it on false (the step runs without predictions).
 type LookWeigher interface {
-	Predicting() bool
-	LookCost(ns int64)
+	Predicting(rows int) bool
 }
 
 // ExpertFromRecord builds the views of one record laid out as st says.
