@@ -254,8 +254,8 @@ func (pb *poolBench) print(w io.Writer, e *engine.Engine) {
 			pb.MSPerToken, pred, fullResidencyMS, pb.MBPerToken, pb.DiskMBs, pb.MSPerToken/pred)
 	}
 	if e.Stream.Lookahead() {
-		fmt.Fprintf(w, "lookahead recall %.1f%%, waste %.2f per useful, %.1f%% of predictions not prefetched (their rank's predictions did not pay)\n",
-			100*pb.LookRecall, pb.LookWaste, 100*pb.LookSkipped)
+		fmt.Fprintf(w, "lookahead recall %.1f%%, waste %.2f per useful, %.1f%% of predictions not prefetched (their rank's predictions did not pay); %.1f%% of steps without predictions (timed: predicting saved %.2f ms a step)\n",
+			100*pb.LookRecall, pb.LookWaste, 100*pb.LookSkipped, 100*pb.LookPaused, pb.LookGainMS)
 	}
 	fmt.Fprintf(w, "%6s %9s %10s %12s\n", "layer", "hit rate", "MB/token", "io ms/token")
 	for l, lb := range pb.Layers {

@@ -365,11 +365,17 @@ func TestHostCacheFlag(t *testing.T) {
 		var b struct {
 			Experts struct {
 				Share float64 `json:"pool_share"`
+				// The lookahead's trial (on by default).
+				Paused *float64 `json:"lookahead_paused"`
+				Gain   *float64 `json:"lookahead_gain_ms"`
 			} `json:"experts"`
 		}
 		decode(t, out, &b)
 		if b.Experts.Share < 0.2 || b.Experts.Share > 0.3 {
 			t.Errorf("bench %s 25%%: a pool of %v of the store: %s", name, b.Experts.Share, out)
+		}
+		if x := b.Experts; x.Paused == nil || *x.Paused < 0 || *x.Paused > 1 || x.Gain == nil {
+			t.Errorf("bench %s 25%%: the lookahead's trial figures: %s", name, out)
 		}
 	}
 }
