@@ -803,3 +803,47 @@ func TestCached(t *testing.T) {
 		t.Errorf("Cached changed the counters: %+v → %+v", before, after)
 	}
 }
+
+// TestEndStepReleases: a step, finished or abandoned part-way (its
+// experts not all taken, reads still in flight), leaves no slot held or
+// waited for once the next step begins, only the new step's own; a
+// small pool would otherwise run out of slots to read into.
+func TestEndStepReleases(t *testing.T) {
+	dir := testutil.Packed(t, "tiny-qwen3-moe", 4)
+	man, err := format.ReadManifest(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &man.Config
+	s, err := Open(dir, man, Options{Slots: MinSlots(c) + 2, Readers: 3, Lookahead: true, Buffered: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	rng := rand.New(rand.NewPCG(7, 7))
+	for step := range 200 {
+		layer := step % s.L
+		ids := rng.Perm(c.Experts)[:c.TopK]
+		if err := s.Begin(layer, ids, model.Hint{}); err != nil {
+			t.Fatalf("step %d: %v", step, err)
+		}
+		own := map[int32]bool{}
+		for i := range ids {
+			own[s.slotOf[i]] = true
+		}
+		for si := range s.slots {
+			if sl := &s.slots[si]; !own[int32(si)] && (sl.held || sl.demand >= 0) {
+				t.Fatalf("step %d: slot %d held %v, waited for by position %d, outside the step", step, si, sl.held, sl.demand)
+			}
+		}
+		take := len(ids)
+		if step%3 == 1 {
+			take = rng.IntN(len(ids)) // abandoned part-way
+		}
+		for range take {
+			if _, _, err := s.Next(); err != nil {
+				t.Fatalf("step %d: %v", step, err)
+			}
+		}
+	}
+}
