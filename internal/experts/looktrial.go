@@ -36,13 +36,16 @@ type lookTrial struct {
 	run     int  // the last run's length, steps (0: none yet)
 	runOn   bool // and whether it predicted (true before the first)
 	dropped int  // pairs dropped in a row
-	// The timed steps without [0] and with [1] predictions: the current
-	// pair's, and the weighted sums over the pairs before (n steps, their
-	// time and squared time in ms).
-	pair, all struct{ n, sum, sq [2]float64 }
+	// The timed steps: the current pair's, and the weighted sums over
+	// the pairs before.
+	pair, all lookSums
 	last      int64 // when the last step ended (s.now), 0 before the first
 	maxRows   int   // the largest row count Predicting saw this step
 }
+
+// lookSums are timed steps without [0] and with [1] predictions: how
+// many, their time and their squared time, in ms.
+type lookSums struct{ n, sum, sq [2]float64 }
 
 // The lookahead's trial: steps a window lasts, the most pairs timed before
 // a run, the weight of each older pair, the steps of the shortest and
@@ -122,7 +125,7 @@ func (t *lookTrial) begin() {
 func (t *lookTrial) startPair() {
 	t.first = !t.first
 	t.window, t.on, t.left = 1, t.first, lookWindow
-	t.rows, t.pair.n, t.pair.sum, t.pair.sq = 0, [2]float64{}, [2]float64{}, [2]float64{}
+	t.rows, t.pair = 0, lookSums{}
 }
 
 // endPair weighs a pair's windows and either starts another pair or a run.
