@@ -202,6 +202,9 @@ func cmdBench(ctx context.Context, args []string) error {
 		// Whether the dense q4 matrices are tiled in memory for the
 		// CPU's decode kernel (kernels.TiledQ4; SLUICE_FLATQ4=1 not).
 		"q4_tiled": e.Model.Tiled,
+		// Whether the store holds q4 expert records tiled (pack --layout),
+		// the layout a streamed pool computes them in.
+		"experts_stored_tiled": e.Model.Manifest.Stores[0].Tiled(),
 	}
 	var xs *poolBench
 	if e.Stream != nil {

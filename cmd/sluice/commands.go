@@ -38,6 +38,7 @@ func cmdPack(ctx context.Context, args []string) error {
 	bits := fs.Int("bits", 4, "16 (bf16, exact), 8 or 4")
 	force := fs.Bool("force", false, "replace DST if it exists")
 	lowBits := fs.String("low-bits", "", "also write low-bit expert stores for lossy --miss-bits, e.g. 3,2")
+	layout := fs.String("layout", pack.LayoutAuto, "how q4 expert records are stored: auto (as this CPU's decode kernel reads best), rows or tiled")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -53,13 +54,13 @@ func cmdPack(ctx context.Context, args []string) error {
 		}
 	}
 	if len(pos) != 2 {
-		return fmt.Errorf("want SRC and DST, got %d arguments %q (usage: sluice pack [--bits 16|8|4] [--force] SRC DST)", len(pos), pos)
+		return fmt.Errorf("want SRC and DST, got %d arguments %q (usage: sluice pack [--bits 16|8|4] [--layout auto|rows|tiled] [--force] SRC DST)", len(pos), pos)
 	}
 	var progress io.Writer
 	if isTerminal(os.Stderr) {
 		progress = os.Stderr
 	}
-	return pack.Pack(ctx, pos[0], pos[1], pack.Options{Bits: *bits, Force: *force, Progress: progress, LowBits: lows})
+	return pack.Pack(ctx, pos[0], pos[1], pack.Options{Bits: *bits, Force: *force, Progress: progress, LowBits: lows, Layout: *layout})
 }
 
 func cmdInspect(ctx context.Context, args []string) error {
@@ -109,7 +110,7 @@ func cmdInspect(ctx context.Context, args []string) error {
 		return json.NewEncoder(os.Stdout).Encode(map[string]any{
 			"family": c.Family, "bits": man.Bits, "config": c, "dense_params": denseParams, "expert_params": expertParams,
 			"active_params": activeParams, "dense_bytes": man.DenseBytes, "expert_bytes": expertBytes, "record_stride": st.Stride,
-			"blocks": family.Describe(c),
+			"experts_tiled": st.Tiled(), "blocks": family.Describe(c),
 		})
 	}
 	fmt.Printf("packed model %s (format %d, %d-bit, group %d)\n", dir, man.Format, man.Bits, man.GroupSize)
@@ -117,7 +118,11 @@ func cmdInspect(ctx context.Context, args []string) error {
 	fmt.Printf("parameters     %s total: %s dense, %s in experts; %s active per token\n",
 		count(denseParams+expertParams), count(denseParams), count(expertParams), count(activeParams))
 	fmt.Printf("dense.bin      %s\n", bytesStr(man.DenseBytes))
-	fmt.Printf("experts.bin    %s: %d records of %s (stride %d, %d-aligned)\n", bytesStr(expertBytes), man.ExpertLayers*man.Experts, bytesStr(st.Stride), st.Stride, format.RecordAlign)
+	lay := "row-major"
+	if st.Tiled() {
+		lay = "q4 tiled"
+	}
+	fmt.Printf("experts.bin    %s: %d records of %s (stride %d, %d-aligned, %s)\n", bytesStr(expertBytes), man.ExpertLayers*man.Experts, bytesStr(st.Stride), st.Stride, format.RecordAlign, lay)
 	_ = dense
 	return nil
 }

@@ -292,6 +292,23 @@ func TestPackInspect(t *testing.T) {
 	if stride, _ := js["record_stride"].(float64); stride <= 0 || math.Mod(stride, 4096) != 0 {
 		t.Errorf("record_stride %v, want a positive multiple of 4096", js["record_stride"])
 	}
+	if js["experts_tiled"] != false {
+		t.Errorf("inspect --json of an 8-bit pack: experts_tiled %v, want false", js["experts_tiled"])
+	}
+	// A 4-bit pack with its expert records tiled says so.
+	tiled := filepath.Join(t.TempDir(), "tiled")
+	ok(t, "pack", "--layout", "tiled", src, tiled)
+	if out, _ := ok(t, "inspect", tiled); !strings.Contains(out, "q4 tiled") {
+		t.Errorf("inspect of a tiled pack lacks %q:\n%s", "q4 tiled", out)
+	}
+	var tj map[string]any
+	tout, _ := ok(t, "inspect", "--json", tiled)
+	if decode(t, tout, &tj); tj["experts_tiled"] != true {
+		t.Errorf("inspect --json of a tiled pack: experts_tiled %v", tj["experts_tiled"])
+	}
+	if _, e, code := sluice(t, "pack", "--layout", "diagonal", src, filepath.Join(t.TempDir(), "x")); code == 0 || !strings.Contains(e, "diagonal") {
+		t.Errorf("pack --layout diagonal: exit %d, %q", code, e)
+	}
 	// Flags after the positional argument work too.
 	out2, _ := ok(t, "inspect", dst, "--json")
 	if out2 != out {
@@ -342,10 +359,15 @@ func TestBench(t *testing.T) {
 			Self *float64 `json:"decode_self_run_share"`
 			// The bundled model's dense weights are read, not mapped.
 			Tiled *bool `json:"q4_tiled"`
+			// The bundled model is packed with --layout rows.
+			Stored *bool `json:"experts_stored_tiled"`
 		}
 		decode(t, out, &b)
 		if b.Tiled == nil || *b.Tiled != (kernels.TiledQ4() && platform.LoadCopies()) {
 			t.Errorf("bench: q4_tiled missing or not what this CPU asks for (%v): %s", kernels.TiledQ4(), out)
+		}
+		if b.Stored == nil || *b.Stored {
+			t.Errorf("bench: experts_stored_tiled missing or true for the bundled row-major model: %s", out)
 		}
 		if b.User == nil || b.Sys == nil || b.Busy == nil || !(*b.User+*b.Sys > 0) || *b.Sys < 0 ||
 			!(*b.Busy > 0) || *b.Busy > float64(runtime.NumCPU())+0.5 {

@@ -20,6 +20,7 @@ import (
 	"github.com/sluicelm/sluice/internal/family"
 	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/gguf"
+	"github.com/sluicelm/sluice/internal/kernels"
 	"github.com/sluicelm/sluice/internal/pack"
 	"github.com/sluicelm/sluice/internal/platform"
 	"github.com/sluicelm/sluice/internal/quant"
@@ -126,6 +127,7 @@ func cmdSynth(ctx context.Context, args []string) (err error) {
 	route := fs.String("route", "replay", "replay: replay the recorded routes; router: route by the router weights")
 	ggufPath := fs.String("gguf", "", "also write the model as a GGUF file for llama.cpp, as its converter would write the real model")
 	ggufType := fs.String("gguf-type", "q4_0", "GGUF type of the quantised weights: q4_0 or q8_0")
+	layout := fs.String("layout", pack.LayoutAuto, "how q4 expert records are stored: auto (as this CPU's decode kernel reads best), rows or tiled")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -145,6 +147,9 @@ func cmdSynth(ctx context.Context, args []string) (err error) {
 	}
 	if *route != "replay" && *route != "router" {
 		return fmt.Errorf("--route %q: want replay or router", *route)
+	}
+	if _, err := pack.LayoutTiles(*layout); err != nil {
+		return fmt.Errorf("--layout: %v", err)
 	}
 	var gt gguf.Type
 	switch *ggufType {
@@ -233,7 +238,7 @@ func cmdSynth(ctx context.Context, args []string) (err error) {
 		return err
 	}
 	t0 := time.Now()
-	m, err := synthPack(ctx, cfg, kind, ekind, tmp)
+	m, err := synthPack(ctx, cfg, kind, ekind, *layout, tmp)
 	if err != nil {
 		return err
 	}
@@ -344,15 +349,18 @@ func synthSize(cfg *format.Config, kind, ekind format.Kind) int64 {
 }
 
 // synthPack writes a model of config cfg with random weights of kind, its
-// expert records of ekind, in dir: dense.bin, the records and the
-// manifest.
-func synthPack(ctx context.Context, cfg format.Config, kind, ekind format.Kind, dir string) (*format.Manifest, error) {
+// expert records of ekind stored in the layout (pack.TileStore), in dir:
+// dense.bin, the records and the manifest.
+func synthPack(ctx context.Context, cfg format.Config, kind, ekind format.Kind, layout, dir string) (*format.Manifest, error) {
 	m := &format.Manifest{Format: format.Version, Family: cfg.Family, Config: cfg, Bits: kind.Bits(), GroupSize: format.GroupSize,
 		ExpertLayers: cfg.ExpertLayers(), Experts: cfg.Experts}
 	if err := synthDense(m, kind, filepath.Join(dir, "dense.bin")); err != nil {
 		return nil, err
 	}
 	st := format.ExpertRecordLayout(&cfg, ekind, "experts.bin")
+	if err := pack.TileStore(&st, layout); err != nil {
+		return nil, err
+	}
 	if err := synthExperts(ctx, m, &st, filepath.Join(dir, st.File)); err != nil {
 		return nil, err
 	}
@@ -551,6 +559,7 @@ func synthExperts(ctx context.Context, m *format.Manifest, st *format.ExpertStor
 	defer f.Close()
 	w := bufio.NewWriterSize(f, 8<<20)
 	rec := make([]byte, st.Stride)
+	var tmp []byte // kernels.TileQ4's scratch
 	block := make([]byte, 2*st.Stride)
 	fillRandom(rand.New(rand.NewPCG(3, 4)), block)
 	if st.Gate.Kind != format.MXFP4 {
@@ -586,6 +595,13 @@ func synthExperts(ctx context.Context, m *format.Manifest, st *format.ExpertStor
 			sc, bi := synthScale(t.Kind, amp)
 			copy(rec[t.ScaleOffset:], halves(int(sb/2), sc))
 			copy(rec[t.BiasOffset:], halves(int(sb/2), bi))
+		}
+		for _, t := range []*format.Tensor{&st.Gate, &st.Up, &st.Down} {
+			if t.Tiled {
+				// The same matrix as the row-major layout's, so that
+				// both layouts (and the GGUF) compute alike.
+				tmp = kernels.TileQ4(rec[t.Offset:t.Offset+t.Size], t.Rows(), t.Cols(), tmp)
+			}
 		}
 		for j, t := range []*format.Tensor{st.GateBias, st.UpBias, st.DownBias} {
 			if t != nil {

@@ -11,6 +11,7 @@ import (
 	"github.com/sluicelm/sluice/internal/family"
 	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/gguf"
+	"github.com/sluicelm/sluice/internal/kernels"
 	"github.com/sluicelm/sluice/internal/platform"
 	"github.com/sluicelm/sluice/internal/quant"
 )
@@ -51,6 +52,7 @@ func synthGGUF(m *format.Manifest, dir, path string, gt gguf.Type) error {
 	}
 	defer f.Close()
 	E := m.Config.Experts
+	var flat, tmp []byte // a tiled record untiled, and the scratch for it
 	err = gguf.Write(f, p.kvs, p.tensors, func(i int, w io.Writer) error {
 		s := p.srcs[i]
 		if s.dense != nil {
@@ -58,7 +60,15 @@ func synthGGUF(m *format.Manifest, dir, path string, gt gguf.Type) error {
 		}
 		for e := 0; e < E; e++ {
 			r := int64(s.layer*E+e) * st.Stride
-			if err := ggufTensor(w, recs[r:r+st.Stride], s.expert, gt, ggufXform{}); err != nil {
+			rec := recs[r : r+st.Stride]
+			if s.expert.Tiled {
+				// GGUF rows are row-major.
+				flat = append(flat[:0], rec...)
+				t := s.expert
+				tmp = kernels.UntileQ4(flat[t.Offset:t.Offset+t.Size], t.Rows(), t.Cols(), tmp)
+				rec = flat
+			}
+			if err := ggufTensor(w, rec, s.expert, gt, ggufXform{}); err != nil {
 				return err
 			}
 		}

@@ -15,6 +15,7 @@ import (
 	"github.com/sluicelm/sluice/internal/family"
 	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/gguf"
+	"github.com/sluicelm/sluice/internal/pack"
 	"github.com/sluicelm/sluice/internal/quant"
 )
 
@@ -41,7 +42,7 @@ func writeGGUF(t *testing.T, cfg format.Config, tweak func(dense []byte, src map
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	m, err := synthPack(context.Background(), cfg, format.Q4, synthExpertKind(&cfg, format.Q4), dir)
+	m, err := synthPack(context.Background(), cfg, format.Q4, synthExpertKind(&cfg, format.Q4), pack.LayoutRows, dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -415,7 +416,7 @@ func TestSynthGGUFRefuses(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			dir := t.TempDir()
 			cfg := c.cfg(t)
-			m, err := synthPack(context.Background(), cfg, format.Q4, synthExpertKind(&cfg, format.Q4), dir)
+			m, err := synthPack(context.Background(), cfg, format.Q4, synthExpertKind(&cfg, format.Q4), pack.LayoutRows, dir)
 			if err != nil {
 				t.Fatal(err)
 			}

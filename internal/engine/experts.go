@@ -140,6 +140,8 @@ func openExperts(ctx context.Context, m *model.Model, o Options, avail int64, av
 		// pairs of runs; MXFP4 records of a gpt-oss-20b synth, whose
 		// tiled kernel is 1.7x the row kernel, decoded at 7.94 against
 		// 9.84 tok/s under a 25% cap and 2.63 against 4.86 under 10%).
+		// A store packed tiled (pack.LayoutTiled) needs no pass: its
+		// records land as the kernel reads them, and Tile leaves them be.
 		Tile: kernels.TiledKind(m.Manifest.Stores[0].Kind) && plan.Slots >= records})
 	if err != nil {
 		return nil, "", err

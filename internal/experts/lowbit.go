@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/sluicelm/sluice/internal/format"
+	"github.com/sluicelm/sluice/internal/kernels"
 	"github.com/sluicelm/sluice/internal/quant"
 )
 
@@ -76,6 +77,10 @@ func expandTensor(dst, src []byte, d, s *format.Tensor) error {
 		default:
 			return fmt.Errorf("low-bit records cannot widen into %s", d.Kind)
 		}
+	}
+	if d.Tiled {
+		// The main store's views read this matrix tiled.
+		kernels.TileQ4(dv[:d.Size], d.Rows(), d.Cols(), nil)
 	}
 	if d.Kind.Quantised() {
 		copy(dst[d.ScaleOffset:d.ScaleOffset+int64(2*groups)], ss[:2*groups])

@@ -11,6 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/sluicelm/sluice/internal/format"
+	"github.com/sluicelm/sluice/internal/kernels"
 	"github.com/sluicelm/sluice/internal/model"
 	"github.com/sluicelm/sluice/internal/pack"
 	"github.com/sluicelm/sluice/internal/quant"
@@ -76,7 +77,12 @@ func decodeTensor(rec []byte, t *format.Tensor) []float32 {
 	_, sb := t.Kind.Sizes(t.Rows(), t.Cols())
 	sc := quant.Halves(rec[t.ScaleOffset:], int(sb/2))
 	bi := quant.Halves(rec[t.BiasOffset:], int(sb/2))
-	quant.Decode(out, rec[t.Offset:], sc, bi, t.Rows(), t.Cols(), t.Kind)
+	q := rec[t.Offset : t.Offset+t.Size]
+	if t.Tiled {
+		q = slices.Clone(q)
+		kernels.UntileQ4(q, t.Rows(), t.Cols(), nil)
+	}
+	quant.Decode(out, q, sc, bi, t.Rows(), t.Cols(), t.Kind)
 	return out
 }
 

@@ -322,7 +322,12 @@ func streamDelivers(t *testing.T, dir string, man *format.Manifest, file []byte,
 				t *format.Tensor
 			}{{&ex.Gate, &st.Gate}, {&ex.Up, &st.Up}, {&ex.Down, &st.Down}} {
 				want := file[rec*stride+m.t.Offset:][:len(m.w.Q)]
-				if m.w.Tiled != (tile && kernels.Tiles(m.w)) || !slices.Equal(m.w.FlatQ(), want) {
+				if m.t.Tiled {
+					// Stored tiled (pack.LayoutTiled): FlatQ gives rows.
+					want = slices.Clone(want)
+					kernels.UntileQ4(want, m.w.Rows, m.w.Cols, nil)
+				}
+				if m.w.Tiled != (m.t.Tiled || tile && kernels.Tiles(m.w)) || !slices.Equal(m.w.FlatQ(), want) {
 					t.Fatalf("%s step %d: layer %d expert %d: wrong bytes (tiled %v)", pol, step, layer, ids[i], m.w.Tiled)
 				}
 			}

@@ -32,8 +32,18 @@ import (
 // family (expert records may carry biases). Format 3: quantisation scales
 // and biases are IEEE half precision (2 bytes each, little-endian), not
 // float32: a 4-bit weight then costs 4.5 bits rather than 5, and a decode
-// step, which streams every weight once, reads 10% fewer bytes.
-const Version = 3
+// step, which streams every weight once, reads 10% fewer bytes. Format 4:
+// a q4 tensor may be stored tiled (Tensor.Tiled), in the layout the CPU's
+// decode kernel reads best; a format-3 directory, whose tensors are all
+// row-major, reads unchanged (MinVersion).
+const Version = 4
+
+// MinVersion is the oldest format this sluice reads: format 4 only added
+// a field, so what format 3 wrote means what it meant.
+const MinVersion = 3
+
+// TileRows is the rows of a tile in the tiled q4 layout (Tensor.Tiled).
+const TileRows = 8
 
 // GroupSize is the quantisation group along the input dimension.
 const GroupSize = 64
@@ -302,6 +312,15 @@ type Tensor struct {
 	Size        int64  `json:"size"`
 	ScaleOffset int64  `json:"scale_offset,omitempty"`
 	BiasOffset  int64  `json:"bias_offset,omitempty"`
+	// Tiled says a q4 tensor's values are stored tiled rather than row
+	// after row: within each whole tile of TileRows rows, group g's bytes
+	// take the TileRows·32 bytes at g·TileRows·32 from the tile's start,
+	// and in them bytes 8k..8k+7 of row r sit at k·64 + r·8 (the rows
+	// after the last whole tile stay row-major). The scales and biases
+	// keep their order. A streamed expert pool computes such records
+	// without the rearranging pass a row-major record would need first
+	// (kernels.TileQ4 writes the layout; kernels.Mat.Tiled reads it).
+	Tiled bool `json:"tiled,omitempty"`
 }
 
 // Rows and Cols view the shape as a matrix: the last dimension is Cols.
@@ -339,6 +358,10 @@ type ExpertStore struct {
 	UpBias   *Tensor `json:"up_bias,omitempty"`   // [moe_inter]
 	DownBias *Tensor `json:"down_bias,omitempty"` // [hidden]
 }
+
+// Tiled reports whether any of the store's matrices is stored tiled
+// (Tensor.Tiled).
+func (st *ExpertStore) Tiled() bool { return st.Gate.Tiled || st.Up.Tiled || st.Down.Tiled }
 
 // Manifest describes a packed model directory.
 type Manifest struct {
@@ -428,8 +451,8 @@ func ReadManifest(dir string) (*Manifest, error) {
 	if err := json.Unmarshal(b, &m); err != nil {
 		return nil, fmt.Errorf("packed model: %s: %v", p, err)
 	}
-	if m.Format != Version {
-		return nil, fmt.Errorf("packed model %s has format %d, this sluice reads format %d: repack it with `sluice pack --force`", dir, m.Format, Version)
+	if m.Format < MinVersion || m.Format > Version {
+		return nil, fmt.Errorf("packed model %s has format %d, this sluice reads formats %d to %d: repack it with `sluice pack --force`", dir, m.Format, MinVersion, Version)
 	}
 	if err := m.Config.Validate(); err != nil {
 		return nil, fmt.Errorf("packed model %s: %v", dir, err)
@@ -574,6 +597,9 @@ func (t *Tensor) check(limit int64) error {
 	}
 	if (t.Kind.Quantised() || t.Kind == MXFP4) && t.Cols()%g != 0 {
 		return fmt.Errorf("%s shape %v: %d columns not a multiple of %d", t.Kind, t.Shape, t.Cols(), g)
+	}
+	if t.Tiled && (t.Kind != Q4 || t.Rows() < TileRows) {
+		return fmt.Errorf("tiled, but only q4 matrices of %d rows or more are stored tiled (%s %v)", TileRows, t.Kind, t.Shape)
 	}
 	v, s := t.Kind.Sizes(t.Rows(), t.Cols())
 	if t.Size != v {

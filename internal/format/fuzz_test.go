@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/sluicelm/sluice/internal/format"
@@ -162,7 +163,53 @@ func validManifests(tb testing.TB) [][]byte {
 	biased.Config.ExpertBias = true
 	biased.Stores = []format.ExpertStore{format.ExpertRecordLayout(&biased.Config, format.Q4, "experts.bin"),
 		format.ExpertRecordLayout(&biased.Config, format.Q3, format.LowStoreFile(3))}
-	return [][]byte{b, marshal(tb, &short), marshal(tb, &biased)}
+	// Tiled q4 records, and a format-3 directory.
+	tiled := m
+	tiled.Stores = []format.ExpertStore{format.ExpertRecordLayout(&m.Config, format.Q4, "experts.bin")}
+	for _, t := range []*format.Tensor{&tiled.Stores[0].Gate, &tiled.Stores[0].Up, &tiled.Stores[0].Down} {
+		t.Tiled = true
+	}
+	old := m
+	old.Format = 3
+	return [][]byte{b, marshal(tb, &short), marshal(tb, &biased), marshal(tb, &tiled), marshal(tb, &old)}
+}
+
+// TestReadManifestTiled: only q4 matrices of a whole tile of rows may be
+// marked tiled, and formats outside 3..Version are refused by name.
+func TestReadManifestTiled(t *testing.T) {
+	b, err := os.ReadFile(bundledManifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name   string
+		change func(m *format.Manifest)
+		want   string
+	}{
+		{"a tiled q3 store", func(m *format.Manifest) {
+			m.Stores = append(m.Stores, format.ExpertRecordLayout(&m.Config, format.Q3, format.LowStoreFile(3)))
+			m.Stores[1].Down.Tiled = true
+		}, "only q4 matrices"},
+		{"a tiled matrix of 4 rows", func(m *format.Manifest) {
+			m.Dense[len(m.Dense)-1] = format.Tensor{Name: m.Dense[len(m.Dense)-1].Name, Kind: format.Q4, Shape: []int{4, 64},
+				Offset: 0, Size: 128, ScaleOffset: 128, BiasOffset: 192, Tiled: true}
+		}, "only q4 matrices"},
+		{"format 2", func(m *format.Manifest) { m.Format = 2 }, "has format 2"},
+		{"a later format", func(m *format.Manifest) { m.Format = format.Version + 1 }, "repack it"},
+	} {
+		var m format.Manifest
+		if err := json.Unmarshal(b, &m); err != nil {
+			t.Fatal(err)
+		}
+		c.change(&m)
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, format.ManifestFile), marshal(t, &m), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := format.ReadManifest(dir); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want an error saying %q", c.name, err, c.want)
+		}
+	}
 }
 
 // TestReadManifestValid requires the fuzz seeds to be accepted, so the

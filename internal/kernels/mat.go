@@ -67,6 +67,12 @@ func MatFrom(buf []byte, t *format.Tensor) (Mat, error) {
 			return m, fmt.Errorf("tensor %s: %d columns not a multiple of %d", t.Name, m.Cols, format.GroupSize)
 		}
 		m.Q = buf[t.Offset : t.Offset+vb]
+		if t.Tiled {
+			if t.Kind != format.Q4 || m.Rows < TileRows {
+				return m, fmt.Errorf("tensor %s: a tiled %s matrix of %d rows (only q4 of %d rows or more is stored tiled)", t.Name, t.Kind, m.Rows, TileRows)
+			}
+			m.Tiled = true
+		}
 		m.Scales = f16s(buf[t.ScaleOffset:], int(sb/2))
 		m.Biases = f16s(buf[t.BiasOffset:], int(sb/2))
 	case format.MXFP4:

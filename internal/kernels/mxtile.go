@@ -59,9 +59,10 @@ func TiledKind(k format.Kind) bool {
 
 // Tile rearranges m's weights into the tiled layout of its kind in place
 // (TileQ4, TileMXFP4) when Tiles(m), and marks m tiled; tmp is scratch,
-// returned for the next call.
+// returned for the next call. A matrix tiled already (as its store
+// holds it) is left as it is.
 func Tile(m *Mat, tmp []byte) []byte {
-	if !Tiles(m) {
+	if m.Tiled || !Tiles(m) {
 		return tmp
 	}
 	if m.Kind == format.MXFP4 {
@@ -71,6 +72,30 @@ func Tile(m *Mat, tmp []byte) []byte {
 	}
 	m.Tiled = true
 	return tmp
+}
+
+// Untile rearranges a tiled q4 matrix back to row-major order in place
+// and marks it so, for a CPU whose decode kernel reads rows (TiledQ4
+// false) holding its own copy of a store tiled elsewhere; tmp is scratch,
+// returned for the next call. Other matrices are left as they are.
+func Untile(m *Mat, tmp []byte) []byte {
+	if !m.Tiled || m.Kind != format.Q4 {
+		return tmp
+	}
+	tmp = UntileQ4(m.Q, m.Rows, m.Cols, tmp)
+	m.Tiled = false
+	return tmp
+}
+
+// StoreTiles reports whether a packer that tiles its q4 expert records
+// stores the matrix t tiled (format.Tensor.Tiled): where Tiles would tile
+// it on this CPU. Only q4 is stored tiled; MXFP4's tiled layout serves
+// one CPU family alone, and is still made as records land.
+func StoreTiles(t *format.Tensor) bool {
+	if t.Kind != format.Q4 || len(t.Shape) != 2 {
+		return false
+	}
+	return Tiles(&Mat{Kind: t.Kind, Rows: t.Rows(), Cols: t.Cols()})
 }
 
 // TileMXFP4 rearranges the row-major MXFP4 codes q ([rows][cols/2]) and

@@ -3,8 +3,8 @@ package kernels
 import "github.com/sluicelm/sluice/internal/format"
 
 // TileRows is the rows of a tile in the tiled q4 layout (Mat.Tiled): the
-// decode kernel's 8 rows a step.
-const TileRows = 8
+// decode kernel's 8 rows a step, as a store records it (format.Tensor.Tiled).
+const TileRows = format.TileRows
 
 // tileGroup is the bytes of one row's group of q4 weights.
 const tileGroup = format.GroupSize / 2
@@ -70,6 +70,28 @@ func TileQ4(q []byte, rows, cols int, tmp []byte) []byte {
 				}
 			}
 		}
+		copy(src, tmp)
+	}
+	return tmp
+}
+
+// UntileQ4 is TileQ4's inverse: it rearranges the tiled q4 weights q of a
+// rows×cols matrix back to row-major order in place, for readers of a
+// store's raw bytes that want rows (the GGUF writer, the low-bit packer).
+// tmp is scratch as for TileQ4.
+func UntileQ4(q []byte, rows, cols int, tmp []byte) []byte {
+	rb := cols / 2
+	tb := TileRows * rb
+	if cap(tmp) < tb {
+		tmp = make([]byte, tb)
+	}
+	tmp = tmp[:tb]
+	if rb == 0 {
+		return tmp
+	}
+	for t := 0; t+TileRows <= rows; t += TileRows {
+		src := q[t*rb : t*rb+tb]
+		untile(tmp, src, rb)
 		copy(src, tmp)
 	}
 	return tmp

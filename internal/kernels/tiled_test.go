@@ -208,3 +208,72 @@ func BenchmarkTileQ4(b *testing.B) {
 		}
 	}
 }
+
+// TestUntileQ4: UntileQ4 and Untile give back the row-major weights of
+// what TileQ4 tiled, rows after the last whole tile included; Tile leaves
+// a matrix stored tiled as it is; Untile leaves row-major and non-q4
+// matrices alone.
+func TestUntileQ4(t *testing.T) {
+	r := rand.New(rand.NewPCG(71, 72))
+	for _, rows := range []int{8, 13, 24} {
+		for _, cols := range []int{64, 192, 2048} {
+			flat := newQ4Case(r, rows, cols, 1).w
+			m := tiledCopy(flat)
+			q := slices.Clone(m.Q)
+			UntileQ4(q, rows, cols, nil)
+			if !bytes.Equal(q, flat.Q) {
+				t.Fatalf("%d×%d: UntileQ4 differs from the row-major weights", rows, cols)
+			}
+			stored := slices.Clone(m.Q)
+			Tile(&m, nil) // marked tiled: as a store's view is
+			if !bytes.Equal(m.Q, stored) || !m.Tiled {
+				t.Fatalf("%d×%d: Tile rearranged a matrix tiled already", rows, cols)
+			}
+			Untile(&m, nil)
+			if !bytes.Equal(m.Q, flat.Q) || m.Tiled {
+				t.Fatalf("%d×%d: Untile left tiled %v, weights equal %v", rows, cols, m.Tiled, bytes.Equal(m.Q, flat.Q))
+			}
+			Untile(&m, nil)
+			if !bytes.Equal(m.Q, flat.Q) {
+				t.Fatalf("%d×%d: Untile rearranged a row-major matrix", rows, cols)
+			}
+		}
+	}
+}
+
+// TestStoreTiles: a packer stores tiled exactly the q4 matrices Tiles
+// would tile here.
+func TestStoreTiles(t *testing.T) {
+	for _, c := range []struct {
+		shape []int
+		kind  format.Kind
+	}{{[]int{8, 128}, format.Q4}, {[]int{7, 128}, format.Q4}, {[]int{8, 192}, format.Q4}, {[]int{768, 2048}, format.Q4},
+		{[]int{8, 128}, format.Q8}, {[]int{16, 128}, format.MXFP4}, {[]int{128}, format.F32}} {
+		tn := format.Tensor{Kind: c.kind, Shape: c.shape}
+		want := c.kind == format.Q4 && Tiles(&Mat{Kind: c.kind, Rows: tn.Rows(), Cols: tn.Cols()})
+		if got := StoreTiles(&tn); got != want {
+			t.Errorf("%v %v: StoreTiles %v, want %v", c.kind, c.shape, got, want)
+		}
+	}
+}
+
+// TestMatFromTiled: a tensor the store marks tiled gives a tiled view;
+// one that cannot be tiled (q8, too few rows) is refused, not read.
+func TestMatFromTiled(t *testing.T) {
+	buf := make([]byte, 1<<16)
+	for _, c := range []struct {
+		kind format.Kind
+		rows int
+		ok   bool
+	}{{format.Q4, 8, true}, {format.Q4, 16, true}, {format.Q4, 7, false}, {format.Q8, 8, false}} {
+		vb, sb := c.kind.Sizes(c.rows, 128)
+		tn := format.Tensor{Name: "w", Kind: c.kind, Shape: []int{c.rows, 128}, Size: vb, ScaleOffset: 4096, BiasOffset: 4096 + sb, Tiled: true}
+		m, err := MatFrom(buf, &tn)
+		if c.ok && (err != nil || !m.Tiled) {
+			t.Errorf("%v %d rows: tiled %v, %v", c.kind, c.rows, m.Tiled, err)
+		}
+		if !c.ok && err == nil {
+			t.Errorf("%v %d rows marked tiled: taken", c.kind, c.rows)
+		}
+	}
+}

@@ -156,20 +156,27 @@ func OpenResident(ctx context.Context, m *Model, w io.Writer) (*Resident, error)
 		return nil, fmt.Errorf("packed model %s: %w", m.Dir, err)
 	}
 	r, err := newResident(m, data)
-	if err != nil || !own || !kernels.TiledKind(st.Kind) {
+	if err != nil || !own {
 		return r, err
 	}
-	if err := r.tile(ctx); err != nil {
+	// The copy is the process's own: lay it out as this CPU's decode
+	// kernel reads best, whichever way the store holds it.
+	switch {
+	case kernels.TiledKind(st.Kind):
+		err = r.each(ctx, (*Expert).tile)
+	case st.Tiled():
+		err = r.each(ctx, (*Expert).untile)
+	}
+	if err != nil {
 		r.Close()
 		return nil, err
 	}
 	return r, nil
 }
 
-// tile rearranges every record into the tiled layout (TileRecord) on as
-// many threads as the process may run, a record at a time, and marks the
-// views.
-func (r *Resident) tile(ctx context.Context) error {
+// each rearranges every record in place with f (tile, untile) on as many
+// threads as the process may run, a record at a time.
+func (r *Resident) each(ctx context.Context, f func(*Expert, []byte) []byte) error {
 	n := runtime.GOMAXPROCS(0)
 	var next atomic.Int64
 	var wg sync.WaitGroup
@@ -182,7 +189,7 @@ func (r *Resident) tile(ctx context.Context) error {
 				if ctx.Err() != nil {
 					return
 				}
-				tmp = r.experts[i].tile(tmp)
+				tmp = f(&r.experts[i], tmp)
 			}
 		}()
 	}
@@ -198,6 +205,16 @@ func (r *Resident) tile(ctx context.Context) error {
 func (e *Expert) tile(tmp []byte) []byte {
 	for _, m := range []*kernels.Mat{&e.Gate, &e.Up, &e.Down} {
 		tmp = kernels.Tile(m, tmp)
+	}
+	return tmp
+}
+
+// untile rearranges the matrices of e's record stored tiled back to
+// row-major order (kernels.Untile) and marks their views; tmp is scratch,
+// returned for the next call.
+func (e *Expert) untile(tmp []byte) []byte {
+	for _, m := range []*kernels.Mat{&e.Gate, &e.Up, &e.Down} {
+		tmp = kernels.Untile(m, tmp)
 	}
 	return tmp
 }

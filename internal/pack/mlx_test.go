@@ -8,12 +8,14 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/sluicelm/sluice/internal/engine"
 	"github.com/sluicelm/sluice/internal/format"
+	"github.com/sluicelm/sluice/internal/kernels"
 	"github.com/sluicelm/sluice/internal/model"
 	"github.com/sluicelm/sluice/internal/pack"
 	"github.com/sluicelm/sluice/internal/quant"
@@ -237,7 +239,12 @@ func decodeAt(buf []byte, base int64, t *format.Tensor) []float32 {
 		sc = quant.Halves(buf[base+t.ScaleOffset:], int(sb/2))
 		bi = quant.Halves(buf[base+t.BiasOffset:], int(sb/2))
 	}
-	quant.Decode(out, buf[base+t.Offset:], sc, bi, t.Rows(), t.Cols(), t.Kind)
+	q := buf[base+t.Offset : base+t.Offset+t.Size]
+	if t.Tiled {
+		q = slices.Clone(q)
+		kernels.UntileQ4(q, t.Rows(), t.Cols(), nil)
+	}
+	quant.Decode(out, q, sc, bi, t.Rows(), t.Cols(), t.Kind)
 	return out
 }
 

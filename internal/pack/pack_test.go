@@ -683,7 +683,11 @@ func TestPackedLayout(t *testing.T) {
 					t.Fatalf("%d stores, want 1", len(m.Stores))
 				}
 				st := m.Stores[0]
-				if want := format.ExpertRecordLayout(&m.Config, kind, "experts.bin"); !reflect.DeepEqual(st, want) {
+				want := format.ExpertRecordLayout(&m.Config, kind, "experts.bin")
+				if err := pack.TileStore(&want, pack.LayoutAuto); err != nil {
+					t.Fatal(err)
+				}
+				if !reflect.DeepEqual(st, want) {
 					t.Errorf("store %+v, want %+v", st, want)
 				}
 				if st.Stride%format.RecordAlign != 0 || st.Stride <= 0 {

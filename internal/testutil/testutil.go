@@ -273,11 +273,21 @@ var (
 )
 
 // Packed packs a shared model at bits once per test binary and returns the
-// packed directory.
+// packed directory (its q4 expert records laid out as this CPU reads
+// best, pack.LayoutAuto).
 func Packed(t testing.TB, name string, bits int) string {
+	return PackedLayout(t, name, bits, pack.LayoutAuto)
+}
+
+// PackedLayout is Packed with the q4 expert records in the layout given
+// (pack.Options.Layout).
+func PackedLayout(t testing.TB, name string, bits int, layout string) string {
 	packMu.Lock()
 	defer packMu.Unlock()
-	key := name + "/" + itoa(bits)
+	key := name + "-" + itoa(bits)
+	if layout != pack.LayoutAuto {
+		key += "-" + layout
+	}
 	if d, ok := packed[key]; ok {
 		return d
 	}
@@ -288,9 +298,9 @@ func Packed(t testing.TB, name string, bits int) string {
 		}
 		tmpDir = d
 	}
-	dst := filepath.Join(tmpDir, name+"-"+itoa(bits))
-	if err := pack.Pack(context.Background(), ModelDir(t, name), dst, pack.Options{Bits: bits}); err != nil {
-		t.Fatalf("pack %s at %d bits: %v", name, bits, err)
+	dst := filepath.Join(tmpDir, key)
+	if err := pack.Pack(context.Background(), ModelDir(t, name), dst, pack.Options{Bits: bits, Layout: layout}); err != nil {
+		t.Fatalf("pack %s at %d bits (%s): %v", name, bits, layout, err)
 	}
 	packed[key] = dst
 	return dst

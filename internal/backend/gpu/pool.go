@@ -380,9 +380,10 @@ func (r *Runner) newPool(slots int, lay [3]matOffsets, rec int, policy experts.P
 	}
 	var b []byte
 	switch {
-	case whole && hostTiled(p.prov), streams && hp.Options().Tile:
-		// Its records are not in the slots' layout: each miss is untiled
-		// through the staging, and locking gains nothing.
+	case whole && hostTiled(p.prov), streams && (hp.Options().Tile || r.M.Manifest.Stores[0].Tiled()):
+		// Its records are not in the slots' layout (tiled as they land,
+		// or as the store holds them): each miss is untiled through the
+		// staging, and locking gains nothing.
 		p.stats.PinNote = "the host's records are tiled for the CPU's decode kernel"
 	case os.Getenv("SLUICE_GPU_STAGE") == "1":
 		// For comparisons and tests of the staging path.
