@@ -3,11 +3,9 @@
 // clone with nothing downloaded. Regenerate it whenever the packed format
 // changes with:
 //
-//	go run ./cmd/sluice pack --bits 4 --layout rows --force ../shared/models/tiny-qwen3-5-moe models/default
+//	go run ./cmd/sluice pack --bits 4 --force ../shared/models/tiny-qwen3-5-moe models/default
 //
-// Its records are row-major (--layout rows), the same bytes whatever CPU
-// packs them; a CPU whose kernels read tiles lays them out so as it loads
-// them. TestDefaultUpToDate fails when it is stale.
+// TestDefaultUpToDate fails when it is stale.
 package models
 
 import (

@@ -16,7 +16,7 @@ import (
 // format changes without the bundled model being regenerated.
 func TestDefaultUpToDate(t *testing.T) {
 	dst := filepath.Join(t.TempDir(), "default")
-	if err := pack.Pack(context.Background(), testutil.ModelDir(t, "tiny-qwen3-5-moe"), dst, pack.Options{Bits: 4, Layout: pack.LayoutRows}); err != nil {
+	if err := pack.Pack(context.Background(), testutil.ModelDir(t, "tiny-qwen3-5-moe"), dst, pack.Options{Bits: 4}); err != nil {
 		t.Fatal(err)
 	}
 	got, err := Files()
@@ -36,7 +36,7 @@ func TestDefaultUpToDate(t *testing.T) {
 			t.Fatal(err)
 		}
 		if !bytes.Equal(got[e.Name()], want) {
-			t.Errorf("bundled %s is stale: regenerate with `go run ./cmd/sluice pack --bits 4 --layout rows --force ../shared/models/tiny-qwen3-5-moe models/default`", e.Name())
+			t.Errorf("bundled %s is stale: regenerate with `go run ./cmd/sluice pack --bits 4 --force ../shared/models/tiny-qwen3-5-moe models/default`", e.Name())
 		}
 	}
 }

@@ -38,7 +38,7 @@ func cmdPack(ctx context.Context, args []string) error {
 	bits := fs.Int("bits", 4, "16 (bf16, exact), 8 or 4")
 	force := fs.Bool("force", false, "replace DST if it exists")
 	lowBits := fs.String("low-bits", "", "also write low-bit expert stores for lossy --miss-bits, e.g. 3,2")
-	layout := fs.String("layout", pack.LayoutAuto, "how q4 expert records are stored: auto (as this CPU's decode kernel reads best), rows or tiled")
+	layout := fs.String("layout", pack.LayoutRows, "how q4 expert records are stored: rows, tiled, or auto (as this CPU's decode kernel reads them)")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -54,7 +54,7 @@ func cmdPack(ctx context.Context, args []string) error {
 		}
 	}
 	if len(pos) != 2 {
-		return fmt.Errorf("want SRC and DST, got %d arguments %q (usage: sluice pack [--bits 16|8|4] [--layout auto|rows|tiled] [--force] SRC DST)", len(pos), pos)
+		return fmt.Errorf("want SRC and DST, got %d arguments %q (usage: sluice pack [--bits 16|8|4] [--layout rows|tiled|auto] [--force] SRC DST)", len(pos), pos)
 	}
 	var progress io.Writer
 	if isTerminal(os.Stderr) {

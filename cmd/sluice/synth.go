@@ -127,7 +127,7 @@ func cmdSynth(ctx context.Context, args []string) (err error) {
 	route := fs.String("route", "replay", "replay: replay the recorded routes; router: route by the router weights")
 	ggufPath := fs.String("gguf", "", "also write the model as a GGUF file for llama.cpp, as its converter would write the real model")
 	ggufType := fs.String("gguf-type", "q4_0", "GGUF type of the quantised weights: q4_0 or q8_0")
-	layout := fs.String("layout", pack.LayoutAuto, "how q4 expert records are stored: auto (as this CPU's decode kernel reads best), rows or tiled")
+	layout := fs.String("layout", pack.LayoutRows, "how q4 expert records are stored: rows, tiled, or auto (as this CPU's decode kernel reads them)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -365,6 +365,7 @@ func synthPack(ctx context.Context, cfg format.Config, kind, ekind format.Kind, 
 		return nil, err
 	}
 	m.Stores = []format.ExpertStore{st}
+	m.Format = format.VersionOf(m.Stores)
 	mb, _ := json.MarshalIndent(m, "", " ")
 	if err := os.WriteFile(filepath.Join(dir, format.ManifestFile), mb, 0o644); err != nil {
 		return nil, err

@@ -151,10 +151,7 @@ func PackCached(ctx context.Context, src string, o Options) (string, error) {
 		return "", err
 	}
 	h := sha256.New()
-	// The records' layout follows this CPU (pack.LayoutAuto): a cache
-	// shared with another kind of CPU keeps a copy for each.
-	tiled, _ := pack.LayoutTiles(pack.LayoutAuto)
-	fmt.Fprintf(h, "%s\n%d\n%d\n%v\n", abs, bits, format.Version, tiled)
+	fmt.Fprintf(h, "%s\n%d\n%d\n", abs, bits, format.Version)
 	entries, err := os.ReadDir(abs)
 	if err != nil {
 		return "", fmt.Errorf("model: %v", err)

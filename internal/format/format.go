@@ -42,6 +42,18 @@ const Version = 4
 // a field, so what format 3 wrote means what it meant.
 const MinVersion = 3
 
+// VersionOf is the format a packer writes for a model with these expert
+// stores: Version where one holds tiled matrices, else MinVersion, whose
+// readers (every sluice since format 3) read the directory as it is.
+func VersionOf(stores []ExpertStore) int {
+	for i := range stores {
+		if stores[i].Tiled() {
+			return Version
+		}
+	}
+	return MinVersion
+}
+
 // TileRows is the rows of a tile in the tiled q4 layout (Tensor.Tiled).
 const TileRows = 8
 

@@ -361,7 +361,7 @@ func TestBadInput(t *testing.T) {
 		t.Error("truncated manifest: no error")
 	}
 	if _, err := Load(damage("manifest.json", func(b []byte) []byte {
-		return []byte(strings.Replace(string(b), fmt.Sprintf(`"format": %d`, format.Version), `"format": 99`, 1))
+		return []byte(strings.Replace(string(b), fmt.Sprintf(`"format": %d`, format.MinVersion), `"format": 99`, 1))
 	})); err == nil || !strings.Contains(err.Error(), "format") {
 		t.Errorf("wrong format version: %v", err)
 	}

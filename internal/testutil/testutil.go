@@ -273,10 +273,9 @@ var (
 )
 
 // Packed packs a shared model at bits once per test binary and returns the
-// packed directory (its q4 expert records laid out as this CPU reads
-// best, pack.LayoutAuto).
+// packed directory (its q4 expert records row-major, pack's default).
 func Packed(t testing.TB, name string, bits int) string {
-	return PackedLayout(t, name, bits, pack.LayoutAuto)
+	return PackedLayout(t, name, bits, pack.LayoutRows)
 }
 
 // PackedLayout is Packed with the q4 expert records in the layout given
@@ -285,7 +284,7 @@ func PackedLayout(t testing.TB, name string, bits int, layout string) string {
 	packMu.Lock()
 	defer packMu.Unlock()
 	key := name + "-" + itoa(bits)
-	if layout != pack.LayoutAuto {
+	if layout != pack.LayoutRows {
 		key += "-" + layout
 	}
 	if d, ok := packed[key]; ok {
