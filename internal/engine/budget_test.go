@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/sluicelm/sluice/internal/experts"
-	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/testutil"
 )
 
@@ -17,11 +16,7 @@ import (
 // subtracting them again took their size from the pool: under a cap of
 // dense + 10% of the experts on a 30B model, a pool of 3% instead of 9%.
 func TestAutoPoolCountsDenseOnce(t *testing.T) {
-	dir := testutil.Packed(t, "tiny-qwen3-moe", 16)
-	man, err := format.ReadManifest(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, man := testutil.PackedManifest(t, "tiny-qwen3-moe", 16)
 	c := &man.Config
 	st := man.Stores[0]
 	records := man.ExpertLayers * man.Experts

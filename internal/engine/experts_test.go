@@ -47,11 +47,7 @@ func TestMemoryBudget(t *testing.T) {
 		budgetChild(t, dir)
 		return
 	}
-	dir := testutil.Packed(t, "tiny-qwen3-moe", 16)
-	man, err := format.ReadManifest(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, man := testutil.PackedManifest(t, "tiny-qwen3-moe", 16)
 	c := &man.Config
 	st := man.Stores[0]
 	all := int64(man.ExpertLayers*man.Experts) * st.Stride

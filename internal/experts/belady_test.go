@@ -3,7 +3,6 @@ package experts
 import (
 	"testing"
 
-	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/model"
 	"github.com/sluicelm/sluice/internal/testutil"
 )
@@ -69,11 +68,7 @@ func TestBeladyHand(t *testing.T) {
 // prefetching, one whose predictions hit keeps on, and the first resumes
 // once its predictions improve (they are scored while paused too).
 func TestAdaptiveLookahead(t *testing.T) {
-	dir := testutil.Packed(t, "tiny-qwen3-moe", 4)
-	man, err := format.ReadManifest(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, man := testutil.PackedManifest(t, "tiny-qwen3-moe", 4)
 	L, E := man.ExpertLayers, man.Experts
 	if L < 3 {
 		t.Skip("needs 3 expert layers")

@@ -240,11 +240,7 @@ func TestSimulateMatchesStream(t *testing.T) {
 	if err := json.Unmarshal(b, &r); err != nil || len(r.Routes) == 0 {
 		t.Fatalf("routes_long0: %v", err)
 	}
-	dir := testutil.Packed(t, name, 4)
-	man, err := format.ReadManifest(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, man := testutil.PackedManifest(t, name, 4)
 	L, E := man.ExpertLayers, man.Experts
 	if L < len(r.Routes) { // the model may have more (an MTP layer's)
 		t.Fatalf("%d expert layers, routes for %d", L, len(r.Routes))

@@ -93,11 +93,7 @@ func argmax(x []float32) int {
 func TestGreedyAnyPool(t *testing.T) {
 	for _, name := range testutil.Models {
 		refs := testutil.LoadRefs(t, name)
-		dir := testutil.Packed(t, name, 16)
-		man, err := format.ReadManifest(dir)
-		if err != nil {
-			t.Fatal(err)
-		}
+		dir, man := testutil.PackedManifest(t, name, 16)
 		exact := residentGreedy(t, dir, refs.Cases)
 		n := man.ExpertLayers * man.Experts
 		for _, v := range []struct {
@@ -152,11 +148,7 @@ func residentGreedy(t *testing.T, dir string, cases []testutil.Case) [][]int {
 // TestDecodeAllocs keeps a streamed decode step allocation-free, with every
 // expert a hit and with misses and prefetches in flight.
 func TestDecodeAllocs(t *testing.T) {
-	dir := testutil.Packed(t, "tiny-qwen3-moe", 4)
-	man, err := format.ReadManifest(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, man := testutil.PackedManifest(t, "tiny-qwen3-moe", 4)
 	n := man.ExpertLayers * man.Experts
 	for _, slots := range []int{n, n / 4} {
 		m, _ := loadStream(t, "tiny-qwen3-moe", 4, Options{Slots: slots, Lookahead: true})
@@ -184,12 +176,8 @@ func TestDecodeAllocs(t *testing.T) {
 
 // TestSmallPoolErrors names the minimum.
 func TestSmallPoolErrors(t *testing.T) {
-	dir := testutil.Packed(t, "tiny-qwen3-moe", 4)
-	man, err := format.ReadManifest(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = Open(dir, man, Options{Slots: 2})
+	dir, man := testutil.PackedManifest(t, "tiny-qwen3-moe", 4)
+	_, err := Open(dir, man, Options{Slots: 2})
 	if err == nil || !strings.Contains(err.Error(), "at least 4") {
 		t.Fatalf("2 slots: got %v, want an error naming the minimum of 4", err)
 	}
@@ -236,11 +224,7 @@ func TestCutWeak(t *testing.T) {
 // that every expert handed out holds its own record's bytes. Run under -race it also
 // checks the reader hand-off.
 func TestStreamDelivers(t *testing.T) {
-	dir := testutil.Packed(t, "tiny-qwen3-moe", 4)
-	man, err := format.ReadManifest(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, man := testutil.PackedManifest(t, "tiny-qwen3-moe", 4)
 	file, err := os.ReadFile(filepath.Join(dir, man.Stores[0].File))
 	if err != nil {
 		t.Fatal(err)
@@ -261,11 +245,7 @@ func TestStreamDelivers(t *testing.T) {
 // and the readers when they follow the disk (0), may be all of them, and
 // out of range are an error.
 func TestPrefetchReaders(t *testing.T) {
-	dir := testutil.Packed(t, "tiny-qwen3-moe", 4)
-	man, err := format.ReadManifest(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, man := testutil.PackedManifest(t, "tiny-qwen3-moe", 4)
 	for _, c := range []struct{ readers, pre, want int }{{1, 0, 1}, {3, 0, 2}, {3, 3, 3}, {3, 1, 1}} {
 		s, err := Open(dir, man, Options{Slots: 9, Readers: c.readers, PrefetchReaders: c.pre})
 		if err != nil {
@@ -398,11 +378,7 @@ func (r *recorder) Begin(layer int, ids []int, h model.Hint) error {
 // stay in the pool for decode, the first layer's included, although a
 // pure recency order would have evicted them for the last layers'.
 func TestPrefillRetention(t *testing.T) {
-	dir := testutil.Packed(t, "tiny-qwen3-moe", 4)
-	man, err := format.ReadManifest(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, man := testutil.PackedManifest(t, "tiny-qwen3-moe", 4)
 	c := testutil.LoadRefs(t, "tiny-qwen3-moe").Long[0]
 	for _, pol := range Policies {
 		slots := 6 * man.Config.Layers // a share of 6 per layer
@@ -450,11 +426,7 @@ func TestPrefillRetention(t *testing.T) {
 // layer's through a token, so without the read-ahead the first layer
 // mostly misses and with it hits once the policy has learned.
 func TestNextTokenPrefetch(t *testing.T) {
-	dir := testutil.Packed(t, "tiny-qwen3-moe", 4)
-	man, err := format.ReadManifest(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, man := testutil.PackedManifest(t, "tiny-qwen3-moe", 4)
 	c := &man.Config
 	K, E, tokens := c.TopK, man.Experts, 24
 	hits := func(look bool) (first, rest int64) {
@@ -651,11 +623,7 @@ func TestNextPreLimit(t *testing.T) {
 // ignores the idle time of a long gap between steps, and never moves when
 // the count was given.
 func TestAdaptReaders(t *testing.T) {
-	dir := testutil.Packed(t, "tiny-qwen3-moe", 4)
-	man, err := format.ReadManifest(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, man := testutil.PackedManifest(t, "tiny-qwen3-moe", 4)
 	for _, given := range []int{0, 2} {
 		s, err := Open(dir, man, Options{Slots: 9, Readers: 8, PrefetchReaders: given})
 		if err != nil {
@@ -712,11 +680,7 @@ func TestAdaptReaders(t *testing.T) {
 // prefetches, and is read once the count rises, by a reader that was
 // waiting for demand misses alone.
 func TestPrefetchReadersWake(t *testing.T) {
-	dir := testutil.Packed(t, "tiny-qwen3-moe", 4)
-	man, err := format.ReadManifest(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, man := testutil.PackedManifest(t, "tiny-qwen3-moe", 4)
 	s, err := Open(dir, man, Options{Slots: 9, Readers: 3, Lookahead: true, Buffered: true})
 	if err != nil {
 		t.Fatal(err)
@@ -814,11 +778,7 @@ func TestCached(t *testing.T) {
 // waited for once the next step begins, only the new step's own; a
 // small pool would otherwise run out of slots to read into.
 func TestEndStepReleases(t *testing.T) {
-	dir := testutil.Packed(t, "tiny-qwen3-moe", 4)
-	man, err := format.ReadManifest(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, man := testutil.PackedManifest(t, "tiny-qwen3-moe", 4)
 	c := &man.Config
 	s, err := Open(dir, man, Options{Slots: MinSlots(c) + 2, Readers: 3, Lookahead: true, Buffered: true})
 	if err != nil {

@@ -20,6 +20,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/pack"
 )
 
@@ -276,6 +277,18 @@ var (
 // packed directory (its q4 expert records row-major, pack's default).
 func Packed(t testing.TB, name string, bits int) string {
 	return PackedLayout(t, name, bits, pack.LayoutRows)
+}
+
+// PackedManifest is Packed and the packed directory's manifest, read and
+// checked (format.ReadManifest).
+func PackedManifest(t testing.TB, name string, bits int) (string, *format.Manifest) {
+	t.Helper()
+	dir := Packed(t, name, bits)
+	man, err := format.ReadManifest(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir, man
 }
 
 // PackedLayout is Packed with the q4 expert records in the layout given
