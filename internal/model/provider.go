@@ -197,13 +197,19 @@ func (r *Resident) each(ctx context.Context, f func(*Expert, []byte) []byte) err
 	return ctx.Err()
 }
 
-// tile rearranges the matrices of e's record that kernels.Tiles picks
-// (q4 or MXFP4 of a whole tile of rows) into their tiled layout in place
-// (kernels.Tile) and marks their views;
+// tile lays out the matrices of e's record as this CPU's decode kernel
+// reads them, in place, and marks their views: those kernels.Tiles picks
+// (q4 or MXFP4 of a whole tile of rows) tiled (kernels.Tile), and a q4
+// matrix stored tiled that it does not pick (rows of an odd number of
+// groups, where AMD's 512-bit decode reads rows faster) row-major again.
 // tmp is scratch, returned for the next call. A record's bytes must be
 // rearranged once, however many views they have.
 func (e *Expert) tile(tmp []byte) []byte {
 	for _, m := range []*kernels.Mat{&e.Gate, &e.Up, &e.Down} {
+		if m.Tiled && !kernels.Tiles(m) {
+			tmp = kernels.Untile(m, tmp)
+			continue
+		}
 		tmp = kernels.Tile(m, tmp)
 	}
 	return tmp
@@ -231,12 +237,10 @@ func TileRecord(rec []byte, st *format.ExpertStore, tmp []byte) ([]byte, error) 
 }
 
 // MarkTiled marks e's views as views of a record that TileRecord
-// rearranged.
+// rearranged: tiled exactly where kernels.Tiles says.
 func (e *Expert) MarkTiled() {
 	for _, m := range []*kernels.Mat{&e.Gate, &e.Up, &e.Down} {
-		if kernels.Tiles(m) {
-			m.Tiled = true
-		}
+		m.Tiled = kernels.Tiles(m)
 	}
 }
 
