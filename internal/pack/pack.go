@@ -678,19 +678,18 @@ func AddLowBits(ctx context.Context, dir string, bits int, w io.Writer) error {
 	// The source is called from the encoding threads: each call reads
 	// into a buffer of its own (os.File.ReadAt is safe for that).
 	bufs := sync.Pool{New: func() any { return make([]byte, main.Stride) }}
-	dec := func(rec []byte, t *format.Tensor) []float32 {
-		out := make([]float32, t.Rows()*t.Cols())
-		var sc, bi []float32
-		if t.Kind.Quantised() {
-			_, sb := t.Kind.Sizes(t.Rows(), t.Cols())
-			sc, bi = quant.Halves(rec[t.ScaleOffset:], int(sb/2)), quant.Halves(rec[t.BiasOffset:], int(sb/2))
+	// Each row as the kernels read it (kernels.Mat.Row: quant.Decode's
+	// values, from either layout).
+	dec := func(rec []byte, t *format.Tensor) ([]float32, error) {
+		w, err := kernels.MatFrom(rec, t)
+		if err != nil {
+			return nil, err
 		}
-		q := rec[t.Offset : t.Offset+t.Size]
-		if t.Tiled {
-			kernels.UntileQ4(q, t.Rows(), t.Cols(), nil) // rec is this call's, read afresh
+		out := make([]float32, w.Rows*w.Cols)
+		for r := range w.Rows {
+			w.Row(out[r*w.Cols:(r+1)*w.Cols], r)
 		}
-		quant.Decode(out, q, sc, bi, t.Rows(), t.Cols(), t.Kind)
-		return out
+		return out, nil
 	}
 	src := func(l, e int) (family.Expert, error) {
 		rec := bufs.Get().([]byte)
@@ -698,7 +697,17 @@ func AddLowBits(ctx context.Context, dir string, bits int, w io.Writer) error {
 		if _, err := f.ReadAt(rec, int64(l*m.Experts+e)*main.Stride); err != nil {
 			return family.Expert{}, err
 		}
-		return family.Expert{Gate: dec(rec, &main.Gate), Up: dec(rec, &main.Up), Down: dec(rec, &main.Down)}, nil
+		var x family.Expert
+		var err error
+		for _, p := range []struct {
+			dst *[]float32
+			t   *format.Tensor
+		}{{&x.Gate, &main.Gate}, {&x.Up, &main.Up}, {&x.Down, &main.Down}} {
+			if *p.dst, err = dec(rec, p.t); err != nil {
+				return family.Expert{}, err
+			}
+		}
+		return x, nil
 	}
 	ls := format.ExpertRecordLayout(&cfg, lk, format.LowStoreFile(bits))
 	tmp := filepath.Join(dir, "."+ls.File+".tmp")
