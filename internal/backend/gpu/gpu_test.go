@@ -89,7 +89,7 @@ var (
 // shared copy of the model, or the repository's archive, is absent.
 func packed(t testing.TB, name string, bits int) string {
 	t.Helper()
-	return packedFrom(t, name, name, bits, func() string { return modelSrc(t, name) })
+	return packedFrom(t, name, name, pack.Options{Bits: bits}, func() string { return modelSrc(t, name) })
 }
 
 // modelSrc is the checkpoint directory of a shared model or one of the
@@ -112,8 +112,8 @@ func modelSrc(t testing.TB, name string) string {
 }
 
 // packedFrom is packed for the checkpoint src gives (called only when no
-// pack is kept under key), for a test model of name.
-func packedFrom(t testing.TB, name, key string, bits int, src func() string) string {
+// pack is kept under key), for a test model of name, packed with o.
+func packedFrom(t testing.TB, name, key string, o pack.Options, src func() string) string {
 	t.Helper()
 	modelSrc(t, name)
 	packMu.Lock()
@@ -128,12 +128,13 @@ func packedFrom(t testing.TB, name, key string, bits int, src func() string) str
 			packDir = d
 		}
 	}
-	dst := filepath.Join(packDir, fmt.Sprintf("%s-%d", key, bits))
+	dst := filepath.Join(packDir, fmt.Sprintf("%s-%d", key, o.Bits))
 	if _, err := os.Stat(filepath.Join(dst, "manifest.json")); err == nil {
 		return dst
 	}
-	if err := pack.Pack(context.Background(), src(), dst, pack.Options{Bits: bits, Force: true}); err != nil {
-		t.Fatalf("pack %s at %d bits: %v", key, bits, err)
+	o.Force = true
+	if err := pack.Pack(context.Background(), src(), dst, o); err != nil {
+		t.Fatalf("pack %s at %d bits: %v", key, o.Bits, err)
 	}
 	return dst
 }
@@ -773,6 +774,57 @@ func TestGPUExpertPool(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestGPUTiledStore runs a store whose q4 records lie tiled on disk
+// (sluice pack --layout tiled) on the GPU, whose kernels read rows in
+// order: resident, through the GPU's pool alone, through both tiers, and
+// with the host's CPU computing misses. Its logits are the row-major
+// store's resident ones, bit for bit, so every path that reads a tiled
+// record (the upload, the staging of a miss, the host pool's landing, the
+// CPU's product) lays it out as it reads it.
+func TestGPUTiledStore(t *testing.T) {
+	needGPU(t)
+	for _, name := range gpuModels {
+		t.Run(name, func(t *testing.T) {
+			rows := packed(t, name, 4)
+			tiled := packedFrom(t, name, name+"-tiled", pack.Options{Bits: 4, Layout: pack.LayoutTiled}, func() string { return modelSrc(t, name) })
+			m, err := format.ReadManifest(tiled)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !m.Stores[0].Tiled() {
+				t.Fatalf("%s: --layout tiled stored no matrix tiled", name)
+			}
+			c := refs(t, name).Cases[0]
+			want := all(t, open(t, rows, "cuda", 64), c.Prompt)
+			pools := map[string]engine.ExpertOptions{
+				"resident": {},
+				"quarter":  {GPUPoolShare: 0.25},
+				"tiers":    {GPUPoolShare: 0.1, PoolShare: 0.25},
+			}
+			if m.Stores[0].GateBias == nil {
+				pools["tiers, hybrid"] = engine.ExpertOptions{GPUPoolShare: 0.1, PoolShare: 0.25, GPUCPUShare: 1}
+			}
+			for pname, xo := range pools {
+				for _, n := range []int{64, 1} {
+					e := openPool(t, tiled, n, xo)
+					got := all(t, e, c.Prompt)
+					for i := range want {
+						if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+							t.Fatalf("%s, rows %d: logit %d = %v, the row-major store's %v", pname, n, i, got[i], want[i])
+						}
+					}
+					if ps, ok := e.DevicePool(); ok && ps.Slots > 0 {
+						if ps.Misses == 0 {
+							t.Errorf("%s, rows %d: a pool of %d of %d records missed nothing", pname, n, ps.Slots, ps.Records)
+						}
+						t.Logf("%s, rows %d: %d misses, %d on the CPU; host pinned %v %s", pname, n, ps.Misses, ps.CPUComputed, ps.HostPinned, ps.PinNote)
+					}
+				}
+			}
+		})
 	}
 }
 

@@ -36,7 +36,7 @@ func packedMTP(t testing.TB, name string, trained bool, bits int) string {
 	if trained {
 		return packed(t, name, bits)
 	}
-	return packedFrom(t, name, name+"-mtp", bits, func() string { return testutil.WithDeepSeekMTP(t, name, "") })
+	return packedFrom(t, name, name+"-mtp", pack.Options{Bits: bits}, func() string { return testutil.WithDeepSeekMTP(t, name, "") })
 }
 
 // follower is the MTP head of a forward: the CPU runner's, or the GPU
