@@ -98,10 +98,14 @@ func runTrial(ctx context.Context, e *engine.Engine, st *model.State, prompt, ct
 
 // poolBench is the medians over trials of the pool's decode figures.
 type poolBench struct {
-	Slots        int     `json:"pool_slots"`
-	PoolMB       float64 `json:"pool_mb"`
-	PoolShare    float64 `json:"pool_share"`
-	HitRate      float64 `json:"hit_rate"`
+	Slots     int     `json:"pool_slots"`
+	PoolMB    float64 `json:"pool_mb"`
+	PoolShare float64 `json:"pool_share"`
+	HitRate   float64 `json:"hit_rate"`
+	// LandedRate is the share of the decode's requests whose record had
+	// landed (HitRate less the hits on reads still in flight): what the
+	// replays below count as hits.
+	LandedRate   float64 `json:"landed_rate"`
 	MBPerToken   float64 `json:"mb_per_token"`
 	PrefillMBTok float64 `json:"prefill_mb_per_token"`
 	IOWaitMSTok  float64 `json:"io_wait_ms_per_token"`
@@ -144,14 +148,14 @@ func summarisePool(e *engine.Engine, trials []benchTrial) *poolBench {
 	man := e.Model.Manifest
 	pb := &poolBench{Slots: s.Slots(), PoolMB: float64(int64(s.Slots())*s.Stride()) / 1e6,
 		PoolShare: float64(s.Slots()) / float64(man.ExpertLayers*man.Experts)}
-	var hit, mbt, pmbt, iow, mst, rbw, busy, load, util, rec, waste, skip, paused, opt, cut []float64
+	var hit, landed, mbt, pmbt, iow, mst, rbw, busy, load, util, rec, waste, skip, paused, opt, cut []float64
 	sim := map[experts.Policy][]float64{}
 	nl := 0
 	for _, t := range trials {
 		nl = len(t.decode.Layers)
 		d := t.decode
 		n := float64(max(t.stats.GeneratedTokens-1, 1))
-		hit = append(hit, d.HitRate())
+		hit, landed = append(hit, d.HitRate()), append(landed, d.LandedRate())
 		if h, n := experts.BeladyHits(t.trace, s.Slots()); n > 0 {
 			opt = append(opt, float64(h)/float64(n))
 			for _, p := range experts.Policies {
@@ -190,6 +194,7 @@ func summarisePool(e *engine.Engine, trials []benchTrial) *poolBench {
 		}
 		pb.LookGainMS = d.LookGainMS
 	}
+	pb.LandedRate = median(landed)
 	pb.HitRate, pb.MBPerToken, pb.PrefillMBTok, pb.IOWaitMSTok, pb.MSPerToken = median(hit), median(mbt), median(pmbt), median(iow), median(mst)
 	pb.ReadMBs, pb.ReadBusy, pb.LoadMBs, pb.LoadUtil, pb.LookRecall, pb.LookWaste, pb.LookSkipped = median(rbw), median(busy), median(load), median(util), median(rec), median(waste), median(skip)
 	pb.LookPaused = median(paused)
@@ -230,6 +235,8 @@ func (pb *poolBench) print(w io.Writer, e *engine.Engine) {
 	if pb.CutsPerToken > 0 {
 		fmt.Fprintf(w, "--cut-weak dropped %.2f late experts per token\n", pb.CutsPerToken)
 	}
+	fmt.Fprintf(w, "decode requests whose record had landed %s; hits on reads still in flight %.1f%%\n",
+		pb.ofOptimal(pb.LandedRate), 100*(pb.HitRate-pb.LandedRate))
 	fmt.Fprintf(w, "offline replay of the decode's requests from an empty pool of %d slots: optimal eviction %.1f%% hits; %s (the pool's) %s",
 		pb.Slots, 100*pb.OptimalHitRate, e.Stream.Options().Policy, pb.ofOptimal(pb.PolicyHitRate))
 	for _, p := range experts.Policies {

@@ -8,6 +8,7 @@ import (
 // LayerStats count one expert layer's demand.
 type LayerStats struct {
 	Hits      atomic.Int64 // experts a step found resident or already being read
+	Landed    atomic.Int64 // of the hits, those whose read had landed: no wait
 	Misses    atomic.Int64 // experts a step had to read
 	BytesRead atomic.Int64 // bytes of demand reads
 	IOWaitNs  atomic.Int64 // time the forward waited for reads
@@ -91,6 +92,7 @@ func (s *Stats) init(layers, slots, readers int) {
 type Snapshot struct {
 	PoolSlots  int     `json:"pool_slots"`
 	Hits       int64   `json:"hits"`
+	Landed     int64   `json:"landed"` // of the hits, those already read (LayerStats.Landed)
 	Misses     int64   `json:"misses"`
 	BytesRead  int64   `json:"bytes_read"`
 	IOWaitMS   float64 `json:"io_wait_ms"`
@@ -118,6 +120,7 @@ type Snapshot struct {
 // LayerSnapshot is one layer's counters.
 type LayerSnapshot struct {
 	Hits      int64   `json:"hits"`
+	Landed    int64   `json:"landed"`
 	Misses    int64   `json:"misses"`
 	BytesRead int64   `json:"bytes_read"`
 	IOWaitMS  float64 `json:"io_wait_ms"`
@@ -134,9 +137,10 @@ func (s *Stream) Stats() Snapshot {
 	o.Layers = make([]LayerSnapshot, len(st.layers))
 	for i := range st.layers {
 		l := &st.layers[i]
-		ls := LayerSnapshot{Hits: l.Hits.Load(), Misses: l.Misses.Load(), BytesRead: l.BytesRead.Load(), IOWaitMS: float64(l.IOWaitNs.Load()) / 1e6}
+		ls := LayerSnapshot{Hits: l.Hits.Load(), Landed: l.Landed.Load(), Misses: l.Misses.Load(), BytesRead: l.BytesRead.Load(), IOWaitMS: float64(l.IOWaitNs.Load()) / 1e6}
 		o.Layers[i] = ls
 		o.Hits += ls.Hits
+		o.Landed += ls.Landed
 		o.Misses += ls.Misses
 		o.IOWaitMS += ls.IOWaitMS
 	}
@@ -145,7 +149,7 @@ func (s *Stream) Stats() Snapshot {
 
 // Sub returns the counters accumulated since an earlier snapshot.
 func (a Snapshot) Sub(b Snapshot) Snapshot {
-	o := Snapshot{PoolSlots: a.PoolSlots, Hits: a.Hits - b.Hits, Misses: a.Misses - b.Misses, BytesRead: a.BytesRead - b.BytesRead,
+	o := Snapshot{PoolSlots: a.PoolSlots, Hits: a.Hits - b.Hits, Landed: a.Landed - b.Landed, Misses: a.Misses - b.Misses, BytesRead: a.BytesRead - b.BytesRead,
 		IOWaitMS: a.IOWaitMS - b.IOWaitMS, Evictions: a.Evictions - b.Evictions, Cuts: a.Cuts - b.Cuts,
 		LookIssued: a.LookIssued - b.LookIssued, LookUseful: a.LookUseful - b.LookUseful, LookWasted: a.LookWasted - b.LookWasted, LookSkip: a.LookSkip - b.LookSkip, LookSteps: a.LookSteps - b.LookSteps, LookPaused: a.LookPaused - b.LookPaused, LookGainMS: a.LookGainMS, ReadBusyMS: a.ReadBusyMS - b.ReadBusyMS,
 		PrefetchReaders: a.PrefetchReaders, PrefetchSwitches: a.PrefetchSwitches - b.PrefetchSwitches,
@@ -154,7 +158,7 @@ func (a Snapshot) Sub(b Snapshot) Snapshot {
 		o.Layers = make([]LayerSnapshot, len(a.Layers))
 		for i := range a.Layers {
 			x, y := a.Layers[i], b.Layers[i]
-			o.Layers[i] = LayerSnapshot{x.Hits - y.Hits, x.Misses - y.Misses, x.BytesRead - y.BytesRead, x.IOWaitMS - y.IOWaitMS}
+			o.Layers[i] = LayerSnapshot{x.Hits - y.Hits, x.Landed - y.Landed, x.Misses - y.Misses, x.BytesRead - y.BytesRead, x.IOWaitMS - y.IOWaitMS}
 		}
 	}
 	return o
@@ -166,6 +170,18 @@ func (a Snapshot) HitRate() float64 {
 		return 1
 	}
 	return float64(a.Hits) / float64(a.Hits+a.Misses)
+}
+
+// LandedRate is the share of requests whose record had landed, 1 when
+// nothing was asked: HitRate less the hits on reads still in flight (a
+// prefetch, or an earlier step's read). A replay of the requests
+// (SimulateHits, BeladyHits) reads nothing ahead and has no such hits;
+// with reads ahead the pool may land more than its optimum hits.
+func (a Snapshot) LandedRate() float64 {
+	if a.Hits+a.Misses == 0 {
+		return 1
+	}
+	return float64(a.Landed) / float64(a.Hits+a.Misses)
 }
 
 // DevicePool is what a GPU's expert pool holds and did so far: Slots

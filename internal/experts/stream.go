@@ -524,6 +524,7 @@ func (s *Stream) Begin(layer int, ids []int, hint model.Hint) error {
 		}
 		if sl.state == ready {
 			s.readyQ = append(s.readyQ, int32(i))
+			ls.Landed.Add(1)
 		} else {
 			sl.demand = int32(i)
 			s.waiting++

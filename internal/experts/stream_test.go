@@ -712,6 +712,42 @@ func TestPrefetchReadersWake(t *testing.T) {
 	}
 }
 
+// TestLandedCounts: a request whose record a prefetch is still reading is
+// a hit but has not landed (LayerStats.Landed); once read, a request of
+// it is both.
+func TestLandedCounts(t *testing.T) {
+	dir, man := testutil.PackedManifest(t, "tiny-qwen3-moe", 4)
+	s, err := Open(dir, man, Options{Slots: 9, Readers: 3, Lookahead: true, Buffered: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	s.setPreLimit(0) // no reader takes the prefetches yet
+	time.Sleep(10 * time.Millisecond)
+	s.Prefetch(0, []int{0, 1})
+	step := func(want Snapshot) {
+		t.Helper()
+		if err := s.Begin(0, []int{0, 1, 2, 3}, model.Hint{}); err != nil {
+			t.Fatal(err)
+		}
+		st := s.Stats()
+		if st.Hits != want.Hits || st.Landed != want.Landed || st.Misses != want.Misses || st.Layers[0].Landed != want.Landed {
+			t.Fatalf("%d hits, %d landed (layer 0: %d), %d misses; want %d, %d, %d", st.Hits, st.Landed, st.Layers[0].Landed, st.Misses, want.Hits, want.Landed, want.Misses)
+		}
+		if r := st.LandedRate(); r != float64(want.Landed)/float64(want.Hits+want.Misses) {
+			t.Errorf("landed rate %v", r)
+		}
+		s.setPreLimit(3)
+		for range 4 {
+			if _, _, err := s.Next(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	step(Snapshot{Hits: 2, Landed: 0, Misses: 2})
+	step(Snapshot{Hits: 6, Landed: 4, Misses: 2})
+}
+
 // TestShareThreshold: the row count that keeps an expert among its
 // layer's share with the most rows.
 func TestShareThreshold(t *testing.T) {
