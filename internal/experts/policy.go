@@ -64,6 +64,11 @@ func (p Policy) valid() error {
 // recorded routes; 32 is between.
 const lrfuGrowth = 1.0218971486541166
 
+// lrfuWindow is how many tokens' uses LRFU's decay weighs as much as a
+// use now: a record used on every token has a count of about lrfuWindow
+// times the weight of a use (1 + 1/g + 1/g² + … with g = lrfuGrowth).
+const lrfuWindow = 1 / (1 - 1/lrfuGrowth)
+
 // lrfuRescale bounds the weight: past it every count and the weight are
 // scaled down by it, exactly (a power of two), once every 1920 tokens.
 const lrfuRescale = 0x1p60
@@ -78,6 +83,7 @@ type evictor struct {
 	freq   []float32 // [record] use count, halved every 64 tokens (FLRU)
 	key    []float64 // [record] sum of the weights of its uses (LRFU)
 	w      float64   // weight of a use now (LRFU)
+	perRow float64   // weight of one row of the current step's uses, in uses (rowWeight)
 	// LRFU's scale of a record of each layer during the current step:
 	// the records' layers are kept rather than divided out on every
 	// score, as victim scores every slot on every miss.
@@ -87,7 +93,7 @@ type evictor struct {
 }
 
 func newEvictor(p Policy, L, E int) evictor {
-	v := evictor{p: p, L: L, E: E, credit: float64(L), freq: make([]float32, L*E), w: 1}
+	v := evictor{p: p, L: L, E: E, credit: float64(L), freq: make([]float32, L*E), w: 1, perRow: 1}
 	if p == LRFU || p == Markov {
 		v.key = make([]float64, L*E)
 		v.scale = make([]float64, L)
@@ -155,10 +161,29 @@ func (v *evictor) tick(clock int64, layer int) {
 func (v *evictor) use(rec int32, rows int, recent bool) {
 	v.freq[rec] += float32(rows)
 	if v.key != nil && recent {
-		v.key[rec] += float64(float64(rows) * v.w)
+		u := float64(float64(rows) * v.perRow)
+		v.key[rec] += float64(u * v.w)
 	}
 	if v.mk != nil {
 		v.mk.use(rec, rows)
+	}
+}
+
+// rowWeight sets what a row of the current step's uses weighs (LRFU's
+// counts, which Markov's estimates start from), for a step of tokens
+// rows: one use, up to lrfuWindow rows, and past that lrfuWindow uses
+// shared among the rows. A prefill chunk is many tokens at once; counted
+// a use a row, the experts its text chose most outweighed the decode's
+// own uses for about 200 tokens (a 256-row chunk's favourite, chosen by
+// 100 rows, needs 100 decode uses at one weight, and the weight doubles
+// every 32 tokens), where the decode chose differently. Had its tokens
+// come one at a time, the decay would have left no more than lrfuWindow
+// of them at full weight. A decode step of several sequences (a few
+// rows) still counts each row.
+func (v *evictor) rowWeight(tokens int) {
+	v.perRow = 1
+	if t := float64(tokens); t > lrfuWindow {
+		v.perRow = lrfuWindow / t
 	}
 }
 

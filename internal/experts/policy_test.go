@@ -373,3 +373,35 @@ func TestMarkovTextSwitch(t *testing.T) {
 		t.Errorf("markov hit %.3f of the second text's requests, lru %.3f", mk, lru)
 	}
 }
+
+// TestRowWeight: a prefill chunk's rows weigh no more than LRFU's decay
+// window of single-token uses (rowWeight). After a 256-row step in which
+// expert 0 served 200 rows, 40 decode tokens that each choose expert 1
+// rank it above expert 0; counted a use a row, expert 0 would outrank it
+// for about 75 tokens. A step of 4 rows (four sequences decoding) still
+// counts every row.
+func TestRowWeight(t *testing.T) {
+	v := newEvictor(LRFU, 1, 4)
+	v.tick(1, 0)
+	v.rowWeight(256)
+	v.use(0, 200, true)
+	v.use(2, 56, true)
+	clock := int64(1)
+	for range 40 {
+		clock++
+		v.tick(clock, 0)
+		v.rowWeight(1)
+		v.use(1, 1, true)
+	}
+	if a, b := v.score(0, 1, false), v.score(1, clock, false); b <= a {
+		t.Errorf("40 decode uses of expert 1 score %g, a prefill's 200 rows of expert 0 %g", b, a)
+	}
+	v = newEvictor(LRFU, 1, 4)
+	v.tick(1, 0)
+	v.rowWeight(4)
+	v.use(0, 3, true)
+	v.use(1, 1, true)
+	if v.key[0] != 3*v.key[1] {
+		t.Errorf("a 4-row step: 3 rows weigh %g, one %g", v.key[0], v.key[1])
+	}
+}

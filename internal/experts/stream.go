@@ -174,6 +174,7 @@ type Stream struct {
 	st      format.ExpertStore
 	low     *format.ExpertStore // the low-bit store of MissBits, or nil
 	E, L    int                 // experts per layer, expert layers
+	topK    int                 // experts a row chooses
 	last    int                 // the trunk's last layer: its decode step ends a token
 	first   int                 // the lowest layer a step has begun: a token's first expert layer
 	records int
@@ -290,7 +291,7 @@ func Open(dir string, man *format.Manifest, o Options) (*Stream, error) {
 	if o.Log == nil {
 		o.Log = io.Discard
 	}
-	s := &Stream{o: o, st: st, E: man.Experts, L: man.ExpertLayers, records: records, cur: -1,
+	s := &Stream{o: o, st: st, E: man.Experts, L: man.ExpertLayers, topK: max(c.TopK, 1), records: records, cur: -1,
 		last: c.Layers - 1, first: man.ExpertLayers}
 	path := filepath.Join(dir, st.File)
 	var err error
@@ -497,6 +498,7 @@ func (s *Stream) Begin(layer int, ids []int, hint model.Hint) error {
 	// stamped old, so the step recycles their slots first and the pool
 	// keeps each layer's hot experts for decode.
 	s.thresh = s.rowThreshold(hint)
+	s.ev.rowWeight(s.stepTokens(hint))
 	for i, e := range ids {
 		if e < 0 || e >= s.E {
 			return fmt.Errorf("expert stream: expert %d outside [0,%d)", e, s.E)
@@ -588,6 +590,16 @@ func (s *Stream) stamp(i int32) int64 {
 		return s.clock - int64(4*s.L)
 	}
 	return s.clock
+}
+
+// stepTokens is how many rows (tokens) a step has: each chooses topK
+// experts, so the hint's rows add up to that many times the rows.
+func (s *Stream) stepTokens(hint model.Hint) int {
+	n := 0
+	for _, r := range hint.Rows {
+		n += r
+	}
+	return max((n+s.topK-1)/s.topK, 1)
 }
 
 // rowThreshold is the row count an expert needs in a multi-row step to be
