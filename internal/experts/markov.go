@@ -79,12 +79,13 @@ func (m *markov) use(rec int32, rows int) {
 	}
 }
 
-// tick starts a step of layer, after learning from the one before.
-func (m *markov) tick(v *evictor, layer int) {
+// tick starts a step of layer, after learning from the one before;
+// start says it begins a pass through the layers (evictor.tick).
+func (m *markov) tick(v *evictor, layer int, start bool) {
 	m.finish(v)
 	m.step++
 	m.cur, m.multi, m.layer = m.cur[:0], false, layer
-	if layer == 0 {
+	if start {
 		m.tok++
 		if m.tok%mkHalve == 0 {
 			// Halving keeps the float32 counts exact (far below 2^24)

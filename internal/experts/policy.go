@@ -84,6 +84,7 @@ type evictor struct {
 	key    []float64 // [record] sum of the weights of its uses (LRFU)
 	w      float64   // weight of a use now (LRFU)
 	perRow float64   // weight of one row of the current step's uses, in uses (rowWeight)
+	last   int       // the last step's layer (L before the first)
 	// LRFU's scale of a record of each layer during the current step:
 	// the records' layers are kept rather than divided out on every
 	// score, as victim scores every slot on every miss.
@@ -93,7 +94,7 @@ type evictor struct {
 }
 
 func newEvictor(p Policy, L, E int) evictor {
-	v := evictor{p: p, L: L, E: E, credit: float64(L), freq: make([]float32, L*E), w: 1, perRow: 1}
+	v := evictor{p: p, L: L, E: E, credit: float64(L), freq: make([]float32, L*E), w: 1, perRow: 1, last: L}
 	if p == LRFU || p == Markov {
 		v.key = make([]float64, L*E)
 		v.scale = make([]float64, L)
@@ -118,11 +119,18 @@ func evictorBytes(p Policy, L, E int) int64 {
 	return n
 }
 
-// tick moves the policy to layer step clock, a step of layer: a pass
-// through the layers (a token, or a prefill chunk) starts at layer 0.
+// tick moves the policy to layer step clock, a step of layer. A pass
+// through the layers (a token, or a prefill chunk) starts where the layer
+// does not follow the last step's: at layer 0, or at the first expert
+// layer of a model whose leading layers are dense (DeepSeek's, GLM's),
+// which never take a step. Passes counted at layer 0 alone never came
+// for those: LRFU's weight never grew, so its counts (and Markov's
+// estimates, which start from them) kept no recency at all.
 func (v *evictor) tick(clock int64, layer int) {
+	start := layer <= v.last
+	v.last = layer
 	if v.mk != nil {
-		v.mk.tick(v, layer)
+		v.mk.tick(v, layer, start)
 	}
 	if v.scale != nil {
 		// Linear from 1 (the next layer) down to 1/2 (this one, whose
@@ -144,7 +152,7 @@ func (v *evictor) tick(clock int64, layer int) {
 			v.freq[i] *= 0.5
 		}
 	}
-	if v.key != nil && layer == 0 {
+	if v.key != nil && start {
 		v.w *= lrfuGrowth
 		if v.w >= lrfuRescale {
 			for i := range v.key {

@@ -405,3 +405,53 @@ func TestRowWeight(t *testing.T) {
 		t.Errorf("a 4-row step: 3 rows weigh %g, one %g", v.key[0], v.key[1])
 	}
 }
+
+// TestLoadRoutesSequences: each new sequence replays the recording from
+// further in, also for a model whose leading layers are dense (DeepSeek's
+// first_k_dense_replace), whose first routed layer is not layer 0.
+func TestLoadRoutesSequences(t *testing.T) {
+	dir := t.TempDir()
+	routes := [][][]int{{{0, 1}, {2, 3}, {4, 5}, {6, 7}, {1, 2}, {3, 4}, {5, 6}, {7, 0}}}
+	j, err := json.Marshal(map[string]any{"experts": 8, "routes": routes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, RoutesFile), j, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, first := range []int{0, 1, 3} {
+		route, err := LoadRoutes(dir, &format.Config{Experts: 8, TopK: 2, FirstDense: first})
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, b := make([]int, 2), make([]int, 2)
+		route(first, 0, a) // the first sequence's first token
+		route(first, 0, b) // the next sequence's
+		if slices.Equal(a, b) {
+			t.Errorf("first routed layer %d: two sequences both start with experts %v", first, a)
+		}
+	}
+}
+
+// TestRecencyDenseFirst: LRFU's uses age pass by pass also where the
+// leading layers are dense and never take a step (DeepSeek's, GLM's
+// first_k_dense_replace): 40 passes of expert 1 after 40 of expert 0 rank
+// expert 1 first, under both policies that keep LRFU's counts.
+func TestRecencyDenseFirst(t *testing.T) {
+	for _, p := range []Policy{LRFU, Markov} {
+		v := newEvictor(p, 3, 4)
+		clock := int64(0)
+		for pass := range 80 {
+			for layer := 1; layer < 3; layer++ {
+				clock++
+				v.tick(clock, layer)
+				v.use(int32(layer*4+pass/40), 1, true)
+			}
+		}
+		clock++
+		v.tick(clock, 1)
+		if old, recent := v.score(4, 40*2, false), v.score(5, clock-1, false); recent <= old {
+			t.Errorf("%s: expert 1, used in the last 40 passes, scores %g; expert 0, in the 40 before, %g", p, recent, old)
+		}
+	}
+}
