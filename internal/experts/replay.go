@@ -43,12 +43,13 @@ func LoadRoutes(dir string, c *format.Config) (model.RouteFunc, error) {
 	if spread < 1 || spread*k0 < K {
 		return nil, fmt.Errorf("%s: %d recorded experts, top-%d, cannot drive %d experts, top-%d", RoutesFile, r.Experts, k0, E, K)
 	}
-	// Each new sequence (position 0 at layer 0) starts further into the
+	// Each new sequence (position 0 at the first expert layer, past any
+	// leading dense layers, which never route) starts further into the
 	// recording, so that repeated benchmark trials do not find the
 	// previous trial's experts waiting in the pool.
-	base := -1
+	base, first := -1, c.FirstDense
 	return func(layer, pos int, ids []int) {
-		if layer == 0 && pos == 0 {
+		if layer == first && pos == 0 {
 			base++
 		}
 		rl := r.Routes[layer%len(r.Routes)]
