@@ -177,10 +177,10 @@ func (v *evictor) use(rec int32, rows int, recent bool) {
 	}
 }
 
-// rowWeight sets what a row of the current step's uses weighs (LRFU's
-// counts, which Markov's estimates start from), for a step of tokens
-// rows: one use, up to lrfuWindow rows, and past that lrfuWindow uses
-// shared among the rows. A prefill chunk is many tokens at once; counted
+// rowWeight sets what a row of the current step's uses weighs in LRFU's
+// counts (which Markov's estimates start from), for a step of that many
+// tokens (rows): one use up to lrfuWindow rows, and past that lrfuWindow
+// uses shared among the rows. A prefill chunk is many tokens at once; counted
 // a use a row, the experts its text chose most outweighed the decode's
 // own uses for about 200 tokens (a 256-row chunk's favourite, chosen by
 // 100 rows, needs 100 decode uses at one weight, and the weight doubles
