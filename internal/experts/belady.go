@@ -136,7 +136,7 @@ func simulate(tr Trace, slots int, p Policy, layers, experts int, oracle func(st
 			}
 		}
 		clock++
-		ev.tick(clock, layer)
+		ev.tick(clock, layer, 1)
 		miss = miss[:0]
 		for _, r := range step {
 			total++

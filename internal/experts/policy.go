@@ -119,14 +119,16 @@ func evictorBytes(p Policy, L, E int) int64 {
 	return n
 }
 
-// tick moves the policy to layer step clock, a step of layer. A pass
+// tick moves the policy to layer step clock, a step of layer of tokens
+// rows (rowWeight). A pass
 // through the layers (a token, or a prefill chunk) starts where the layer
 // does not follow the last step's: at layer 0, or at the first expert
 // layer of a model whose leading layers are dense (DeepSeek's, GLM's),
 // which never take a step. Passes counted at layer 0 alone never came
 // for those: LRFU's weight never grew, so its counts (and Markov's
 // estimates, which start from them) kept no recency at all.
-func (v *evictor) tick(clock int64, layer int) {
+func (v *evictor) tick(clock int64, layer, tokens int) {
+	v.rowWeight(tokens)
 	start := layer <= v.last
 	v.last = layer
 	if v.mk != nil {
@@ -274,8 +276,8 @@ func NewEvictor(p Policy, layers, experts int) (*Evictor, error) {
 }
 
 // Tick moves the policy to layer step clock (counted from 1), a step of
-// layer.
-func (e *Evictor) Tick(clock int64, layer int) { e.v.tick(clock, layer) }
+// layer of tokens rows.
+func (e *Evictor) Tick(clock int64, layer, tokens int) { e.v.tick(clock, layer, tokens) }
 
 // Use counts rows uses of record rec (layer·experts + expert) by the
 // current step; recent is false for a prefill's expert outside its

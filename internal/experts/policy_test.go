@@ -382,23 +382,20 @@ func TestMarkovTextSwitch(t *testing.T) {
 // counts every row.
 func TestRowWeight(t *testing.T) {
 	v := newEvictor(LRFU, 1, 4)
-	v.tick(1, 0)
-	v.rowWeight(256)
+	v.tick(1, 0, 256)
 	v.use(0, 200, true)
 	v.use(2, 56, true)
 	clock := int64(1)
 	for range 40 {
 		clock++
-		v.tick(clock, 0)
-		v.rowWeight(1)
+		v.tick(clock, 0, 1)
 		v.use(1, 1, true)
 	}
 	if a, b := v.score(0, 1, false), v.score(1, clock, false); b <= a {
 		t.Errorf("40 decode uses of expert 1 score %g, a prefill's 200 rows of expert 0 %g", b, a)
 	}
 	v = newEvictor(LRFU, 1, 4)
-	v.tick(1, 0)
-	v.rowWeight(4)
+	v.tick(1, 0, 4)
 	v.use(0, 3, true)
 	v.use(1, 1, true)
 	if v.key[0] != 3*v.key[1] {
@@ -444,12 +441,12 @@ func TestRecencyDenseFirst(t *testing.T) {
 		for pass := range 80 {
 			for layer := 1; layer < 3; layer++ {
 				clock++
-				v.tick(clock, layer)
+				v.tick(clock, layer, 1)
 				v.use(int32(layer*4+pass/40), 1, true)
 			}
 		}
 		clock++
-		v.tick(clock, 1)
+		v.tick(clock, 1, 1)
 		if old, recent := v.score(4, 40*2, false), v.score(5, clock-1, false); recent <= old {
 			t.Errorf("%s: expert 1, used in the last 40 passes, scores %g; expert 0, in the 40 before, %g", p, recent, old)
 		}

@@ -480,7 +480,7 @@ func (s *Stream) Begin(layer int, ids []int, hint model.Hint) error {
 	s.drain() // endStep left no position waiting: no error to report
 	s.adaptReaders()
 	s.clock++
-	s.ev.tick(s.clock, layer)
+	s.ev.tick(s.clock, layer, s.stepTokens(hint))
 	if s.tracing {
 		step := make([]int32, len(ids))
 		for i, e := range ids {
@@ -498,7 +498,6 @@ func (s *Stream) Begin(layer int, ids []int, hint model.Hint) error {
 	// stamped old, so the step recycles their slots first and the pool
 	// keeps each layer's hot experts for decode.
 	s.thresh = s.rowThreshold(hint)
-	s.ev.rowWeight(s.stepTokens(hint))
 	for i, e := range ids {
 		if e < 0 || e >= s.E {
 			return fmt.Errorf("expert stream: expert %d outside [0,%d)", e, s.E)

@@ -208,11 +208,11 @@ func newSlotTable(records, slots int, ev *experts.Evictor) slotTable {
 	return t
 }
 
-// step starts a layer step of layer and its first wave; the caller then
-// counts the step's uses (use).
-func (t *slotTable) step(layer int) {
+// step starts a layer step of layer, of tokens rows, and its first wave;
+// the caller then counts the step's uses (use).
+func (t *slotTable) step(layer, tokens int) {
 	t.clock++
-	t.ev.Tick(t.clock, layer)
+	t.ev.Tick(t.clock, layer, tokens)
 	t.now++
 }
 
@@ -570,7 +570,7 @@ func (r *Runner) pooledExperts(m *block.MoE) {
 	if decode {
 		p.look.Score(layer, func(e int) bool { return slices.Contains(r.distinct, e) })
 	}
-	p.tab.step(layer)
+	p.tab.step(layer, r.nb)
 	for di, e := range r.distinct {
 		p.tab.use(layer*r.E+e, r.nrows[di], r.nrows[di] >= thresh)
 	}

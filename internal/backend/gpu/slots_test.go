@@ -26,7 +26,7 @@ func TestSlotTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	tab := newSlotTable(10, 3, ev)
-	tab.step(0)
+	tab.step(0, 1)
 	for rec, want := range []int{0, 1, 2} {
 		if tab.lookup(rec, true) != -1 {
 			t.Fatalf("record %d: hit in an empty table", rec)
@@ -35,7 +35,7 @@ func TestSlotTable(t *testing.T) {
 			t.Fatalf("record %d took slot %d, want free slot %d", rec, s, want)
 		}
 	}
-	tab.step(1)
+	tab.step(1, 1)
 	if tab.lookup(1, true) != 1 { // 1 is now the most recent
 		t.Fatal("record 1 not found in slot 1")
 	}
@@ -49,7 +49,7 @@ func TestSlotTable(t *testing.T) {
 	if s := tab.take(6, false); s != 2 {
 		t.Fatalf("record 6 took slot %d, want 2 (the oldest)", s)
 	}
-	tab.step(0)
+	tab.step(0, 1)
 	// 6 came in as a prefill's unkept expert: it goes first, though it
 	// arrived last.
 	if s := tab.take(7, true); s != 2 {
@@ -72,10 +72,10 @@ func TestSlotTable(t *testing.T) {
 	ev2, _ := experts.NewEvictor(experts.LRU, 1, 8)
 	t2 := newSlotTable(8, 5, ev2)
 	for _, rec := range []int{4, 3, 2, 1} { // slot i gets record 4-i at step i+1
-		t2.step(0)
+		t2.step(0, 1)
 		t2.take(rec, true)
 	}
-	t2.step(0)
+	t2.step(0, 1)
 	t2.lookup(3, true) // slot 1: held, and now the most recent
 	if v := t2.victims(nil, 4); fmt.Sprint(v) != "[4 0 2 3]" {
 		t.Fatalf("victims %v, want [4 0 2 3]", v)
@@ -150,7 +150,7 @@ func TestPoolFailForgets(t *testing.T) {
 	ev, _ := experts.NewEvictor(experts.LRU, 1, 4)
 	r := &Runner{pool: &vpool{tab: newSlotTable(4, 2, ev)}}
 	tab := &r.pool.tab
-	tab.step(0)
+	tab.step(0, 1)
 	tab.take(1, true)
 	tab.take(3, true)
 	tab.pre[1] = true
@@ -158,7 +158,7 @@ func TestPoolFailForgets(t *testing.T) {
 	if r.err == nil || r.err.Error() != "disk gone" {
 		t.Fatalf("step error %v", r.err)
 	}
-	tab.step(0)
+	tab.step(0, 1)
 	for rec := range 4 {
 		if s := tab.lookup(rec, true); s != -1 {
 			t.Errorf("record %d still in slot %d after the failure", rec, s)
@@ -177,11 +177,11 @@ func TestVictimsLastFreeSlot(t *testing.T) {
 	for _, p := range experts.Policies {
 		ev, _ := experts.NewEvictor(p, 2, 8)
 		tab := newSlotTable(16, 4, ev)
-		tab.step(0)
+		tab.step(0, 1)
 		for rec := range 2 {
 			tab.take(rec, true)
 		}
-		tab.step(1)
+		tab.step(1, 1)
 		if v := tab.victims(nil, 2); fmt.Sprint(v) != "[2 3]" {
 			t.Fatalf("%s: victims %v, want the free slots [2 3]", p, v)
 		}
@@ -197,8 +197,8 @@ func TestVictimsLastFreeSlot(t *testing.T) {
 		a, b := newSlotTable(32, 6, evA), newSlotTable(32, 6, evB)
 		for step := range 400 {
 			layer := step % 4
-			a.step(layer)
-			b.step(layer)
+			a.step(layer, 1)
+			b.step(layer, 1)
 			var miss []int
 			for _, e := range rng.Perm(8)[:1+rng.IntN(4)] {
 				rec := layer*8 + e
