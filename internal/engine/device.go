@@ -152,6 +152,22 @@ type DevicePool = experts.DevicePool
 // backend; tests stand in for it).
 type DevicePooler interface{ DevicePool() DevicePool }
 
+// TextStarter is a forward whose device keeps an expert pool ranked by
+// an eviction policy (the GPU backend): NewText is the host pool's
+// (experts.Stream.NewText).
+type TextStarter interface{ NewText() }
+
+// newText tells the expert pools, the host's and the device's, that a
+// new, unrelated text begins.
+func (e *Engine) newText() {
+	if e.Stream != nil {
+		e.Stream.NewText()
+	}
+	if t, ok := e.Fwd.(TextStarter); ok {
+		t.NewText()
+	}
+}
+
 // DevicePool reports the GPU's expert pool; ok is false on the CPU.
 func (e *Engine) DevicePool() (p DevicePool, ok bool) {
 	if d, is := e.Fwd.(DevicePooler); is {

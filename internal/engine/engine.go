@@ -228,6 +228,11 @@ type GenOptions struct {
 	// without drafts; sampled output has the same distribution. Models
 	// without an MTP head decode plainly and say so in Stats.MTP.
 	Drafts int
+	// SharedPool says other sequences are using the expert pools as this
+	// one starts: a new sequence on an empty state then leaves the pools'
+	// eviction counts as they are, since they are the other sequences'
+	// too (Engine.NewSequence).
+	SharedPool bool
 }
 
 // Stats describe one generation.

@@ -581,3 +581,58 @@ func TestDeviceFallback(t *testing.T) {
 		t.Errorf("tokens %v, want %v (--device cpu)", got, want)
 	}
 }
+
+// textCounter is the CPU's forward with a pretend device pool that
+// counts the new texts it is told of.
+type textCounter struct {
+	*model.Runner
+	n int
+}
+
+func (c *textCounter) NewText() { c.n++ }
+
+// TestNewText: a sequence on an empty state tells the pools a new text
+// begins, unless it shares them with others running (SharedPool); one
+// that continues a state's prefix does not. Through a streamed pool the
+// second of two texts then hits as it would through a pool that saw only
+// its own text's last uses, where SharedPool leaves the first text's
+// counts to outrank it, and it hits less.
+func TestNewText(t *testing.T) {
+	e := open(t, testutil.Models[0], engine.Options{})
+	c := &textCounter{Runner: e.Runner}
+	e.Fwd = c
+	o := engine.GenOptions{MaxTokens: 4, IgnoreEOS: true}
+	st, _ := e.NewState()
+	if _, _, err := e.Generate(context.Background(), st, []int{1, 2, 3}, o, nil); err != nil || c.n != 1 {
+		t.Fatalf("a fresh state: %d new texts, err %v", c.n, err)
+	}
+	if _, _, err := e.Generate(context.Background(), st, []int{4, 5}, o, nil); err != nil || c.n != 1 {
+		t.Fatalf("continuing a prefix: %d new texts, err %v", c.n, err)
+	}
+	st.Reset()
+	o.SharedPool = true
+	if _, _, err := e.Generate(context.Background(), st, []int{1, 2, 3}, o, nil); err != nil || c.n != 1 {
+		t.Fatalf("a shared pool: %d new texts, err %v", c.n, err)
+	}
+
+	name := "tiny-qwen3-moe"
+	cases := testutil.LoadRefs(t, name).Cases
+	hits := map[bool]float64{}
+	for _, shared := range []bool{false, true} {
+		e := open(t, name, engine.Options{Experts: engine.ExpertOptions{PoolShare: 0.1, NoLookahead: true}})
+		if e.Stream == nil {
+			t.Fatalf("PoolShare 0.1 did not stream (%s)", e.ExpertPlan)
+		}
+		o := greedy48
+		o.MaxTokens = 128
+		generate(t, e, cases[0].Prompt, o, nil)
+		o.MaxTokens = 32
+		o.SharedPool = shared
+		_, s := generate(t, e, cases[1].Prompt, o, nil)
+		hits[shared] = s.Experts.DecodeHitRate
+	}
+	t.Logf("second text's decode hit rate: %.3f as a new text, %.3f in a shared pool", hits[false], hits[true])
+	if hits[false] <= hits[true] {
+		t.Errorf("the second text's decode hit rate: %.3f as a new text, %.3f in a shared pool", hits[false], hits[true])
+	}
+}

@@ -39,11 +39,18 @@ type Sequence struct {
 	gStart, gPrefilled DevicePool
 }
 
-// NewSequence prepares a generation into st.
+// NewSequence prepares a generation into st. On an empty st it is a new
+// text, unrelated to the one before (unless o.SharedPool): the expert
+// pools' eviction counts of earlier texts then weigh far less than the
+// new one's (experts.Stream.NewText). A state holding a prefix (a
+// continued conversation) keeps them.
 func (e *Engine) NewSequence(st *model.State, o GenOptions) (*Sequence, error) {
 	smp, err := sample.New(o.Sample, e.Model.Config.Vocab)
 	if err != nil {
 		return nil, err
+	}
+	if st.Pos == 0 && !o.SharedPool {
+		e.newText()
 	}
 	q := &Sequence{e: e, St: st, opts: o, smp: smp, eos: map[int]bool{},
 		logits: make([]float32, e.Model.Config.Vocab), dec: e.Tok.NewStreamDecoder()}

@@ -452,3 +452,37 @@ func TestRecencyDenseFirst(t *testing.T) {
 		}
 	}
 }
+
+// TestNewText: a text chose experts 0-3 on each of 100 tokens, then the
+// next text's first token chooses expert 4. With NewText between them,
+// every policy that counts uses ranks 4 above the old text's experts (it
+// stays, they go first); without, below.
+func TestNewText(t *testing.T) {
+	for _, p := range []Policy{FLRU, LRFU, Markov} {
+		for _, fresh := range []bool{false, true} {
+			ev, err := NewEvictor(p, 1, 8)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var clock int64
+			step := func(ids ...int32) {
+				clock++
+				ev.Tick(clock, 0, 1)
+				for _, r := range ids {
+					ev.Use(r, 1, true)
+				}
+			}
+			for range 100 {
+				step(0, 1, 2, 3)
+			}
+			if fresh {
+				ev.NewText()
+			}
+			step(4)
+			s4, s0 := ev.Score(4, clock), ev.Score(0, clock-1)
+			if kept := s4 > s0; kept != fresh {
+				t.Errorf("%s, NewText %v: the new text's expert scores %g, the old text's %g", p, fresh, s4, s0)
+			}
+		}
+	}
+}

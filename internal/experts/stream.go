@@ -433,6 +433,12 @@ func (s *Stream) Stride() int64 { return s.st.Stride }
 // Options returns the options in effect (defaults filled in).
 func (s *Stream) Options() Options { return s.o }
 
+// NewText tells the pool that a new, unrelated text begins (a new
+// request rather than a continued one): the eviction policy's counts of
+// the texts before weigh far less than the new one's (evictor.newText).
+// Between steps only, as Begin.
+func (s *Stream) NewText() { s.ev.newText() }
+
 // Lookahead implements model.Prefetcher.
 func (s *Stream) Lookahead() bool { return s.o.Lookahead }
 

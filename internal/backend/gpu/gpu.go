@@ -533,6 +533,18 @@ func countCopy(ps *experts.DevicePool, decode bool, bytes uint64, low bool) {
 	}
 }
 
+// NewText tells the expert pool that a new, unrelated text begins: the
+// eviction counts of the texts before weigh far less than the new one's
+// (experts.Stream.NewText). Nothing without a pool.
+func (r *Runner) NewText() {
+	r.Dev.Do(func() error {
+		if p := r.pool; p != nil {
+			p.tab.ev.NewText()
+		}
+		return nil
+	})
+}
+
 // Pool reports the expert pool's figures.
 func (r *Runner) Pool() experts.DevicePool {
 	var ps experts.DevicePool
