@@ -1015,14 +1015,20 @@ func (r *Runner) keepRows() int {
 	return experts.ShareThreshold(r.nrows[:len(r.distinct)], r.pool.share)
 }
 
-// fillRecord copies an expert's matrices from the host views into dst at
-// the slot layout lay, rows in order (a tiled host matrix is untiled).
+// fillRecord copies an expert's matrices and their biases from the host
+// views into dst at the slot layout lay, rows in order (a tiled host
+// matrix is untiled).
 func fillRecord(dst []byte, lay [3]matOffsets, ex *model.Expert) error {
 	mats := [3]*kernels.Mat{&ex.Gate, &ex.Up, &ex.Down}
+	biases := [3][]float32{ex.GateBias, ex.UpBias, ex.DownBias}
 	for i, km := range mats {
 		if o := lay[i].m; km.Kind != o.kind || km.Rows != o.rows || km.Cols != o.cols {
 			return fmt.Errorf("expert pool: a host record's matrix [%d %d] %v differs from the slot's [%d %d] %v",
 				km.Rows, km.Cols, km.Kind, o.rows, o.cols, o.kind)
+		}
+		if b := biases[i]; (lay[i].bias > 0) != (b != nil) || b != nil && len(b) != km.Rows {
+			return fmt.Errorf("expert pool: a host record's bias of %d values where the slot's matrix has %d rows (bias %v)",
+				len(b), km.Rows, lay[i].bias > 0)
 		}
 	}
 	if len(ex.Record) >= len(dst) && !ex.Gate.Tiled && !ex.Up.Tiled && !ex.Down.Tiled {
@@ -1040,6 +1046,9 @@ func fillRecord(dst []byte, lay [3]matOffsets, ex *model.Expert) error {
 			copy(dst[o.p:], bytesOf(km.BF16))
 		default:
 			copy(dst[o.p:], bytesOf(km.F32))
+		}
+		if o.bias > 0 {
+			copy(dst[o.bias:], bytesOf(biases[i]))
 		}
 	}
 	return nil

@@ -93,7 +93,12 @@ func TestSlotTable(t *testing.T) {
 // matrices the host tiled gives the same bytes, untiled piece by piece; a
 // matrix of another shape is refused.
 func TestFillRecord(t *testing.T) {
-	c := &format.Config{Hidden: 256, MoEInter: 128}
+	for _, bias := range []bool{false, true} {
+		fillRecordCase(t, &format.Config{Hidden: 256, MoEInter: 128, ExpertBias: bias})
+	}
+}
+
+func fillRecordCase(t *testing.T, c *format.Config) {
 	st := format.ExpertRecordLayout(c, format.Q4, "experts.bin")
 	lay, stride, err := layoutOf(&st)
 	if err != nil {
@@ -110,13 +115,20 @@ func TestFillRecord(t *testing.T) {
 			rec[tt.BiasOffset+i] = byte(i*5 + 2)
 		}
 	}
+	for _, b := range []*format.Tensor{st.GateBias, st.UpBias, st.DownBias} {
+		if b != nil {
+			for i := range b.Size {
+				rec[b.Offset+i] = byte(i*11 + 3)
+			}
+		}
+	}
 	ex, err := model.ExpertFromRecord(rec, &st)
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := make([]byte, stride)
 	if err := fillRecord(got, lay, &ex); err != nil || string(got) != string(rec) {
-		t.Fatalf("row-major record not staged as it is (err %v)", err)
+		t.Fatalf("bias %v: row-major record not staged as it is (err %v)", c.ExpertBias, err)
 	}
 
 	tiledRec := append([]byte(nil), rec...)
@@ -133,7 +145,7 @@ func TestFillRecord(t *testing.T) {
 	}
 	got = make([]byte, stride)
 	if err := fillRecord(got, lay, &tiled); err != nil || string(got) != string(rec) {
-		t.Fatalf("a tiled host record staged differently from its row-major copy (err %v)", err)
+		t.Fatalf("bias %v: a tiled host record staged differently from its row-major copy (err %v)", c.ExpertBias, err)
 	}
 
 	bad := ex
