@@ -1,11 +1,16 @@
 package server
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/sluicelm/sluice/internal/engine"
 	"github.com/sluicelm/sluice/internal/model"
@@ -124,5 +129,67 @@ func TestPrefixCacheCopiesOnDevice(t *testing.T) {
 	}
 	if releases.Load() == 0 {
 		t.Errorf("a cache of one entry saved %d states and released none", saves.Load())
+	}
+}
+
+// textForward is the CPU runner standing in for a GPU forward with an
+// expert pool: it counts the new texts it is told of, and, once armed,
+// sends a request from within its first forward and gives it time to
+// queue, so that the request starts while another runs.
+type textForward struct {
+	*model.Runner
+	texts *atomic.Int64
+	armed *atomic.Pointer[func()]
+}
+
+func (f textForward) NewText() { f.texts.Add(1) }
+
+func (f textForward) Forward(st *model.State, tokens []int, out []float32, all bool) error {
+	if send := f.armed.Swap(nil); send != nil {
+		(*send)()
+	}
+	return f.Runner.Forward(st, tokens, out, all)
+}
+
+// TestSharedPoolNewText: a request that starts alone is a new text for
+// the expert pools; one that starts while another generates shares them
+// and leaves their counts be.
+func TestSharedPoolNewText(t *testing.T) {
+	e, err := engine.Open(context.Background(), testModelDir, engine.Options{Ctx: testCtx, Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close) // after the server stops
+	f := textForward{e.Runner, new(atomic.Int64), new(atomic.Pointer[func()])}
+	e.Fwd = f
+	_, url := start(t, Config{Engine: e, Slots: 2})
+	body := msg{"prompt": "one", "max_tokens": 16, "temperature": 0, "ignore_eos": true}
+	if r := post(t, url, "/v1/completions", "", body); r.Status != 200 || f.texts.Load() != 1 {
+		t.Fatalf("one request alone: status %d, %d new texts", r.Status, f.texts.Load())
+	}
+	b, _ := json.Marshal(body)
+	second := make(chan int, 1)
+	send := func() {
+		go func() {
+			resp, err := http.Post(url+"/v1/completions", "application/json", bytes.NewReader(b))
+			if err != nil {
+				second <- 0
+				return
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			second <- resp.StatusCode
+		}()
+		time.Sleep(200 * time.Millisecond) // the second request queues
+	}
+	f.armed.Store(&send)
+	if r := post(t, url, "/v1/completions", "", body); r.Status != 200 {
+		t.Fatalf("first of two: status %d", r.Status)
+	}
+	if code := <-second; code != 200 {
+		t.Fatalf("second of two: status %d", code)
+	}
+	if n := f.texts.Load(); n != 2 {
+		t.Errorf("after a request alone and two at once: %d new texts, want 2", n)
 	}
 }
