@@ -187,10 +187,10 @@ const newTextAge = 0x1p8
 // new text's. They were the old text's: without it, an expert the new
 // text chose on every token ranked below one the old text chose on every
 // token for the new text's first 32 tokens (LRFU's half-life), and the
-// Markov estimates start from LRFU's counts. The
-// counts stay as tie-breakers among experts the new text has not used.
-// Markov's transition counts are kept: which expert follows which is the
-// model's, not the text's.
+// Markov estimates start from LRFU's counts. The counts stay as
+// tie-breakers among experts the new text has not used. Markov's
+// transition counts are kept: which expert follows which is the model's,
+// not the text's.
 func (v *evictor) newText() {
 	for i := range v.freq {
 		v.freq[i] /= newTextAge
