@@ -421,6 +421,7 @@ func cmdChat(ctx context.Context, args []string) error {
 	in := bufio.NewScanner(os.Stdin)
 	in.Buffer(make([]byte, 1<<20), 1<<20)
 	interactive := isTerminal(os.Stdin)
+	turns := 0
 	for {
 		if interactive {
 			fmt.Fprint(os.Stderr, "> ")
@@ -447,7 +448,10 @@ func cmdChat(ctx context.Context, args []string) error {
 			return err
 		}
 		var reply strings.Builder
-		_, stats, err := e.Generate(ctx, st, ids, engine.GenOptions{MaxTokens: *n, Sample: sp, Drafts: sf.drafts}, func(_ int, s string) error {
+		// A later turn continues the conversation the pools counted.
+		o := engine.GenOptions{MaxTokens: *n, Sample: sp, Drafts: sf.drafts, KeepPoolCounts: turns > 0}
+		turns++
+		_, stats, err := e.Generate(ctx, st, ids, o, func(_ int, s string) error {
 			reply.WriteString(s)
 			fmt.Print(s)
 			return nil

@@ -228,11 +228,12 @@ type GenOptions struct {
 	// without drafts; sampled output has the same distribution. Models
 	// without an MTP head decode plainly and say so in Stats.MTP.
 	Drafts int
-	// SharedPool says other sequences are using the expert pools as this
-	// one starts: a new sequence on an empty state then leaves the pools'
-	// eviction counts as they are, since they are the other sequences'
-	// too (Engine.NewSequence).
-	SharedPool bool
+	// KeepPoolCounts keeps the expert pools' eviction counts as they are
+	// when a sequence starts on an empty state, which otherwise counts as
+	// a new text (Engine.NewSequence): other sequences are using the pools
+	// (a server's requests at once), or the prompt continues the text they
+	// counted (a chat's next turn, prefilled whole).
+	KeepPoolCounts bool
 }
 
 // Stats describe one generation.

@@ -592,10 +592,10 @@ type textCounter struct {
 func (c *textCounter) NewText() { c.n++ }
 
 // TestNewText: a sequence on an empty state tells the pools a new text
-// begins, unless it shares them with others running (SharedPool); one
+// begins, unless told to keep their counts (KeepPoolCounts); one
 // that continues a state's prefix does not. Through a streamed pool the
 // second of two texts then hits as it would through a pool that saw only
-// its own text's last uses, where SharedPool leaves the first text's
+// its own text's last uses, where KeepPoolCounts leaves the first text's
 // counts to outrank it, and it hits less.
 func TestNewText(t *testing.T) {
 	e := open(t, testutil.Models[0], engine.Options{})
@@ -610,15 +610,15 @@ func TestNewText(t *testing.T) {
 		t.Fatalf("continuing a prefix: %d new texts, err %v", c.n, err)
 	}
 	st.Reset()
-	o.SharedPool = true
+	o.KeepPoolCounts = true
 	if _, _, err := e.Generate(context.Background(), st, []int{1, 2, 3}, o, nil); err != nil || c.n != 1 {
-		t.Fatalf("a shared pool: %d new texts, err %v", c.n, err)
+		t.Fatalf("KeepPoolCounts: %d new texts, err %v", c.n, err)
 	}
 
 	name := "tiny-qwen3-moe"
 	cases := testutil.LoadRefs(t, name).Cases
 	hits := map[bool]float64{}
-	for _, shared := range []bool{false, true} {
+	for _, keep := range []bool{false, true} {
 		e := open(t, name, engine.Options{Experts: engine.ExpertOptions{PoolShare: 0.1, NoLookahead: true}})
 		if e.Stream == nil {
 			t.Fatalf("PoolShare 0.1 did not stream (%s)", e.ExpertPlan)
@@ -627,12 +627,12 @@ func TestNewText(t *testing.T) {
 		o.MaxTokens = 128
 		generate(t, e, cases[0].Prompt, o, nil)
 		o.MaxTokens = 32
-		o.SharedPool = shared
+		o.KeepPoolCounts = keep
 		_, s := generate(t, e, cases[1].Prompt, o, nil)
-		hits[shared] = s.Experts.DecodeHitRate
+		hits[keep] = s.Experts.DecodeHitRate
 	}
-	t.Logf("second text's decode hit rate: %.3f as a new text, %.3f in a shared pool", hits[false], hits[true])
+	t.Logf("second text's decode hit rate: %.3f as a new text, %.3f keeping the counts", hits[false], hits[true])
 	if hits[false] <= hits[true] {
-		t.Errorf("the second text's decode hit rate: %.3f as a new text, %.3f in a shared pool", hits[false], hits[true])
+		t.Errorf("the second text's decode hit rate: %.3f as a new text, %.3f keeping the counts", hits[false], hits[true])
 	}
 }

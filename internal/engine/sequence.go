@@ -40,16 +40,16 @@ type Sequence struct {
 }
 
 // NewSequence prepares a generation into st. On an empty st it is a new
-// text, unrelated to the one before (unless o.SharedPool): the expert
+// text, unrelated to the one before (unless o.KeepPoolCounts): the expert
 // pools' eviction counts of earlier texts then weigh far less than the
 // new one's (experts.Stream.NewText). A state holding a prefix (a
-// continued conversation) keeps them.
+// conversation continued from a cached state) keeps them.
 func (e *Engine) NewSequence(st *model.State, o GenOptions) (*Sequence, error) {
 	smp, err := sample.New(o.Sample, e.Model.Config.Vocab)
 	if err != nil {
 		return nil, err
 	}
-	if st.Pos == 0 && !o.SharedPool {
+	if st.Pos == 0 && !o.KeepPoolCounts {
 		e.newText()
 	}
 	q := &Sequence{e: e, St: st, opts: o, smp: smp, eos: map[int]bool{},

@@ -151,10 +151,10 @@ func (f textForward) Forward(st *model.State, tokens []int, out []float32, all b
 	return f.Runner.Forward(st, tokens, out, all)
 }
 
-// TestSharedPoolNewText: a request that starts alone is a new text for
+// TestConcurrentNoNewText: a request that starts alone is a new text for
 // the expert pools; one that starts while another generates shares them
 // and leaves their counts be.
-func TestSharedPoolNewText(t *testing.T) {
+func TestConcurrentNoNewText(t *testing.T) {
 	e, err := engine.Open(context.Background(), testModelDir, engine.Options{Ctx: testCtx, Threads: 1})
 	if err != nil {
 		t.Fatal(err)

@@ -248,7 +248,7 @@ func (s *scheduler) loop() {
 		for _, j := range admit {
 			// A request that starts while others run shares the expert
 			// pool with them: its new text leaves their counts be.
-			j.opts.SharedPool = len(act) > 0
+			j.opts.KeepPoolCounts = len(act) > 0
 			if t := s.start(j); t != nil {
 				act = append(act, t)
 			} else {
