@@ -124,3 +124,43 @@ func linkPre(layers []block.Layer) {
 		}
 	}
 }
+
+// swiGLU is the dense SwiGLU MLP whose projections are stored under p
+// (p+"gate_proj.weight" and so on), of inter columns over hidden H: a
+// dense layer's feed-forward, or a MoE's shared expert.
+func swiGLU(t *block.Tensors, p string, inter, H int) *block.MLP {
+	return &block.MLP{Inter: inter,
+		Gate: t.Mat(p+"gate_proj.weight", inter, H),
+		Up:   t.Mat(p+"up_proj.weight", inter, H),
+		Down: t.Mat(p+"down_proj.weight", H, inter)}
+}
+
+// groupedMoE is DeepSeek-V3's routed MoE, which GLM-4.5 shares: sigmoid
+// scores with a correction bias, the best topGroups of groups groups of
+// experts, the chosen weights scaled by scale, and the shared experts
+// (c.SharedInter wide, none when 0), stored under p ("model.layers.N.").
+func groupedMoE(c *format.Config, t *block.Tensors, p string, l, groups, topGroups int, scale float64) *block.MoE {
+	H := c.Hidden
+	moe := &block.MoE{Layer: l, Score: block.SigmoidGroups, NormTopK: c.NormTopK,
+		Groups: groups, TopGroups: topGroups, Scale: float32(scale)}
+	moe.Router = t.F32(p+"mlp.gate.weight", c.Experts, H)
+	moe.Correction = t.Vec(p+"mlp.gate.e_score_correction_bias", c.Experts)
+	if c.SharedInter > 0 {
+		moe.Shared = swiGLU(t, p+"mlp.shared_experts.", c.SharedInter, H)
+	}
+	return moe
+}
+
+// stack appends the trunk's c.Layers decoder layers, as layer builds
+// each with its state, then links each MoE to its norm and adds the
+// final norm and the output head.
+func stack(c *format.Config, t *block.Tensors, a *Arch, layer func(int) (block.Layer, block.StateSpec)) {
+	for l := 0; l < c.Layers; l++ {
+		L, s := layer(l)
+		a.Layers = append(a.Layers, L)
+		a.States = append(a.States, s)
+	}
+	linkPre(a.Layers)
+	a.Norm = rmsNorm(c, t.Vec("norm.weight", c.Hidden), false)
+	a.LMHead = t.Mat("lm_head.weight", c.Vocab, c.Hidden)
+}

@@ -271,22 +271,9 @@ func buildDeepSeek(c *format.Config, t *block.Tensors) (*Arch, error) {
 		}
 		L.Mixer = m
 		if l < c.FirstDense {
-			L.FFN = &block.MLP{Inter: ac.Inter,
-				Gate: t.Mat(p+"mlp.gate_proj.weight", ac.Inter, H),
-				Up:   t.Mat(p+"mlp.up_proj.weight", ac.Inter, H),
-				Down: t.Mat(p+"mlp.down_proj.weight", H, ac.Inter)}
+			L.FFN = swiGLU(t, p+"mlp.", ac.Inter, H)
 		} else {
-			moe := &block.MoE{Layer: l, Score: block.SigmoidGroups, NormTopK: c.NormTopK,
-				Groups: ac.Groups, TopGroups: ac.TopGroups, Scale: float32(ac.RoutedScale)}
-			moe.Router = t.F32(p+"mlp.gate.weight", c.Experts, H)
-			moe.Correction = t.Vec(p+"mlp.gate.e_score_correction_bias", c.Experts)
-			if c.SharedInter > 0 {
-				moe.Shared = &block.MLP{Inter: c.SharedInter,
-					Gate: t.Mat(p+"mlp.shared_experts.gate_proj.weight", c.SharedInter, H),
-					Up:   t.Mat(p+"mlp.shared_experts.up_proj.weight", c.SharedInter, H),
-					Down: t.Mat(p+"mlp.shared_experts.down_proj.weight", H, c.SharedInter)}
-			}
-			L.FFN = moe
+			L.FFN = groupedMoE(c, t, p, l, ac.Groups, ac.TopGroups, ac.RoutedScale)
 		}
 		iw, attend := 0, 0
 		if m.Index != nil {
@@ -294,14 +281,7 @@ func buildDeepSeek(c *format.Config, t *block.Tensors) (*Arch, error) {
 		}
 		return L, block.StateSpec{Kind: block.Latent, KVWidth: ac.KVLora + ac.RopeDim, IndexWidth: iw, Attend: attend}
 	}
-	for l := 0; l < c.Layers; l++ {
-		L, s := layer(l)
-		a.Layers = append(a.Layers, L)
-		a.States = append(a.States, s)
-	}
-	linkPre(a.Layers)
-	a.Norm = rmsNorm(c, t.Vec("norm.weight", H), false)
-	a.LMHead = t.Mat("lm_head.weight", c.Vocab, H)
+	stack(c, t, a, layer)
 	if c.MTPLayers > 0 {
 		deepSeekMTP(c, t, a, layer)
 	}

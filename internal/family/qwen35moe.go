@@ -139,10 +139,7 @@ func buildQwen35MoE(c *format.Config, t *block.Tensors) (*Arch, error) {
 		moe := &block.MoE{Layer: l, Router: t.F32(p+"mlp.gate.weight", c.Experts, H), NormTopK: c.NormTopK || c.Family == NameQwen35MoE}
 		L.FFN = moe
 		if c.SharedInter > 0 {
-			moe.Shared = &block.MLP{Inter: c.SharedInter,
-				Gate: t.Mat(p+"mlp.shared_expert.gate_proj.weight", c.SharedInter, H),
-				Up:   t.Mat(p+"mlp.shared_expert.up_proj.weight", c.SharedInter, H),
-				Down: t.Mat(p+"mlp.shared_expert.down_proj.weight", H, c.SharedInter)}
+			moe.Shared = swiGLU(t, p+"mlp.shared_expert.", c.SharedInter, H)
 			moe.SharedGate = t.F32(p+"mlp.shared_expert_gate.weight", 1, H)
 		}
 		return L
