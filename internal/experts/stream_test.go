@@ -30,19 +30,7 @@ func TestMain(m *testing.M) {
 // of slots slots.
 func loadStream(t testing.TB, name string, bits int, o Options) (*model.Model, *Stream) {
 	t.Helper()
-	dir := testutil.Packed(t, name, bits)
-	m, err := model.Load(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := Open(dir, m.Manifest, o)
-	if err != nil {
-		m.Close()
-		t.Fatal(err)
-	}
-	m.Experts = s
-	t.Cleanup(func() { m.Close() })
-	return m, s
+	return loadStreamDir(t, testutil.Packed(t, name, bits), o)
 }
 
 func records(m *model.Model) int { return m.Manifest.ExpertLayers * m.Manifest.Experts }
@@ -342,6 +330,8 @@ func streamDelivers(t *testing.T, dir string, man *format.Manifest, file []byte,
 	}
 }
 
+// loadStreamDir loads the packed model in dir with its experts streamed
+// through a pool (o).
 func loadStreamDir(t testing.TB, dir string, o Options) (*model.Model, *Stream) {
 	t.Helper()
 	m, err := model.Load(dir)
