@@ -120,13 +120,13 @@ func evictorBytes(p Policy, L, E int) int64 {
 }
 
 // tick moves the policy to layer step clock, a step of layer of tokens
-// rows (rowWeight). A pass
-// through the layers (a token, or a prefill chunk) starts where the layer
-// does not follow the last step's: at layer 0, or at the first expert
-// layer of a model whose leading layers are dense (DeepSeek's, GLM's),
-// which never take a step. Passes counted at layer 0 alone never came
-// for those: LRFU's weight never grew, so its counts (and Markov's
-// estimates, which start from them) kept no recency at all.
+// rows (rowWeight). A pass through the layers (a token, or a prefill
+// chunk) starts where the layer does not follow the last step's: at layer
+// 0, or at the first expert layer of a model whose leading layers are
+// dense (DeepSeek's, GLM's), which never take a step. Passes counted at
+// layer 0 alone never came for those: LRFU's weight never grew, so its
+// counts (and Markov's estimates, which start from them) kept no recency
+// at all.
 func (v *evictor) tick(clock int64, layer, tokens int) {
 	v.rowWeight(tokens)
 	start := layer <= v.last
