@@ -15,6 +15,7 @@ import (
 	"github.com/sluicelm/sluice/internal/model"
 	"github.com/sluicelm/sluice/internal/pack"
 	"github.com/sluicelm/sluice/internal/quant"
+	"github.com/sluicelm/sluice/internal/sample"
 	"github.com/sluicelm/sluice/internal/testutil"
 )
 
@@ -150,7 +151,7 @@ func decodeLogits(t *testing.T, m *model.Model, prompt []int, n, rows, threads i
 			t.Fatal(err)
 		}
 		all = append(all, logits...)
-		toks = []int{argmax(logits)}
+		toks = []int{sample.Argmax(logits)}
 	}
 	return all
 }

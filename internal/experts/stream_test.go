@@ -17,6 +17,7 @@ import (
 	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/kernels"
 	"github.com/sluicelm/sluice/internal/model"
+	"github.com/sluicelm/sluice/internal/sample"
 	"github.com/sluicelm/sluice/internal/testutil"
 )
 
@@ -51,7 +52,7 @@ func greedy(t testing.TB, m *model.Model, prompt []int, n, rows int) []int {
 	}
 	var out []int
 	for len(out) < n {
-		next := argmax(logits)
+		next := sample.Argmax(logits)
 		out = append(out, next)
 		if len(out) == n {
 			break
@@ -61,16 +62,6 @@ func greedy(t testing.TB, m *model.Model, prompt []int, n, rows int) []int {
 		}
 	}
 	return out
-}
-
-func argmax(x []float32) int {
-	b := 0
-	for i, v := range x {
-		if v > x[b] {
-			b = i
-		}
-	}
-	return b
 }
 
 // TestGreedyAnyPool decodes the reference prompts greedily (exact mode)

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/sluicelm/sluice/internal/format"
+	"github.com/sluicelm/sluice/internal/sample"
 	"github.com/sluicelm/sluice/internal/testutil"
 )
 
@@ -34,33 +35,6 @@ func load(t testing.TB, name string, bits int) *Model {
 	return m
 }
 
-func argmax(x []float32) int {
-	b := 0
-	for i, v := range x {
-		if v > x[b] {
-			b = i
-		}
-	}
-	return b
-}
-
-// logSoftmax in float64.
-func logSoftmax(x []float32) []float64 {
-	mx := math.Inf(-1)
-	for _, v := range x {
-		mx = math.Max(mx, float64(v))
-	}
-	var s float64
-	for _, v := range x {
-		s += math.Exp(float64(v) - mx)
-	}
-	out := make([]float64, len(x))
-	for i, v := range x {
-		out[i] = float64(v) - mx - math.Log(s)
-	}
-	return out
-}
-
 // TestConformance checks the exact (bf16) mode against transformers: argmax
 // per position (a mismatch only where the reference's top two are within
 // 1e-3), last-position logits within testutil.LogitTol (1e-3).
@@ -82,7 +56,7 @@ func TestConformance(t *testing.T) {
 					t.Fatal(err)
 				}
 				for p := range c.Prompt {
-					got := argmax(out[p*V : (p+1)*V])
+					got := sample.Argmax(out[p*V : (p+1)*V])
 					if got != c.Argmax[p] {
 						lp := c.Top5Logprobs[p]
 						if math.Abs(lp[0]-lp[1]) > 1e-3 {
@@ -125,7 +99,7 @@ func TestGreedy(t *testing.T) {
 				var got []int
 				var gaps []float64
 				for len(got) < len(c.Greedy) {
-					next := argmax(logits)
+					next := sample.Argmax(logits)
 					got, gaps = append(got, next), append(gaps, top2Gap(logits))
 					if err := r.Forward(st, []int{next}, logits, false); err != nil {
 						t.Fatal(err)
@@ -209,7 +183,7 @@ func TestQuantisedNLL(t *testing.T) {
 						t.Fatal(err)
 					}
 					for p := 0; p+1 < len(c.Prompt); p++ {
-						sum -= logSoftmax(out[p*V : (p+1)*V])[c.Prompt[p+1]]
+						sum -= testutil.LogSoftmax(out[p*V : (p+1)*V])[c.Prompt[p+1]]
 						n++
 					}
 				}

@@ -4,6 +4,7 @@ import (
 	"math"
 	"testing"
 
+	"github.com/sluicelm/sluice/internal/sample"
 	"github.com/sluicelm/sluice/internal/testutil"
 )
 
@@ -54,7 +55,7 @@ func TestMTPMatchesReference(t *testing.T) {
 		for i, want := range c.MTPArgmax {
 			row := out[i*V : (i+1)*V]
 			rows++
-			if got := argmax(row); got != want {
+			if got := sample.Argmax(row); got != want {
 				if top2Gap(row) > 1e-3 {
 					t.Errorf("case %d row %d: MTP argmax %d, want %d", ci, i, got, want)
 				}

@@ -9,6 +9,7 @@ import (
 	"github.com/sluicelm/sluice/internal/block"
 	"github.com/sluicelm/sluice/internal/pack"
 	"github.com/sluicelm/sluice/internal/quant"
+	"github.com/sluicelm/sluice/internal/sample"
 	"github.com/sluicelm/sluice/internal/testutil"
 )
 
@@ -117,7 +118,7 @@ func TestQwen3NextReferenceRope(t *testing.T) {
 			t.Fatal(err)
 		}
 		for p := range c.Prompt {
-			if got := argmax(out[p*V : (p+1)*V]); got != c.Argmax[p] {
+			if got := sample.Argmax(out[p*V : (p+1)*V]); got != c.Argmax[p] {
 				t.Errorf("case %d pos %d: argmax %d, want %d", ci, p, got, c.Argmax[p])
 			}
 		}
@@ -135,7 +136,7 @@ func TestQwen3NextReferenceRope(t *testing.T) {
 			t.Fatal(err)
 		}
 		for i, want := range c.Greedy {
-			next := argmax(logits)
+			next := sample.Argmax(logits)
 			if next != want {
 				t.Errorf("case %d: greedy token %d is %d, want %d", ci, i, next, want)
 				break

@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -494,4 +495,23 @@ func ProcStatus(t testing.TB, key string) int64 {
 	}
 	t.Fatalf("no %s in /proc/self/status", key)
 	return 0
+}
+
+// LogSoftmax is x's log-probabilities in float64, for the tests' NLL
+// figures: finer than the engine's float32 sample.LogSoftmax, so that two
+// backends' NLLs compare without its rounding.
+func LogSoftmax(x []float32) []float64 {
+	mx := math.Inf(-1)
+	for _, v := range x {
+		mx = math.Max(mx, float64(v))
+	}
+	var s float64
+	for _, v := range x {
+		s += math.Exp(float64(v) - mx)
+	}
+	out := make([]float64, len(x))
+	for i, v := range x {
+		out[i] = float64(v) - mx - math.Log(s)
+	}
+	return out
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/sluicelm/sluice/internal/block"
 	"github.com/sluicelm/sluice/internal/engine"
 	"github.com/sluicelm/sluice/internal/model"
+	"github.com/sluicelm/sluice/internal/sample"
 	"github.com/sluicelm/sluice/internal/testutil"
 )
 
@@ -117,7 +118,7 @@ func TestGPUDeepSeekV3(t *testing.T) {
 		for i := range a {
 			worst = math.Max(worst, math.Abs(float64(a[i]-b[i])))
 		}
-		if argmax(a) == argmax(b) {
+		if sample.Argmax(a) == sample.Argmax(b) {
 			same++
 		}
 	}

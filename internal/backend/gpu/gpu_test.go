@@ -168,32 +168,6 @@ func open(t testing.TB, dir, device string, rows int) *engine.Engine {
 	return e
 }
 
-func argmax(x []float32) int {
-	b := 0
-	for i, v := range x {
-		if v > x[b] {
-			b = i
-		}
-	}
-	return b
-}
-
-func logSoftmax(x []float32) []float64 {
-	mx := math.Inf(-1)
-	for _, v := range x {
-		mx = math.Max(mx, float64(v))
-	}
-	var s float64
-	for _, v := range x {
-		s += math.Exp(float64(v) - mx)
-	}
-	out := make([]float64, len(x))
-	for i, v := range x {
-		out[i] = float64(v) - mx - math.Log(s)
-	}
-	return out
-}
-
 // all runs prompt through a fresh state and returns every position's logits.
 func all(t testing.TB, e *engine.Engine, prompt []int) []float32 {
 	t.Helper()
@@ -225,7 +199,7 @@ func TestGPUConformance(t *testing.T) {
 			for ci, c := range rf.Cases {
 				out := all(t, e, c.Prompt)
 				for p := range c.Prompt {
-					if got := argmax(out[p*V : (p+1)*V]); got != c.Argmax[p] {
+					if got := sample.Argmax(out[p*V : (p+1)*V]); got != c.Argmax[p] {
 						if lp := c.Top5Logprobs[p]; math.Abs(lp[0]-lp[1]) > 1e-3 {
 							t.Errorf("case %d pos %d: argmax %d, want %d (ref top2 %v)", ci, p, got, c.Argmax[p], lp[:2])
 						}
@@ -260,7 +234,7 @@ func TestGPUConformance(t *testing.T) {
 				}
 				var host []int
 				for len(host) < len(c.Greedy) {
-					next := argmax(logits)
+					next := sample.Argmax(logits)
 					host = append(host, next)
 					if err := e.Fwd.Forward(st2, []int{next}, logits, false); err != nil {
 						t.Fatal(err)
@@ -403,7 +377,7 @@ func heldOutNLL(t *testing.T, e *engine.Engine, rf *testutil.Refs) float64 {
 	for _, c := range rf.Long {
 		out := all(t, e, c.Prompt)
 		for p := 0; p+1 < len(c.Prompt); p++ {
-			sum -= logSoftmax(out[p*V : (p+1)*V])[c.Prompt[p+1]]
+			sum -= testutil.LogSoftmax(out[p*V : (p+1)*V])[c.Prompt[p+1]]
 			n++
 		}
 	}

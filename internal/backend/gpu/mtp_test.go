@@ -106,10 +106,10 @@ func mtpMatchesCPU(t *testing.T, name string, trained bool) {
 			if err := c.Runner.Forward(sc, tok, lc, false); err != nil {
 				t.Fatal(err)
 			}
-			trunkG -= logSoftmax(lg)[p[i+1]]
-			trunkC -= logSoftmax(lc)[p[i+1]]
+			trunkG -= testutil.LogSoftmax(lg)[p[i+1]]
+			trunkC -= testutil.LogSoftmax(lc)[p[i+1]]
 			trunkDiffs = append(trunkDiffs, relDiff(lg, lc))
-			if argmax(lg) == argmax(lc) {
+			if sample.Argmax(lg) == sample.Argmax(lc) {
 				trunkSame++
 			}
 			if err := gf.MTPFollow(sg, tok, p[i+1], lg); err != nil {
@@ -121,11 +121,11 @@ func mtpMatchesCPU(t *testing.T, name string, trained bool) {
 			if sg.MTPPos != sc.MTPPos || sg.MTPPos != i+1 {
 				t.Fatalf("case %d row %d: MTP rows consumed %d on the GPU, %d on the CPU, want %d", ci, i, sg.MTPPos, sc.MTPPos, i+1)
 			}
-			nllG -= logSoftmax(lg)[p[i+2]]
-			nllC -= logSoftmax(lc)[p[i+2]]
+			nllG -= testutil.LogSoftmax(lg)[p[i+2]]
+			nllC -= testutil.LogSoftmax(lc)[p[i+2]]
 			diffs = append(diffs, relDiff(lg, lc))
 			rows++
-			if argmax(lg) == argmax(lc) {
+			if sample.Argmax(lg) == sample.Argmax(lc) {
 				same++
 			}
 		}
