@@ -275,12 +275,7 @@ func cmdRun(ctx context.Context, args []string) error {
 			return err
 		}
 	}
-	sp, err := sf.params()
-	if err != nil {
-		return err
-	}
-	mf.drafts = sf.drafts
-	e, err := mf.open(ctx)
+	e, sp, err := sf.open(ctx, &mf)
 	if err != nil {
 		return err
 	}
@@ -308,7 +303,6 @@ func cmdRun(ctx context.Context, args []string) error {
 		out.WriteString(s)
 		return out.Flush()
 	}
-	sf.draftNote(e)
 	gen, stats, err := e.Generate(ctx, st, ids, engine.GenOptions{MaxTokens: *n, Sample: sp, IgnoreEOS: *ignoreEOS, Drafts: sf.drafts}, emit)
 	if err != nil {
 		return err
@@ -400,17 +394,11 @@ func cmdChat(ctx context.Context, args []string) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	sp, err := sf.params()
-	if err != nil {
-		return err
-	}
-	mf.drafts = sf.drafts
-	e, err := mf.open(ctx)
+	e, sp, err := sf.open(ctx, &mf)
 	if err != nil {
 		return err
 	}
 	defer e.Close()
-	sf.draftNote(e)
 	if e.Tok.TemplateIsFallback() {
 		fmt.Fprintf(os.Stderr, "note: the model's chat template could not be used (%s); using the ChatML fallback\n", e.Tok.TemplateFallbackReason())
 	}

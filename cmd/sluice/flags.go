@@ -446,6 +446,22 @@ func (s *sampleFlags) draftNote(e *engine.Engine) {
 	}
 }
 
+// open checks the sampling flags, then opens the model with the drafts they
+// ask for, noting when the model cannot draft: run's and chat's start.
+func (s *sampleFlags) open(ctx context.Context, mf *modelFlags) (*engine.Engine, sample.Params, error) {
+	sp, err := s.params()
+	if err != nil {
+		return nil, sp, err
+	}
+	mf.drafts = s.drafts
+	e, err := mf.open(ctx)
+	if err != nil {
+		return nil, sp, err
+	}
+	s.draftNote(e)
+	return e, sp, nil
+}
+
 func (s *sampleFlags) params() (sample.Params, error) {
 	seed := uint64(s.seed)
 	if s.seed < 0 {
