@@ -220,6 +220,7 @@ func cmdScore(ctx context.Context, args []string) error {
 			return err
 		}
 	}
+	mf.allLogits = true
 	e, err := mf.open(ctx)
 	if err != nil {
 		return err

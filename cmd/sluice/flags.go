@@ -148,6 +148,9 @@ type modelFlags struct {
 	// drafts is the most MTP drafts per step the command will ask for
 	// (its --drafts), which the GPU sizes its verify snapshots by.
 	drafts int
+	// allLogits: the command scores text, every row's logits at once
+	// (engine.Options.AllLogits).
+	allLogits bool
 }
 
 // expertFlags choose how routed experts are served (engine.ExpertOptions).
@@ -388,7 +391,7 @@ func (m *modelFlags) open(ctx context.Context) (*engine.Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	e, err := engine.Open(ctx, dir, engine.Options{Threads: m.threads, Ctx: m.ctx, ChunkRows: m.chunk, Progress: progress, Experts: xo, Device: m.device, Drafts: m.drafts})
+	e, err := engine.Open(ctx, dir, engine.Options{Threads: m.threads, Ctx: m.ctx, ChunkRows: m.chunk, Progress: progress, Experts: xo, Device: m.device, Drafts: m.drafts, AllLogits: m.allLogits})
 	if err != nil {
 		return nil, err
 	}

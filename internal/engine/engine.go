@@ -48,6 +48,12 @@ type Options struct {
 	// speculative verify's per-row DeltaNet snapshots in device memory
 	// sized by it, and a generation asking for more drafts gets this many.
 	Drafts int
+	// AllLogits says the caller scores text (Score), which takes every
+	// row's logits of a prefill chunk at once: the memory budget then
+	// counts a chunk of logits rows. Without it the budget counts a
+	// sequence's speculative buffers, and Score takes chunks of as many
+	// rows: the same logits, more slowly.
+	AllLogits bool
 }
 
 // Engine is one loaded model with its tokenizer and runner.
@@ -67,6 +73,10 @@ type Engine struct {
 	// the store is mapped whole. ExpertPlan says which and why.
 	Stream     *experts.Stream
 	ExpertPlan string
+	// scoreRows is the rows of a chunk of Score, and maxDrafts the most
+	// drafts a step verifies on the CPU: what the memory budget counted
+	// (callerBytes).
+	scoreRows, maxDrafts int
 }
 
 // Open loads a packed directory, or packs a Hugging Face checkpoint
@@ -128,6 +138,7 @@ func Open(ctx context.Context, dir string, o Options) (*Engine, error) {
 		chunk = defaultChunk
 	}
 	e.Runner = model.NewRunner(m, o.Threads, chunk)
+	e.scoreRows, e.maxDrafts = scoreRows(o, chunk), draftCap(o, chunk)
 	if e.Runner.Routes, err = experts.LoadRoutes(packed, &m.Config); err != nil {
 		e.Close()
 		return nil, err
@@ -327,7 +338,7 @@ func (e *Engine) Score(ctx context.Context, tokens []int) (*Score, error) {
 	}
 	V := e.Model.Config.Vocab
 	sc := &Score{Device: e.Device, N: len(tokens), Argmax: make([]int, len(tokens)), Logprobs: make([]float64, 0, len(tokens)-1)}
-	step := e.Runner.MaxRows
+	step := max(e.scoreRows, 1) // what the budget counted (callerBytes)
 	logits := make([]float32, step*V)
 	lp := make([]float32, V)
 	for i := 0; i < len(tokens); i += step {

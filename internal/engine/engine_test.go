@@ -201,13 +201,15 @@ func checkScore(t *testing.T, sc *engine.Score, c testutil.Case, tol float64) {
 }
 
 // Score's chunking must not change its result: per-position logprobs and the
-// last logits are identical across chunk sizes.
+// last logits are identical across chunk sizes, and with or without
+// AllLogits (a whole chunk of rows, or a sequence's speculative rows at a
+// time).
 func TestScoreChunkInvariant(t *testing.T) {
 	name := testutil.Models[0]
 	c := testutil.LoadRefs(t, name).Cases[0]
 	var first *engine.Score
-	for _, chunk := range []int{0, 7} {
-		e := open(t, name, engine.Options{ChunkRows: chunk})
+	for _, o := range []engine.Options{{AllLogits: true}, {}, {ChunkRows: 7}} {
+		e := open(t, name, o)
 		sc, err := e.Score(context.Background(), c.Prompt)
 		if err != nil {
 			t.Fatal(err)
@@ -217,7 +219,7 @@ func TestScoreChunkInvariant(t *testing.T) {
 			continue
 		}
 		if !slices.Equal(sc.Argmax, first.Argmax) || !slices.Equal(sc.Logprobs, first.Logprobs) || !slices.Equal(sc.LastLogits, first.LastLogits) {
-			t.Errorf("chunk %d: score differs from chunk 64", chunk)
+			t.Errorf("%+v: score differs from a whole chunk's with AllLogits", o)
 		}
 	}
 }

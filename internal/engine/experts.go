@@ -11,6 +11,7 @@ import (
 	"github.com/sluicelm/sluice/internal/model"
 	"github.com/sluicelm/sluice/internal/pack"
 	"github.com/sluicelm/sluice/internal/platform"
+	"github.com/sluicelm/sluice/internal/sample"
 )
 
 // ExpertOptions choose how routed experts are served. With no pool or
@@ -48,6 +49,40 @@ type ExpertOptions struct {
 	GPUCPUAuto  bool
 }
 
+// maxCPUDrafts is the most drafts a step verifies on the CPU when the
+// engine was opened for fewer (Options.Drafts): a generation may ask for
+// drafts the engine was not opened with, and the memory budget counts
+// their buffers ahead. MTP heads are trained to draft one to a few tokens.
+const maxCPUDrafts = 8
+
+// draftCap is the most drafts a step verifies on the CPU: a verify is one
+// batch of chunk rows at most.
+func draftCap(o Options, chunk int) int { return max(min(chunk-1, max(o.Drafts, maxCPUDrafts)), 0) }
+
+// scoreRows is the rows a chunk of Score takes: the prefill's chunk with
+// Options.AllLogits, else as many as a sequence's speculative buffers
+// (callerBytes), which Score, holding no sequence, may take instead.
+func scoreRows(o Options, chunk int) int {
+	if o.AllLogits {
+		return chunk
+	}
+	return min(chunk, 2*draftCap(o, chunk)+3)
+}
+
+// callerBytes is what the engine's callers hold over the vocabulary
+// beyond the runner's scratch, which the memory budget counts with it: for
+// each sequence (Options.States, at least one) its row of logits, its
+// sampler's scratch and a speculative step's buffers at draftCap drafts
+// (spec: the head's row, the sampling row, the verify's d+1 rows and the
+// draft distributions' d); for Score a chunk of rows (scoreRows) and a row
+// of log-probabilities. The runner's scratch had counted a chunk's rows of
+// logits, 150 MiB of a 150k-vocabulary model's 230 at 256 rows, taken
+// from the pool though only Score with AllLogits holds them.
+func callerBytes(c *format.Config, o Options, chunk int) int64 {
+	seq := experts.LogitBytes(c, 1+2*draftCap(o, chunk)+3) + sample.ScratchBytes(c.Vocab)
+	return max(int64(max(o.States, 1))*seq, experts.LogitBytes(c, scoreRows(o, chunk)+1))
+}
+
 // memAvailable is experts.Available, replaced in tests.
 var memAvailable = experts.Available
 
@@ -74,7 +109,7 @@ func openExperts(ctx context.Context, m *model.Model, o Options, avail int64, av
 		xo.PoolBytes = max(int64(xo.PoolShare*float64(records))*st.Stride, int64(experts.MinSlots(c))*st.Stride)
 	}
 	b := experts.Budget{PoolBytes: xo.PoolBytes, MemoryBytes: xo.MemoryBytes, DenseBytes: m.DenseBytes(),
-		StateBytes: experts.StateBytes(c, ctxLen), ScratchBytes: experts.ScratchBytes(c, rows, o.Threads, ctxLen),
+		StateBytes: experts.StateBytes(c, ctxLen), ScratchBytes: experts.ScratchBytes(c, rows, o.Threads, ctxLen) + callerBytes(c, o, rows),
 		PolicyBytes: experts.PolicyBytes(xo.Policy, m.Manifest.ExpertLayers, m.Manifest.Experts),
 		Avail:       avail, AvailFrom: availFrom}
 	plan, err := b.Size(c, st, records)

@@ -73,11 +73,14 @@ type greedyDrafter interface {
 }
 
 // cpuDrafter is the CPU runner as a drafter.
-type cpuDrafter struct{ *model.Runner }
+type cpuDrafter struct {
+	*model.Runner
+	max int // the most drafts a step verifies (Engine.maxDrafts)
+}
 
 func (c cpuDrafter) Speculate(st *model.State, rows int) error { return st.Speculate(rows) }
 func (c cpuDrafter) Commit(st *model.State, n int) error       { return st.Commit(n) }
-func (c cpuDrafter) MaxDrafts() int                            { return c.MaxRows - 1 }
+func (c cpuDrafter) MaxDrafts() int                            { return c.max }
 
 // drafter returns where drafts run, or nil when the forward's device
 // cannot run them.
@@ -86,7 +89,7 @@ func (e *Engine) drafter() drafter {
 		return d
 	}
 	if e.Fwd == Forwarder(e.Runner) {
-		return cpuDrafter{e.Runner}
+		return cpuDrafter{e.Runner, e.maxDrafts}
 	}
 	return nil
 }

@@ -134,6 +134,13 @@ func roughStateBytes(c *format.Config, ctx int) int64 {
 	return n
 }
 
+// LogitBytes is rows rows of logits over c's vocabulary: buffers that a
+// runner's callers hand Forward, which its scratch (ScratchBytes) does not
+// hold.
+func LogitBytes(c *format.Config, rows int) int64 {
+	return 4 * int64(rows) * int64(c.Vocab)
+}
+
 // ScratchBytes bounds a runner's buffers for batches of rows rows on
 // threads threads (0: one per CPU, as the runner's pool takes them) over
 // ctx positions: the rows' own buffers, each thread's expert buffers and
@@ -196,7 +203,9 @@ func ScratchBytes(c *format.Config, rows, threads, ctx int) int64 {
 	}
 	qkv := int64(max(c.Heads*c.HeadDim*2, 2*c.LinearKeyHeads*c.LinearKeyDim+c.LinearValueHeads*c.LinearValueDim))
 	wide = max(wide, qkv)
-	perRow := 8*H + int64(c.Vocab) + 2*E + K*H + 4*I + 4*qkv + 3*H // + the MTP head's rows
+	// Logits are not the runner's: Forward writes them into its caller's
+	// buffer (LogitBytes).
+	perRow := 8*H + 2*E + K*H + 4*I + 4*qkv + 3*H // + the MTP head's rows
 	// Each thread's expert buffers (input, gate, up) and int8 activations
 	// with their group scales and sums; the pool's own activations for
 	// the widest product.

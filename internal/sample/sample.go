@@ -21,6 +21,7 @@ package sample
 import (
 	"fmt"
 	"math"
+	"unsafe"
 )
 
 // Params are the user's sampling settings.
@@ -148,6 +149,14 @@ func New(p Params, vocab int) (*Sampler, error) {
 	s.rng.seed(p.Seed)
 	s.grow(vocab)
 	return s, nil
+}
+
+// ScratchBytes is the most a Sampler over vocab tokens holds: its
+// float64 working logits and weights, its int32 candidates, counts and
+// touched ids, and top-p's two sort buffers of (key, id); the memory
+// budget counts it for each sequence.
+func ScratchBytes(vocab int) int64 {
+	return int64(vocab) * (8 + 8 + 4 + 4 + 4 + 2*int64(unsafe.Sizeof(keyed{})))
 }
 
 // Params returns the settings the sampler was built with.

@@ -2,6 +2,7 @@ package sample
 
 import (
 	"math"
+	"runtime"
 	"strings"
 	"testing"
 )
@@ -747,4 +748,33 @@ func BenchmarkSampleTopP(b *testing.B)   { benchSample(b, Params{Temperature: 0.
 func BenchmarkSampleTopPWide(b *testing.B) {
 	// High temperature on flat logits defeats the pre-cut: worst case.
 	benchSample(b, Params{Temperature: 5, TopP: 0.999})
+}
+
+// TestScratchBytes: what a sampler holds after sampling with every step on
+// (penalties, top-k, top-p, min-p) is within ScratchBytes, which the
+// memory budget counts for each sequence.
+func TestScratchBytes(t *testing.T) {
+	const V = 100000
+	logits := make([]float32, V)
+	for i := range logits {
+		logits[i] = float32(i%977) / 97
+	}
+	p := Params{Temperature: 0.8, TopK: V, TopP: 0.95, MinP: 0.01, RepetitionPenalty: 1.1, PresencePenalty: 0.5, FrequencyPenalty: 0.5, Seed: 1}
+	var a, b runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&a)
+	s, err := New(p, V)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		s.Sample(logits, []int{1, 2, 3, 2})
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&b)
+	got, want := int64(b.HeapAlloc)-int64(a.HeapAlloc), ScratchBytes(V)
+	if got > want+4096 || got < want*9/10 {
+		t.Errorf("a sampler over %d tokens holds %d bytes, ScratchBytes says %d", V, got, want)
+	}
+	runtime.KeepAlive(s)
 }
