@@ -202,7 +202,7 @@ func TestMissBitsNLL(t *testing.T) {
 						t.Fatal(err)
 					}
 					for p := 0; p+1 < len(c.Prompt); p++ {
-						sum -= logProb(out[p*V:(p+1)*V], c.Prompt[p+1])
+						sum -= testutil.LogSoftmax(out[p*V : (p+1)*V])[c.Prompt[p+1]]
 						n++
 					}
 				}
@@ -219,19 +219,6 @@ func TestMissBitsNLL(t *testing.T) {
 			}
 		})
 	}
-}
-
-// logProb is log softmax(x)[k], in float64.
-func logProb(x []float32, k int) float64 {
-	mx := math.Inf(-1)
-	for _, v := range x {
-		mx = math.Max(mx, float64(v))
-	}
-	var s float64
-	for _, v := range x {
-		s += math.Exp(float64(v) - mx)
-	}
-	return float64(x[k]) - mx - math.Log(s)
 }
 
 // TestCachedLow: with --miss-bits, Cached gives a record read at low bits
