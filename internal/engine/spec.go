@@ -75,12 +75,12 @@ type greedyDrafter interface {
 // cpuDrafter is the CPU runner as a drafter.
 type cpuDrafter struct {
 	*model.Runner
-	max int // the most drafts a step verifies (Engine.maxDrafts)
+	most int // the most drafts a step verifies (Engine.maxDrafts)
 }
 
 func (c cpuDrafter) Speculate(st *model.State, rows int) error { return st.Speculate(rows) }
 func (c cpuDrafter) Commit(st *model.State, n int) error       { return st.Commit(n) }
-func (c cpuDrafter) MaxDrafts() int                            { return c.max }
+func (c cpuDrafter) MaxDrafts() int                            { return c.most }
 
 // drafter returns where drafts run, or nil when the forward's device
 // cannot run them.
