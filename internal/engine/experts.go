@@ -66,20 +66,19 @@ func scoreRows(o Options, chunk int) int {
 	if o.AllLogits {
 		return chunk
 	}
-	return min(chunk, 2*draftCap(o, chunk)+3)
+	return min(chunk, specRows(draftCap(o, chunk)))
 }
 
 // callerBytes is what the engine's callers hold over the vocabulary
 // beyond the runner's scratch, which the memory budget counts with it: for
 // each sequence (Options.States, at least one) its row of logits, its
 // sampler's scratch and a speculative step's buffers at draftCap drafts
-// (spec: the head's row, the sampling row, the verify's d+1 rows and the
-// draft distributions' d); for Score a chunk of rows (scoreRows) and a row
+// (specRows); for Score a chunk of rows (scoreRows) and a row
 // of log-probabilities. The runner's scratch had counted a chunk's rows of
 // logits, 150 MiB of a 150k-vocabulary model's 230 at 256 rows, taken
 // from the pool though only Score with AllLogits holds them.
 func callerBytes(c *format.Config, o Options, chunk int) int64 {
-	seq := experts.LogitBytes(c, 1+2*draftCap(o, chunk)+3) + sample.ScratchBytes(c.Vocab)
+	seq := experts.LogitBytes(c, 1+specRows(draftCap(o, chunk))) + sample.ScratchBytes(c.Vocab)
 	return max(int64(max(o.States, 1))*seq, experts.LogitBytes(c, scoreRows(o, chunk)+1))
 }
 

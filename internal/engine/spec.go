@@ -113,6 +113,12 @@ type spec struct {
 	stats  MTPStats
 }
 
+// specRows is the rows of logits over the vocabulary a sequence's
+// speculative state holds at d drafts (newSpec): the head's row (mlog),
+// the sampling row (p), the verify's d+1 rows (vlog) and the draft
+// distributions' d (q); the memory budget counts them (callerBytes).
+func specRows(d int) int { return 1 + 1 + (d + 1) + d }
+
 // newSpec returns the speculative state for o, or nil and the reason drafts
 // are off.
 func (e *Engine) newSpec(o GenOptions) (*spec, string) {
