@@ -128,6 +128,7 @@ type poolBench struct {
 	LookSkipped      float64 `json:"lookahead_skipped"` // share of predicted records not prefetched (their rank paused)
 	LookPaused       float64 `json:"lookahead_paused"`  // share of steps without predictions (timed slower than without)
 	LookGainMS       float64 `json:"lookahead_gain_ms"` // the step time predicting saved (negative: added), as the stream's trial last timed it
+	LookSteps        int64   `json:"lookahead_steps"`   // decode steps the lookahead's trial saw, all trials (0: the lookahead was off)
 	// The decode's requests replayed offline from an empty pool of the same
 	// size: under the optimal eviction (Belady's; no policy hits more),
 	// under the pool's own policy without lookahead, and under each policy.
@@ -192,6 +193,7 @@ func summarisePool(e *engine.Engine, trials []benchTrial) *poolBench {
 		if d.LookSteps > 0 {
 			paused = append(paused, float64(d.LookPaused)/float64(d.LookSteps))
 		}
+		pb.LookSteps += d.LookSteps
 		pb.LookGainMS = d.LookGainMS
 	}
 	pb.LandedRate = median(landed)

@@ -133,6 +133,9 @@ type sweepRow struct {
 	Bound      string     `json:"bound"`  // "compute" or "disk": the larger term of the limit
 	Rounds     int        `json:"rounds"` // rounds run (fewer than --rounds after an interrupt)
 	Experts    *poolBench `json:"experts"`
+	// NoLookahead is the same pool run with the lookahead off
+	// (--compare-lookahead), its own round of median speed.
+	NoLookahead *sweepRow `json:"without_lookahead,omitempty"`
 }
 
 // sweepResult is what sweep prints with --json.
@@ -155,7 +158,10 @@ type sweepResult struct {
 	ComputeMSTok  float64 `json:"compute_ms_per_token"`
 	ComputeSource string  `json:"compute_source"` // "full-residency decode" or "memory bandwidth"
 	Interrupted   bool    `json:"interrupted,omitempty"`
-	SVG           string  `json:"svg,omitempty"`
+	// CompareLookahead: every pool also ran with the lookahead off
+	// (each row's without_lookahead).
+	CompareLookahead bool   `json:"compare_lookahead,omitempty"`
+	SVG              string `json:"svg,omitempty"`
 	// Pools are in the order they ran: largest first.
 	Pools []sweepRow `json:"pools"`
 }
@@ -191,8 +197,12 @@ func cmdSweep(ctx context.Context, args []string) error {
 	svgPath := fs.String("svg", "sweep.svg", "write the plot to this file (\"\": no plot)")
 	rounds := fs.Int("rounds", 1, "sweep the pools this many times in turn and keep each pool's round of median decode speed (for a noisy machine)")
 	diskMBs := fs.Float64("disk-mbs", 0, "the disk's read bandwidth in MB/s for the limit (0: measure it, O_DIRECT at the record size and reader depth, before and after the sweep)")
+	both := fs.Bool("compare-lookahead", false, "also run every pool with the lookahead off, alternating with it on, and report both")
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if *both && !mf.experts.lookahead {
+		return fmt.Errorf("--compare-lookahead runs every pool with the lookahead on and off; drop --lookahead=false")
 	}
 	if err := checkMins([]intMin{{"--prompt", *promptN, 1}, {"--gen", *genN, 2}, {"--repeat", *repeat, 1},
 		{"--depth", *depth, 0}, {"--rounds", *rounds, 1}}); err != nil {
@@ -221,9 +231,10 @@ func cmdSweep(ctx context.Context, args []string) error {
 	if mf.ctx == 0 {
 		mf.ctx = max(*promptN, *depth+1) + *genN
 	}
-	open := func(p poolSpec) (*engine.Engine, error) {
+	open := func(p poolSpec, look bool) (*engine.Engine, error) {
 		m := mf
 		m.experts.poolMB = p.poolMB()
+		m.experts.lookahead = look
 		e, err := m.open(ctx)
 		if err != nil {
 			return nil, err
@@ -239,7 +250,7 @@ func cmdSweep(ctx context.Context, args []string) error {
 	// any smaller share to that), gives the model's record count and size
 	// to check and order the pools, and measures the disk and (without a
 	// full pool) the memory.
-	e0, err := open(poolSpec{percent: 1e-9})
+	e0, err := open(poolSpec{percent: 1e-9}, mf.experts.lookahead)
 	if err != nil {
 		return err
 	}
@@ -285,48 +296,67 @@ func cmdSweep(ctx context.Context, args []string) error {
 
 	// Each round runs every pool once; with several, the pools alternate,
 	// so that a burst of load elsewhere on the machine spreads over all of
-	// them instead of slowing the ones it happened to meet.
+	// them instead of slowing the ones it happened to meet. With
+	// --compare-lookahead each pool runs twice in a row, with the lookahead
+	// on and off, the first of the pair alternating from pool to pool and
+	// round to round, so that neither setting always runs first.
+	looks := []bool{mf.experts.lookahead}
+	if *both {
+		looks = []bool{true, false}
+		res.CompareLookahead = true
+	}
 	var runErr error
 	var lastDisk float64
-	byPool := make([][]sweepRow, len(specs))
-	n, total := 0, len(specs)**rounds
+	byPool := make([][][]sweepRow, len(looks)) // [setting][pool][round]
+	for v := range byPool {
+		byPool[v] = make([][]sweepRow, len(specs))
+	}
+	n, total := 0, len(specs)**rounds*len(looks)
 rounds:
 	for r := range *rounds {
 		for i, p := range specs {
-			if err := ctx.Err(); err != nil {
-				runErr = err
-				break rounds
+			for k := range looks {
+				v := (k + r + i) % len(looks)
+				if err := ctx.Err(); err != nil {
+					runErr = err
+					break rounds
+				}
+				n++
+				row, after, err := sweepPool(ctx, open, p, looks[v], *promptN, *depth, *genN, *repeat, *diskMBs == 0 && n == total)
+				if err != nil {
+					runErr = err
+					break rounds
+				}
+				if after > 0 {
+					lastDisk = after
+				}
+				byPool[v][i] = append(byPool[v][i], row)
+				round, look := "", ""
+				if *rounds > 1 {
+					round = fmt.Sprintf(" round %d/%d,", r+1, *rounds)
+				}
+				if *both {
+					look = " lookahead off,"
+					if looks[v] {
+						look = " lookahead on, "
+					}
+				}
+				fmt.Fprintf(os.Stderr, "pool %6.2f%% (%d experts, %.1f MB):%s%s decode %.2f tok/s, hit rate %.1f%%, %.3f MB/token [%d/%d]\n",
+					row.Percent, row.Slots, row.PoolMB, round, look, row.DecodeTokS, 100*row.HitRate, row.MBPerToken, n, total)
 			}
-			n++
-			row, after, err := sweepPool(ctx, open, p, *promptN, *depth, *genN, *repeat, *diskMBs == 0 && n == total)
-			if err != nil {
-				runErr = err
-				break rounds
-			}
-			if after > 0 {
-				lastDisk = after
-			}
-			byPool[i] = append(byPool[i], row)
-			round := ""
-			if *rounds > 1 {
-				round = fmt.Sprintf(" round %d/%d,", r+1, *rounds)
-			}
-			fmt.Fprintf(os.Stderr, "pool %6.2f%% (%d experts, %.1f MB):%s decode %.2f tok/s, hit rate %.1f%%, %.3f MB/token [%d/%d]\n",
-				row.Percent, row.Slots, row.PoolMB, round, row.DecodeTokS, 100*row.HitRate, row.MBPerToken, n, total)
 		}
 	}
-	for _, rows := range byPool {
+	for i, rows := range byPool[0] {
 		if len(rows) == 0 {
 			continue
 		}
-		// The round with the median decode speed (the lower of the middle
-		// two for an even count) stands for the pool, whole, so that its
-		// figures stay one measurement's.
-		slices.SortStableFunc(rows, func(a, b sweepRow) int { return cmp.Compare(a.DecodeTokS, b.DecodeTokS) })
-		row := rows[(len(rows)-1)/2]
-		row.Rounds = len(rows)
+		row := medianRound(rows)
 		if row.Slots >= records {
 			res.ComputeMSTok, res.ComputeSource = row.Experts.MSPerToken, "full-residency decode"
+		}
+		if *both && len(byPool[1][i]) > 0 {
+			off := medianRound(byPool[1][i])
+			row.NoLookahead = &off
 		}
 		res.Pools = append(res.Pools, row)
 	}
@@ -372,10 +402,21 @@ rounds:
 	return runErr
 }
 
+// medianRound is the round of rows (one pool's) with the median decode
+// speed, the lower of the middle two for an even count: it stands for the
+// pool whole, so that its figures stay one measurement's.
+func medianRound(rows []sweepRow) sweepRow {
+	slices.SortStableFunc(rows, func(a, b sweepRow) int { return cmp.Compare(a.DecodeTokS, b.DecodeTokS) })
+	row := rows[(len(rows)-1)/2]
+	row.Rounds = len(rows)
+	return row
+}
+
 // sweepPool benches one pool in its own engine, as bench --pool-mb does,
-// and measures the disk after the trials when disk is set.
-func sweepPool(ctx context.Context, open func(poolSpec) (*engine.Engine, error), p poolSpec, promptN, depth, genN, repeat int, disk bool) (sweepRow, float64, error) {
-	e, err := open(p)
+// with the lookahead on or off (look), and measures the disk after the
+// trials when disk is set.
+func sweepPool(ctx context.Context, open func(poolSpec, bool) (*engine.Engine, error), p poolSpec, look bool, promptN, depth, genN, repeat int, disk bool) (sweepRow, float64, error) {
+	e, err := open(p, look)
 	if err != nil {
 		return sweepRow{}, 0, fmt.Errorf("pool %s: %w", p.label(), err)
 	}
@@ -434,25 +475,44 @@ func sweepPool(ctx context.Context, open func(poolSpec) (*engine.Engine, error),
 // disk's bandwidth.
 func (r *sweepResult) limits() {
 	for i := range r.Pools {
-		row := &r.Pools[i]
-		row.Experts.DiskMBs = r.DiskMBs
-		row.DiskMSTok = row.MBPerToken / r.DiskMBs * 1e3
-		c := r.ComputeMSTok
-		row.LimitTokS, row.Bound = 1e3/c, "compute"
-		if row.DiskMSTok > c {
-			row.LimitTokS, row.Bound = 1e3/row.DiskMSTok, "disk"
+		r.limit(&r.Pools[i])
+		if off := r.Pools[i].NoLookahead; off != nil {
+			r.limit(off)
 		}
-		row.SerialTokS = 1e3 / (c + row.DiskMSTok)
 	}
+}
+
+// limit fills one row's limit from its MB read per token.
+func (r *sweepResult) limit(row *sweepRow) {
+	row.Experts.DiskMBs = r.DiskMBs
+	row.DiskMSTok = row.MBPerToken / r.DiskMBs * 1e3
+	c := r.ComputeMSTok
+	row.LimitTokS, row.Bound = 1e3/c, "compute"
+	if row.DiskMSTok > c {
+		row.LimitTokS, row.Bound = 1e3/row.DiskMSTok, "disk"
+	}
+	row.SerialTokS = 1e3 / (c + row.DiskMSTok)
 }
 
 func (r *sweepResult) print(w io.Writer) {
 	fmt.Fprintf(w, "%s: %s, %d-bit, %d experts of %.2f MB (%.0f MB), %d threads, %s; prompt %d, gen %d, %s\n",
 		r.Model, r.Family, r.Bits, r.Records, r.RecordMB, r.ExpertMB, r.Threads, r.Device, r.PromptTokens, r.GenTokens, r.trials())
-	fmt.Fprintf(w, "%8s %9s %8s %12s %11s %9s %8s %9s %9s\n", "pool %", "pool MB", "experts", "decode tok/s", "limit tok/s", "of limit", "bound", "hit rate", "MB/token")
+	fmt.Fprintf(w, "%8s %9s %8s %12s %11s %9s %8s %9s %9s", "pool %", "pool MB", "experts", "decode tok/s", "limit tok/s", "of limit", "bound", "hit rate", "MB/token")
+	if r.CompareLookahead {
+		// The lookahead-off run's figures beside, and the speed ratio.
+		fmt.Fprintf(w, " | %12s %9s %9s %9s", "off: tok/s", "hit rate", "MB/token", "on ÷ off")
+	}
+	fmt.Fprintln(w)
 	for _, p := range r.Pools {
-		fmt.Fprintf(w, "%8.2f %9.1f %8d %12.2f %11.2f %8.0f%% %8s %8.1f%% %9.3f\n",
+		fmt.Fprintf(w, "%8.2f %9.1f %8d %12.2f %11.2f %8.0f%% %8s %8.1f%% %9.3f",
 			p.Percent, p.PoolMB, p.Slots, p.DecodeTokS, p.LimitTokS, 100*p.DecodeTokS/p.LimitTokS, p.Bound, 100*p.HitRate, p.MBPerToken)
+		if o := p.NoLookahead; o != nil {
+			fmt.Fprintf(w, " | %12.2f %8.1f%% %9.3f %8.2fx", o.DecodeTokS, 100*o.HitRate, o.MBPerToken, p.DecodeTokS/o.DecodeTokS)
+		}
+		fmt.Fprintln(w)
+	}
+	if r.CompareLookahead {
+		fmt.Fprintln(w, "left: the lookahead on (the default); right: --lookahead=false, the same pools in the same rounds")
 	}
 	fmt.Fprintf(w, "limit tok/s = 1000 / max(C, MB/token ÷ D × 1000): C = %.3f ms/token of compute (%s), D = %.0f MB/s of disk reads (%s)\n",
 		r.ComputeMSTok, r.ComputeSource, r.DiskMBs, r.DiskSource)
@@ -469,7 +529,7 @@ func (r *sweepResult) trials() string {
 // writeSweepSVG plots decode speed and its limit, hit rate and MB read per
 // token against the pool's share of the expert store.
 func writeSweepSVG(path string, r *sweepResult) error {
-	var dec, lim, ser, hit, mbt []plot.Point
+	var dec, lim, ser, hit, mbt, decOff, hitOff, mbtOff []plot.Point
 	var xs []float64
 	lo, hi := math.Inf(1), 0.0
 	for _, p := range r.Pools {
@@ -481,9 +541,14 @@ func writeSweepSVG(path string, r *sweepResult) error {
 		ser = append(ser, plot.Point{X: x, Y: p.SerialTokS})
 		hit = append(hit, plot.Point{X: x, Y: 100 * p.HitRate})
 		mbt = append(mbt, plot.Point{X: x, Y: p.MBPerToken})
+		if o := p.NoLookahead; o != nil {
+			decOff = append(decOff, plot.Point{X: x, Y: o.DecodeTokS})
+			hitOff = append(hitOff, plot.Point{X: x, Y: 100 * o.HitRate})
+			mbtOff = append(mbtOff, plot.Point{X: x, Y: o.MBPerToken})
+		}
 	}
 	// Ascending x, so that the lines run left to right.
-	for _, s := range [][]plot.Point{dec, lim, ser, hit, mbt} {
+	for _, s := range [][]plot.Point{dec, lim, ser, hit, mbt, decOff, hitOff, mbtOff} {
 		slices.Reverse(s)
 	}
 	slices.Reverse(xs)
@@ -505,6 +570,12 @@ func writeSweepSVG(path string, r *sweepResult) error {
 	}
 	if !f.LogX {
 		f.XLabel = "expert pool (% of the expert store)"
+	}
+	if r.CompareLookahead {
+		for i, s := range []plot.Series{{Name: "decode tok/s, lookahead off", Points: decOff},
+			{Name: "pool hit rate, lookahead off", Points: hitOff}, {Name: "MB read from disk per token, lookahead off", Points: mbtOff}} {
+			f.Panels[i].Series = append(f.Panels[i].Series, s)
+		}
 	}
 	out, err := os.Create(path)
 	if err != nil {

@@ -216,6 +216,87 @@ func TestSweep(t *testing.T) {
 	}
 }
 
+// TestSweepCompareLookahead: --compare-lookahead runs every pool twice,
+// with the lookahead on and off, and reports and plots both: the off run's
+// figures under without_lookahead, from a run whose lookahead saw no step,
+// and its limit from its own reads.
+func TestSweepCompareLookahead(t *testing.T) {
+	dir := testutil.Packed(t, "tiny-qwen3-moe", 4)
+	svg := filepath.Join(t.TempDir(), "c.svg")
+	const disk = 1.0
+	out, e := ok(t, "sweep", "-m", dir, "--prompt", "16", "--gen", "8", "--repeat", "1", "--threads", "2", "--pools", "10,100",
+		"--rounds", "2", "--compare-lookahead", "--json", "--svg", svg, "--disk-mbs", fmt.Sprint(disk))
+	type row struct {
+		Slots      int     `json:"pool_slots"`
+		DecodeTokS float64 `json:"decode_tok_s"`
+		HitRate    float64 `json:"hit_rate"`
+		MBPerToken float64 `json:"mb_per_token"`
+		LimitTokS  float64 `json:"limit_tok_s"`
+		Rounds     int     `json:"rounds"`
+		Experts    struct {
+			LookSteps int64 `json:"lookahead_steps"`
+		} `json:"experts"`
+	}
+	var r struct {
+		Compare      bool    `json:"compare_lookahead"`
+		ComputeMSTok float64 `json:"compute_ms_per_token"`
+		Pools        []struct {
+			row
+			Off *row `json:"without_lookahead"`
+		} `json:"pools"`
+	}
+	decode(t, out, &r)
+	if !r.Compare || len(r.Pools) != 2 {
+		t.Fatalf("sweep --compare-lookahead --json: %s", out)
+	}
+	for i, p := range r.Pools {
+		o := p.Off
+		if o == nil {
+			t.Fatalf("pool %d: no without_lookahead in %s", i, out)
+		}
+		if o.Slots != p.Slots || !(o.DecodeTokS > 0) || o.Rounds != 2 || p.Rounds != 2 || o.HitRate < 0 || o.HitRate > 1 {
+			t.Errorf("pool %d: on %+v, off %+v", i, p.row, *o)
+		}
+		if o.Experts.LookSteps != 0 {
+			t.Errorf("pool %d: the lookahead-off run's lookahead saw %d steps", i, o.Experts.LookSteps)
+		}
+		if want := 1e3 / math.Max(r.ComputeMSTok, o.MBPerToken/disk*1e3); !near(o.LimitTokS, want) {
+			t.Errorf("pool %d: the off run's limit %g, want %g from its %g MB/token", i, o.LimitTokS, want, o.MBPerToken)
+		}
+	}
+	if small := r.Pools[1]; small.Experts.LookSteps == 0 {
+		t.Errorf("the 10%% pool's lookahead-on run: its lookahead saw no step")
+	}
+	// Two settings × two pools × two rounds, each announced once.
+	if strings.Count(e, "lookahead on,") != 4 || strings.Count(e, "lookahead off,") != 4 || strings.Count(e, "[8/8]") != 1 {
+		t.Errorf("progress lines:\n%s", e)
+	}
+	got := svgSeries(t, svg)
+	for name, y := range map[string]func(i int) float64{
+		"decode tok/s (measured)":                    func(i int) float64 { return r.Pools[i].DecodeTokS },
+		"decode tok/s, lookahead off":                func(i int) float64 { return r.Pools[i].Off.DecodeTokS },
+		"pool hit rate, lookahead off":               func(i int) float64 { return 100 * r.Pools[i].Off.HitRate },
+		"MB read from disk per token, lookahead off": func(i int) float64 { return r.Pools[i].Off.MBPerToken },
+	} {
+		pts := got[name]
+		if len(pts) != 2 {
+			t.Errorf("SVG series %q: %d points, want 2", name, len(pts))
+			continue
+		}
+		for i := range r.Pools {
+			if j := 1 - i; !near(pts[j][1], y(i)) {
+				t.Errorf("SVG series %q point %d: %g, want %g", name, j, pts[j][1], y(i))
+			}
+		}
+	}
+	// The table puts the off run beside.
+	out, _ = ok(t, "sweep", "-m", dir, "--prompt", "16", "--gen", "8", "--repeat", "1", "--threads", "2", "--pools", "10",
+		"--compare-lookahead", "--svg", "", "--disk-mbs", "1")
+	if !strings.Contains(out, "on ÷ off") || !strings.Contains(out, "--lookahead=false") {
+		t.Errorf("table:\n%s", out)
+	}
+}
+
 func TestSweepErrors(t *testing.T) {
 	dir := testutil.Packed(t, "tiny-qwen3-moe", 4)
 	k := topK(t)
@@ -236,6 +317,7 @@ func TestSweepErrors(t *testing.T) {
 		{"gen 1", []string{"--gen", "1"}, "--gen"},
 		{"rounds 0", []string{"--rounds", "0"}, "--rounds"},
 		{"disk-mbs negative", []string{"--disk-mbs", "-5"}, "--disk-mbs"},
+		{"compare without lookahead", []string{"--compare-lookahead", "--lookahead=false"}, "--compare-lookahead"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			args := append([]string{"sweep", "-m", dir, "--svg", ""}, c.args...)
