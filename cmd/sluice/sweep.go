@@ -394,10 +394,17 @@ rounds:
 	}
 	if res.Interrupted {
 		done := 0
-		for _, rows := range byPool {
-			done += len(rows)
+		for _, setting := range byPool {
+			for _, rows := range setting {
+				done += len(rows)
+			}
 		}
 		fmt.Fprintf(os.Stderr, "interrupted after %d of %d pool runs; the results are of those\n", done, total)
+		if *both {
+			// A pool whose lookahead-on run did not finish is left out of
+			// the table; its off run's progress line above has its figures.
+			fmt.Fprintln(os.Stderr, "(with --compare-lookahead, a pool is reported once its lookahead-on run has finished)")
+		}
 	}
 	return runErr
 }

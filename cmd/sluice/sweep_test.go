@@ -382,6 +382,9 @@ func TestSweepInterrupt(t *testing.T) {
 	if !r.Interrupted || len(r.Pools) < 1 || len(r.Pools) >= 5 {
 		t.Errorf("interrupted sweep: interrupted %v with %d pools, want true with 1 to 4", r.Interrupted, len(r.Pools))
 	}
+	if want := fmt.Sprintf("interrupted after %d of 5 pool runs", len(r.Pools)); !strings.Contains(e.String(), want) {
+		t.Errorf("stderr %q; want %q", e.String(), want)
+	}
 	if pts := svgSeries(t, svg)["decode tok/s (measured)"]; len(pts) != len(r.Pools) {
 		t.Errorf("SVG after the interrupt: %d points, want %d", len(pts), len(r.Pools))
 	}
