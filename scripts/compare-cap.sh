@@ -102,6 +102,12 @@ if [ ! -f "$model/manifest.json" ] || { [ $peer = 1 ] && [ ! -f "$model.gguf" ];
   largs=()
   [ "$layers" = 0 ] || largs=(--layers "$layers")
   [ $peer = 0 ] || largs+=(--gguf "$model.gguf")
+  if [ -f "$model/manifest.json" ]; then
+    # A pack written for sluice alone (LLAMA_BENCH=none) has no GGUF
+    # beside it: write both again, so that they hold the same weights.
+    echo "$model has no $(basename "$model").gguf beside it: writing the model again with one" >&2
+    largs+=(--force)
+  fi
   "$work/sluice" synth --like "$like" "${largs[@]}" --route router --out "$model"
 fi
 
