@@ -48,14 +48,19 @@
 # bandwidth of the same run):
 # reads overlap compute, so neither can be beaten; the script prints the
 # limit's tok/s and the measured time over the limit's (1.0 is the bound).
+# Reads are not free of processor time, though (on a virtual machine the
+# host's disk emulation takes time from the guest's cores that the guest
+# never sees), so after each capped run it also runs the resident decode
+# while scripts/readload reads the expert store at the rate that run read
+# it, and prints the capped run's time over that one's.
 #
 # Environment: LIKE, LAYERS (0 = all), ROUNDS (2), THREADS (2), GEN (64),
 # LLAMA_GEN (GEN: tokens llama.cpp's runs decode, fewer where it pages
 # its weights from disk at a few seconds a token),
 # SPARE_MB (0: memory left beyond the budget, for the rest of the machine),
-# RUN_TIMEOUT (seconds a run may take, 1800), SLUICE and MEMHOLD (a
-# sluice binary and a scripts/memhold binary to run instead of building
-# them: a machine without Go). Needs Linux, python3, and
+# RUN_TIMEOUT (seconds a run may take, 1800), SLUICE, MEMHOLD and
+# READLOAD (a sluice binary and scripts/memhold and scripts/readload
+# binaries to run instead of building them: a machine without Go). Needs Linux, python3, and
 # root or CAP_IPC_LOCK for the holder. Every engine runs with
 # oom_score_adj 1000, so that when memory runs out the OOM killer takes it
 # rather than the holder or other processes: a run killed for memory
@@ -89,14 +94,17 @@ tag=$like
 model=$SYNTH_DIR/$tag
 work=$(mktemp -d)
 hold_pid=
+rl_pid=
 cleanup() {
   if [ -n "$hold_pid" ]; then kill "$hold_pid" 2>/dev/null || true; wait "$hold_pid" 2>/dev/null || true; fi
+  if [ -n "$rl_pid" ]; then kill "$rl_pid" 2>/dev/null || true; wait "$rl_pid" 2>/dev/null || true; fi
   rm -rf "$work"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 if [ -n "${SLUICE:-}" ]; then cp "$SLUICE" "$work/sluice"; else go build -o "$work/sluice" ./cmd/sluice; fi
 if [ -n "${MEMHOLD:-}" ]; then cp "$MEMHOLD" "$work/memhold"; else go build -o "$work/memhold" ./scripts/memhold; fi
+if [ -n "${READLOAD:-}" ]; then cp "$READLOAD" "$work/readload"; else go build -o "$work/readload" ./scripts/readload; fi
 if [ ! -f "$model/manifest.json" ] || { [ $peer = 1 ] && [ ! -f "$model.gguf" ]; }; then
   mkdir -p "$SYNTH_DIR"
   largs=()
@@ -244,6 +252,28 @@ for cap in "${caps[@]}"; do
         "$work/sluice" bench -m "$model" --device cpu --prompt 1 --gen "$gen" --threads "$threads" --repeat 1 --json >"$work/r.$e.$r.res" 2>/dev/null || true
       fi
       run_engine "$e" "$b" "$work/r.$e.$r"
+      if [ "$e" = sluice ] && [ "$resident_ms" != 0 ]; then
+        # The resident decode again, while scripts/readload reads the
+        # expert store at the rate the capped run read it (MB a token ×
+        # tok/s, in records of its stride): what those reads cost the
+        # compute where reading is not free of processor time.
+        read -r rate rec < <(python3 -c 'import json,sys
+try:
+    d = json.load(open(sys.argv[1])); e = d["experts"]
+    print("%.0f %d" % (e["mb_per_token"] * d["decode_tok_s"], e["pool_mb"] * 1e6 / e["pool_slots"]))
+except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+    print("0 0")' "$work/r.$e.$r") || rate=0
+        if [ "${rate:-0}" -gt 0 ]; then
+          sync
+          echo 3 2>/dev/null >/proc/sys/vm/drop_caches || true
+          "$work/readload" "$model/experts.bin" "$rate" "$rec" 2>"$work/r.$e.$r.rl" &
+          rl_pid=$!
+          "$work/sluice" bench -m "$model" --device cpu --prompt 1 --gen "$gen" --threads "$threads" --repeat 1 --json >"$work/r.$e.$r.load" 2>/dev/null || true
+          kill "$rl_pid" 2>/dev/null || true
+          wait "$rl_pid" 2>/dev/null || true
+          rl_pid=
+        fi
+      fi
     done
   done
   python3 - "$work" "$rounds" "$cap" "$s_budget" "$g_budget" "$gen" "$resident_ms" "${engines[@]}" <<'PY'
@@ -258,6 +288,15 @@ def load(p):
     if p.split("/")[-1].startswith("r.llama-norepack."):
         return [json.loads(l) for l in text.splitlines() if l.startswith("{")] or None
     return json.loads(text)
+def loaded(r):
+    # The resident decode while readload read at round r's capped rate.
+    try:
+        d = json.load(open("%s/r.sluice.%d.load" % (work, r)))
+        if not d.get("experts") and d["decode_tok_s"] > 0:
+            return 1000 / d["decode_tok_s"]
+    except (OSError, ValueError, KeyError):
+        pass
+    return 0
 def resident(r):
     # The resident decode measured just before round r's capped run,
     # else the one measured first.
@@ -283,6 +322,7 @@ def runs(e):
                 pass
         if d is not None and e == "sluice":
             d["resident_ms"] = resident(r)
+            d["loaded_ms"] = loaded(r)
         out.append((int(rc), int(disk), note, d))
     return out
 def med(xs):
@@ -328,6 +368,10 @@ if notes:
 if ofl:
     print("       sluice's time per token over its limit's: %s (median %.2f); resident decode before each: %s ms/token" % (
         " ".join("%.2f" % v for v in ofl), med(ofl), " ".join("%.1f" % d["resident_ms"] for d in sok)))
+lo = [(1000 / d["decode_tok_s"]) / d["loaded_ms"] for d in sok if d.get("loaded_ms")]
+if lo:
+    print("       over its resident decode while the same reads run beside it: %s (median %.2f); that decode: %s ms/token" % (
+        " ".join("%.2f" % v for v in lo), med(lo), " ".join("%.1f" % d["loaded_ms"] for d in sok if d.get("loaded_ms"))))
 if sok:
     print("       sluice: %s" % sok[-1].get("experts_plan", ""))
 PY
