@@ -288,10 +288,11 @@ def load(p):
     if p.split("/")[-1].startswith("r.llama-norepack."):
         return [json.loads(l) for l in text.splitlines() if l.startswith("{")] or None
     return json.loads(text)
-def loaded(r):
-    # The resident decode while readload read at round r's capped rate.
+def resident_run(r, ext):
+    # ms a token of round r's resident decode in r.sluice.R.EXT (res: just
+    # before the capped run; load: after it, beside readload), 0 if none.
     try:
-        d = json.load(open("%s/r.sluice.%d.load" % (work, r)))
+        d = json.load(open("%s/r.sluice.%d.%s" % (work, r, ext)))
         if not d.get("experts") and d["decode_tok_s"] > 0:
             return 1000 / d["decode_tok_s"]
     except (OSError, ValueError, KeyError):
@@ -300,13 +301,7 @@ def loaded(r):
 def resident(r):
     # The resident decode measured just before round r's capped run,
     # else the one measured first.
-    try:
-        d = json.load(open("%s/r.sluice.%d.res" % (work, r)))
-        if not d.get("experts") and d["decode_tok_s"] > 0:
-            return 1000 / d["decode_tok_s"]
-    except (OSError, ValueError, KeyError):
-        pass
-    return resident_ms
+    return resident_run(r, "res") or resident_ms
 def runs(e):
     out = []
     if e not in engines:
@@ -322,7 +317,7 @@ def runs(e):
                 pass
         if d is not None and e == "sluice":
             d["resident_ms"] = resident(r)
-            d["loaded_ms"] = loaded(r)
+            d["loaded_ms"] = resident_run(r, "load")
         out.append((int(rc), int(disk), note, d))
     return out
 def med(xs):
