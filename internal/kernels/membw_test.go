@@ -89,21 +89,13 @@ func BenchmarkMemBWPieces(b *testing.B) {
 		b.Run(fmt.Sprint(piece), func(b *testing.B) {
 			n := len(buf) / piece
 			b.SetBytes(int64(n * piece))
+			var sums [2]uint64
 			for b.Loop() {
-				var wg sync.WaitGroup
-				for t := range 2 {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						var s uint64
-						for i := t; i < n; i += 2 {
-							s += readBytes(buf[i*piece : (i+1)*piece]) // pieces are whole 256-byte blocks
-						}
-						readSink.Add(s)
-					}()
-				}
-				wg.Wait()
+				inTurns(n, func(t, i int) {
+					sums[t] += readBytes(buf[i*piece : (i+1)*piece]) // pieces are whole 256-byte blocks
+				})
 			}
+			readSink.Add(sums[0] + sums[1])
 		})
 	}
 }
@@ -178,18 +170,24 @@ func benchWhole2(b *testing.B, ms []Mat, x []float32, per int64) {
 	var sc [2]Scratch
 	outs := [2][]float32{make([]float32, rows), make([]float32, rows)}
 	for b.Loop() {
-		var wg sync.WaitGroup
-		for t := range 2 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for i := t; i < len(ms); i += 2 {
-					sc[t].MatMul(outs[t], &ms[i], x, 1)
-				}
-			}()
-		}
-		wg.Wait()
+		inTurns(len(ms), func(t, i int) { sc[t].MatMul(outs[t], &ms[i], x, 1) })
 	}
+}
+
+// inTurns runs f(t, i) for i in [0, n) on 2 goroutines, goroutine t
+// taking every other i from t, and waits for both.
+func inTurns(n int, f func(t, i int)) {
+	var wg sync.WaitGroup
+	for t := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := t; i < n; i += 2 {
+				f(t, i)
+			}
+		}()
+	}
+	wg.Wait()
 }
 
 // benchWhole1 runs the matrices of ms one after another on one thread.
