@@ -60,8 +60,8 @@
 # SPARE_MB (0: memory left beyond the budget, for the rest of the machine),
 # RUN_TIMEOUT (seconds a run may take, 1800), SLUICE, MEMHOLD and
 # READLOAD (a sluice binary and scripts/memhold and scripts/readload
-# binaries to run instead of building them: a machine without Go). Needs Linux, python3, and
-# root or CAP_IPC_LOCK for the holder. Every engine runs with
+# binaries to run instead of building them: a machine without Go). Needs
+# Linux, python3, and root or CAP_IPC_LOCK for the holder. Every engine runs with
 # oom_score_adj 1000, so that when memory runs out the OOM killer takes it
 # rather than the holder or other processes: a run killed for memory
 # (llama.cpp with -mmp 0 when the model does not fit) is reported as
@@ -268,10 +268,16 @@ except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
           echo 3 2>/dev/null >/proc/sys/vm/drop_caches || true
           "$work/readload" "$model/experts.bin" "$rate" "$rec" 2>"$work/r.$e.$r.rl" &
           rl_pid=$!
-          "$work/sluice" bench -m "$model" --device cpu --prompt 1 --gen "$gen" --threads "$threads" --repeat 1 --json >"$work/r.$e.$r.load" 2>/dev/null || true
-          kill "$rl_pid" 2>/dev/null || true
+          sleep 0.5
+          if kill -0 "$rl_pid" 2>/dev/null; then
+            "$work/sluice" bench -m "$model" --device cpu --prompt 1 --gen "$gen" --threads "$threads" --repeat 1 --json >"$work/r.$e.$r.load" 2>/dev/null || true
+            # A reader that stopped during the run leaves no figure.
+            kill -0 "$rl_pid" 2>/dev/null || rm -f "$work/r.$e.$r.load"
+            kill "$rl_pid" 2>/dev/null || true
+          fi
           wait "$rl_pid" 2>/dev/null || true
           rl_pid=
+          [ -f "$work/r.$e.$r.load" ] || echo "readload did not read throughout: $(cat "$work/r.$e.$r.rl")" >&2
         fi
       fi
     done
