@@ -657,19 +657,29 @@ func TestAdaptReaders(t *testing.T) {
 	}
 }
 
-// TestPrefetchReadersWake: a prefetch waits while no reader takes
-// prefetches, and is read once the count rises, by a reader that was
-// waiting for demand misses alone.
-func TestPrefetchReadersWake(t *testing.T) {
+// heldPrefetches opens a stream of tiny-qwen3-moe's 4-layer pack (9
+// slots, 3 readers) in which no reader takes prefetches, and asks it to
+// prefetch layer 0's experts 0 and 1: both wait, queued, until
+// setPreLimit lets readers take them. The stream closes with the test.
+func heldPrefetches(t *testing.T) *Stream {
+	t.Helper()
 	dir, man := testutil.PackedManifest(t, "tiny-qwen3-moe", 4)
 	s, err := Open(dir, man, Options{Slots: 9, Readers: 3, Lookahead: true, Buffered: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
+	t.Cleanup(func() { s.Close() })
 	s.setPreLimit(0)
 	time.Sleep(10 * time.Millisecond) // the readers back in their loops
 	s.Prefetch(0, []int{0, 1})
+	return s
+}
+
+// TestPrefetchReadersWake: a prefetch waits while no reader takes
+// prefetches, and is read once the count rises, by a reader that was
+// waiting for demand misses alone.
+func TestPrefetchReadersWake(t *testing.T) {
+	s := heldPrefetches(t)
 	if s.preInflight != 2 {
 		t.Fatalf("%d prefetches in flight, want 2", s.preInflight)
 	}
@@ -697,15 +707,7 @@ func TestPrefetchReadersWake(t *testing.T) {
 // a hit but has not landed (LayerStats.Landed); once read, a request of
 // it is both.
 func TestLandedCounts(t *testing.T) {
-	dir, man := testutil.PackedManifest(t, "tiny-qwen3-moe", 4)
-	s, err := Open(dir, man, Options{Slots: 9, Readers: 3, Lookahead: true, Buffered: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	s.setPreLimit(0) // no reader takes the prefetches yet
-	time.Sleep(10 * time.Millisecond)
-	s.Prefetch(0, []int{0, 1})
+	s := heldPrefetches(t)
 	step := func(want Snapshot) {
 		t.Helper()
 		if err := s.Begin(0, []int{0, 1, 2, 3}, model.Hint{}); err != nil {
