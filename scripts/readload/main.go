@@ -18,6 +18,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"os/signal"
@@ -44,7 +45,7 @@ func run(ctx context.Context, args []string) error {
 		return fmt.Errorf("usage: readload FILE MB_PER_S [RECORD_BYTES]")
 	}
 	rate, err := strconv.ParseFloat(args[1], 64)
-	if err != nil || !(rate > 0) {
+	if err != nil || !(rate > 0) || math.IsInf(rate, 1) {
 		return fmt.Errorf("MB_PER_S %q: want a positive number", args[1])
 	}
 	rec := int64(2 << 20)

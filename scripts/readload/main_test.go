@@ -70,6 +70,7 @@ func TestRunErrors(t *testing.T) {
 		{[]string{"f", "x"}, "MB_PER_S"},
 		{[]string{"f", "-3"}, "MB_PER_S"},
 		{[]string{"f", "NaN"}, "MB_PER_S"},
+		{[]string{"f", "Inf"}, "MB_PER_S"},
 		{[]string{"f", "5", "100"}, "RECORD_BYTES"},
 	} {
 		err := run(ctx, c.args)
