@@ -3,8 +3,10 @@ package kernels
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/platform"
@@ -143,6 +145,84 @@ func BenchmarkQ4DecodeDRAM(b *testing.B) {
 		benchModes(b, ms, x, per, name, "-tiled", q4RowsModes())
 		free()
 	}
+}
+
+// BenchmarkQ4DecodeShare is the decode kernel's rate from memory as a
+// share of plain reads of the same weights: BenchmarkQ4DecodeDRAM's tiled
+// 768×2048 matrices, the build's kernel variant, whole matrices in turn
+// on 1 and 2 threads, each round one pass of the kernel and one of plain
+// reads (readBytes over each matrix's weights, the same matrices in the
+// same turns), which goes first alternating. On a shared host the
+// memory's speed swings by a fifth from one minute to the next, more
+// than a kernel change moves it; within a round both passes see about
+// the same machine, so "kernel/plain" (the median of the rounds' ratios
+// of bytes a second, scales and biases counted for the kernel) measures
+// the kernel where separate runs of the two benchmarks could not. Use
+// -benchtime Nx for N rounds.
+func BenchmarkQ4DecodeShare(b *testing.B) {
+	if !useAVX2 {
+		b.Skip("no AVX2")
+	}
+	const rows, cols = 768, 2048
+	ms, free := dramMats(b, rows, cols, 1<<30)
+	defer free()
+	var tmp []byte
+	for i := range ms {
+		tmp = TileQ4(ms[i].Q, rows, cols, tmp)
+		ms[i].Tiled = true
+	}
+	x := randVec(rand.New(rand.NewPCG(1, 1)), cols)
+	kernelBytes := float64(len(ms) * (len(ms[0].Q) + 4*len(ms[0].Scales)))
+	plainBytes := float64(len(ms) * len(ms[0].Q))
+	for _, th := range []int{1, 2} {
+		b.Run(fmt.Sprint(th), func(b *testing.B) {
+			var sc [2]Scratch
+			outs := [2][]float32{make([]float32, rows), make([]float32, rows)}
+			var sums [2]uint64
+			each := func(f func(t, i int)) time.Duration {
+				t0 := time.Now()
+				if th == 1 {
+					for i := range ms {
+						f(0, i)
+					}
+				} else {
+					inTurns(len(ms), f)
+				}
+				return time.Since(t0)
+			}
+			kernel := func() time.Duration {
+				return each(func(t, i int) { sc[t].MatMul(outs[t], &ms[i], x, 1) })
+			}
+			plain := func() time.Duration {
+				return each(func(t, i int) { sums[t] += readBytes(ms[i].Q) })
+			}
+			var shares, rates []float64
+			for b.Loop() {
+				var tk, tp time.Duration
+				if len(shares)%2 == 0 {
+					tk, tp = kernel(), plain()
+				} else {
+					tp, tk = plain(), kernel()
+				}
+				rate := kernelBytes / tk.Seconds()
+				shares = append(shares, rate/(plainBytes/tp.Seconds()))
+				rates = append(rates, rate)
+			}
+			readSink.Add(sums[0] + sums[1])
+			b.ReportMetric(median(shares), "kernel/plain")
+			b.ReportMetric(median(rates)/1e9, "kernel-GB/s")
+		})
+	}
+}
+
+// median returns the median of v (the upper one of an even count),
+// reordering v.
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	slices.Sort(v)
+	return v[len(v)/2]
 }
 
 // benchModes runs whole2 and whole1 for each of the decode kernel's
