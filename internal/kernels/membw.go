@@ -17,16 +17,8 @@ func ReadBandwidth(buf []byte, threads, passes int) float64 {
 		return 0
 	}
 	run := func() time.Duration {
-		var wg sync.WaitGroup
 		t0 := time.Now()
-		for i := range threads {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				readSink.Add(readBytes(buf[i*share : (i+1)*share]))
-			}()
-		}
-		wg.Wait()
+		readPar(buf, threads)
 		return time.Since(t0)
 	}
 	run()
@@ -35,6 +27,22 @@ func ReadBandwidth(buf []byte, threads, passes int) float64 {
 		total += run()
 	}
 	return float64(share*threads*max(passes, 1)) / total.Seconds()
+}
+
+// readPar reads buf once on threads goroutines, each its own contiguous
+// share (len(buf)/threads rounded down to 256 bytes; a tail past the last
+// share is not read), and waits for them.
+func readPar(buf []byte, threads int) {
+	share := len(buf) / threads &^ 255
+	var wg sync.WaitGroup
+	for i := range threads {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			readSink.Add(readBytes(buf[i*share : (i+1)*share]))
+		}()
+	}
+	wg.Wait()
 }
 
 // readSink keeps the sums alive so that no read is optimised away.

@@ -2,6 +2,7 @@ package kernels
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -66,7 +67,7 @@ func BenchmarkMemBW(b *testing.B) {
 		b.Run(fmt.Sprint(th), func(b *testing.B) {
 			b.SetBytes(int64(len(buf)))
 			for b.Loop() {
-				readBytesPar(buf, th)
+				readPar(buf, th)
 			}
 		})
 	}
@@ -100,19 +101,6 @@ func BenchmarkMemBWPieces(b *testing.B) {
 			readSink.Add(sums[0] + sums[1])
 		})
 	}
-}
-
-func readBytesPar(buf []byte, threads int) {
-	share := len(buf) / threads &^ 255
-	var wg sync.WaitGroup
-	for i := range threads {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			readSink.Add(readBytes(buf[i*share : (i+1)*share]))
-		}()
-	}
-	wg.Wait()
 }
 
 // BenchmarkQ4DecodeDRAM runs matrix-vector products at the shapes of a
@@ -409,4 +397,19 @@ func BenchmarkMXFP4DecodeDRAM(b *testing.B) {
 	}
 	b.Run("whole2-tiled", func(b *testing.B) { benchWhole2(b, ms, x, vb) })
 	b.Run("whole1-tiled", func(b *testing.B) { benchWhole1(b, ms, x, vb) })
+}
+
+// TestReadBandwidth: a buffer too small for one 256-byte share per thread
+// measures nothing (0, not a rate from a zero-length read), and a real one
+// gives a finite positive rate, with thread counts below 1 taken as 1.
+func TestReadBandwidth(t *testing.T) {
+	if bw := ReadBandwidth(make([]byte, 511), 2, 1); bw != 0 {
+		t.Errorf("511 bytes on 2 threads: %v, want 0", bw)
+	}
+	buf := make([]byte, 1<<20)
+	for _, th := range []int{0, 1, 2, 3} {
+		if bw := ReadBandwidth(buf, th, 2); !(bw > 0) || math.IsInf(bw, 0) {
+			t.Errorf("1 MiB on %d threads: %v bytes/s", th, bw)
+		}
+	}
 }
