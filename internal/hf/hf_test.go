@@ -16,6 +16,7 @@ import (
 	"github.com/sluicelm/sluice/internal/family"
 	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/safetensors"
+	"github.com/sluicelm/sluice/internal/testutil/jsonfile"
 )
 
 // modelDir is ../shared/models/<name> beside the repository (testutil cannot
@@ -29,33 +30,9 @@ func modelDir(t testing.TB, name string) string {
 	return p
 }
 
-func readJSON(t testing.TB, path string) map[string]any {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var m map[string]any
-	if err := json.Unmarshal(b, &m); err != nil {
-		t.Fatal(err)
-	}
-	return m
-}
-
-func writeJSON(t testing.TB, path string, v any) {
-	t.Helper()
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // baseConfig returns a fresh copy of a shared model's config.json.
 func baseConfig(t testing.TB, model string) map[string]any {
-	return readJSON(t, filepath.Join(modelDir(t, model), "config.json"))
+	return jsonfile.Read(t, filepath.Join(modelDir(t, model), "config.json"))
 }
 
 // configDir writes config.json (and generation_config.json unless gen is nil)
@@ -63,9 +40,9 @@ func baseConfig(t testing.TB, model string) map[string]any {
 func configDir(t testing.TB, cfg, gen map[string]any) string {
 	t.Helper()
 	dir := t.TempDir()
-	writeJSON(t, filepath.Join(dir, "config.json"), cfg)
+	jsonfile.Write(t, filepath.Join(dir, "config.json"), cfg)
 	if gen != nil {
-		writeJSON(t, filepath.Join(dir, "generation_config.json"), gen)
+		jsonfile.Write(t, filepath.Join(dir, "generation_config.json"), gen)
 	}
 	return dir
 }
@@ -128,7 +105,7 @@ func TestReadConfigNestedEqualsFlat(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gen := readJSON(t, filepath.Join(modelDir(t, "tiny-qwen3-5-moe"), "generation_config.json"))
+	gen := jsonfile.Read(t, filepath.Join(modelDir(t, "tiny-qwen3-5-moe"), "generation_config.json"))
 	nested, tie, err := ReadConfig(configDir(t, nest(baseConfig(t, "tiny-qwen3-5-moe")), gen))
 	if err != nil {
 		t.Fatal(err)
@@ -164,7 +141,7 @@ func TestReadConfigNumExpertsAlias(t *testing.T) {
 	cfg := baseConfig(t, "tiny-qwen3-moe")
 	cfg["num_experts"] = cfg["num_local_experts"]
 	delete(cfg, "num_local_experts")
-	got, _, err := ReadConfig(configDir(t, cfg, readJSON(t, filepath.Join(modelDir(t, "tiny-qwen3-moe"), "generation_config.json"))))
+	got, _, err := ReadConfig(configDir(t, cfg, jsonfile.Read(t, filepath.Join(modelDir(t, "tiny-qwen3-moe"), "generation_config.json"))))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -611,7 +588,7 @@ func TestOpenTiedAndVision(t *testing.T) {
 	writeSafetensors(t, filepath.Join(dir, "model.safetensors"), ts)
 	cfg := baseConfig(t, "tiny-qwen3-moe")
 	cfg["tie_word_embeddings"] = true
-	writeJSON(t, filepath.Join(dir, "config.json"), cfg)
+	jsonfile.Write(t, filepath.Join(dir, "config.json"), cfg)
 
 	c, err := Open(dir)
 	if err != nil {

@@ -23,6 +23,7 @@ import (
 
 	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/pack"
+	"github.com/sluicelm/sluice/internal/testutil/jsonfile"
 )
 
 // Models are the shared test checkpoints, one per family.
@@ -380,30 +381,16 @@ func itoa(n int) string {
 	return s
 }
 
-// ReadJSON decodes a JSON object file.
+// ReadJSON decodes a JSON object file (jsonfile.Read).
 func ReadJSON(t testing.TB, path string) map[string]any {
 	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var m map[string]any
-	if err := json.Unmarshal(b, &m); err != nil {
-		t.Fatal(err)
-	}
-	return m
+	return jsonfile.Read(t, path)
 }
 
-// WriteJSON writes v as indented JSON.
+// WriteJSON writes v as indented JSON (jsonfile.Write).
 func WriteJSON(t testing.TB, path string, v any) {
 	t.Helper()
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	jsonfile.Write(t, path, v)
 }
 
 // Link makes dst name the file src, as a symbolic link where the system
