@@ -43,8 +43,9 @@
 # and for every engine the MB read from disk during the whole run, load
 # and warm-up included (/proc/vmstat pgpgin: the whole machine's, so run
 # it on a quiet one). sluice's limit under the cap is max(its resident
-# decode time per token, measured without a cap right before each capped
-# run when the model fits, MB of experts read per token / the disk
+# decode time per token, measured without a cap right before and right
+# after each capped run when the model fits (their mean: the machine's
+# speed drifts during the run), MB of experts read per token / the disk
 # bandwidth of the same run):
 # reads overlap compute, so neither can be beaten; the script prints the
 # limit's tok/s and the measured time over the limit's (1.0 is the bound).
@@ -253,6 +254,10 @@ for cap in "${caps[@]}"; do
       fi
       run_engine "$e" "$b" "$work/r.$e.$r"
       if [ "$e" = sluice ] && [ "$resident_ms" != 0 ]; then
+        # And right after it, so that the limit brackets the run.
+        sync
+        echo 3 2>/dev/null >/proc/sys/vm/drop_caches || true
+        "$work/sluice" bench -m "$model" --device cpu --prompt 1 --gen "$gen" --threads "$threads" --repeat 1 --json >"$work/r.$e.$r.res2" 2>/dev/null || true
         # The resident decode again, while scripts/readload reads the
         # expert store at the rate the capped run read it (MB a token ×
         # tok/s, in records of its stride): what those reads cost the
@@ -296,7 +301,8 @@ def load(p):
     return json.loads(text)
 def resident_run(r, ext):
     # ms a token of round r's resident decode in r.sluice.R.EXT (res: just
-    # before the capped run; load: after it, beside readload), 0 if none.
+    # before the capped run; res2: just after it; load: after that, beside
+    # readload), 0 if none.
     try:
         d = json.load(open("%s/r.sluice.%d.%s" % (work, r, ext)))
         if not d.get("experts") and d["decode_tok_s"] > 0:
@@ -305,9 +311,11 @@ def resident_run(r, ext):
         pass
     return 0
 def resident(r):
-    # The resident decode measured just before round r's capped run,
-    # else the one measured first.
-    return resident_run(r, "res") or resident_ms
+    # The mean of the resident decodes measured just before and just
+    # after round r's capped run (the one of them there is), else the one
+    # measured first.
+    v = [m for m in (resident_run(r, "res"), resident_run(r, "res2")) if m]
+    return sum(v) / len(v) if v else resident_ms
 def runs(e):
     out = []
     if e not in engines:
@@ -323,6 +331,7 @@ def runs(e):
                 pass
         if d is not None and e == "sluice":
             d["resident_ms"] = resident(r)
+            d["resident_around"] = "/".join("%.1f" % resident_run(r, x) for x in ("res", "res2"))
             d["loaded_ms"] = resident_run(r, "load")
         out.append((int(rc), int(disk), note, d))
     return out
@@ -367,8 +376,8 @@ notes = {r[2] for r in s + l + n + q} - {"ok", "cap-lost"}
 if notes:
     print("       notes: %s" % ", ".join(sorted(notes)))
 if ofl:
-    print("       sluice's time per token over its limit's: %s (median %.2f); resident decode before each: %s ms/token" % (
-        " ".join("%.2f" % v for v in ofl), med(ofl), " ".join("%.1f" % d["resident_ms"] for d in sok)))
+    print("       sluice's time per token over its limit's: %s (median %.2f); resident decode before/after each: %s ms/token" % (
+        " ".join("%.2f" % v for v in ofl), med(ofl), " ".join(d["resident_around"] for d in sok)))
 lo = [(1000 / d["decode_tok_s"]) / d["loaded_ms"] for d in sok if d.get("loaded_ms")]
 if lo:
     print("       over its resident decode while the same reads run beside it: %s (median %.2f); that decode: %s ms/token" % (
