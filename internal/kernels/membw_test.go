@@ -169,13 +169,7 @@ func BenchmarkQ4DecodeShare(b *testing.B) {
 			var sums [2]uint64
 			each := func(f func(t, i int)) time.Duration {
 				t0 := time.Now()
-				if th == 1 {
-					for i := range ms {
-						f(0, i)
-					}
-				} else {
-					inTurns(len(ms), f)
-				}
+				onThreads(th, len(ms), f)
 				return time.Since(t0)
 			}
 			kernel := func() time.Duration {
@@ -220,26 +214,39 @@ func benchModes(b *testing.B, ms []Mat, x []float32, per int64, name, suffix str
 		b.Run(fmt.Sprintf("whole2/%s/mode%d%s", name, mode, suffix), func(b *testing.B) {
 			defer func(m uint8) { q4RowsMode = m }(q4RowsMode)
 			q4RowsMode = mode
-			benchWhole2(b, ms, x, per)
+			benchWhole(b, ms, x, per, 2)
 		})
 		b.Run(fmt.Sprintf("whole1/%s/mode%d%s", name, mode, suffix), func(b *testing.B) {
 			defer func(m uint8) { q4RowsMode = m }(q4RowsMode)
 			q4RowsMode = mode
-			benchWhole1(b, ms, x, per)
+			benchWhole(b, ms, x, per, 1)
 		})
 	}
 }
 
-// benchWhole2 runs the matrices of ms on 2 threads, each taking whole
-// matrices in turn, as the routed experts of a decode step run.
-func benchWhole2(b *testing.B, ms []Mat, x []float32, per int64) {
+// benchWhole runs the matrices of ms on threads (1 or 2) threads, each
+// taking whole matrices in turn, as the routed experts of a decode step
+// run.
+func benchWhole(b *testing.B, ms []Mat, x []float32, per int64, threads int) {
 	rows := ms[0].Rows
 	b.SetBytes(per * int64(len(ms)))
 	var sc [2]Scratch
 	outs := [2][]float32{make([]float32, rows), make([]float32, rows)}
 	for b.Loop() {
-		inTurns(len(ms), func(t, i int) { sc[t].MatMul(outs[t], &ms[i], x, 1) })
+		onThreads(threads, len(ms), func(t, i int) { sc[t].MatMul(outs[t], &ms[i], x, 1) })
 	}
+}
+
+// onThreads runs f(t, i) for i in [0, n): on the calling goroutine (t 0)
+// when threads is 1, else on 2 as inTurns does.
+func onThreads(threads, n int, f func(t, i int)) {
+	if threads == 1 {
+		for i := range n {
+			f(0, i)
+		}
+		return
+	}
+	inTurns(n, f)
 }
 
 // inTurns runs f(t, i) for i in [0, n) on 2 goroutines, goroutine t
@@ -256,18 +263,6 @@ func inTurns(n int, f func(t, i int)) {
 		}()
 	}
 	wg.Wait()
-}
-
-// benchWhole1 runs the matrices of ms one after another on one thread.
-func benchWhole1(b *testing.B, ms []Mat, x []float32, per int64) {
-	b.SetBytes(per * int64(len(ms)))
-	var sc Scratch
-	out := make([]float32, ms[0].Rows)
-	for b.Loop() {
-		for i := range ms {
-			sc.MatMul(out, &ms[i], x, 1)
-		}
-	}
 }
 
 // BenchmarkQ4RowsInCache runs the decode kernel (this CPU's variant, on
@@ -381,11 +376,11 @@ func BenchmarkMXFP4DecodeDRAM(b *testing.B) {
 		ms[i] = m
 	}
 	x := randVec(rand.New(rand.NewPCG(1, 1)), cols)
-	b.Run("whole2", func(b *testing.B) { benchWhole2(b, ms, x, vb) })
-	b.Run("whole1", func(b *testing.B) { benchWhole1(b, ms, x, vb) })
+	b.Run("whole2", func(b *testing.B) { benchWhole(b, ms, x, vb, 2) })
+	b.Run("whole1", func(b *testing.B) { benchWhole(b, ms, x, vb, 1) })
 	mxRows16 = false // the row kernel alone
-	b.Run("whole2-row", func(b *testing.B) { benchWhole2(b, ms, x, vb) })
-	b.Run("whole1-row", func(b *testing.B) { benchWhole1(b, ms, x, vb) })
+	b.Run("whole2-row", func(b *testing.B) { benchWhole(b, ms, x, vb, 2) })
+	b.Run("whole1-row", func(b *testing.B) { benchWhole(b, ms, x, vb, 1) })
 	mxRows16 = true
 	if !TiledMXFP4() {
 		return
@@ -395,8 +390,8 @@ func BenchmarkMXFP4DecodeDRAM(b *testing.B) {
 		tmp = TileMXFP4(ms[i].Q, ms[i].E8, rows, cols, tmp)
 		ms[i].Tiled = true
 	}
-	b.Run("whole2-tiled", func(b *testing.B) { benchWhole2(b, ms, x, vb) })
-	b.Run("whole1-tiled", func(b *testing.B) { benchWhole1(b, ms, x, vb) })
+	b.Run("whole2-tiled", func(b *testing.B) { benchWhole(b, ms, x, vb, 2) })
+	b.Run("whole1-tiled", func(b *testing.B) { benchWhole(b, ms, x, vb, 1) })
 }
 
 // TestReadBandwidth: a buffer too small for one 256-byte share per thread
