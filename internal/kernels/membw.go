@@ -10,6 +10,9 @@ import (
 // after one untimed pass), in bytes per second. buf should be several times
 // the last-level cache, so that the figure is the memory's: it is the
 // physical limit of a decode step, which reads each active weight once.
+// It is 0, not a rate, when buf holds less than 256 bytes a thread or the
+// passes took no time the clock could see (a coarse timer: Windows' under
+// emulation ticks every few milliseconds).
 func ReadBandwidth(buf []byte, threads, passes int) float64 {
 	threads = max(threads, 1)
 	share := len(buf) / threads &^ 255
@@ -25,6 +28,9 @@ func ReadBandwidth(buf []byte, threads, passes int) float64 {
 	var total time.Duration
 	for range max(passes, 1) {
 		total += run()
+	}
+	if total <= 0 {
+		return 0
 	}
 	return float64(share*threads*max(passes, 1)) / total.Seconds()
 }
