@@ -171,8 +171,11 @@ func cmdBench(ctx context.Context, args []string) error {
 		dec = append(dec, s.DecodeTokS)
 		if mem != nil {
 			bws = append(bws, mem.measure())
-			around := (bws[len(bws)-2] + bws[len(bws)-1]) / 2
-			shares = append(shares, s.DecodeTokS/(around*1e9/mem.tokenBytes))
+			// No share where the clock saw no time for the reads
+			// (ReadBandwidth's 0): it would be infinite.
+			if around := (bws[len(bws)-2] + bws[len(bws)-1]) / 2; around > 0 {
+				shares = append(shares, s.DecodeTokS/(around*1e9/mem.tokenBytes))
+			}
 		}
 		steps := float64(max(s.GeneratedTokens-1, 1))
 		disp = append(disp, float64(bt.dispatches)/steps)
