@@ -15,31 +15,30 @@ import (
 // emulation ticks every few milliseconds).
 func ReadBandwidth(buf []byte, threads, passes int) float64 {
 	threads = max(threads, 1)
-	share := len(buf) / threads &^ 255
-	if share == 0 {
+	n := readPar(buf, threads) // the untimed pass
+	if n == 0 {
 		return 0
 	}
-	run := func() time.Duration {
-		t0 := time.Now()
-		readPar(buf, threads)
-		return time.Since(t0)
-	}
-	run()
 	var total time.Duration
 	for range max(passes, 1) {
-		total += run()
+		t0 := time.Now()
+		readPar(buf, threads)
+		total += time.Since(t0)
 	}
 	if total <= 0 {
 		return 0
 	}
-	return float64(share*threads*max(passes, 1)) / total.Seconds()
+	return float64(n*max(passes, 1)) / total.Seconds()
 }
 
 // readPar reads buf once on threads goroutines, each its own contiguous
 // share (len(buf)/threads rounded down to 256 bytes; a tail past the last
-// share is not read), and waits for them.
-func readPar(buf []byte, threads int) {
+// share is not read), waits for them, and returns the bytes read.
+func readPar(buf []byte, threads int) int {
 	share := len(buf) / threads &^ 255
+	if share == 0 {
+		return 0
+	}
 	var wg sync.WaitGroup
 	for i := range threads {
 		wg.Add(1)
@@ -49,6 +48,7 @@ func readPar(buf []byte, threads int) {
 		}()
 	}
 	wg.Wait()
+	return share * threads
 }
 
 // readSink keeps the sums alive so that no read is optimised away.
