@@ -220,12 +220,19 @@ run_engine() { # ENGINE BUDGET OUT
   esac
 }
 
+# resident_bench OUT [ERR]: sluice's resident decode (no cap; caches
+# dropped first), its --json in OUT, its stderr in ERR (else discarded);
+# the bench's exit status.
+resident_bench() {
+  sync
+  echo 3 2>/dev/null >/proc/sys/vm/drop_caches || true
+  "$work/sluice" bench -m "$model" --device cpu --prompt 1 --gen "$gen" --threads "$threads" --repeat 1 --json >"$1" 2>"${2:-/dev/null}"
+}
+
 # sluice's resident decode, without a cap (0 when it does not fit: the
 # limit is then the disk's alone).
-sync
-echo 3 2>/dev/null >/proc/sys/vm/drop_caches || true
 resident_ms=0
-if "$work/sluice" bench -m "$model" --device cpu --prompt 1 --gen "$gen" --threads "$threads" --repeat 1 --json >"$work/resident.json" 2>"$work/resident.err"; then
+if resident_bench "$work/resident.json" "$work/resident.err"; then
   resident_ms=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(0 if d.get("experts") else 1000 / d["decode_tok_s"])' "$work/resident.json")
 fi
 echo "sluice resident decode: $(python3 -c "print('%.1f ms/token' % $resident_ms if $resident_ms else 'does not fit uncapped')")"
@@ -248,16 +255,12 @@ for cap in "${caps[@]}"; do
         # The run's own resident decode, just before it: the machine's
         # speed drifts by tens of percent over minutes, more than the
         # gap to the limit being measured.
-        sync
-        echo 3 2>/dev/null >/proc/sys/vm/drop_caches || true
-        "$work/sluice" bench -m "$model" --device cpu --prompt 1 --gen "$gen" --threads "$threads" --repeat 1 --json >"$work/r.$e.$r.res" 2>/dev/null || true
+        resident_bench "$work/r.$e.$r.res" || true
       fi
       run_engine "$e" "$b" "$work/r.$e.$r"
       if [ "$e" = sluice ] && [ "$resident_ms" != 0 ]; then
         # And right after it, so that the limit brackets the run.
-        sync
-        echo 3 2>/dev/null >/proc/sys/vm/drop_caches || true
-        "$work/sluice" bench -m "$model" --device cpu --prompt 1 --gen "$gen" --threads "$threads" --repeat 1 --json >"$work/r.$e.$r.res2" 2>/dev/null || true
+        resident_bench "$work/r.$e.$r.res2" || true
         # The resident decode again, while scripts/readload reads the
         # expert store at the rate the capped run read it (MB a token ×
         # tok/s, in records of its stride): what those reads cost the
@@ -269,13 +272,11 @@ try:
 except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
     print("0 0")' "$work/r.$e.$r") || rate=0
         if [ "${rate:-0}" -gt 0 ]; then
-          sync
-          echo 3 2>/dev/null >/proc/sys/vm/drop_caches || true
           "$work/readload" "$model/experts.bin" "$rate" "$rec" 2>"$work/r.$e.$r.rl" &
           rl_pid=$!
           sleep 0.5
           if kill -0 "$rl_pid" 2>/dev/null; then
-            "$work/sluice" bench -m "$model" --device cpu --prompt 1 --gen "$gen" --threads "$threads" --repeat 1 --json >"$work/r.$e.$r.load" 2>/dev/null || true
+            resident_bench "$work/r.$e.$r.load" || true
             # A reader that stopped during the run leaves no figure.
             kill -0 "$rl_pid" 2>/dev/null || rm -f "$work/r.$e.$r.load"
             kill "$rl_pid" 2>/dev/null || true
