@@ -12,33 +12,29 @@ import (
 
 // moeScratch holds the buffers of the MoE block.
 type moeScratch struct {
-	main     moeThread   // the sequential path's buffers
-	threads  []moeThread // per pool thread, for experts computed in parallel
-	exps     []*Expert   // [distinct] experts of a step, when they stay valid
-	rpos     []int       // positions in distinct of a ReadyProvider's batch
-	rex      []*Expert   // their experts
-	order    []int       // distinct indices (len(distinct): shared expert) by descending rows
-	task     moeTask
-	logits   []float32 // [rows][experts] router logits, then probabilities
-	ids      []int     // [rows][top_k] chosen experts in router order
-	w        []float32 // [rows][top_k] their weights
-	slot     []int     // [experts] position in distinct, or -1
-	distinct []int     // experts the batch needs, in first-use order
-	members  [][]int   // per distinct expert: the (row*top_k+k) that use it
-	outk     []float32 // [rows·top_k][hidden] routed outputs, each expert's rows together
-	base     []int     // [distinct] each expert's first row in outk
-	pos      []int     // [rows][top_k] the row of outk holding (row, k)
-	maxw     []float32 // [experts] per distinct expert: largest routing weight (Hint)
-	nrows    []int     // [experts] per distinct expert: rows routed to it (Hint)
-	plogits  []float32 // [rows][experts] lookahead: next layer's router logits
-	pnorm    []float32 // [rows][hidden] lookahead: residual under the next layer's norm
-	pred     []int     // lookahead: predicted experts of the next layer, first-use order
-	pmark    []bool    // [experts] lookahead: already in pred
-	pk       []int     // [top_k] lookahead: one row's picks
-	sgate    []float32 // [rows]
-	shared   []float32 // [rows][hidden]
-	dense    int       // the widest dense MLP's intermediate size
-	choice   []float32 // [rows][experts] grouped routing: scores for choice
+	main    moeThread   // the sequential path's buffers
+	threads []moeThread // per pool thread, for experts computed in parallel
+	exps    []*Expert   // [distinct] experts of a step, when they stay valid
+	rpos    []int       // positions in distinct of a ReadyProvider's batch
+	rex     []*Expert   // their experts
+	order   []int       // distinct indices (len(distinct): shared expert) by descending rows
+	task    moeTask
+	logits  []float32    // [rows][experts] router logits, then probabilities
+	ids     []int        // [rows][top_k] chosen experts in router order
+	w       []float32    // [rows][top_k] their weights
+	grp     ExpertGroups // the batch's choices by expert; outk's rows in its order
+	outk    []float32    // [rows·top_k][hidden] routed outputs, each expert's rows together
+	pos     []int        // [rows][top_k] the row of outk holding (row, k)
+	maxw    []float32    // [experts] per distinct expert: largest routing weight (Hint)
+	plogits []float32    // [rows][experts] lookahead: next layer's router logits
+	pnorm   []float32    // [rows][hidden] lookahead: residual under the next layer's norm
+	pred    []int        // lookahead: predicted experts of the next layer, first-use order
+	pmark   []bool       // [experts] lookahead: already in pred
+	pk      []int        // [top_k] lookahead: one row's picks
+	sgate   []float32    // [rows]
+	shared  []float32    // [rows][hidden]
+	dense   int          // the widest dense MLP's intermediate size
+	choice  []float32    // [rows][experts] grouped routing: scores for choice
 }
 
 // moeThread is one thread's buffers for computing whole experts.
@@ -85,17 +81,8 @@ func (s *moeScratch) init(c *format.Config, rows int) {
 	s.logits = make([]float32, rows*E)
 	s.ids = make([]int, rows*K)
 	s.w = make([]float32, rows*K)
-	s.slot = make([]int, E)
-	for i := range s.slot {
-		s.slot[i] = -1
-	}
-	s.distinct = make([]int, 0, E)
-	s.members = make([][]int, E)
-	for i := range s.members {
-		s.members[i] = make([]int, 0, rows*K)
-	}
+	s.grp = NewExpertGroups(E, rows*K)
 	s.maxw = make([]float32, E)
-	s.nrows = make([]int, E)
 	s.plogits = make([]float32, rows*E)
 	s.pnorm = make([]float32, rows*H)
 	s.pred = make([]int, 0, E)
@@ -104,7 +91,6 @@ func (s *moeScratch) init(c *format.Config, rows int) {
 	s.main = moeThread{in: make([]float32, rows*H), g: make([]float32, rows*max(I, c.SharedInter, s.dense)),
 		u: make([]float32, rows*max(I, c.SharedInter, s.dense))}
 	s.outk = make([]float32, rows*K*H)
-	s.base = make([]int, E)
 	s.choice = make([]float32, rows*E)
 	s.pos = make([]int, rows*K)
 	if c.SharedInter > 0 {
@@ -193,42 +179,27 @@ func (r *Runner) Experts(L *block.MoE) error {
 	s := &r.moe
 	K := c.TopK
 	nb := r.nb
-	s.distinct = s.distinct[:0]
-	for i := 0; i < nb; i++ {
-		for k, e := range s.ids[i*K : (i+1)*K] {
-			if s.slot[e] < 0 {
-				s.slot[e] = len(s.distinct)
-				s.distinct = append(s.distinct, e)
-				s.members[e] = s.members[e][:0]
-			}
-			s.members[e] = append(s.members[e], i*K+k)
-		}
+	g := &s.grp
+	if err := GroupChoices(g, s.ids[:nb*K]); err != nil {
+		return err
 	}
-	at := 0
-	for di, e := range s.distinct {
-		s.slot[e] = -1
-		mem := s.members[e]
-		s.nrows[di] = len(mem)
+	for di, e := range g.Distinct {
 		// The expert's outputs go to consecutive rows of outk, straight
 		// from its down projection; the combine finds them through pos.
-		s.base[di] = at
-		for j, rk := range mem {
-			s.pos[rk] = at + j
-		}
-		at += len(mem)
 		var mw float32
-		for _, rk := range mem {
+		for j, rk := range g.Members(e) {
+			s.pos[rk] = g.Base[di] + j
 			mw = max(mw, s.w[rk])
 		}
 		s.maxw[di] = mw
 	}
-	nd := len(s.distinct)
-	if err := r.M.Experts.Begin(L.Layer, s.distinct, Hint{MaxWeight: s.maxw[:nd], Rows: s.nrows[:nd]}); err != nil {
+	nd := len(g.Distinct)
+	if err := r.M.Experts.Begin(L.Layer, g.Distinct, Hint{MaxWeight: s.maxw[:nd], Rows: g.Rows[:nd]}); err != nil {
 		return err
 	}
 	r.lookahead(L, nb)
 	if st, ok := r.M.Experts.(stableExperts); ok && st.StableExperts() && r.Pool.Threads() > 1 {
-		for range s.distinct {
+		for range s.grp.Distinct {
 			di, ex, err := r.M.Experts.Next()
 			if err != nil {
 				return err
@@ -237,9 +208,9 @@ func (r *Runner) Experts(L *block.MoE) error {
 		}
 		s.order = s.order[:0]
 		if L.Shared != nil {
-			s.order = append(s.order, len(s.distinct)) // one more work item
+			s.order = append(s.order, len(s.grp.Distinct)) // one more work item
 		}
-		for di := range s.distinct {
+		for di := range s.grp.Distinct {
 			s.addItem(di)
 		}
 		r.runItems(L, nb)
@@ -248,7 +219,7 @@ func (r *Runner) Experts(L *block.MoE) error {
 			return err
 		}
 	} else {
-		for range s.distinct {
+		for range s.grp.Distinct {
 			di, ex, err := r.M.Experts.Next()
 			if err != nil {
 				return err
@@ -272,7 +243,7 @@ func (r *Runner) Experts(L *block.MoE) error {
 func (s *moeScratch) addItem(di int) {
 	j := len(s.order)
 	s.order = append(s.order, di)
-	for ; j > 0 && s.order[j-1] < len(s.distinct) && s.nrows[s.order[j-1]] < s.nrows[di]; j-- {
+	for ; j > 0 && s.order[j-1] < len(s.grp.Distinct) && s.grp.Rows[s.order[j-1]] < s.grp.Rows[di]; j-- {
 		s.order[j] = s.order[j-1]
 	}
 	s.order[j] = di
@@ -297,7 +268,7 @@ func (r *Runner) runItems(L *block.MoE, nb int) {
 // order.
 func (r *Runner) readyExperts(L *block.MoE, rp ReadyProvider, nb int) error {
 	s := &r.moe
-	nd := len(s.distinct)
+	nd := len(s.grp.Distinct)
 	shared := L.Shared != nil
 	for done := 0; done < nd; {
 		var err error
@@ -412,9 +383,9 @@ func (r *Runner) runExpert(L *block.MoE, ex *Expert, di int, t *moeThread, mm ma
 	c := &r.M.Config
 	s := &r.moe
 	H, K, I := c.Hidden, c.TopK, c.MoEInter
-	mem := s.members[s.distinct[di]]
+	mem := s.grp.Members(s.grp.Distinct[di])
 	n := len(mem)
-	out := s.outk[s.base[di]*H : (s.base[di]+n)*H]
+	out := s.outk[s.grp.Base[di]*H : (s.grp.Base[di]+n)*H]
 	if ex == nil {
 		clear(out)
 		return
@@ -475,7 +446,7 @@ func (t *moeTask) Run(lo, hi int) {
 			return
 		}
 		di := s.order[j]
-		if di == len(s.distinct) {
+		if di == len(s.grp.Distinct) {
 			r.sharedExpert(t.L, t.nb, th, &th.sc)
 			continue
 		}

@@ -137,8 +137,7 @@ type Runner struct {
 	ptiles                 []cuda.Tile
 
 	// Host grouping of a step's rows by expert.
-	slot, distinct, base, nrows []int
-	members                     [][]int
+	grp model.ExpertGroups
 
 	mu     sync.Mutex
 	states map[weak.Pointer[model.State]]*dstate
@@ -1026,18 +1025,8 @@ func (r *Runner) alloc() error {
 	if r.plog, err = r.Dev.AllocHost(4 * R * r.V); err != nil {
 		return err
 	}
-	r.slot = make([]int, r.E)
 	r.waveSlot = make([]int, r.E)
-	for i := range r.slot {
-		r.slot[i] = -1
-	}
-	r.distinct = make([]int, 0, r.E)
-	r.base = make([]int, r.E)
-	r.nrows = make([]int, r.E)
-	r.members = make([][]int, r.E)
-	for i := range r.members {
-		r.members[i] = make([]int, 0, R*K)
-	}
+	r.grp = model.NewExpertGroups(r.E, R*K)
 	return r.allocSnap()
 }
 
@@ -1895,32 +1884,16 @@ func (r *Runner) Experts(m *block.MoE) error {
 	}
 	r.collectWaits()
 	r.mark("experts")
-	r.distinct = r.distinct[:0]
-	for i := 0; i < nb; i++ {
-		for k := 0; k < K; k++ {
-			e := int(r.pids[i*K+k])
-			if e < 0 || e >= r.E {
-				return fmt.Errorf("gpu: router chose expert %d of %d", e, r.E)
-			}
-			if r.slot[e] < 0 {
-				r.slot[e] = len(r.distinct)
-				r.distinct = append(r.distinct, e)
-				r.members[e] = r.members[e][:0]
-			}
-			r.members[e] = append(r.members[e], i*K+k)
-		}
-	}
-	at := 0
-	for di, e := range r.distinct {
-		r.slot[e] = -1
-		r.base[di], r.nrows[di] = at, len(r.members[e])
-		for j, rk := range r.members[e] {
-			r.pgidx[at+j] = int32(rk / K)
-			r.ppos[rk] = int32(at + j)
-		}
-		at += len(r.members[e])
-	}
 	n := nb * K
+	if err := model.GroupChoices(&r.grp, r.pids[:n]); err != nil {
+		return fmt.Errorf("gpu: %w", err)
+	}
+	for di, e := range r.grp.Distinct {
+		for j, rk := range r.grp.Members(e) {
+			r.pgidx[r.grp.Base[di]+j] = int32(rk / K)
+			r.ppos[rk] = int32(r.grp.Base[di] + j)
+		}
+	}
 	r.check(r.Dev.UploadAsync(r.gidx, r.pin, r.offGidx, 4*n, r.s))
 	r.check(r.Dev.UploadAsync(r.posd, r.pin, r.offPos, 4*n, r.s))
 	r.check(r.k.GatherRows(r.s, r.gin, r.h, r.gidx, n, H))
@@ -1942,18 +1915,18 @@ func (r *Runner) Experts(m *block.MoE) error {
 		return r.err
 	}
 	exps := r.experts[m.Layer*r.E:]
-	kind := exps[r.distinct[0]].gate.kind
+	kind := exps[r.grp.Distinct[0]].gate.kind
 	a := r.prepare(r.gin, n, H, kind)
-	for di, e := range r.distinct {
+	for di, e := range r.grp.Distinct {
 		ex := &exps[e]
-		b, rows := r.base[di], r.nrows[di]
+		b, rows := r.grp.Base[di], r.grp.Rows[di]
 		r.mulPrepared(r.g+uintptr(4*b*I), ex.gate, a, b, rows)
 		r.mulPrepared(r.u+uintptr(4*b*I), ex.up, a, b, rows)
 	}
 	r.act(m, r.g, r.g, r.u, n*I)
 	a = r.prepare(r.g, n, I, kind)
-	for di, e := range r.distinct {
-		b, rows := r.base[di], r.nrows[di]
+	for di, e := range r.grp.Distinct {
+		b, rows := r.grp.Base[di], r.grp.Rows[di]
 		r.mulPrepared(r.outk+uintptr(4*b*H), exps[e].down, a, b, rows)
 	}
 	r.shared1(m)
@@ -1961,7 +1934,7 @@ func (r *Runner) Experts(m *block.MoE) error {
 }
 
 // groupedExperts multiplies a batched step's resident q4 experts over
-// the rows the host grouped (r.distinct, r.base, r.nrows; the n rows
+// the rows the host grouped (r.grp.Distinct, r.base, r.grp.Rows; the n rows
 // gathered in gin) with the tiled kernel, one launch per product for
 // every expert: tiles of up to bn rows of one expert each, through the
 // layer's address tables. Each row's products are the bits of its
@@ -1970,15 +1943,15 @@ func (r *Runner) Experts(m *block.MoE) error {
 // that are not whole stages of 128 columns.
 func (r *Runner) groupedExperts(m *block.MoE, n int) bool {
 	H, I := r.H, r.I
-	ex := &r.experts[m.Layer*r.E+r.distinct[0]]
+	ex := &r.experts[m.Layer*r.E+r.grp.Distinct[0]]
 	if r.nb < groupedRows || ex.gate.kind != format.Q4 || ex.up.kind != format.Q4 || ex.down.kind != format.Q4 ||
 		r.tabBias != nil || r.tabGate == nil || !cuda.GemmCols(H) || !cuda.GemmCols(I) {
 		return false
 	}
-	bn := cuda.GemmRows(n / len(r.distinct))
+	bn := cuda.GemmRows(n / len(r.grp.Distinct))
 	nt := 0
-	for di, e := range r.distinct {
-		b, rows := r.base[di], r.nrows[di]
+	for di, e := range r.grp.Distinct {
+		b, rows := r.grp.Base[di], r.grp.Rows[di]
 		for j := 0; j < rows; j += bn {
 			r.ptiles[nt] = cuda.Tile{E: int32(e), First: int32(b + j), Rows: int32(min(bn, rows-j)), Step: 1}
 			nt++

@@ -237,7 +237,7 @@ func (r *Runner) takeMiss(w0, j int, ex *model.Expert) error {
 		return fmt.Errorf("more CPU experts than a decode row has (%d)", r.K)
 	}
 	i := p.missAt[j]
-	hy.rows = append(hy.rows[:hy.n], r.base[w0+i])
+	hy.rows = append(hy.rows[:hy.n], r.grp.Base[w0+i])
 	hy.todo = append(hy.todo[:hy.n], ex)
 	hy.n++
 	p.isCPU[i] = true

@@ -545,7 +545,7 @@ func (p *vpool) slotExpert(s int) expert {
 }
 
 // pooledExperts multiplies the n grouped rows in gin by their experts
-// (r.distinct, r.base, r.nrows, as Experts grouped them), a wave of at
+// (r.grp.Distinct, r.base, r.grp.Rows, as Experts grouped them), a wave of at
 // most p.wave experts at a time: each wave resolves its experts to slots,
 // copies its misses in, and computes its rows' gate, up, SwiGLU and down.
 // A wave's rows are consecutive in gin, so each wave prepares and
@@ -568,14 +568,14 @@ func (r *Runner) pooledExperts(m *block.MoE) {
 		thresh = r.keepRows()
 	}
 	if decode {
-		p.look.Score(layer, func(e int) bool { return slices.Contains(r.distinct, e) })
+		p.look.Score(layer, func(e int) bool { return slices.Contains(r.grp.Distinct, e) })
 	}
 	p.tab.step(layer, r.nb)
-	for di, e := range r.distinct {
-		p.tab.use(layer*r.E+e, r.nrows[di], r.nrows[di] >= thresh)
+	for di, e := range r.grp.Distinct {
+		p.tab.use(layer*r.E+e, r.grp.Rows[di], r.grp.Rows[di] >= thresh)
 	}
-	for w0 := 0; w0 < len(r.distinct); w0 += p.wave {
-		w1 := min(w0+p.wave, len(r.distinct))
+	for w0 := 0; w0 < len(r.grp.Distinct); w0 += p.wave {
+		w1 := min(w0+p.wave, len(r.grp.Distinct))
 		if p.staged {
 			// The last wave's staging may still be copying.
 			r.poolCheck(r.Dev.SyncStream(p.cs))
@@ -590,8 +590,8 @@ func (r *Runner) pooledExperts(m *block.MoE) {
 		if r.err != nil {
 			return
 		}
-		b0 := r.base[w0]
-		b1 := r.base[w1-1] + r.nrows[w1-1]
+		b0 := r.grp.Base[w0]
+		b1 := r.grp.Base[w1-1] + r.grp.Rows[w1-1]
 		a := r.prepare(r.gin+uintptr(4*b0*H), b1-b0, H, kind)
 		// The hits first, while the misses copy; then the misses, once
 		// their copies are done.
@@ -615,7 +615,7 @@ func (r *Runner) pooledExperts(m *block.MoE) {
 					continue
 				}
 				ex := p.slotExpert(slots[di-w0])
-				b, rows := r.base[di], r.nrows[di]
+				b, rows := r.grp.Base[di], r.grp.Rows[di]
 				r.mulPrepared(r.g+uintptr(4*b*I), ex.gate, a, b-b0, rows)
 				r.mulPrepared(r.u+uintptr(4*b*I), ex.up, a, b-b0, rows)
 			}
@@ -624,7 +624,7 @@ func (r *Runner) pooledExperts(m *block.MoE) {
 		r.act(m, r.g+uintptr(4*b0*I), r.g+uintptr(4*b0*I), r.u+uintptr(4*b0*I), (b1-b0)*I)
 		a = r.prepare(r.g+uintptr(4*b0*I), b1-b0, I, kind)
 		for di := w0; di < w1; di++ {
-			b, rows := r.base[di], r.nrows[di]
+			b, rows := r.grp.Base[di], r.grp.Rows[di]
 			switch {
 			case p.isCPU[di-w0]:
 			case p.isCut[di-w0]:
@@ -638,13 +638,13 @@ func (r *Runner) pooledExperts(m *block.MoE) {
 	}
 }
 
-// waveSlots resolves the experts r.distinct[w0:w1] of layer to slots
+// waveSlots resolves the experts r.grp.Distinct[w0:w1] of layer to slots
 // (into r.waveSlot, p.isMiss), and queues the misses' copies on the copy
 // stream after the products queued so far, then an event after them. It
 // returns the slots and the number of misses.
 func (r *Runner) waveSlots(layer, w0, w1 int, decode bool, thresh int) ([]int, int) {
 	p := r.pool
-	ids := r.distinct[w0:w1]
+	ids := r.grp.Distinct[w0:w1]
 	slots := r.waveSlot[:len(ids)]
 	p.missIDs, p.missAt, p.missRows, p.missW = p.missIDs[:0], p.missAt[:0], p.missRows[:0], p.missW[:0]
 	// Copies into this wave's victims, and the lookahead's after it, wait
@@ -652,7 +652,7 @@ func (r *Runner) waveSlots(layer, w0, w1 int, decode bool, thresh int) ([]int, i
 	// they take.
 	r.poolCheck(r.Dev.Record(p.computed, r.s))
 	for i, e := range ids {
-		slots[i] = p.tab.lookup(layer*r.E+e, r.nrows[w0+i] >= thresh)
+		slots[i] = p.tab.lookup(layer*r.E+e, r.grp.Rows[w0+i] >= thresh)
 		p.isMiss[i], p.isCPU[i], p.isCut[i] = slots[i] < 0, false, false
 		if s := slots[i]; s >= 0 && p.tab.pre[s] {
 			p.tab.pre[s] = false
@@ -661,10 +661,10 @@ func (r *Runner) waveSlots(layer, w0, w1 int, decode bool, thresh int) ([]int, i
 		if slots[i] < 0 {
 			p.missIDs = append(p.missIDs, e)
 			p.missAt = append(p.missAt, i)
-			p.missRows = append(p.missRows, r.nrows[w0+i])
+			p.missRows = append(p.missRows, r.grp.Rows[w0+i])
 			if p.cutWeak > 0 {
 				w := float32(0)
-				for _, rk := range r.members[e] {
+				for _, rk := range r.grp.Members(e) {
 					w = max(w, r.pw[rk])
 				}
 				p.missW = append(p.missW, w)
@@ -1012,7 +1012,7 @@ func (p *vpool) hostRecord(ex *model.Expert, n int) (uintptr, bool) {
 // keepRows is the row count a prefill's expert needs to stay recent in the
 // pool: that of the layer's share of experts with the most rows.
 func (r *Runner) keepRows() int {
-	return experts.ShareThreshold(r.nrows[:len(r.distinct)], r.pool.share)
+	return experts.ShareThreshold(r.grp.Rows[:len(r.grp.Distinct)], r.pool.share)
 }
 
 // fillRecord copies an expert's matrices and their biases from the host
