@@ -74,14 +74,14 @@ func testMTPDrafts(t *testing.T, name string) {
 	}{{"resident", resident}, {"min-pool", minPool}} {
 		for ci, c := range refs.Cases[:3] {
 			want, _ := generateOpts(t, s.e, c.Prompt, o)
-			if ci == 0 && firstDiff(want, c.Greedy[:min(len(c.Greedy), len(want))]) >= 0 {
+			if ci == 0 && testutil.FirstDiff(want, c.Greedy[:min(len(c.Greedy), len(want))]) >= 0 {
 				t.Errorf("%s case %d: plain greedy %v, reference %v", s.name, ci, want, c.Greedy)
 			}
 			for _, d := range []int{1, 2, 3} {
 				od := o
 				od.Drafts = d
 				got, gs := generateOpts(t, s.e, c.Prompt, od)
-				if i := firstDiff(got, want); i >= 0 || len(got) != len(want) {
+				if i := testutil.FirstDiff(got, want); i >= 0 || len(got) != len(want) {
 					t.Errorf("%s D=%d case %d: tokens differ from plain greedy at %d\n got %v\nwant %v", s.name, d, ci, i, got, want)
 				}
 				mt := gs.MTP

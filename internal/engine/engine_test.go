@@ -56,18 +56,6 @@ func generate(t *testing.T, e *engine.Engine, prompt []int, o engine.GenOptions,
 
 var greedy48 = engine.GenOptions{MaxTokens: 48, Sample: sample.Params{Temperature: 0}, IgnoreEOS: true}
 
-func firstDiff(a, b []int) int {
-	for i := range min(len(a), len(b)) {
-		if a[i] != b[i] {
-			return i
-		}
-	}
-	if len(a) != len(b) {
-		return min(len(a), len(b))
-	}
-	return -1
-}
-
 func TestGreedyMatchesReference(t *testing.T) {
 	for _, name := range testutil.Models {
 		t.Run(name, func(t *testing.T) {
@@ -79,7 +67,7 @@ func TestGreedyMatchesReference(t *testing.T) {
 				e := open(t, name, engine.Options{ChunkRows: chunk})
 				for i, c := range refs.Cases[:4] {
 					got, s := generate(t, e, c.Prompt, greedy48, nil)
-					if d := firstDiff(got, c.Greedy); d >= 0 {
+					if d := testutil.FirstDiff(got, c.Greedy); d >= 0 {
 						t.Errorf("chunk %d case %d: greedy tokens differ from transformers at %d\n got %v\nwant %v", chunk, i, d, got, c.Greedy)
 					}
 					if s.PromptTokens != len(c.Prompt) || s.GeneratedTokens != len(got) || s.StopReason != "length" {

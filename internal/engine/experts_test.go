@@ -30,7 +30,7 @@ func TestStreamingMatchesReference(t *testing.T) {
 	c := testutil.LoadRefs(t, name).Cases[1]
 	got, s := generate(t, e, c.Prompt, greedy48, nil)
 	if !slices.Equal(got, c.Greedy) {
-		t.Fatalf("first difference at %d", firstDiff(got, c.Greedy))
+		t.Fatalf("first difference at %d", testutil.FirstDiff(got, c.Greedy))
 	}
 	x := s.Experts
 	if x == nil || s.Lookahead == nil || x.Misses == 0 || x.BytesRead == 0 || x.PrefillBytesRead == 0 || x.DecodeBytesRead == 0 || x.PoolSlots != e.Stream.Slots() {

@@ -62,7 +62,7 @@ func TestDraftsGreedyExact(t *testing.T) {
 				o := greedy48
 				o.Drafts = d
 				got, st := generateOpts(t, s.e, c.Prompt, o)
-				if i := firstDiff(got, c.Greedy); i >= 0 {
+				if i := testutil.FirstDiff(got, c.Greedy); i >= 0 {
 					t.Errorf("%s D=%d case %d: tokens differ from plain greedy at %d\n got %v\nwant %v", s.name, d, ci, i, got, c.Greedy)
 				}
 				if d == 0 {

@@ -29,6 +29,21 @@ import (
 // Models are the shared test checkpoints, one per family.
 var Models = []string{"tiny-qwen3-5-moe", "tiny-qwen3-moe", "tiny-gpt-oss", "tiny-deepseek-v32", "tiny-qwen3-next", "tiny-glm4-moe"}
 
+// FirstDiff is the first index where the token sequences a and b differ
+// (the shorter one's length where one is a prefix of the other), or -1
+// when they are equal.
+func FirstDiff(a, b []int) int {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	if len(a) != len(b) {
+		return min(len(a), len(b))
+	}
+	return -1
+}
+
 // LogitTol is how far a model's exact-mode logits may sit from its
 // references: 1e-3, except tiny-qwen3-next, up to 8.3e-3 from its
 // references because transformers computed them with its rotary inverse

@@ -223,7 +223,7 @@ func TestGPUConformance(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if d := firstDiff(got, c.Greedy); d >= 0 {
+				if d := testutil.FirstDiff(got, c.Greedy); d >= 0 {
 					t.Errorf("case %d: greedy tokens (device argmax) differ at %d\n got %v\nwant %v", ci, d, got, c.Greedy)
 				}
 				// Greedy through the logits.
@@ -240,7 +240,7 @@ func TestGPUConformance(t *testing.T) {
 						t.Fatal(err)
 					}
 				}
-				if d := firstDiff(host, c.Greedy); d >= 0 {
+				if d := testutil.FirstDiff(host, c.Greedy); d >= 0 {
 					t.Errorf("case %d: greedy tokens (host argmax) differ at %d\n got %v\nwant %v", ci, d, host, c.Greedy)
 				}
 			}
@@ -268,18 +268,6 @@ func refRope(e *engine.Engine, name string) {
 			round(a.Rope.InvFreq)
 		}
 	}
-}
-
-func firstDiff(a, b []int) int {
-	for i := range min(len(a), len(b)) {
-		if a[i] != b[i] {
-			return i
-		}
-	}
-	if len(a) != len(b) {
-		return min(len(a), len(b))
-	}
-	return -1
 }
 
 // TestGPUBatchInvariance requires bit-identical logits on the GPU whether a
@@ -679,7 +667,7 @@ func TestGPUExpertPool(t *testing.T) {
 							}
 						}
 						gen := greedy(t, e, c.Prompt, 16)
-						if d := firstDiff(gen, wantGen); d >= 0 {
+						if d := testutil.FirstDiff(gen, wantGen); d >= 0 {
 							t.Fatalf("pool %s, rows %d: greedy tokens differ at %d\n got %v\nwant %v", pname, rows, d, gen, wantGen)
 						}
 						ps, _ := e.DevicePool()
@@ -965,7 +953,7 @@ func TestGPUVRAMBudget(t *testing.T) {
 		t.Errorf("took %d bytes of device memory, over the budget of %d", used, budget)
 	}
 	for i := range cases {
-		if d := firstDiff(got[i], want[i]); d >= 0 {
+		if d := testutil.FirstDiff(got[i], want[i]); d >= 0 {
 			t.Errorf("case %d: greedy tokens under the budget differ from the resident upload's at %d", i, d)
 		}
 	}
@@ -1100,7 +1088,7 @@ func TestGPUPoolReadError(t *testing.T) {
 	if err := os.WriteFile(store, whole, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if d := firstDiff(greedy(t, e, c.Prompt, 16), want); d >= 0 {
+	if d := testutil.FirstDiff(greedy(t, e, c.Prompt, 16), want); d >= 0 {
 		t.Errorf("after the failed reads, greedy tokens differ from the resident upload's at %d", d)
 	}
 }
@@ -1162,8 +1150,8 @@ func copyState(t *testing.T, name string, cs, keep int) {
 		if err := e.CopyState(b, saved); err != nil {
 			t.Fatal(err)
 		}
-		if got := resume(t, e, b, c.Prompt[n:], engine.GenOptions{MaxTokens: 16, IgnoreEOS: true}); firstDiff(got, want) >= 0 {
-			t.Errorf("pool %+v: resumed from a copied state, greedy tokens differ at %d\n got %v\nwant %v", xo, firstDiff(got, want), got, want)
+		if got := resume(t, e, b, c.Prompt[n:], engine.GenOptions{MaxTokens: 16, IgnoreEOS: true}); testutil.FirstDiff(got, want) >= 0 {
+			t.Errorf("pool %+v: resumed from a copied state, greedy tokens differ at %d\n got %v\nwant %v", xo, testutil.FirstDiff(got, want), got, want)
 		}
 		hostOnly, err := e.NewState()
 		if err != nil {
@@ -1232,7 +1220,7 @@ func TestGPUMissBits(t *testing.T) {
 							t.Fatalf("pool %s, rows %d: logit %d (pos %d) = %v, widened store resident %v", pname, rows, i, i/V, got[i], want[i])
 						}
 					}
-					if gen := greedy(t, e, c.Prompt, 16); firstDiff(gen, wantGen) >= 0 {
+					if gen := greedy(t, e, c.Prompt, 16); testutil.FirstDiff(gen, wantGen) >= 0 {
 						t.Fatalf("pool %s, rows %d: greedy tokens\n got %v\nwant %v", pname, rows, gen, wantGen)
 					}
 					ps, _ := e.DevicePool()

@@ -222,7 +222,7 @@ func drafts(t *testing.T, name string, trained bool) {
 				o := plain
 				o.Drafts = d
 				got, s := gen(e, nil, c.Prompt, o)
-				if i := firstDiff(got, want); i >= 0 {
+				if i := testutil.FirstDiff(got, want); i >= 0 {
 					t.Errorf("pool %s case %d, %d drafts: tokens differ at %d\n got %v\nwant %v", pc.name, ci, d, i, got, want)
 				}
 				if s.MTP == nil || s.MTP.Disabled != "" || s.MTP.Drafts != d {
@@ -239,7 +239,7 @@ func drafts(t *testing.T, name string, trained bool) {
 		pen := engine.GenOptions{MaxTokens: 40, IgnoreEOS: true, Sample: sample.Params{RepetitionPenalty: 1.3}}
 		want, _ := gen(e, nil, cases[0].Prompt, pen)
 		pen.Drafts = 2
-		if got, _ := gen(e, nil, cases[0].Prompt, pen); firstDiff(got, want) >= 0 {
+		if got, _ := gen(e, nil, cases[0].Prompt, pen); testutil.FirstDiff(got, want) >= 0 {
 			t.Errorf("pool %s: greedy with a repetition penalty, 2 drafts: %v, without %v", pc.name, got, want)
 		}
 		if (trained && accepted == 0) || accepted == drafted {
@@ -265,15 +265,15 @@ func drafts(t *testing.T, name string, trained bool) {
 		}
 		o := plain
 		o.Drafts = 2
-		if got := resume(t, e, b, c.Prompt[n:], o); firstDiff(got, want) >= 0 {
-			t.Errorf("pool %s: drafts from a copied state: tokens differ at %d\n got %v\nwant %v", pc.name, firstDiff(got, want), got, want)
+		if got := resume(t, e, b, c.Prompt[n:], o); testutil.FirstDiff(got, want) >= 0 {
+			t.Errorf("pool %s: drafts from a copied state: tokens differ at %d\n got %v\nwant %v", pc.name, testutil.FirstDiff(got, want), got, want)
 		}
 
 		// Sampled, twice with one seed.
 		so := engine.GenOptions{MaxTokens: 32, IgnoreEOS: true, Drafts: 2, Sample: sample.Params{Temperature: 0.8, TopP: 0.95, Seed: 7}}
 		s1, st1 := gen(e, nil, c.Prompt, so)
 		s2, _ := gen(e, nil, c.Prompt, so)
-		if len(s1) != 32 || firstDiff(s1, s2) >= 0 || st1.MTP == nil || st1.MTP.Drafted == 0 {
+		if len(s1) != 32 || testutil.FirstDiff(s1, s2) >= 0 || st1.MTP == nil || st1.MTP.Drafted == 0 {
 			t.Errorf("pool %s: sampled with drafts: %v then %v, MTP %+v", pc.name, s1, s2, st1.MTP)
 		}
 	}
@@ -283,7 +283,7 @@ func drafts(t *testing.T, name string, trained bool) {
 	got, s := gen(e, nil, cases[0].Prompt, o)
 	o.Drafts = 0
 	want, _ := gen(e, nil, cases[0].Prompt, o)
-	if s.MTP == nil || !strings.Contains(s.MTP.Disabled, "no room for drafts") || firstDiff(got, want) >= 0 {
+	if s.MTP == nil || !strings.Contains(s.MTP.Disabled, "no room for drafts") || testutil.FirstDiff(got, want) >= 0 {
 		t.Errorf("opened without drafts: tokens %v (plain %v), MTP %+v", got, want, s.MTP)
 	}
 }
