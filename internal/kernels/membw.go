@@ -66,12 +66,27 @@ func (s *syncAdder) Add(v uint64) {
 }
 
 // readBytes sums b as uint64 words (len(b) a multiple of 256), with vector
-// loads where available: a read at the speed the memory allows.
+// loads where available: a read at the speed the memory allows. It reads
+// b's four quarters together, four streams of loads at once: one core
+// reads that way about a fifth faster than one stream at a time, whose
+// hardware prefetch keeps fewer lines in flight (BenchmarkMemBW, and
+// BenchmarkQ4DecodeShare's plain reads with it), so that a single
+// stream's figure would understate the memory's bandwidth and overstate
+// a decode's share of it.
 func readBytes(b []byte) uint64 {
-	if useAVX2 && len(b) >= 256 {
+	if !useAVX2 || len(b) < 256 {
+		return readGo(b)
+	}
+	n := len(b) / 1024 // blocks of 256 bytes in each quarter
+	if n == 0 {
 		return readAVX2(&b[0], len(b)/256)
 	}
-	return readGo(b)
+	q := 256 * n
+	s := readAVX2x4(&b[0], &b[q], &b[2*q], &b[3*q], n)
+	if rest := b[4*q:]; len(rest) >= 256 {
+		s += readAVX2(&rest[0], len(rest)/256)
+	}
+	return s
 }
 
 // readGo is readBytes without vector loads.

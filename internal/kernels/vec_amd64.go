@@ -43,3 +43,9 @@ func deltaRule32AVX2(S, k, q, v, kv, o *float32, decay, beta float32, dk, dv int
 //
 //go:noescape
 func readAVX2(p *byte, n int) uint64
+
+// readAVX2x4 is readAVX2 over n blocks at each of p, q, r and s, read
+// together.
+//
+//go:noescape
+func readAVX2x4(p, q, r, s *byte, n int) uint64

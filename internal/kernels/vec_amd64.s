@@ -318,3 +318,71 @@ rdloop:
 	MOVQ AX, ret+16(FP)
 	VZEROUPPER
 	RET
+
+// func readAVX2x4(p, q, r, s *byte, n int) uint64
+// readAVX2 over four regions at once (n blocks of 256 bytes each), a 64
+// bytes of each in turn: four streams of loads, which this machine class
+// reads about a fifth faster than one (BenchmarkMemBWStreams).
+TEXT ·readAVX2x4(SB), NOSPLIT, $0-48
+	MOVQ p+0(FP), SI
+	MOVQ q+8(FP), DI
+	MOVQ r+16(FP), R8
+	MOVQ s+24(FP), R9
+	MOVQ n+32(FP), CX
+	VPXOR Y0, Y0, Y0
+	VPXOR Y1, Y1, Y1
+	VPXOR Y2, Y2, Y2
+	VPXOR Y3, Y3, Y3
+	TESTQ CX, CX
+	JEQ r4done
+r4loop:
+	VPADDQ 0(SI), Y0, Y0
+	VPADDQ 32(SI), Y1, Y1
+	VPADDQ 0(DI), Y2, Y2
+	VPADDQ 32(DI), Y3, Y3
+	VPADDQ 0(R8), Y0, Y0
+	VPADDQ 32(R8), Y1, Y1
+	VPADDQ 0(R9), Y2, Y2
+	VPADDQ 32(R9), Y3, Y3
+	VPADDQ 64(SI), Y0, Y0
+	VPADDQ 96(SI), Y1, Y1
+	VPADDQ 64(DI), Y2, Y2
+	VPADDQ 96(DI), Y3, Y3
+	VPADDQ 64(R8), Y0, Y0
+	VPADDQ 96(R8), Y1, Y1
+	VPADDQ 64(R9), Y2, Y2
+	VPADDQ 96(R9), Y3, Y3
+	VPADDQ 128(SI), Y0, Y0
+	VPADDQ 160(SI), Y1, Y1
+	VPADDQ 128(DI), Y2, Y2
+	VPADDQ 160(DI), Y3, Y3
+	VPADDQ 128(R8), Y0, Y0
+	VPADDQ 160(R8), Y1, Y1
+	VPADDQ 128(R9), Y2, Y2
+	VPADDQ 160(R9), Y3, Y3
+	VPADDQ 192(SI), Y0, Y0
+	VPADDQ 224(SI), Y1, Y1
+	VPADDQ 192(DI), Y2, Y2
+	VPADDQ 224(DI), Y3, Y3
+	VPADDQ 192(R8), Y0, Y0
+	VPADDQ 224(R8), Y1, Y1
+	VPADDQ 192(R9), Y2, Y2
+	VPADDQ 224(R9), Y3, Y3
+	ADDQ $256, SI
+	ADDQ $256, DI
+	ADDQ $256, R8
+	ADDQ $256, R9
+	DECQ CX
+	JNE r4loop
+r4done:
+	VPADDQ Y1, Y0, Y0
+	VPADDQ Y3, Y2, Y2
+	VPADDQ Y2, Y0, Y0
+	VEXTRACTI128 $1, Y0, X1
+	VPADDQ X1, X0, X0
+	VPSHUFD $0x4e, X0, X1
+	VPADDQ X1, X0, X0
+	VMOVQ X0, AX
+	MOVQ AX, ret+40(FP)
+	VZEROUPPER
+	RET

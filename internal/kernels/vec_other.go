@@ -17,3 +17,5 @@ func deltaRule32AVX2(S, k, q, v, kv, o *float32, decay, beta float32, dk, dv int
 }
 
 func readAVX2(p *byte, n int) uint64 { panic("unreachable") }
+
+func readAVX2x4(p, q, r, s *byte, n int) uint64 { panic("unreachable") }
