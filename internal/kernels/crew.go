@@ -80,6 +80,10 @@ func (c *Crew) own(self int, t *matmulTask, lo, hi int) {
 	sl := &c.slots[self]
 	sl.task = t
 	sl.chunk = crewChunk(t.w, t.nb)
+	if t.pair.w != nil {
+		// Each row brings its pair's: the same bytes a claim.
+		sl.chunk = max(16, sl.chunk/2&^15)
+	}
 	sl.rng.Store(packRange(lo, hi))
 	for {
 		v := sl.rng.Load()

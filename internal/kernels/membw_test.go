@@ -491,3 +491,85 @@ func TestReadBandwidth(t *testing.T) {
 		t.Errorf("64 MiB on 2 threads: %v bytes/s", bw)
 	}
 }
+
+// BenchmarkQ4DecodePairs runs a decode's products of tiled q4 matrices
+// with and without pairs of row ranges (q4RowsPairs), pass by pass over
+// 1 GiB of distinct weights, which goes first alternating: "experts",
+// 30B-A3B-shaped experts (768×2048 gate and up, paired with each other,
+// then the 2048×768 down projection, its halves paired), whole experts on
+// 2 threads in turn as a decode's routed experts run; "dense", 4096×2048
+// matrices (an attention projection) split across a pool of 2 threads,
+// each part's halves paired. "pairs/single" is the median of the rounds'
+// ratios of bytes a second.
+func BenchmarkQ4DecodePairs(b *testing.B) {
+	if !useAVX2 || q4RowsMode&q4RowsPairs == 0 {
+		b.Skip("no paired decode kernel on this CPU")
+	}
+	defer func(m uint8) { q4RowsMode = m }(q4RowsMode)
+	paired := q4RowsMode
+	single := q4RowsMode &^ q4RowsPairs
+	tile := func(ms []Mat) {
+		var tmp []byte
+		for i := range ms {
+			tmp = TileQ4(ms[i].Q, ms[i].Rows, ms[i].Cols, tmp)
+			ms[i].Tiled = true
+		}
+	}
+	rounds := func(b *testing.B, pass func() time.Duration) {
+		var ratios []float64
+		for b.Loop() {
+			var ts, tp time.Duration
+			if len(ratios)%2 == 0 {
+				q4RowsMode = single
+				ts = pass()
+				q4RowsMode = paired
+				tp = pass()
+			} else {
+				q4RowsMode = paired
+				tp = pass()
+				q4RowsMode = single
+				ts = pass()
+			}
+			ratios = append(ratios, ts.Seconds()/tp.Seconds())
+		}
+		b.ReportMetric(median(ratios), "pairs/single")
+	}
+	b.Run("experts", func(b *testing.B) {
+		ups, free1 := dramMats(b, 768, 2048, 2<<28) // gate and up
+		downs, free2 := dramMats(b, 2048, 768, 1<<28)
+		defer free1()
+		defer free2()
+		tile(ups)
+		tile(downs)
+		n := min(len(ups)/2, len(downs))
+		x := randVec(rand.New(rand.NewPCG(1, 1)), 2048)
+		var sc [2]Scratch
+		g := [2][]float32{make([]float32, 768), make([]float32, 768)}
+		u := [2][]float32{make([]float32, 768), make([]float32, 768)}
+		o := [2][]float32{make([]float32, 2048), make([]float32, 2048)}
+		rounds(b, func() time.Duration {
+			t0 := time.Now()
+			inTurns(n, func(t, i int) {
+				sc[t].MatMul2(g[t], &ups[2*i], u[t], &ups[2*i+1], x, 1)
+				sc[t].MatMul(o[t], &downs[i], x[:768], 1)
+			})
+			return time.Since(t0)
+		})
+	})
+	b.Run("dense", func(b *testing.B) {
+		ms, free := dramMats(b, 4096, 2048, 1<<30)
+		defer free()
+		tile(ms)
+		x := randVec(rand.New(rand.NewPCG(1, 1)), 2048)
+		p := NewPool(2)
+		defer p.Close()
+		out := make([]float32, 4096)
+		rounds(b, func() time.Duration {
+			t0 := time.Now()
+			for i := range ms {
+				p.MatMul(out, &ms[i], x, 1)
+			}
+			return time.Since(t0)
+		})
+	})
+}

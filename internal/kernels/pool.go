@@ -270,6 +270,60 @@ type matmulTask struct {
 	// step the rows of a part (0: one part), which tell a part its room.
 	rooms [][]float32
 	step  int
+	// pair, when set, is a second range of rows each part computes with
+	// its own (q4RowsPaired): a decode's q4 product as two streams.
+	pair taskPair
+}
+
+// taskPair is a product's second range of rows: rows [lo+off, hi+off) of
+// w into out (w's rows, as matmulTask.out), for each part's [lo,hi).
+type taskPair struct {
+	w   *Mat
+	out []float32
+	off int
+}
+
+// pairQ4 reports whether a product of nb rows with w runs as pairs of row
+// ranges, two tiles a step of the decode kernel (q4RowsPaired): for a
+// decode's tiled q4 matrices where q4RowsMode asks for it. One stream of
+// loads a core left the memory waiting; two run up to a fifth faster
+// (BenchmarkQ4DecodePairs), and the results are the same bits.
+func pairQ4(w *Mat, nb int) bool {
+	return nb == 1 && w.Kind == format.Q4 && w.Tiled && useAVX2 && q4RowsTiles &&
+		q4RowsMode&q4RowsPairs != 0 && q4PairMode(q4RowsMode|q4RowsTiled)
+}
+
+// pairHalves pairs the prepared product s.mm with w's rows [h,2h) for its
+// rows [0,h), h half of w's rows in whole tiles, where pairQ4 allows, and
+// returns the rows to split across threads: h, or all of w's.
+func (s *Scratch) pairHalves(w *Mat) int {
+	h := w.Rows / 2 / TileRows * TileRows
+	if h == 0 || !pairQ4(w, s.mm.nb) {
+		return w.Rows
+	}
+	s.mm.pair = taskPair{w: w, out: s.mm.out, off: h}
+	return h
+}
+
+// pairRest computes w's rows past the pairs of pairHalves(w) = h (a
+// tile's rows or a few more, where the rows are not whole pairs of
+// tiles) on the calling thread.
+func (s *Scratch) pairRest(w *Mat, h int) {
+	if s.mm.pair.w != nil && 2*h < w.Rows {
+		s.mm.pair = taskPair{}
+		s.mm.Run(2*h, w.Rows)
+	}
+}
+
+// pairTwo pairs the prepared product s.mm (w1) with w2 row for row, into
+// out2, where both have the same shape and pairQ4 allows (an expert's
+// gate and up projections): one pass over both.
+func (s *Scratch) pairTwo(w1, w2 *Mat, out2 []float32) bool {
+	if w2.Rows != w1.Rows || w2.Cols != w1.Cols || w2.Kind != w1.Kind || w2.Tiled != w1.Tiled || !pairQ4(w1, s.mm.nb) {
+		return false
+	}
+	s.mm.pair = taskPair{w: w2, out: out2[:s.mm.nb*w2.Rows]}
+	return true
 }
 
 // room is the room for widened scales of the part that starts at row lo.
@@ -390,7 +444,9 @@ func (p *Pool) MatMul(out []float32, w *Mat, x []float32, nb int) {
 	p.sc.prepare(out, w, x, nb)
 	// Below ~16K multiply-adds per part, waking a worker costs more than it saves.
 	grain := max(1, 16384/(w.Cols*nb))
-	p.run(w.Rows, grain)
+	h := p.sc.pairHalves(w)
+	p.run(h, grain)
+	p.sc.pairRest(w, h)
 	p.sc.mm = matmulTask{}
 }
 
@@ -503,9 +559,18 @@ func (s *Scratch) MatMul2(out1 []float32, w1 *Mat, out2 []float32, w2 *Mat, x []
 		return
 	}
 	s.prepare(out1, w1, x, nb)
-	s.run(w1.Rows)
-	s.mm.w, s.mm.out = w2, out2[:nb*w2.Rows]
-	s.run(w2.Rows)
+	if s.pairTwo(w1, w2, out2) {
+		s.run(w1.Rows)
+		s.mm = matmulTask{}
+		return
+	}
+	h := s.pairHalves(w1)
+	s.run(h)
+	s.pairRest(w1, h)
+	s.mm.w, s.mm.out, s.mm.pair = w2, out2[:nb*w2.Rows], taskPair{}
+	h = s.pairHalves(w2)
+	s.run(h)
+	s.pairRest(w2, h)
 	s.mm = matmulTask{}
 }
 
@@ -527,9 +592,18 @@ func (p *Pool) MatMul2(out1 []float32, w1 *Mat, out2 []float32, w2 *Mat, x []flo
 	}
 	p.sc.prepare(out1, w1, x, nb)
 	grain := max(1, 16384/(w1.Cols*nb))
-	p.run(w1.Rows, grain)
-	p.sc.mm.w, p.sc.mm.out = w2, out2[:nb*w2.Rows]
-	p.run(w2.Rows, grain)
+	if p.sc.pairTwo(w1, w2, out2) {
+		p.run(w1.Rows, grain)
+		p.sc.mm = matmulTask{}
+		return
+	}
+	h := p.sc.pairHalves(w1)
+	p.run(h, grain)
+	p.sc.pairRest(w1, h)
+	p.sc.mm.w, p.sc.mm.out, p.sc.mm.pair = w2, out2[:nb*w2.Rows], taskPair{}
+	h = p.sc.pairHalves(w2)
+	p.run(h, grain)
+	p.sc.pairRest(w2, h)
 	p.sc.mm = matmulTask{}
 }
 
@@ -538,7 +612,9 @@ func (p *Pool) MatMul2(out1 []float32, w1 *Mat, out2 []float32, w2 *Mat, x []flo
 // changes no element's arithmetic).
 func (s *Scratch) MatMul(out []float32, w *Mat, x []float32, nb int) {
 	s.prepare(out, w, x, nb)
-	s.run(w.Rows)
+	h := s.pairHalves(w)
+	s.run(h)
+	s.pairRest(w, h)
 	s.mm = matmulTask{}
 }
 

@@ -22,6 +22,9 @@ func (t *matmulTask) runQ4(lo, hi int) {
 	// out is checked by slicing: reading its last element would race with
 	// the thread whose part writes it.
 	_, _, _, _ = t.x8[nb*C-1], t.xs[nb*ng-1], t.xsum[nb*ng-1], t.out[:nb*w.Rows]
+	if p := t.pair.w; p != nil {
+		_, _, _, _ = p.Q[p.Rows*C/2-1], p.Scales[p.Rows*ng-1], p.Biases[p.Rows*ng-1], t.pair.out[:nb*p.Rows]
+	}
 	if nb == 1 || (ng == 1 && nb <= 3) {
 		// Decode, and the smallest batches of 64-column matrices: each
 		// weight is used once or nearly, so rearranging a tile costs more
@@ -131,13 +134,15 @@ func roomTail(room *[]float32, used, n int) []byte {
 // rowsQ4 computes rows [lo,hi) for activation row r with q4Rows, 8 rows
 // per step, and the single-row kernel for the rest: the last few, and of
 // a tiled matrix those of a tile the part shares with another (a part
-// that does not start on a tile's first row), gathered row-major.
+// that does not start on a tile's first row), gathered row-major. A
+// paired task (matmulTask.pair) computes its pair's rows too, in the same
+// pass.
 func (t *matmulTask) rowsQ4(lo, hi, r int) {
 	w := t.w
 	C := w.Cols
 	ng := C / format.GroupSize
 	a, n8 := lo, (hi-lo)&^7
-	mode := q4RowsMode
+	mode := q4RowsMode &^ q4RowsPairs
 	if !useVNNI {
 		mode &^= q4RowsVNNI | q4RowsZMM
 	}
@@ -152,10 +157,29 @@ func (t *matmulTask) rowsQ4(lo, hi, r int) {
 	}
 	out := t.out[r*w.Rows:]
 	room := t.room(lo)
+	p := &t.pair
 	if n8 > 0 {
-		q4Rows(&w.Q[a*C/2], C/2, &w.Scales[a*ng], &w.Biases[a*ng], ng, n8,
-			&t.x8[r*C], &t.xs[r*ng], &t.xsum[r*ng], &out[a], mode, room)
+		if p.w != nil {
+			b := a + p.off
+			pair := q4Pair{q: &p.w.Q[b*C/2], scales: &p.w.Scales[b*ng], biases: &p.w.Biases[b*ng], out: &p.out[r*p.w.Rows+b]}
+			q4RowsPaired(&w.Q[a*C/2], C/2, &w.Scales[a*ng], &w.Biases[a*ng], ng, n8,
+				&t.x8[r*C], &t.xs[r*ng], &t.xsum[r*ng], &out[a], mode, room, &pair)
+		} else {
+			q4Rows(&w.Q[a*C/2], C/2, &w.Scales[a*ng], &w.Biases[a*ng], ng, n8,
+				&t.x8[r*C], &t.xs[r*ng], &t.xsum[r*ng], &out[a], mode, room)
+		}
 	}
+	t.restQ4(w, out, lo, hi, a, n8, r, room)
+	if p.w != nil {
+		t.restQ4(p.w, p.out[r*p.w.Rows:], lo+p.off, hi+p.off, a+p.off, n8, r, room)
+	}
+}
+
+// restQ4 computes the rows of [lo,hi) outside the n8 rows from a that
+// q4Rows took, of w into out, with the single-row kernel.
+func (t *matmulTask) restQ4(w *Mat, out []float32, lo, hi, a, n8, r int, room *[]float32) {
+	C := w.Cols
+	ng := C / format.GroupSize
 	for o := lo; o < hi; o++ {
 		if o == a && n8 > 0 {
 			o += n8 - 1
@@ -182,7 +206,27 @@ const (
 	// sums stay in its own lanes. With q4RowsZMM a line is one 512-bit
 	// register, else two 256-bit ones.
 	q4RowsTiled = 16
+	// q4RowsPairs is not the kernel's but the products': a decode's
+	// products of tiled matrices run as pairs of row ranges
+	// (q4RowsPaired), where q4PairMode allows.
+	q4RowsPairs = 32
 )
+
+// q4PairMode reports whether q4RowsPaired reads both its ranges in one
+// pass in mode: the tiled layout on Z registers, with the prefetch.
+func q4PairMode(mode uint8) bool {
+	const need = q4RowsTiled | q4RowsZMM | q4RowsPrefetch
+	return mode&need == need
+}
+
+// q4Pair is the second range of rows of q4RowsPaired: its weights, scales,
+// biases and outputs, as q4Rows takes the first's. The assembly reads the
+// fields in this order.
+type q4Pair struct {
+	q              *byte
+	scales, biases *uint16
+	out            *float32
+}
 
 // TiledQ4 reports whether the loaders should tile the q4 matrices they own
 // (TileQ4, Mat.Tiled): on AVX2 CPUs and AMD's, not where Intel's 512-bit
@@ -252,7 +296,7 @@ var q4RowsMode = func() uint8 {
 	case useVNNI && splitZMM:
 		return q4RowsVNNI | q4RowsPrefetch
 	case useVNNI:
-		return q4RowsVNNI | q4RowsPrefetch | q4RowsZMM
+		return q4RowsVNNI | q4RowsPrefetch | q4RowsZMM | q4RowsPairs
 	}
 	return q4RowsPrefetch
 }()

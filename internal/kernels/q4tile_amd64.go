@@ -38,14 +38,34 @@ func q4TileVNNI(q *byte, qstride int, scales, biases *float32, ng, nrows, nout i
 //go:noescape
 func q4TileAVX2(q *byte, qstride int, scales, biases *float32, ng, nrows, nout int, x8 *int8, xs, xsum *float32, nb int, out *float32, ostride int)
 
+// q4RowsAsm is q4Rows, and with a pair (only where mode has q4RowsTiled,
+// q4RowsZMM and q4RowsPrefetch) also q4RowsPaired.
+//
+//go:noescape
+func q4RowsAsm(q *byte, qstride int, scales, biases *uint16, ng, n int, x8 *int8, xs, xsum *float32, out *float32, mode uint8, room *[]float32, pair *q4Pair)
+
 // q4Rows is the decode kernel: n (a multiple of 8) weight rows against one
 // activation row, without rearranging the weights, their scales and biases
 // the packed format's halves, which it widens itself (room, for arm64's
 // kernels, is unused); mode picks its variant (q4RowsVNNI,
 // q4RowsPrefetch, q4RowsZMM), all with the same results.
-//
-//go:noescape
-func q4Rows(q *byte, qstride int, scales, biases *uint16, ng, n int, x8 *int8, xs, xsum *float32, out *float32, mode uint8, room *[]float32)
+func q4Rows(q *byte, qstride int, scales, biases *uint16, ng, n int, x8 *int8, xs, xsum *float32, out *float32, mode uint8, room *[]float32) {
+	q4RowsAsm(q, qstride, scales, biases, ng, n, x8, xs, xsum, out, mode, room, nil)
+}
+
+// q4RowsPaired is q4Rows over n rows and n more of the same shape (pair),
+// a tile of each a step, against the same activations: two streams of
+// loads in flight where one leaves the memory waiting. The results are
+// q4Rows's on each, bit for bit. Both in one pass only where mode reads
+// tiles on Z registers (q4PairMode); otherwise one after the other.
+func q4RowsPaired(q *byte, qstride int, scales, biases *uint16, ng, n int, x8 *int8, xs, xsum *float32, out *float32, mode uint8, room *[]float32, pair *q4Pair) {
+	if !q4PairMode(mode) {
+		q4Rows(q, qstride, scales, biases, ng, n, x8, xs, xsum, out, mode, room)
+		q4Rows(pair.q, qstride, pair.scales, pair.biases, ng, n, x8, xs, xsum, pair.out, mode, room)
+		return
+	}
+	q4RowsAsm(q, qstride, scales, biases, ng, n, x8, xs, xsum, out, mode, room, pair)
+}
 
 // untileAVX2 writes a tile of 8 rows of rb bytes (ng groups), tiled at
 // src, row-major to dst (untile).

@@ -93,3 +93,10 @@ const q4RowsTiles = false
 
 // untileAVX2 is amd64's: untile calls it only where q4RowsTiles is set.
 func untileAVX2(dst *byte, rb int, src *byte, ng int) { panic("unreachable") }
+
+// q4RowsPaired is q4Rows over the rows of q and then of pair: one stream
+// at a time here (amd64's reads both at once).
+func q4RowsPaired(q *byte, qstride int, scales, biases *uint16, ng, n int, x8 *int8, xs, xsum *float32, out *float32, mode uint8, room *[]float32, pair *q4Pair) {
+	q4Rows(q, qstride, scales, biases, ng, n, x8, xs, xsum, out, mode, room)
+	q4Rows(pair.q, qstride, pair.scales, pair.biases, ng, n, x8, xs, xsum, pair.out, mode, room)
+}

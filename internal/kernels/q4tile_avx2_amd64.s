@@ -741,6 +741,15 @@ b1part:
 	VPDPBUSD L, Z9, I \
 	VPDPBUSD H, Z8, I
 
+// TQZB: TQZ for a pair's second tile (q4RowsAsm's pair), its group at R8.
+#define TQZB(K, L, H, I) \
+	VMOVDQU64 (K*64)(R8), Z8 \
+	VPANDD Z24, Z8, Z9 \
+	VPSRLW $4, Z8, Z8 \
+	VPANDD Z24, Z8, Z8 \
+	VPDPBUSD L, Z9, I \
+	VPDPBUSD H, Z8, I
+
 // TQV: rows 0-3 (O = 0) or 4-7 (O = 32) on a Y register (VNNI; AVX512VL).
 #define TQV(K, O, L, H, I) \
 	VMOVDQU (K*64+O)(SI), Y8 \
@@ -834,6 +843,16 @@ b1part:
 #define L_RTILES 56            // tiles left
 #define L_RZ 64                // 1: pairs of groups on Z registers
 #define L_RQG 72               // bytes from a row's group to its next
+#define L_RPAIR 80             // 1: each step takes a tile of the pair's rows too
+#define L_RPASS 81             // the chunk's scales being widened: 0 the first tile's, 1 the second's
+#define L_RPOFF 88             // the pair's rows from the first rows: weights' bytes,
+#define L_RSOFF 96             // scales' bytes,
+#define L_RBOFF 104            // biases' bytes,
+#define L_ROOFF 112            // and out's bytes
+// The second tile's widened scales and biases lie RST2 bytes past the
+// first's (L_RST's), in the frame the tiled path leaves unused (L_XSX);
+// a multiple of 64, so that both are aligned alike.
+#define RST2 576
 #define L_RST 192              // [KC] × (8 scales, 8 biases), aligned
 #define ZNG 128                // the most groups the Z path takes (8192 columns)
 #define L_XSX 768              // [ZNG] × 8 copies of xs[g]
@@ -841,7 +860,7 @@ b1part:
 // Frame size 8960 = L_XSUMX + ZNG*32; L_RST + 64 + KC*64 = 768;
 // L_KMASK (T2LOADH) lies below L_RST.
 
-// func q4Rows(q *byte, qstride int, scales, biases *uint16, ng, n int, x8 *int8, xs, xsum *float32, out *float32, mode uint8, room *[]float32)
+// func q4RowsAsm(q *byte, qstride int, scales, biases *uint16, ng, n int, x8 *int8, xs, xsum *float32, out *float32, mode uint8, room *[]float32, pair *q4Pair)
 //
 // n (a multiple of 8) consecutive weight rows from q (qstride bytes
 // apart; ng groups, their scales and biases halves) against one activation row; out[i] receives row i's
@@ -853,7 +872,11 @@ b1part:
 // bytes from its start, bytes 8k..8k+7 of its row r at k·64 + r·8 in it,
 // on Z registers with 8 (for any number of groups), qstride still the
 // bytes of a row, so that a tile is 8·qstride bytes in either layout.
-TEXT ·q4Rows(SB), 0, $8960-96
+//
+// A pair (non-nil, with mode's bits 16, 8 and 4) names n more rows, of
+// the same shape, to compute in the same pass, a tile of each a step:
+// two streams of loads in flight, where one leaves the memory waiting.
+TEXT ·q4RowsAsm(SB), 0, $8960-104
 	MOVQ ng+32(FP), AX
 	TESTQ AX, AX
 	JEQ rdone
@@ -863,6 +886,24 @@ TEXT ·q4Rows(SB), 0, $8960-96
 	MOVQ AX, L_RTILES(SP)
 	MOVB $0, L_RZ(SP)
 	MOVQ $32, L_RQG(SP)
+	MOVB $0, L_RPAIR(SP)
+	MOVQ pair+96(FP), BX
+	TESTQ BX, BX
+	JEQ rnopair
+	MOVB $1, L_RPAIR(SP)
+	MOVQ 0(BX), DX
+	SUBQ q+0(FP), DX
+	MOVQ DX, L_RPOFF(SP)
+	MOVQ 8(BX), DX
+	SUBQ scales+16(FP), DX
+	MOVQ DX, L_RSOFF(SP)
+	MOVQ 16(BX), DX
+	SUBQ biases+24(FP), DX
+	MOVQ DX, L_RBOFF(SP)
+	MOVQ 24(BX), DX
+	SUBQ out+72(FP), DX
+	MOVQ DX, L_ROOFF(SP)
+rnopair:
 	TESTB $16, mode+80(FP)
 	JEQ rflat
 	// Tiled rows: a tile's groups one after another, 256 bytes each.
@@ -907,8 +948,33 @@ rzoff:
 
 rtile:
 	VXORPS Y11, Y11, Y11
+	// The pair's tile sums into Y25, which the scales' transposes (Y0-Y15)
+	// leave alone.
+	VXORPS Y25, Y25, Y25
 	MOVQ $0, L_RG0(SP)
-	// R12: the next tile's weights, for PF4.
+	CMPB L_RPAIR(SP), $0
+	JEQ rstep
+	// The scales and biases of the pair's next tile, a line at a time
+	// (the first rows' below).
+	MOVQ ng+32(FP), AX
+	SHLQ $4, AX
+	LEAQ (R14)(AX*1), SI
+	ADDQ L_RSOFF(SP), SI
+	MOVQ L_RB(SP), DI
+	ADDQ AX, DI
+	ADDQ L_RBOFF(SP), DI
+	ADDQ $63, AX
+	SHRQ $6, AX
+rpfs2:
+	PREFETCHT0 (SI)
+	PREFETCHT0 (DI)
+	ADDQ $64, SI
+	ADDQ $64, DI
+	DECQ AX
+	JNE rpfs2
+rstep:
+	// R12: the next tile's weights, for PF4 (rtz2 prefetches the pair's,
+	// L_RPOFF bytes on).
 	MOVQ qstride+8(FP), R12
 	SHLQ $3, R12
 	ADDQ R13, R12
@@ -941,6 +1007,8 @@ rkgset:
 	VMOVDQU Y11, L_RACC(SP)
 	LEAQ (L_RST+63)(SP), DI
 	ANDQ $~63, DI
+	MOVB $0, L_RPASS(SP)
+rtpass:
 	MOVQ L_RG0(SP), AX
 	SHLQ $1, AX
 	MOVQ ng+32(FP), BX
@@ -952,7 +1020,7 @@ rkgset:
 	MOVQ L_RB(SP), SI
 	VCVTPH2PS (SI), Y0
 	VMOVUPS Y0, 32(DI)
-	JMP rgroups
+	JMP rtdone
 rtrans:
 	// Scales and biases of the chunk: 8 rows × kg halves, widened and
 	// transposed. The mask covers the ceil(kg/2) dwords that hold them.
@@ -985,7 +1053,7 @@ rtrans:
 	VMOVDQU Y9, (1*64+32)(DI)
 	VMOVDQU Y10, (2*64+32)(DI)
 	VMOVDQU Y11, (3*64+32)(DI)
-	JMP rgroups
+	JMP rtdone
 rtrans8:
 	T2LOADH
 	T2NET
@@ -1013,6 +1081,25 @@ rtrans8:
 	VMOVDQU Y14, (6*64+32)(DI)
 	VMOVDQU Y15, (7*64+32)(DI)
 
+rtdone:
+	// A pair widens its tile's scales and biases the same way, RST2
+	// bytes further on.
+	CMPB L_RPAIR(SP), $0
+	JEQ rgroups
+	MOVQ L_RSOFF(SP), AX
+	MOVQ L_RBOFF(SP), BX
+	CMPB L_RPASS(SP), $0
+	JNE rtback
+	MOVB $1, L_RPASS(SP)
+	ADDQ AX, R14
+	ADDQ BX, L_RB(SP)
+	ADDQ $RST2, DI
+	JMP rtpass
+rtback:
+	SUBQ AX, R14
+	SUBQ BX, L_RB(SP)
+	SUBQ $RST2, DI
+
 rgroups:
 	MOVQ DI, R9                 // scales and biases of the group
 	VMOVDQU L_RACC(SP), Y11
@@ -1034,6 +1121,12 @@ rgroups:
 	LEAQ (BX)(BX*2), DX
 	LEAQ (SI)(BX*4), R8
 	ADDQ BX, R8
+	CMPB L_RPAIR(SP), $0
+	JEQ rgroups1
+	// The tiled path reads no rows at DX: with a pair it holds the
+	// distance to the pair's tile.
+	MOVQ L_RPOFF(SP), DX
+rgroups1:
 	MOVQ L_RKG(SP), AX
 	CMPB L_RZ(SP), $0
 	JEQ rgroup
@@ -1168,6 +1261,8 @@ rtv:
 	TQFOLD(Y0, Y2)
 	JMP rfloat
 rtz:
+	CMPB L_RPAIR(SP), $0
+	JNE rtz2
 	// VNNI on Z registers: all 8 rows a register, row r in dwords 2r
 	// and 2r+1; four chains.
 	VPBROADCASTQ 0(DI), Z16
@@ -1226,6 +1321,7 @@ rfloat:
 	VMULPS 32(R9), Y13, Y13     // bias·xsum
 	VADDPS Y13, Y1, Y1
 	VADDPS Y1, Y11, Y11
+radv:
 	ADDQ L_RQG(SP), SI
 	ADDQ L_RQG(SP), R8
 	ADDQ $64, DI
@@ -1242,6 +1338,11 @@ rnext:
 	CMPQ AX, ng+32(FP)
 	JLT rchunk
 	VMOVUPS Y11, (CX)
+	CMPB L_RPAIR(SP), $0
+	JEQ rnext1
+	MOVQ L_ROOFF(SP), AX
+	VMOVUPS Y25, (CX)(AX*1)
+rnext1:
 	ADDQ $32, CX
 	MOVQ qstride+8(FP), AX
 	SHLQ $3, AX
@@ -1255,6 +1356,69 @@ rnext:
 rdone:
 	VZEROUPPER
 	RET
+
+rtz2:
+	// A group of two tiles: the pair's at R8, DX bytes on; the
+	// activations' broadcasts serve both. PF4 has prefetched the next
+	// tile of the first rows; this, the pair's.
+	PREFETCHT0 -256(R12)(DX*1)
+	PREFETCHT0 -192(R12)(DX*1)
+	PREFETCHT0 -128(R12)(DX*1)
+	PREFETCHT0 -64(R12)(DX*1)
+	LEAQ (SI)(DX*1), R8
+	VPBROADCASTQ 0(DI), Z16
+	VPBROADCASTQ 8(DI), Z17
+	VPBROADCASTQ 16(DI), Z18
+	VPBROADCASTQ 24(DI), Z19
+	VPBROADCASTQ 32(DI), Z20
+	VPBROADCASTQ 40(DI), Z21
+	VPBROADCASTQ 48(DI), Z22
+	VPBROADCASTQ 56(DI), Z23
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	VPXORD Z4, Z4, Z4
+	VPXORD Z5, Z5, Z5
+	VPXORD Z6, Z6, Z6
+	VPXORD Z7, Z7, Z7
+	TQZ(0, Z16, Z20, Z0)
+	TQZB(0, Z16, Z20, Z4)
+	TQZ(1, Z17, Z21, Z1)
+	TQZB(1, Z17, Z21, Z5)
+	TQZ(2, Z18, Z22, Z2)
+	TQZB(2, Z18, Z22, Z6)
+	TQZ(3, Z19, Z23, Z3)
+	TQZB(3, Z19, Z23, Z7)
+	VPADDD Z1, Z0, Z0
+	VPADDD Z3, Z2, Z2
+	VPADDD Z2, Z0, Z0
+	VPSRLQ $32, Z0, Z1
+	VPADDD Z1, Z0, Z0
+	VPMOVQD Z0, Y1
+	VPADDD Z5, Z4, Z4
+	VPADDD Z7, Z6, Z6
+	VPADDD Z6, Z4, Z4
+	VPSRLQ $32, Z4, Z5
+	VPADDD Z5, Z4, Z4
+	VPMOVQD Z4, Y5
+	// rfloat's arithmetic for each tile, the first's scales at R9, the
+	// pair's RST2 bytes on.
+	VCVTDQ2PS Y1, Y1
+	VCVTDQ2PS Y5, Y5
+	VBROADCASTSS (R11), Y14
+	VBROADCASTSS (R10), Y15
+	VMULPS (R9), Y14, Y12
+	VMULPS Y12, Y1, Y1
+	VMULPS 32(R9), Y15, Y13
+	VADDPS Y13, Y1, Y1
+	VADDPS Y1, Y11, Y11
+	VMULPS RST2(R9), Y14, Y12
+	VMULPS Y12, Y5, Y5
+	VMULPS (RST2+32)(R9), Y15, Y13
+	VADDPS Y13, Y5, Y5
+	VADDPS Y5, Y25, Y25
+	JMP radv
 
 // UTRANS transposes the 4×4 qwords of Y0-Y3 (row r's qword k in lane r
 // of Yk) into rows in Y12-Y15.

@@ -257,7 +257,8 @@ func BenchmarkQ4Paths(b *testing.B) {
 func q4RowsModes() []uint8 {
 	modes := []uint8{0, q4RowsPrefetch}
 	if useVNNI {
-		modes = append(modes, q4RowsVNNI, q4RowsVNNI|q4RowsPrefetch, q4RowsVNNI|q4RowsPrefetch|q4RowsZMM)
+		modes = append(modes, q4RowsVNNI, q4RowsVNNI|q4RowsPrefetch, q4RowsVNNI|q4RowsPrefetch|q4RowsZMM,
+			q4RowsVNNI|q4RowsPrefetch|q4RowsZMM|q4RowsPairs)
 	}
 	return modes
 }

@@ -98,7 +98,8 @@ func TestQ4RowsTiled(t *testing.T) {
 	}
 	r := rand.New(rand.NewPCG(63, 64))
 	for _, cols := range []int{64, 128, 192, 320, 768, 1088, 2048, 8256} {
-		for _, rows := range []int{8, 24} {
+		// One tile, a pair, a pair and one, two pairs and one.
+		for _, rows := range []int{8, 16, 24, 40} {
 			c := newQ4Case(r, rows, cols, 2)
 			m := tiledCopy(c.w)
 			ng := cols / format.GroupSize
@@ -120,10 +121,65 @@ func TestQ4RowsTiled(t *testing.T) {
 	}
 }
 
+// TestQ4RowsPaired: the paired decode kernel gives each of its ranges the
+// Go twin's bits, paired with a second matrix and with the second half of
+// the same one, for one tile, a few and an odd count, group counts below,
+// at and above a chunk, in the paired variant and the one that runs the
+// ranges in turn.
+func TestQ4RowsPaired(t *testing.T) {
+	if !useAVX2 || !q4RowsTiles {
+		t.Skip("no tiled decode kernel")
+	}
+	r := rand.New(rand.NewPCG(67, 68))
+	modes := []uint8{q4RowsPrefetch | q4RowsTiled}
+	if useVNNI {
+		modes = append(modes, q4RowsVNNI|q4RowsPrefetch|q4RowsZMM|q4RowsTiled)
+	}
+	nans := func(n int) []float32 {
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = float32(math.NaN())
+		}
+		return v
+	}
+	for _, cols := range []int{64, 128, 320, 1088, 2048, 8256} {
+		ng := cols / format.GroupSize
+		for _, rows := range []int{8, 24, 40} {
+			a := newQ4Case(r, 2*rows, cols, 1)
+			b := newQ4Case(r, rows, cols, 1)
+			b.x8, b.xs, b.xsum = a.x8, a.xs, a.xsum
+			ma, mb := tiledCopy(a.w), tiledCopy(b.w)
+			for _, mode := range modes {
+				outA, outB := nans(rows), nans(rows)
+				pair := q4Pair{q: &mb.Q[0], scales: &mb.Scales[0], biases: &mb.Biases[0], out: &outB[0]}
+				q4RowsPaired(&ma.Q[0], cols/2, &ma.Scales[0], &ma.Biases[0], ng, rows, &a.x8[0], &a.xs[0], &a.xsum[0], &outA[0], mode, new([]float32), &pair)
+				for o := range rows {
+					if want := a.want(0, o); math.Float32bits(outA[o]) != math.Float32bits(want) {
+						t.Fatalf("mode %d cols %d rows %d, two matrices: first's row %d = %v, Go twin %v", mode, cols, rows, o, outA[o], want)
+					}
+					if want := b.want(0, o); math.Float32bits(outB[o]) != math.Float32bits(want) {
+						t.Fatalf("mode %d cols %d rows %d, two matrices: second's row %d = %v, Go twin %v", mode, cols, rows, o, outB[o], want)
+					}
+				}
+				out := nans(2 * rows)
+				pair = q4Pair{q: &ma.Q[rows*cols/2], scales: &ma.Scales[rows*ng], biases: &ma.Biases[rows*ng], out: &out[rows]}
+				q4RowsPaired(&ma.Q[0], cols/2, &ma.Scales[0], &ma.Biases[0], ng, rows, &a.x8[0], &a.xs[0], &a.xsum[0], &out[0], mode, new([]float32), &pair)
+				for o := range 2 * rows {
+					if want := a.want(0, o); math.Float32bits(out[o]) != math.Float32bits(want) {
+						t.Fatalf("mode %d cols %d rows %d, halves: row %d = %v, Go twin %v", mode, cols, rows, o, out[o], want)
+					}
+				}
+			}
+		}
+	}
+}
+
 // TestTiledMatMul: products and rows of a tiled matrix are those of the
 // row-major one bit for bit, for decode and prefill batches, on parts
 // that start inside a tile (3 threads over 100 rows), with chunks taken
-// from a slow part, in the Go twins, and in every kernel variant.
+// from a slow part, in the Go twins, and in every kernel variant; and so
+// are MatMul2's, on a pool and on one thread (with pairs of row ranges,
+// q4RowsPairs, the two matrices paired row for row).
 func TestTiledMatMul(t *testing.T) {
 	r := rand.New(rand.NewPCG(65, 66))
 	type shape struct{ rows, cols int }
@@ -132,6 +188,7 @@ func TestTiledMatMul(t *testing.T) {
 	if useAVX2 {
 		modes = q4RowsModes()
 	}
+	var flat2, m2 Mat // a second matrix of each shape, for MatMul2
 	check := func(name string, p *Pool, flat, m *Mat, nb int) {
 		t.Helper()
 		x := randVec(r, nb*flat.Cols)
@@ -143,11 +200,26 @@ func TestTiledMatMul(t *testing.T) {
 		if i := firstDiff(got, want); i >= 0 {
 			t.Fatalf("%s, %d×%d, %d rows: element %d is %v, row-major %v", name, flat.Rows, flat.Cols, nb, i, got[i], want[i])
 		}
+		want2 := make([]float32, nb*flat.Rows)
+		sc.MatMul(want2, &flat2, x, nb)
+		var one Scratch
+		for _, mm2 := range []func(o1 []float32, w1 *Mat, o2 []float32, w2 *Mat, x []float32, nb int){p.MatMul2, one.MatMul2} {
+			got1, got2 := make([]float32, nb*flat.Rows), make([]float32, nb*flat.Rows)
+			mm2(got1, m, got2, &m2, x, nb)
+			if i := firstDiff(got1, want); i >= 0 {
+				t.Fatalf("%s, MatMul2, %d×%d, %d rows: first product's element %d is %v, row-major %v", name, flat.Rows, flat.Cols, nb, i, got1[i], want[i])
+			}
+			if i := firstDiff(got2, want2); i >= 0 {
+				t.Fatalf("%s, MatMul2, %d×%d, %d rows: second product's element %d is %v, row-major %v", name, flat.Rows, flat.Cols, nb, i, got2[i], want2[i])
+			}
+		}
 	}
 	for _, sh := range shapes {
 		w := randVec(r, sh.rows*sh.cols)
 		flat, _ := encodeMat(t, w, sh.rows, sh.cols, format.Q4)
 		m := tiledCopy(flat)
+		flat2, _ = encodeMat(t, randVec(r, sh.rows*sh.cols), sh.rows, sh.cols, format.Q4)
+		m2 = tiledCopy(flat2)
 		for _, mode := range modes {
 			old := q4RowsMode
 			q4RowsMode = mode
