@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -497,7 +498,9 @@ func TestReadBandwidth(t *testing.T) {
 // 1 GiB of distinct weights, which goes first alternating: "experts",
 // 30B-A3B-shaped experts (768×2048 gate and up, paired with each other,
 // then the 2048×768 down projection, its halves paired), whole experts on
-// 2 threads in turn as a decode's routed experts run; "dense", 4096×2048
+// 2 threads in turn, and "experts-crew" the same 8 experts a dispatch on
+// a pool whose threads share their last rows as a decode's MoE step
+// does; "dense", 4096×2048
 // matrices (an attention projection) split across a pool of 2 threads,
 // each part's halves paired. "pairs/single" is the median of the rounds'
 // ratios of bytes a second.
@@ -556,6 +559,31 @@ func BenchmarkQ4DecodePairs(b *testing.B) {
 			return time.Since(t0)
 		})
 	})
+	b.Run("experts-crew", func(b *testing.B) {
+		ups, free1 := dramMats(b, 768, 2048, 2<<28)
+		downs, free2 := dramMats(b, 2048, 768, 1<<28)
+		defer free1()
+		defer free2()
+		tile(ups)
+		tile(downs)
+		n := min(len(ups)/2, len(downs))
+		x := randVec(rand.New(rand.NewPCG(1, 1)), 2048)
+		p := NewPool(2)
+		defer p.Close()
+		task := &pairExperts{p: p, ups: ups, downs: downs, n: n, x: x}
+		for i := range task.sc {
+			task.sc[i].Join(p.Crew(), i)
+		}
+		rounds(b, func() time.Duration {
+			t0 := time.Now()
+			for j := 0; j < n; j += 8 {
+				task.lo, task.hi = j, min(j+8, n)
+				task.next.Store(0)
+				p.ParallelCrew(2, 1, task)
+			}
+			return time.Since(t0)
+		})
+	})
 	b.Run("dense", func(b *testing.B) {
 		ms, free := dramMats(b, 4096, 2048, 1<<30)
 		defer free()
@@ -572,4 +600,32 @@ func BenchmarkQ4DecodePairs(b *testing.B) {
 			return time.Since(t0)
 		})
 	})
+}
+
+// pairExperts runs experts [lo,hi) of BenchmarkQ4DecodePairs's on a
+// pool's threads as a decode's MoE step does (model's moeTask): whole
+// experts, each thread its own Scratch joined to the crew, then helping
+// the other with its last rows.
+type pairExperts struct {
+	p          *Pool
+	ups, downs []Mat
+	n          int
+	x          []float32
+	sc         [2]Scratch
+	g, u, o    [2][2048]float32
+	lo, hi     int
+	next       atomic.Int32
+}
+
+func (t *pairExperts) Run(lo, hi int) {
+	th := lo
+	defer t.p.Crew().Done(th, t.sc[th].Rooms())
+	for {
+		j := t.lo + int(t.next.Add(1)) - 1
+		if j >= t.hi {
+			return
+		}
+		t.sc[th].MatMul2(t.g[th][:768], &t.ups[2*j], t.u[th][:768], &t.ups[2*j+1], t.x, 1)
+		t.sc[th].MatMul(t.o[th][:], &t.downs[j], t.x[:768], 1)
+	}
 }
