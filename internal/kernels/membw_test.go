@@ -80,9 +80,9 @@ func BenchmarkMemBW(b *testing.B) {
 // thread (readBytes) with one (readAVX2 over the thread's whole share),
 // pass by pass on 1 and 2 threads over 1 GiB, which goes first
 // alternating: "4streams/1" is the median of the rounds' ratios of bytes
-// a second. On the 2-core Zen 5 four streams read 1.00-1.21x as fast as
+// a second. On the 2-core Zen 5 four streams read 0.99-1.21x as fast as
 // one over eleven runs: 1.19-1.21x while the memory read 29 GB/s a thread
-// (two streams of a throwaway reader 1.09-1.19x), 1.00-1.02x while it
+// (two streams of a throwaway reader 1.09-1.19x), 0.99-1.02x while it
 // read 42. Most likely the more a line waits for memory (other tenants'
 // traffic), the more a thread needs in flight, and one stream's prefetch
 // runs out first.
