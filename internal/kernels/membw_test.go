@@ -58,14 +58,21 @@ func dramMats(b *testing.B, rows, cols int, total int) (ms []Mat, free func()) {
 	return ms, free
 }
 
-// BenchmarkMemBW is the memory's read bandwidth with 1 and 2 threads
-// (ReadBandwidth over 1 GiB), the bound of BenchmarkQ4DecodeDRAM.
-func BenchmarkMemBW(b *testing.B) {
-	buf, free := benchMem(b, 1<<30)
-	defer free()
+// benchBuf is benchMem's 1 GiB, written (so that every page is there)
+// with bytes that vary.
+func benchBuf(b *testing.B) (buf []byte, free func()) {
+	buf, free = benchMem(b, 1<<30)
 	for i := range buf {
 		buf[i] = byte(i)
 	}
+	return buf, free
+}
+
+// BenchmarkMemBW is the memory's read bandwidth with 1 and 2 threads
+// (ReadBandwidth over 1 GiB), the bound of BenchmarkQ4DecodeDRAM.
+func BenchmarkMemBW(b *testing.B) {
+	buf, free := benchBuf(b)
+	defer free()
 	for _, th := range []int{1, 2} {
 		b.Run(fmt.Sprint(th), func(b *testing.B) {
 			b.SetBytes(int64(len(buf)))
@@ -90,11 +97,8 @@ func BenchmarkMemBWStreams(b *testing.B) {
 	if !useAVX2 {
 		b.Skip("no vector reader")
 	}
-	buf, free := benchMem(b, 1<<30)
+	buf, free := benchBuf(b)
 	defer free()
-	for i := range buf {
-		buf[i] = byte(i)
-	}
 	for _, th := range []int{1, 2} {
 		b.Run(fmt.Sprint(th), func(b *testing.B) {
 			share := len(buf) / th &^ 255
@@ -139,11 +143,8 @@ func BenchmarkMemBWStreams(b *testing.B) {
 // the bound BenchmarkMemBW sets; the decode kernel's shortfall from it
 // (BenchmarkQ4DecodeDRAM) is its own.
 func BenchmarkMemBWPieces(b *testing.B) {
-	buf, free := benchMem(b, 1<<30)
+	buf, free := benchBuf(b)
 	defer free()
-	for i := range buf {
-		buf[i] = byte(i)
-	}
 	for _, piece := range []int{768 << 10, 2654208} {
 		b.Run(fmt.Sprint(piece), func(b *testing.B) {
 			n := len(buf) / piece

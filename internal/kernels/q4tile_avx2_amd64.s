@@ -731,24 +731,39 @@ b1part:
 // Qword k of a tiled group's 8 rows against the activations' qword k
 // broadcast (Mat.Tiled: row r's bytes 8k..8k+7 at k·64 + r·8 from the
 // group's start, so that row r's partial sums stay in its own lanes and
-// need no fold across lanes). TQZ: all 8 rows on a Z register (VNNI); L
-// and H hold the low and high nibbles' activations, Z24 the nibble mask.
-#define TQZ(K, L, H, I) \
-	VMOVDQU64 (K*64)(SI), Z8 \
+// need no fold across lanes). TQZ: all 8 rows on a Z register (VNNI),
+// the group at P (a pair's second tile's at R8); L and H hold the low and
+// high nibbles' activations, Z24 the nibble mask.
+#define TQZ(P, K, L, H, I) \
+	VMOVDQU64 (K*64)(P), Z8 \
 	VPANDD Z24, Z8, Z9 \
 	VPSRLW $4, Z8, Z8 \
 	VPANDD Z24, Z8, Z8 \
 	VPDPBUSD L, Z9, I \
 	VPDPBUSD H, Z8, I
 
-// TQZB: TQZ for a pair's second tile (q4RowsAsm's pair), its group at R8.
-#define TQZB(K, L, H, I) \
-	VMOVDQU64 (K*64)(R8), Z8 \
-	VPANDD Z24, Z8, Z9 \
-	VPSRLW $4, Z8, Z8 \
-	VPANDD Z24, Z8, Z8 \
-	VPDPBUSD L, Z9, I \
-	VPDPBUSD H, Z8, I
+// TQZCAST broadcasts the activations' 8 qwords of a group (at DI) into
+// Z16-Z23, TQZ's L (qwords 0-3) and H (4-7) operands.
+#define TQZCAST \
+	VPBROADCASTQ 0(DI), Z16 \
+	VPBROADCASTQ 8(DI), Z17 \
+	VPBROADCASTQ 16(DI), Z18 \
+	VPBROADCASTQ 24(DI), Z19 \
+	VPBROADCASTQ 32(DI), Z20 \
+	VPBROADCASTQ 40(DI), Z21 \
+	VPBROADCASTQ 48(DI), Z22 \
+	VPBROADCASTQ 56(DI), Z23
+
+// TQZFOLD adds a tile's four chains A-D (row r in dwords 2r and 2r+1)
+// into one exact sum a row, row r in lane r of Y (T: scratch, B's
+// register may serve).
+#define TQZFOLD(A, B, C, D, T, Y) \
+	VPADDD B, A, A \
+	VPADDD D, C, C \
+	VPADDD C, A, A \
+	VPSRLQ $32, A, T \
+	VPADDD T, A, A \
+	VPMOVQD A, Y
 
 // TQV: rows 0-3 (O = 0) or 4-7 (O = 32) on a Y register (VNNI; AVX512VL).
 #define TQV(K, O, L, H, I) \
@@ -1265,28 +1280,16 @@ rtz:
 	JNE rtz2
 	// VNNI on Z registers: all 8 rows a register, row r in dwords 2r
 	// and 2r+1; four chains.
-	VPBROADCASTQ 0(DI), Z16
-	VPBROADCASTQ 8(DI), Z17
-	VPBROADCASTQ 16(DI), Z18
-	VPBROADCASTQ 24(DI), Z19
-	VPBROADCASTQ 32(DI), Z20
-	VPBROADCASTQ 40(DI), Z21
-	VPBROADCASTQ 48(DI), Z22
-	VPBROADCASTQ 56(DI), Z23
+	TQZCAST
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
 	VPXORD Z2, Z2, Z2
 	VPXORD Z3, Z3, Z3
-	TQZ(0, Z16, Z20, Z0)
-	TQZ(1, Z17, Z21, Z1)
-	TQZ(2, Z18, Z22, Z2)
-	TQZ(3, Z19, Z23, Z3)
-	VPADDD Z1, Z0, Z0
-	VPADDD Z3, Z2, Z2
-	VPADDD Z2, Z0, Z0
-	VPSRLQ $32, Z0, Z1
-	VPADDD Z1, Z0, Z0
-	VPMOVQD Z0, Y1
+	TQZ(SI, 0, Z16, Z20, Z0)
+	TQZ(SI, 1, Z17, Z21, Z1)
+	TQZ(SI, 2, Z18, Z22, Z2)
+	TQZ(SI, 3, Z19, Z23, Z3)
+	TQZFOLD(Z0, Z1, Z2, Z3, Z1, Y1)
 	JMP rfloat
 rsum:
 	// Fold to one exact sum per row (dword then qword interleaves, then
@@ -1366,14 +1369,7 @@ rtz2:
 	PREFETCHT0 -128(R12)(DX*1)
 	PREFETCHT0 -64(R12)(DX*1)
 	LEAQ (SI)(DX*1), R8
-	VPBROADCASTQ 0(DI), Z16
-	VPBROADCASTQ 8(DI), Z17
-	VPBROADCASTQ 16(DI), Z18
-	VPBROADCASTQ 24(DI), Z19
-	VPBROADCASTQ 32(DI), Z20
-	VPBROADCASTQ 40(DI), Z21
-	VPBROADCASTQ 48(DI), Z22
-	VPBROADCASTQ 56(DI), Z23
+	TQZCAST
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
 	VPXORD Z2, Z2, Z2
@@ -1382,26 +1378,16 @@ rtz2:
 	VPXORD Z5, Z5, Z5
 	VPXORD Z6, Z6, Z6
 	VPXORD Z7, Z7, Z7
-	TQZ(0, Z16, Z20, Z0)
-	TQZB(0, Z16, Z20, Z4)
-	TQZ(1, Z17, Z21, Z1)
-	TQZB(1, Z17, Z21, Z5)
-	TQZ(2, Z18, Z22, Z2)
-	TQZB(2, Z18, Z22, Z6)
-	TQZ(3, Z19, Z23, Z3)
-	TQZB(3, Z19, Z23, Z7)
-	VPADDD Z1, Z0, Z0
-	VPADDD Z3, Z2, Z2
-	VPADDD Z2, Z0, Z0
-	VPSRLQ $32, Z0, Z1
-	VPADDD Z1, Z0, Z0
-	VPMOVQD Z0, Y1
-	VPADDD Z5, Z4, Z4
-	VPADDD Z7, Z6, Z6
-	VPADDD Z6, Z4, Z4
-	VPSRLQ $32, Z4, Z5
-	VPADDD Z5, Z4, Z4
-	VPMOVQD Z4, Y5
+	TQZ(SI, 0, Z16, Z20, Z0)
+	TQZ(R8, 0, Z16, Z20, Z4)
+	TQZ(SI, 1, Z17, Z21, Z1)
+	TQZ(R8, 1, Z17, Z21, Z5)
+	TQZ(SI, 2, Z18, Z22, Z2)
+	TQZ(R8, 2, Z18, Z22, Z6)
+	TQZ(SI, 3, Z19, Z23, Z3)
+	TQZ(R8, 3, Z19, Z23, Z7)
+	TQZFOLD(Z0, Z1, Z2, Z3, Z1, Y1)
+	TQZFOLD(Z4, Z5, Z6, Z7, Z5, Y5)
 	// rfloat's arithmetic for each tile, the first's scales at R9, the
 	// pair's RST2 bytes on.
 	VCVTDQ2PS Y1, Y1

@@ -285,6 +285,17 @@ d32p2:
 	VZEROUPPER
 	RET
 
+// READSUM adds the readers' four accumulators Y0-Y3 (uint64 lanes) into AX.
+#define READSUM \
+	VPADDQ Y1, Y0, Y0 \
+	VPADDQ Y3, Y2, Y2 \
+	VPADDQ Y2, Y0, Y0 \
+	VEXTRACTI128 $1, Y0, X1 \
+	VPADDQ X1, X0, X0 \
+	VPSHUFD $0x4e, X0, X1 \
+	VPADDQ X1, X0, X0 \
+	VMOVQ X0, AX
+
 // func readAVX2(p *byte, n int) uint64
 // Sums n blocks of 256 bytes as uint64 lanes: four independent chains, so
 // that only the loads limit it.
@@ -307,14 +318,7 @@ rdloop:
 	ADDQ $256, SI
 	DECQ CX
 	JNE rdloop
-	VPADDQ Y1, Y0, Y0
-	VPADDQ Y3, Y2, Y2
-	VPADDQ Y2, Y0, Y0
-	VEXTRACTI128 $1, Y0, X1
-	VPADDQ X1, X0, X0
-	VPSHUFD $0x4e, X0, X1
-	VPADDQ X1, X0, X0
-	VMOVQ X0, AX
+	READSUM
 	MOVQ AX, ret+16(FP)
 	VZEROUPPER
 	RET
@@ -375,14 +379,7 @@ r4loop:
 	DECQ CX
 	JNE r4loop
 r4done:
-	VPADDQ Y1, Y0, Y0
-	VPADDQ Y3, Y2, Y2
-	VPADDQ Y2, Y0, Y0
-	VEXTRACTI128 $1, Y0, X1
-	VPADDQ X1, X0, X0
-	VPSHUFD $0x4e, X0, X1
-	VPADDQ X1, X0, X0
-	VMOVQ X0, AX
+	READSUM
 	MOVQ AX, ret+40(FP)
 	VZEROUPPER
 	RET
