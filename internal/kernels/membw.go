@@ -68,11 +68,11 @@ func (s *syncAdder) Add(v uint64) {
 // readBytes sums b as uint64 words (len(b) a multiple of 256), with vector
 // loads where available: a read at the speed the memory allows. It reads
 // b's four quarters together, four streams of loads at once: one core
-// reads that way about a fifth faster than one stream at a time, whose
-// hardware prefetch keeps fewer lines in flight (BenchmarkMemBW, and
-// BenchmarkQ4DecodeShare's plain reads with it), so that a single
-// stream's figure would understate the memory's bandwidth and overstate
-// a decode's share of it.
+// reads that way up to a fifth faster than one stream at a time, whose
+// hardware prefetch keeps fewer lines in flight (BenchmarkMemBWStreams),
+// so that a single stream's figure would understate the memory's
+// bandwidth and overstate a decode's share of it (BenchmarkQ4DecodeShare
+// and the other benchmarks' plain reads read this way too).
 func readBytes(b []byte) uint64 {
 	if !useAVX2 || len(b) < 256 {
 		return readGo(b)

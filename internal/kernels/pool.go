@@ -286,7 +286,7 @@ type taskPair struct {
 // pairQ4 reports whether a product of nb rows with w runs as pairs of row
 // ranges, two tiles a step of the decode kernel (q4RowsPaired): for a
 // decode's tiled q4 matrices where q4RowsMode asks for it. One stream of
-// loads a core left the memory waiting; two run up to a fifth faster
+// loads a core left the memory waiting; two ran 5-12% faster
 // (BenchmarkQ4DecodePairs), and the results are the same bits.
 func pairQ4(w *Mat, nb int) bool {
 	return nb == 1 && w.Kind == format.Q4 && w.Tiled && useAVX2 && q4RowsTiles &&
@@ -310,7 +310,9 @@ func (s *Scratch) pairHalves(w *Mat) int {
 // tiles) on the calling thread.
 func (s *Scratch) pairRest(w *Mat, h int) {
 	if s.mm.pair.w != nil && 2*h < w.Rows {
-		s.mm.pair = taskPair{}
+		// The parts are done: the first part's room is free (step 0 picks
+		// it), where the part that row 2h falls in may have none.
+		s.mm.pair, s.mm.step = taskPair{}, 0
 		s.mm.Run(2*h, w.Rows)
 	}
 }
