@@ -539,15 +539,15 @@ func BenchmarkQ4DecodePairs(b *testing.B) {
 		}
 		b.ReportMetric(median(ratios), "pairs/single")
 	}
+	ups, free1 := dramMats(b, 768, 2048, 2<<28) // gate and up
+	downs, free2 := dramMats(b, 2048, 768, 1<<28)
+	defer free1()
+	defer free2()
+	tile(ups)
+	tile(downs)
+	n := min(len(ups)/2, len(downs))
+	x := randVec(rand.New(rand.NewPCG(1, 1)), 2048)
 	b.Run("experts", func(b *testing.B) {
-		ups, free1 := dramMats(b, 768, 2048, 2<<28) // gate and up
-		downs, free2 := dramMats(b, 2048, 768, 1<<28)
-		defer free1()
-		defer free2()
-		tile(ups)
-		tile(downs)
-		n := min(len(ups)/2, len(downs))
-		x := randVec(rand.New(rand.NewPCG(1, 1)), 2048)
 		var sc [2]Scratch
 		g := [2][]float32{make([]float32, 768), make([]float32, 768)}
 		u := [2][]float32{make([]float32, 768), make([]float32, 768)}
@@ -562,14 +562,6 @@ func BenchmarkQ4DecodePairs(b *testing.B) {
 		})
 	})
 	b.Run("experts-crew", func(b *testing.B) {
-		ups, free1 := dramMats(b, 768, 2048, 2<<28)
-		downs, free2 := dramMats(b, 2048, 768, 1<<28)
-		defer free1()
-		defer free2()
-		tile(ups)
-		tile(downs)
-		n := min(len(ups)/2, len(downs))
-		x := randVec(rand.New(rand.NewPCG(1, 1)), 2048)
 		p := NewPool(2)
 		defer p.Close()
 		task := &pairExperts{p: p, ups: ups, downs: downs, n: n, x: x}
@@ -590,7 +582,6 @@ func BenchmarkQ4DecodePairs(b *testing.B) {
 		ms, free := dramMats(b, 4096, 2048, 1<<30)
 		defer free()
 		tile(ms)
-		x := randVec(rand.New(rand.NewPCG(1, 1)), 2048)
 		p := NewPool(2)
 		defer p.Close()
 		out := make([]float32, 4096)
