@@ -15,14 +15,14 @@ import (
 // emulation ticks every few milliseconds).
 func ReadBandwidth(buf []byte, threads, passes int) float64 {
 	threads = max(threads, 1)
-	n := readPar(buf, threads) // the untimed pass
+	n := readPar(buf, threads, readBytes) // the untimed pass
 	if n == 0 {
 		return 0
 	}
 	var total time.Duration
 	for range max(passes, 1) {
 		t0 := time.Now()
-		readPar(buf, threads)
+		readPar(buf, threads, readBytes)
 		total += time.Since(t0)
 	}
 	if total <= 0 {
@@ -31,10 +31,11 @@ func ReadBandwidth(buf []byte, threads, passes int) float64 {
 	return float64(n*max(passes, 1)) / total.Seconds()
 }
 
-// readPar reads buf once on threads goroutines, each its own contiguous
-// share (len(buf)/threads rounded down to 256 bytes; a tail past the last
-// share is not read), waits for them, and returns the bytes read.
-func readPar(buf []byte, threads int) int {
+// readPar reads buf once with read (readBytes, or another reader to set
+// against it) on threads goroutines, each its own contiguous share
+// (len(buf)/threads rounded down to 256 bytes; a tail past the last share
+// is not read), waits for them, and returns the bytes read.
+func readPar(buf []byte, threads int, read func([]byte) uint64) int {
 	share := len(buf) / threads &^ 255
 	if share == 0 {
 		return 0
@@ -44,7 +45,7 @@ func readPar(buf []byte, threads int) int {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			readSink.Add(readBytes(buf[i*share : (i+1)*share]))
+			readSink.Add(read(buf[i*share : (i+1)*share]))
 		}()
 	}
 	wg.Wait()

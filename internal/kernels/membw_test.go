@@ -77,7 +77,7 @@ func BenchmarkMemBW(b *testing.B) {
 		b.Run(fmt.Sprint(th), func(b *testing.B) {
 			b.SetBytes(int64(len(buf)))
 			for b.Loop() {
-				readPar(buf, th)
+				readPar(buf, th, readBytes)
 			}
 		})
 	}
@@ -101,18 +101,10 @@ func BenchmarkMemBWStreams(b *testing.B) {
 	defer free()
 	for _, th := range []int{1, 2} {
 		b.Run(fmt.Sprint(th), func(b *testing.B) {
-			share := len(buf) / th &^ 255
+			var n int
 			pass := func(read func(p []byte) uint64) time.Duration {
 				t0 := time.Now()
-				var wg sync.WaitGroup
-				for i := range th {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						readSink.Add(read(buf[i*share : (i+1)*share]))
-					}()
-				}
-				wg.Wait()
+				n = readPar(buf, th, read)
 				return time.Since(t0)
 			}
 			one := func(p []byte) uint64 { return readAVX2(&p[0], len(p)/256) }
@@ -125,7 +117,7 @@ func BenchmarkMemBWStreams(b *testing.B) {
 					t1, t4 = pass(one), pass(readBytes)
 				}
 				ratios = append(ratios, t1.Seconds()/t4.Seconds())
-				rates = append(rates, float64(th*share)/t4.Seconds()/1e9)
+				rates = append(rates, float64(n)/t4.Seconds()/1e9)
 			}
 			b.ReportMetric(median(ratios), "4streams/1")
 			b.ReportMetric(median(rates), "GB/s")

@@ -293,28 +293,25 @@ func pairQ4(w *Mat, nb int) bool {
 		q4RowsMode&q4RowsPairs != 0 && q4PairMode(q4RowsMode|q4RowsTiled)
 }
 
-// pairHalves pairs the prepared product s.mm with w's rows [h,2h) for its
-// rows [0,h), h half of w's rows in whole tiles, where pairQ4 allows, and
-// returns the rows to split across threads: h, or all of w's.
-func (s *Scratch) pairHalves(w *Mat) int {
+// runHalves runs the prepared product s.mm (w) through run (rows: the
+// rows to split across threads), paired where pairQ4 allows: rows [0,h)
+// with [h,2h), h half of w's rows in whole tiles, then the rows past 2h
+// (where w's rows are not whole pairs of tiles) on the calling thread.
+func (s *Scratch) runHalves(w *Mat, run func(rows int)) {
 	h := w.Rows / 2 / TileRows * TileRows
 	if h == 0 || !pairQ4(w, s.mm.nb) {
-		return w.Rows
+		run(w.Rows)
+		return
 	}
 	s.mm.pair = taskPair{w: w, out: s.mm.out, off: h}
-	return h
-}
-
-// pairRest computes w's rows past the pairs of pairHalves(w) = h (a
-// tile's rows or a few more, where the rows are not whole pairs of
-// tiles) on the calling thread.
-func (s *Scratch) pairRest(w *Mat, h int) {
-	if s.mm.pair.w != nil && 2*h < w.Rows {
+	run(h)
+	if 2*h < w.Rows {
 		// The parts are done: the first part's room is free (step 0 picks
 		// it), where the part that row 2h falls in may have none.
 		s.mm.pair, s.mm.step = taskPair{}, 0
 		s.mm.Run(2*h, w.Rows)
 	}
+	s.mm.pair = taskPair{}
 }
 
 // pairTwo pairs the prepared product s.mm (w1) with w2 row for row, into
@@ -446,9 +443,7 @@ func (p *Pool) MatMul(out []float32, w *Mat, x []float32, nb int) {
 	p.sc.prepare(out, w, x, nb)
 	// Below ~16K multiply-adds per part, waking a worker costs more than it saves.
 	grain := max(1, 16384/(w.Cols*nb))
-	h := p.sc.pairHalves(w)
-	p.run(h, grain)
-	p.sc.pairRest(w, h)
+	p.sc.runHalves(w, func(rows int) { p.run(rows, grain) })
 	p.sc.mm = matmulTask{}
 }
 
@@ -566,13 +561,9 @@ func (s *Scratch) MatMul2(out1 []float32, w1 *Mat, out2 []float32, w2 *Mat, x []
 		s.mm = matmulTask{}
 		return
 	}
-	h := s.pairHalves(w1)
-	s.run(h)
-	s.pairRest(w1, h)
-	s.mm.w, s.mm.out, s.mm.pair = w2, out2[:nb*w2.Rows], taskPair{}
-	h = s.pairHalves(w2)
-	s.run(h)
-	s.pairRest(w2, h)
+	s.runHalves(w1, s.run)
+	s.mm.w, s.mm.out = w2, out2[:nb*w2.Rows]
+	s.runHalves(w2, s.run)
 	s.mm = matmulTask{}
 }
 
@@ -599,13 +590,10 @@ func (p *Pool) MatMul2(out1 []float32, w1 *Mat, out2 []float32, w2 *Mat, x []flo
 		p.sc.mm = matmulTask{}
 		return
 	}
-	h := p.sc.pairHalves(w1)
-	p.run(h, grain)
-	p.sc.pairRest(w1, h)
-	p.sc.mm.w, p.sc.mm.out, p.sc.mm.pair = w2, out2[:nb*w2.Rows], taskPair{}
-	h = p.sc.pairHalves(w2)
-	p.run(h, grain)
-	p.sc.pairRest(w2, h)
+	run := func(rows int) { p.run(rows, grain) }
+	p.sc.runHalves(w1, run)
+	p.sc.mm.w, p.sc.mm.out = w2, out2[:nb*w2.Rows]
+	p.sc.runHalves(w2, run)
 	p.sc.mm = matmulTask{}
 }
 
@@ -614,9 +602,7 @@ func (p *Pool) MatMul2(out1 []float32, w1 *Mat, out2 []float32, w2 *Mat, x []flo
 // changes no element's arithmetic).
 func (s *Scratch) MatMul(out []float32, w *Mat, x []float32, nb int) {
 	s.prepare(out, w, x, nb)
-	h := s.pairHalves(w)
-	s.run(h)
-	s.pairRest(w, h)
+	s.runHalves(w, s.run)
 	s.mm = matmulTask{}
 }
 

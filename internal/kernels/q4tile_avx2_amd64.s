@@ -742,6 +742,18 @@ b1part:
 	VPDPBUSD L, Z9, I \
 	VPDPBUSD H, Z8, I
 
+// RFLOAT is a group's float part for one tile: Y (its 8 rows' exact
+// integer sums) times scale·xs, plus bias·xsum, added to ACC; the
+// scales at S and biases at B are widened (q4Rows's transposes), xs and
+// xsum broadcast in Y14 and Y15. Y12 and Y13 are scratch.
+#define RFLOAT(Y, S, B, ACC) \
+	VCVTDQ2PS Y, Y \
+	VMULPS S, Y14, Y12 \
+	VMULPS Y12, Y, Y \
+	VMULPS B, Y15, Y13 \
+	VADDPS Y13, Y, Y \
+	VADDPS Y, ACC, ACC
+
 // TQZCAST broadcasts the activations' 8 qwords of a group (at DI) into
 // Z16-Z23, TQZ's L (qwords 0-3) and H (4-7) operands.
 #define TQZCAST \
@@ -1316,14 +1328,9 @@ rsum:
 	VPERM2I128 $0x31, Y4, Y0, Y2
 	VPADDD Y2, Y1, Y1
 rfloat:
-	VCVTDQ2PS Y1, Y1
-	VBROADCASTSS (R11), Y12
-	VMULPS (R9), Y12, Y12       // scale·xs
-	VMULPS Y12, Y1, Y1
-	VBROADCASTSS (R10), Y13
-	VMULPS 32(R9), Y13, Y13     // bias·xsum
-	VADDPS Y13, Y1, Y1
-	VADDPS Y1, Y11, Y11
+	VBROADCASTSS (R11), Y14
+	VBROADCASTSS (R10), Y15
+	RFLOAT(Y1, (R9), 32(R9), Y11)
 radv:
 	ADDQ L_RQG(SP), SI
 	ADDQ L_RQG(SP), R8
@@ -1390,20 +1397,10 @@ rtz2:
 	TQZFOLD(Z4, Z5, Z6, Z7, Z5, Y5)
 	// rfloat's arithmetic for each tile, the first's scales at R9, the
 	// pair's RST2 bytes on.
-	VCVTDQ2PS Y1, Y1
-	VCVTDQ2PS Y5, Y5
 	VBROADCASTSS (R11), Y14
 	VBROADCASTSS (R10), Y15
-	VMULPS (R9), Y14, Y12
-	VMULPS Y12, Y1, Y1
-	VMULPS 32(R9), Y15, Y13
-	VADDPS Y13, Y1, Y1
-	VADDPS Y1, Y11, Y11
-	VMULPS RST2(R9), Y14, Y12
-	VMULPS Y12, Y5, Y5
-	VMULPS (RST2+32)(R9), Y15, Y13
-	VADDPS Y13, Y5, Y5
-	VADDPS Y5, Y25, Y25
+	RFLOAT(Y1, (R9), 32(R9), Y11)
+	RFLOAT(Y5, RST2(R9), (RST2+32)(R9), Y25)
 	JMP radv
 
 // UTRANS transposes the 4×4 qwords of Y0-Y3 (row r's qword k in lane r
