@@ -734,13 +734,12 @@ b1part:
 // need no fold across lanes). TQZ: all 8 rows on a Z register (VNNI),
 // the group at P (a pair's second tile's at R8); L and H hold the low and
 // high nibbles' activations, Z24 the nibble mask.
-#define TQZ(P, K, L, H, I) \
+#define TQZ(P, K, L, H, I, IH) \
 	VMOVDQU64 (K*64)(P), Z8 \
 	VPANDD Z24, Z8, Z9 \
-	VPSRLW $4, Z8, Z8 \
-	VPANDD Z24, Z8, Z8 \
+	VPANDND Z8, Z24, Z8 \
 	VPDPBUSD L, Z9, I \
-	VPDPBUSD H, Z8, I
+	VPDPBUSD H, Z8, IH
 
 // RFLOAT is a group's float part for one tile: Y (its 8 rows' exact
 // integer sums) times scale·xs, plus bias·xsum, added to ACC; the
@@ -766,15 +765,16 @@ b1part:
 	VPBROADCASTQ 48(DI), Z22 \
 	VPBROADCASTQ 56(DI), Z23
 
-// TQZFOLD adds a tile's four chains A-D (row r in dwords 2r and 2r+1)
-// into one exact sum a row, row r in lane r of Y (T: scratch, B's
-// register may serve).
-#define TQZFOLD(A, B, C, D, T, Y) \
-	VPADDD B, A, A \
-	VPADDD D, C, C \
-	VPADDD C, A, A \
-	VPSRLQ $32, A, T \
-	VPADDD T, A, A \
+// TQZFOLD adds a tile's sums of the high nibbles H (16 times theirs:
+// TQZ leaves the nibbles in place, saving a shift a line; the shift right
+// by 4 is exact, every term being a multiple of 16) to those of the low
+// nibbles A (row r in dwords 2r and 2r+1), then each row's two dwords,
+// row r into lane r of Y.
+#define TQZFOLD(A, H, Y) \
+	VPSRAD $4, H, H \
+	VPADDD H, A, A \
+	VPSRLQ $32, A, H \
+	VPADDD H, A, A \
 	VPMOVQD A, Y
 
 // TQV: rows 0-3 (O = 0) or 4-7 (O = 32) on a Y register (VNNI; AVX512VL).
@@ -1291,18 +1291,36 @@ rtz:
 	CMPB L_RPAIR(SP), $0
 	JNE rtz2
 	// VNNI on Z registers: all 8 rows a register, row r in dwords 2r
-	// and 2r+1; four chains.
+	// and 2r+1; two chains of low nibbles, two of high. This path loops
+	// over the chunk's groups itself, with one taken branch a group
+	// (rgroup's tests of the mode took several): the memory streams the
+	// tiles faster under a loop of few branches (BenchmarkQ4DecodeShare).
 	TQZCAST
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
 	VPXORD Z2, Z2, Z2
 	VPXORD Z3, Z3, Z3
-	TQZ(SI, 0, Z16, Z20, Z0)
-	TQZ(SI, 1, Z17, Z21, Z1)
-	TQZ(SI, 2, Z18, Z22, Z2)
-	TQZ(SI, 3, Z19, Z23, Z3)
-	TQZFOLD(Z0, Z1, Z2, Z3, Z1, Y1)
-	JMP rfloat
+	TQZ(SI, 0, Z16, Z20, Z0, Z1)
+	TQZ(SI, 1, Z17, Z21, Z2, Z3)
+	TQZ(SI, 2, Z18, Z22, Z0, Z1)
+	TQZ(SI, 3, Z19, Z23, Z2, Z3)
+	VPADDD Z2, Z0, Z0
+	VPADDD Z3, Z1, Z1
+	TQZFOLD(Z0, Z1, Y1)
+	VBROADCASTSS (R11), Y14
+	VBROADCASTSS (R10), Y15
+	RFLOAT(Y1, (R9), 32(R9), Y11)
+	ADDQ $256, SI
+	ADDQ $64, DI
+	ADDQ $4, R11
+	ADDQ $4, R10
+	ADDQ $64, R9
+	DECQ AX
+	JEQ rnext
+	TESTB $4, mode+80(FP)
+	JEQ rtz
+	PF4
+	JMP rtz
 rsum:
 	// Fold to one exact sum per row (dword then qword interleaves, then
 	// across 128-bit lanes): lane r of Y1 is row r's.
@@ -1370,7 +1388,8 @@ rdone:
 rtz2:
 	// A group of two tiles: the pair's at R8, DX bytes on; the
 	// activations' broadcasts serve both. PF4 has prefetched the next
-	// tile of the first rows; this, the pair's.
+	// tile of the first rows; this, the pair's. A loop over the chunk's
+	// groups, as rtz's.
 	PREFETCHT0 -256(R12)(DX*1)
 	PREFETCHT0 -192(R12)(DX*1)
 	PREFETCHT0 -128(R12)(DX*1)
@@ -1379,29 +1398,33 @@ rtz2:
 	TQZCAST
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
-	VPXORD Z2, Z2, Z2
-	VPXORD Z3, Z3, Z3
 	VPXORD Z4, Z4, Z4
 	VPXORD Z5, Z5, Z5
-	VPXORD Z6, Z6, Z6
-	VPXORD Z7, Z7, Z7
-	TQZ(SI, 0, Z16, Z20, Z0)
-	TQZ(R8, 0, Z16, Z20, Z4)
-	TQZ(SI, 1, Z17, Z21, Z1)
-	TQZ(R8, 1, Z17, Z21, Z5)
-	TQZ(SI, 2, Z18, Z22, Z2)
-	TQZ(R8, 2, Z18, Z22, Z6)
-	TQZ(SI, 3, Z19, Z23, Z3)
-	TQZ(R8, 3, Z19, Z23, Z7)
-	TQZFOLD(Z0, Z1, Z2, Z3, Z1, Y1)
-	TQZFOLD(Z4, Z5, Z6, Z7, Z5, Y5)
+	TQZ(SI, 0, Z16, Z20, Z0, Z1)
+	TQZ(R8, 0, Z16, Z20, Z4, Z5)
+	TQZ(SI, 1, Z17, Z21, Z0, Z1)
+	TQZ(R8, 1, Z17, Z21, Z4, Z5)
+	TQZ(SI, 2, Z18, Z22, Z0, Z1)
+	TQZ(R8, 2, Z18, Z22, Z4, Z5)
+	TQZ(SI, 3, Z19, Z23, Z0, Z1)
+	TQZ(R8, 3, Z19, Z23, Z4, Z5)
+	TQZFOLD(Z0, Z1, Y1)
+	TQZFOLD(Z4, Z5, Y5)
 	// rfloat's arithmetic for each tile, the first's scales at R9, the
 	// pair's RST2 bytes on.
 	VBROADCASTSS (R11), Y14
 	VBROADCASTSS (R10), Y15
 	RFLOAT(Y1, (R9), 32(R9), Y11)
 	RFLOAT(Y5, RST2(R9), (RST2+32)(R9), Y25)
-	JMP radv
+	ADDQ $256, SI
+	ADDQ $64, DI
+	ADDQ $4, R11
+	ADDQ $4, R10
+	ADDQ $64, R9
+	DECQ AX
+	JEQ rnext
+	PF4
+	JMP rtz2
 
 // UTRANS transposes the 4×4 qwords of Y0-Y3 (row r's qword k in lane r
 // of Yk) into rows in Y12-Y15.
