@@ -777,6 +777,17 @@ b1part:
 	VPADDD H, A, A \
 	VPMOVQD A, Y
 
+// TZNEXT moves the tiled Z path's pointers (rtz, rtz2) to the next group
+// of the tile and counts it off the chunk's (AX), setting Z when none is
+// left.
+#define TZNEXT \
+	ADDQ $256, SI \
+	ADDQ $64, DI \
+	ADDQ $4, R11 \
+	ADDQ $4, R10 \
+	ADDQ $64, R9 \
+	DECQ AX
+
 // TQV: rows 0-3 (O = 0) or 4-7 (O = 32) on a Y register (VNNI; AVX512VL).
 #define TQV(K, O, L, H, I) \
 	VMOVDQU (K*64+O)(SI), Y8 \
@@ -1310,12 +1321,7 @@ rtz:
 	VBROADCASTSS (R11), Y14
 	VBROADCASTSS (R10), Y15
 	RFLOAT(Y1, (R9), 32(R9), Y11)
-	ADDQ $256, SI
-	ADDQ $64, DI
-	ADDQ $4, R11
-	ADDQ $4, R10
-	ADDQ $64, R9
-	DECQ AX
+	TZNEXT
 	JEQ rnext
 	TESTB $4, mode+80(FP)
 	JEQ rtz
@@ -1416,12 +1422,7 @@ rtz2:
 	VBROADCASTSS (R10), Y15
 	RFLOAT(Y1, (R9), 32(R9), Y11)
 	RFLOAT(Y5, RST2(R9), (RST2+32)(R9), Y25)
-	ADDQ $256, SI
-	ADDQ $64, DI
-	ADDQ $4, R11
-	ADDQ $4, R10
-	ADDQ $64, R9
-	DECQ AX
+	TZNEXT
 	JEQ rnext
 	PF4
 	JMP rtz2
