@@ -497,13 +497,14 @@ func TestReadBandwidth(t *testing.T) {
 // does; "dense", 4096×2048
 // matrices (an attention projection) split across a pool of 2 threads,
 // each part's halves paired. "pairs/single" is the median of the rounds'
-// ratios of bytes a second.
+// ratios of bytes a second. The pairs run whether or not the build's
+// mode asks for them (SLUICE_Q4PAIRS).
 func BenchmarkQ4DecodePairs(b *testing.B) {
-	if !useAVX2 || q4RowsMode&q4RowsPairs == 0 {
+	if !useAVX2 || !q4PairMode(q4RowsMode|q4RowsTiled) {
 		b.Skip("no paired decode kernel on this CPU")
 	}
 	defer func(m uint8) { q4RowsMode = m }(q4RowsMode)
-	paired := q4RowsMode
+	paired := q4RowsMode | q4RowsPairs
 	single := q4RowsMode &^ q4RowsPairs
 	tile := func(ms []Mat) {
 		var tmp []byte

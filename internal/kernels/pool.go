@@ -285,9 +285,8 @@ type taskPair struct {
 
 // pairQ4 reports whether a product of nb rows with w runs as pairs of row
 // ranges, two tiles a step of the decode kernel (q4RowsPaired): for a
-// decode's tiled q4 matrices where q4RowsMode asks for it. One stream of
-// loads a core left the memory waiting; two ran 5-12% faster
-// (BenchmarkQ4DecodePairs), and the results are the same bits.
+// decode's tiled q4 matrices where q4RowsMode asks for it (not by
+// default: see q4RowsMode). The results are the same bits either way.
 func pairQ4(w *Mat, nb int) bool {
 	return nb == 1 && w.Kind == format.Q4 && w.Tiled && useAVX2 && q4RowsTiles &&
 		q4RowsMode&q4RowsPairs != 0 && q4PairMode(q4RowsMode|q4RowsTiled)

@@ -290,13 +290,23 @@ var tiledQ4 = q4RowsTiles && useAVX2 && os.Getenv("SLUICE_FLATQ4") == "" &&
 // more slowly than the 256-bit one (mode 5) in all of seven alternating
 // pairs (sluice bench --gen 64 --repeat 3: 1.02-1.45x, median 1.28x; the
 // README's Zen 4 section), so there the decode keeps to 256-bit
-// registers.
+// registers. Pairs of row ranges (q4RowsPairs) ran 5-12% faster than one
+// range while the tiled path returned through the kernel's tests of its
+// mode after every group; since that path loops over a chunk's groups
+// itself, one range streams faster than two: on a 2-core Zen 5, the
+// 48-layer qwen3-30b-a3b synth decoded at 28.2-31.6 tok/s against 25.8-28.0
+// with pairs (sluice bench --prompt 1 --gen 64 --repeat 3 --threads 2, four
+// alternating rounds), and BenchmarkQ4DecodePairs gave pairs/single
+// 0.87-1.00. SLUICE_Q4PAIRS in the environment turns them on, for
+// comparison.
 var q4RowsMode = func() uint8 {
 	switch {
 	case useVNNI && splitZMM:
 		return q4RowsVNNI | q4RowsPrefetch
-	case useVNNI:
+	case useVNNI && os.Getenv("SLUICE_Q4PAIRS") != "":
 		return q4RowsVNNI | q4RowsPrefetch | q4RowsZMM | q4RowsPairs
+	case useVNNI:
+		return q4RowsVNNI | q4RowsPrefetch | q4RowsZMM
 	}
 	return q4RowsPrefetch
 }()
