@@ -777,10 +777,9 @@ b1part:
 	VPADDD H, A, A \
 	VPMOVQD A, Y
 
-// TZNEXT moves the tiled Z path's pointers (rtz, rtz2) to the next group
-// of the tile and counts it off the chunk's (AX), setting Z when none is
-// left.
-#define TZNEXT \
+// TNEXT moves the tiled paths' pointers to the next group of the tile
+// and counts it off the chunk's (AX), setting Z when none is left.
+#define TNEXT \
 	ADDQ $256, SI \
 	ADDQ $64, DI \
 	ADDQ $4, R11 \
@@ -1257,12 +1256,31 @@ rnopf:
 rvnni:
 	RDOT8(RDOTV)
 	JMP rsum
+// TLOOP (defined here, in q4RowsAsm, whose mode it reads) ends a step
+// of a tiled path that loops over the chunk's groups
+// itself (from lbl, one taken branch a group): the float part of the
+// group's sums in Y1, then the next group, prefetching as PF4 does.
+#define TLOOP(lbl) \
+	VBROADCASTSS (R11), Y14 \
+	VBROADCASTSS (R10), Y15 \
+	RFLOAT(Y1, (R9), 32(R9), Y11) \
+	TNEXT \
+	JEQ rnext \
+	TESTB $4, mode+80(FP) \
+	JEQ lbl \
+	PF4 \
+	JMP lbl
+
 rtiled:
 	TESTB $8, mode+80(FP)
 	JNE rtz
 	TESTB $1, mode+80(FP)
 	JNE rtv
-	// AVX2: rows 0-3 into Y0, 4-7 into Y2.
+	// AVX2: rows 0-3 into Y0, 4-7 into Y2. Each tiled path loops over
+	// the chunk's groups itself (TLOOP): the memory streams the tiles
+	// faster under a loop of few branches than through rgroup's tests of
+	// the mode after every group.
+rta:
 	VPXOR Y0, Y0, Y0
 	VPXOR Y2, Y2, Y2
 	TQAK(0)
@@ -1270,7 +1288,7 @@ rtiled:
 	TQAK(2)
 	TQAK(3)
 	TQFOLD(Y0, Y2)
-	JMP rfloat
+	TLOOP(rta)
 rtv:
 	// VNNI on Y registers: rows 0-3 into Y0 and Y1, 4-7 into Y2 and Y3
 	// (two chains each).
@@ -1297,15 +1315,12 @@ rtv:
 	VPADDD Y1, Y0, Y0
 	VPADDD Y3, Y2, Y2
 	TQFOLD(Y0, Y2)
-	JMP rfloat
+	TLOOP(rtv)
 rtz:
 	CMPB L_RPAIR(SP), $0
 	JNE rtz2
 	// VNNI on Z registers: all 8 rows a register, row r in dwords 2r
-	// and 2r+1; two chains of low nibbles, two of high. This path loops
-	// over the chunk's groups itself, with one taken branch a group
-	// (rgroup's tests of the mode took several): the memory streams the
-	// tiles faster under a loop of few branches (BenchmarkQ4DecodeShare).
+	// and 2r+1; two chains of low nibbles, two of high.
 	TQZCAST
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
@@ -1318,15 +1333,7 @@ rtz:
 	VPADDD Z2, Z0, Z0
 	VPADDD Z3, Z1, Z1
 	TQZFOLD(Z0, Z1, Y1)
-	VBROADCASTSS (R11), Y14
-	VBROADCASTSS (R10), Y15
-	RFLOAT(Y1, (R9), 32(R9), Y11)
-	TZNEXT
-	JEQ rnext
-	TESTB $4, mode+80(FP)
-	JEQ rtz
-	PF4
-	JMP rtz
+	TLOOP(rtz)
 rsum:
 	// Fold to one exact sum per row (dword then qword interleaves, then
 	// across 128-bit lanes): lane r of Y1 is row r's.
@@ -1422,7 +1429,7 @@ rtz2:
 	VBROADCASTSS (R10), Y15
 	RFLOAT(Y1, (R9), 32(R9), Y11)
 	RFLOAT(Y5, RST2(R9), (RST2+32)(R9), Y25)
-	TZNEXT
+	TNEXT
 	JEQ rnext
 	PF4
 	JMP rtz2
