@@ -733,7 +733,9 @@ b1part:
 // group's start, so that row r's partial sums stay in its own lanes and
 // need no fold across lanes). TQZ: all 8 rows on a Z register (VNNI),
 // the group at P (a pair's second tile's at R8); L and H hold the low and
-// high nibbles' activations, Z24 the nibble mask.
+// high nibbles' activations, Z24 the nibble mask. The low nibbles' sums go
+// to I, the high nibbles', taken in place (16 times theirs), to IH, for
+// TQZFOLD.
 #define TQZ(P, K, L, H, I, IH) \
 	VMOVDQU64 (K*64)(P), Z8 \
 	VPANDD Z24, Z8, Z9 \
@@ -1256,10 +1258,10 @@ rnopf:
 rvnni:
 	RDOT8(RDOTV)
 	JMP rsum
-// TLOOP (defined here, in q4RowsAsm, whose mode it reads) ends a step
-// of a tiled path that loops over the chunk's groups
-// itself (from lbl, one taken branch a group): the float part of the
-// group's sums in Y1, then the next group, prefetching as PF4 does.
+// TLOOP ends a step of a tiled path that loops over the chunk's groups
+// itself, from lbl, one taken branch a group: the float part of the
+// group's sums in Y1, then the next group, prefetching as PF4 does. It
+// is defined here, inside q4RowsAsm, since it reads that function's mode.
 #define TLOOP(lbl) \
 	VBROADCASTSS (R11), Y14 \
 	VBROADCASTSS (R10), Y15 \
