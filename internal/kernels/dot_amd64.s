@@ -10,6 +10,13 @@
 	VHADDPS      X0, X0, X0 \
 	VHADDPS      X0, X0, X0
 
+// ZERO4 clears four vector registers, the chains a loop accumulates into.
+#define ZERO4(a, b, c, d) \
+	VXORPS a, a, a \
+	VXORPS b, b, b \
+	VXORPS c, c, c \
+	VXORPS d, d, d
+
 // func dotQ4AVX2(q *byte, scales, biases, x, xsum *float32, ng int) float32
 // Per group: 32 bytes hold q[j] (low nibble) and q[j+32] (high nibble).
 // VPMOVZXBD widens 8 bytes to 8 int32 lanes; the low nibbles are elements
@@ -28,10 +35,7 @@ TEXT ·dotQ4AVX2(SB), NOSPLIT, $0-52
 	TESTQ CX, CX
 	JEQ q4done
 q4loop:
-	VXORPS Y4, Y4, Y4
-	VXORPS Y5, Y5, Y5
-	VXORPS Y10, Y10, Y10
-	VXORPS Y11, Y11, Y11
+	ZERO4(Y4, Y5, Y10, Y11)
 	VPMOVZXBD 0(SI), Y1
 	VPAND Y15, Y1, Y2
 	VPSRLD $4, Y1, Y3
@@ -389,14 +393,8 @@ TEXT ·scoresAVX2(SB), NOSPLIT, $0-56
 sc4:
 	CMPQ R9, $4
 	JLT sckey
-	VXORPS Y8, Y8, Y8
-	VXORPS Y9, Y9, Y9
-	VXORPS Y10, Y10, Y10
-	VXORPS Y11, Y11, Y11
-	VXORPS Y12, Y12, Y12
-	VXORPS Y13, Y13, Y13
-	VXORPS Y14, Y14, Y14
-	VXORPS Y15, Y15, Y15
+	ZERO4(Y8, Y9, Y10, Y11)
+	ZERO4(Y12, Y13, Y14, Y15)
 	MOVQ R10, CX
 	XORQ AX, AX
 	MOVQ DI, BX
@@ -496,18 +494,9 @@ TEXT ·scores3AVX2(SB), NOSPLIT, $0-72
 s3pair:
 	CMPQ R9, $2
 	JLT s3one
-	VXORPS Y4, Y4, Y4
-	VXORPS Y5, Y5, Y5
-	VXORPS Y6, Y6, Y6
-	VXORPS Y7, Y7, Y7
-	VXORPS Y8, Y8, Y8
-	VXORPS Y9, Y9, Y9
-	VXORPS Y10, Y10, Y10
-	VXORPS Y11, Y11, Y11
-	VXORPS Y12, Y12, Y12
-	VXORPS Y13, Y13, Y13
-	VXORPS Y14, Y14, Y14
-	VXORPS Y15, Y15, Y15
+	ZERO4(Y4, Y5, Y6, Y7)
+	ZERO4(Y8, Y9, Y10, Y11)
+	ZERO4(Y12, Y13, Y14, Y15)
 	MOVQ R10, CX
 	XORQ AX, AX
 	MOVQ DI, BX
@@ -545,10 +534,7 @@ s3dim:
 s3one:
 	TESTQ R9, R9
 	JEQ s3done
-	VXORPS Y4, Y4, Y4
-	VXORPS Y5, Y5, Y5
-	VXORPS Y8, Y8, Y8
-	VXORPS Y9, Y9, Y9
+	ZERO4(Y4, Y5, Y8, Y9)
 	VXORPS Y12, Y12, Y12
 	VXORPS Y13, Y13, Y13
 	MOVQ R10, CX
