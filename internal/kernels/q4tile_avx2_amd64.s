@@ -789,6 +789,19 @@ b1part:
 	ADDQ $64, R9 \
 	DECQ AX
 
+// TLOOP ends a step of a tiled path that loops over the chunk's groups
+// itself, from lbl, one taken branch a group: the float part of the
+// group's sums in Y1, then the next group, prefetching as PF4 does (from
+// R12, which rstep sets by the mode).
+#define TLOOP(lbl) \
+	VBROADCASTSS (R11), Y14 \
+	VBROADCASTSS (R10), Y15 \
+	RFLOAT(Y1, (R9), 32(R9), Y11) \
+	TNEXT \
+	JEQ rnext \
+	PF4 \
+	JMP lbl
+
 // TQV: rows 0-3 (O = 0) or 4-7 (O = 32) on a Y register (VNNI; AVX512VL).
 #define TQV(K, O, L, H, I) \
 	VMOVDQU (K*64+O)(SI), Y8 \
@@ -1013,12 +1026,16 @@ rpfs2:
 	JNE rpfs2
 rstep:
 	// R12: the next tile's weights, for PF4 (rtz2 prefetches the pair's,
-	// L_RPOFF bytes on).
+	// L_RPOFF bytes on). Without the prefetch mode, this tile's: TLOOP
+	// prefetches whatever the mode, so that its loop tests nothing but
+	// its count (a test of the mode a group cost 1-4% of the rate from
+	// memory), and lines this tile reads anyway cost the memory nothing.
+	MOVQ R13, R12
+	TESTB $4, mode+80(FP)
+	JEQ rchunk
 	MOVQ qstride+8(FP), R12
 	SHLQ $3, R12
 	ADDQ R13, R12
-	TESTB $4, mode+80(FP)
-	JEQ rchunk
 	// The scales and biases of that tile (ng·16 bytes each, after this
 	// tile's), a line at a time.
 	MOVQ ng+32(FP), AX
@@ -1258,21 +1275,6 @@ rnopf:
 rvnni:
 	RDOT8(RDOTV)
 	JMP rsum
-// TLOOP ends a step of a tiled path that loops over the chunk's groups
-// itself, from lbl, one taken branch a group: the float part of the
-// group's sums in Y1, then the next group, prefetching as PF4 does. It
-// is defined here, inside q4RowsAsm, since it reads that function's mode.
-#define TLOOP(lbl) \
-	VBROADCASTSS (R11), Y14 \
-	VBROADCASTSS (R10), Y15 \
-	RFLOAT(Y1, (R9), 32(R9), Y11) \
-	TNEXT \
-	JEQ rnext \
-	TESTB $4, mode+80(FP) \
-	JEQ lbl \
-	PF4 \
-	JMP lbl
-
 rtiled:
 	TESTB $8, mode+80(FP)
 	JNE rtz
