@@ -19,6 +19,14 @@
 	WORD $0x6e20d400 /* FADDP V0.4S, V0.4S, V0.4S */ \
 	WORD $0x7e30d800 /* FADDP S0, V0.2S */
 
+// FMLA16 fuses the 16 floats of V16-V19 times P's lanes (a broadcast
+// weight) into the chains A-D, lane by lane.
+#define FMLA16(P, A, B, C, D) \
+	VFMLA V16.S4, P, A \
+	VFMLA V17.S4, P, B \
+	VFMLA V18.S4, P, C \
+	VFMLA V19.S4, P, D
+
 // func dotF32NEON(w, x *float32, n int) float32
 // dotF32 for n a multiple of 16: element i fused (FMLA) into lane i%16.
 TEXT ·dotF32NEON(SB), NOSPLIT, $0-28
@@ -90,10 +98,7 @@ TEXT ·axpyNEON(SB), NOSPLIT, $0-32
 axloop:
 	VLD1 (R0), [V0.S4, V1.S4, V2.S4, V3.S4]
 	VLD1.P 64(R1), [V16.S4, V17.S4, V18.S4, V19.S4]
-	VFMLA V16.S4, V7.S4, V0.S4
-	VFMLA V17.S4, V7.S4, V1.S4
-	VFMLA V18.S4, V7.S4, V2.S4
-	VFMLA V19.S4, V7.S4, V3.S4
+	FMLA16(V7.S4, V0.S4, V1.S4, V2.S4, V3.S4)
 	VST1.P [V0.S4, V1.S4, V2.S4, V3.S4], 64(R0)
 	SUBS $1, R2, R2
 	BNE axloop
@@ -122,10 +127,7 @@ machunk:
 makey:
 	VLD1R.P 4(R7), [V7.S4]
 	VLD1 (R6), [V16.S4, V17.S4, V18.S4, V19.S4]
-	VFMLA V16.S4, V7.S4, V0.S4
-	VFMLA V17.S4, V7.S4, V1.S4
-	VFMLA V18.S4, V7.S4, V2.S4
-	VFMLA V19.S4, V7.S4, V3.S4
+	FMLA16(V7.S4, V0.S4, V1.S4, V2.S4, V3.S4)
 	ADD R2, R6, R6
 	SUBS $1, R8, R8
 	BNE makey
@@ -163,14 +165,8 @@ m2key:
 	VLD1R.P 4(R7), [V7.S4]
 	VLD1R.P 4(R11), [V24.S4]
 	VLD1 (R6), [V16.S4, V17.S4, V18.S4, V19.S4]
-	VFMLA V16.S4, V7.S4, V0.S4
-	VFMLA V17.S4, V7.S4, V1.S4
-	VFMLA V18.S4, V7.S4, V2.S4
-	VFMLA V19.S4, V7.S4, V3.S4
-	VFMLA V16.S4, V24.S4, V20.S4
-	VFMLA V17.S4, V24.S4, V21.S4
-	VFMLA V18.S4, V24.S4, V22.S4
-	VFMLA V19.S4, V24.S4, V23.S4
+	FMLA16(V7.S4, V0.S4, V1.S4, V2.S4, V3.S4)
+	FMLA16(V24.S4, V20.S4, V21.S4, V22.S4, V23.S4)
 	ADD R2, R6, R6
 	SUBS $1, R8, R8
 	BNE m2key
