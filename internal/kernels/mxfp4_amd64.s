@@ -2,6 +2,13 @@
 
 #include "textflag.h"
 
+// BCASTD broadcasts the dword v to every lane of z (x: z's low 128 bits),
+// through AX.
+#define BCASTD(v, x, z) \
+	MOVL v, AX \
+	VMOVD AX, x \
+	VPBROADCASTD x, z
+
 // mxfp4Rows(q, e8 *byte, nblk, n int, x8 *int8, xs *float32, out *float32, avx512 bool)
 //
 // For each of n weight rows, the integer part runs eight blocks of 32 at a
@@ -343,9 +350,7 @@ TEXT ·mxPrepTileAVX512(SB), NOSPLIT, $0-48
 	VBROADCASTI32X4 mxpat<>+0(SB), Z11
 	VBROADCASTI32X4 mxpat<>+16(SB), Z12
 	VBROADCASTI32X4 mxlut<>+16(SB), Z14
-	MOVL $0x0f0f0f0f, AX
-	VMOVD AX, X13
-	VPBROADCASTD X13, Z13
+	BCASTD($0x0f0f0f0f, X13, Z13)
 	MOVQ $0xaaaaaaaaaaaaaaaa, AX
 	KMOVQ AX, K3
 	MOVL $1, AX
@@ -447,12 +452,8 @@ TEXT ·mxfp4Tiled(SB), NOSPLIT, $0-64
 	TESTQ R8, R8
 	JLE  xdone
 	VBROADCASTI32X4 mxlut<>+16(SB), Z15
-	MOVL $0x0f0f0f0f, AX
-	VMOVD AX, X9
-	VPBROADCASTD X9, Z9
-	MOVL $128, AX
-	VMOVD AX, X10
-	VPBROADCASTD X10, Z10
+	BCASTD($0x0f0f0f0f, X9, Z9)
+	BCASTD($128, X10, Z10)
 
 xtile:
 	MOVQ R10, AX
@@ -498,9 +499,7 @@ TEXT ·mxPrepXAVX512(SB), NOSPLIT, $0-32
 	TESTQ CX, CX
 	JLE  pxdone
 	VBROADCASTI32X4 mxperm<>+0(SB), Z1
-	MOVL $0x01010101, AX
-	VMOVD AX, X2
-	VPBROADCASTD X2, Z2
+	BCASTD($0x01010101, X2, Z2)
 	MOVL $12, AX
 	VMOVD AX, X12
 	VPBROADCASTD X12, X12
@@ -555,15 +554,9 @@ TEXT ·mxPrepTileTiled(SB), NOSPLIT, $0-32
 	TESTQ CX, CX
 	JLE  ptdone
 	VBROADCASTI32X4 mxlut<>+16(SB), Z14
-	MOVL $0x0f0f0f0f, AX
-	VMOVD AX, X13
-	VPBROADCASTD X13, Z13
-	MOVL $128, AX
-	VMOVD AX, X10
-	VPBROADCASTD X10, Z10
-	MOVL $0x3f800000, AX
-	VMOVD AX, X11
-	VPBROADCASTD X11, Z11
+	BCASTD($0x0f0f0f0f, X13, Z13)
+	BCASTD($128, X10, Z10)
+	BCASTD($0x3f800000, X11, Z11)
 
 ptblk:
 	PTLINE(0, 0)
@@ -760,15 +753,9 @@ TEXT ·mxfp4Rows16(SB), NOSPLIT, $0-64
 	MOVQ R8, R15
 	IMULQ $15, R15
 	VBROADCASTI32X4 mxlut<>+16(SB), Z15
-	MOVL $0x0f0f0f0f, AX
-	VMOVD AX, X9
-	VPBROADCASTD X9, Z9
-	MOVL $128, AX
-	VMOVD AX, X10
-	VPBROADCASTD X10, Z10
-	MOVL $0xff, AX
-	VMOVD AX, X12
-	VPBROADCASTD X12, Z12
+	BCASTD($0x0f0f0f0f, X9, Z9)
+	BCASTD($128, X10, Z10)
+	BCASTD($0xff, X12, Z12)
 	VMOVD R8, X11
 	VPBROADCASTD X11, Z13
 	VMOVDQU32 mxpat<>+32(SB), Z11
