@@ -743,6 +743,16 @@ b1part:
 	VPDPBUSD L, Z9, I \
 	VPDPBUSD H, Z8, IH
 
+// TQZ4 is a tile's group at P: its qwords 0 and 2 into the chains I0
+// (low nibbles) and H0 (high), 1 and 3 into I1 and H1 (the same two
+// registers again where two chains suffice), against TQZCAST's
+// broadcasts.
+#define TQZ4(P, I0, H0, I1, H1) \
+	TQZ(P, 0, Z16, Z20, I0, H0) \
+	TQZ(P, 1, Z17, Z21, I1, H1) \
+	TQZ(P, 2, Z18, Z22, I0, H0) \
+	TQZ(P, 3, Z19, Z23, I1, H1)
+
 // RFLOAT is a group's float part for one tile: Y (its 8 rows' exact
 // integer sums) times scale·xs, plus bias·xsum, added to ACC; the
 // scales at S and biases at B are widened (q4Rows's transposes), xs and
@@ -912,6 +922,13 @@ b1part:
 // Frame size 8960 = L_XSUMX + ZNG*32; L_RST + 64 + KC*64 = 768;
 // L_KMASK (T2LOADH) lies below L_RST.
 
+// POFF stores in the frame's slot how far the pair's pointer (the q4Pair
+// at BX, field at byte k) lies from the first rows' argument arg.
+#define POFF(k, arg, slot) \
+	MOVQ k(BX), DX \
+	SUBQ arg, DX \
+	MOVQ DX, slot(SP)
+
 // func q4RowsAsm(q *byte, qstride int, scales, biases *uint16, ng, n int, x8 *int8, xs, xsum *float32, out *float32, mode uint8, room *[]float32, pair *q4Pair)
 //
 // n (a multiple of 8) consecutive weight rows from q (qstride bytes
@@ -943,18 +960,10 @@ TEXT ·q4RowsAsm(SB), 0, $8960-104
 	TESTQ BX, BX
 	JEQ rnopair
 	MOVB $1, L_RPAIR(SP)
-	MOVQ 0(BX), DX
-	SUBQ q+0(FP), DX
-	MOVQ DX, L_RPOFF(SP)
-	MOVQ 8(BX), DX
-	SUBQ scales+16(FP), DX
-	MOVQ DX, L_RSOFF(SP)
-	MOVQ 16(BX), DX
-	SUBQ biases+24(FP), DX
-	MOVQ DX, L_RBOFF(SP)
-	MOVQ 24(BX), DX
-	SUBQ out+72(FP), DX
-	MOVQ DX, L_ROOFF(SP)
+	POFF(0, q+0(FP), L_RPOFF)
+	POFF(8, scales+16(FP), L_RSOFF)
+	POFF(16, biases+24(FP), L_RBOFF)
+	POFF(24, out+72(FP), L_ROOFF)
 rnopair:
 	TESTB $16, mode+80(FP)
 	JEQ rflat
@@ -1330,10 +1339,7 @@ rtz:
 	VPXORD Z1, Z1, Z1
 	VPXORD Z2, Z2, Z2
 	VPXORD Z3, Z3, Z3
-	TQZ(SI, 0, Z16, Z20, Z0, Z1)
-	TQZ(SI, 1, Z17, Z21, Z2, Z3)
-	TQZ(SI, 2, Z18, Z22, Z0, Z1)
-	TQZ(SI, 3, Z19, Z23, Z2, Z3)
+	TQZ4(SI, Z0, Z1, Z2, Z3)
 	VPADDD Z2, Z0, Z0
 	VPADDD Z3, Z1, Z1
 	TQZFOLD(Z0, Z1, Y1)
@@ -1417,14 +1423,8 @@ rtz2:
 	VPXORD Z1, Z1, Z1
 	VPXORD Z4, Z4, Z4
 	VPXORD Z5, Z5, Z5
-	TQZ(SI, 0, Z16, Z20, Z0, Z1)
-	TQZ(R8, 0, Z16, Z20, Z4, Z5)
-	TQZ(SI, 1, Z17, Z21, Z0, Z1)
-	TQZ(R8, 1, Z17, Z21, Z4, Z5)
-	TQZ(SI, 2, Z18, Z22, Z0, Z1)
-	TQZ(R8, 2, Z18, Z22, Z4, Z5)
-	TQZ(SI, 3, Z19, Z23, Z0, Z1)
-	TQZ(R8, 3, Z19, Z23, Z4, Z5)
+	TQZ4(SI, Z0, Z1, Z0, Z1)
+	TQZ4(R8, Z4, Z5, Z4, Z5)
 	TQZFOLD(Z0, Z1, Y1)
 	TQZFOLD(Z4, Z5, Y5)
 	// rfloat's arithmetic for each tile, the first's scales at R9, the
