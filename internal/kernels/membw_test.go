@@ -186,7 +186,7 @@ func BenchmarkQ4DecodeDRAM(b *testing.B) {
 
 // BenchmarkQ4DecodeShare is the decode kernel's rate from memory as a
 // share of plain reads of the same weights: BenchmarkQ4DecodeDRAM's tiled
-// 768×2048 matrices, the build's kernel variant, whole matrices in turn
+// 768×2048 matrices (and 2048×512 ones), the build's kernel variant, whole matrices in turn
 // on 1 and 2 threads, each round one pass of the kernel and one of plain
 // reads (readBytes over each matrix's weights, the same matrices in the
 // same turns), which goes first alternating. On a shared host the
@@ -200,49 +200,54 @@ func BenchmarkQ4DecodeShare(b *testing.B) {
 	if !useAVX2 {
 		b.Skip("no AVX2")
 	}
-	const rows, cols = 768, 2048
-	ms, free := dramMats(b, rows, cols, 1<<30)
-	defer free()
-	var tmp []byte
-	for i := range ms {
-		tmp = TileQ4(ms[i].Q, rows, cols, tmp)
-		ms[i].Tiled = true
-	}
-	x := randVec(rand.New(rand.NewPCG(1, 1)), cols)
-	kernelBytes := float64(len(ms) * (len(ms[0].Q) + 4*len(ms[0].Scales)))
-	plainBytes := float64(len(ms) * len(ms[0].Q))
-	for _, th := range []int{1, 2} {
-		b.Run(fmt.Sprint(th), func(b *testing.B) {
-			var sc [2]Scratch
-			outs := [2][]float32{make([]float32, rows), make([]float32, rows)}
-			var sums [2]uint64
-			each := func(f func(t, i int)) time.Duration {
-				t0 := time.Now()
-				onThreads(th, len(ms), f)
-				return time.Since(t0)
-			}
-			kernel := func() time.Duration {
-				return each(func(t, i int) { sc[t].MatMul(outs[t], &ms[i], x, 1) })
-			}
-			plain := func() time.Duration {
-				return each(func(t, i int) { sums[t] += readBytes(ms[i].Q) })
-			}
-			var shares, rates []float64
-			for b.Loop() {
-				var tk, tp time.Duration
-				if len(shares)%2 == 0 {
-					tk, tp = kernel(), plain()
-				} else {
-					tp, tk = plain(), kernel()
+	// 768×2048 is a dense projection's shape, 2048×512 a down projection
+	// of Qwen3.5-35B-A3B's experts: tiles of 2 KB, which the software
+	// prefetch reaches PFMIN ahead rather than one tile.
+	for _, sh := range [][2]int{{768, 2048}, {2048, 512}} {
+		rows, cols := sh[0], sh[1]
+		ms, free := dramMats(b, rows, cols, 1<<30)
+		var tmp []byte
+		for i := range ms {
+			tmp = TileQ4(ms[i].Q, rows, cols, tmp)
+			ms[i].Tiled = true
+		}
+		x := randVec(rand.New(rand.NewPCG(1, 1)), cols)
+		kernelBytes := float64(len(ms) * (len(ms[0].Q) + 4*len(ms[0].Scales)))
+		plainBytes := float64(len(ms) * len(ms[0].Q))
+		for _, th := range []int{1, 2} {
+			b.Run(fmt.Sprintf("%dx%d/%d", rows, cols, th), func(b *testing.B) {
+				var sc [2]Scratch
+				outs := [2][]float32{make([]float32, rows), make([]float32, rows)}
+				var sums [2]uint64
+				each := func(f func(t, i int)) time.Duration {
+					t0 := time.Now()
+					onThreads(th, len(ms), f)
+					return time.Since(t0)
 				}
-				rate := kernelBytes / tk.Seconds()
-				shares = append(shares, rate/(plainBytes/tp.Seconds()))
-				rates = append(rates, rate)
-			}
-			readSink.Add(sums[0] + sums[1])
-			b.ReportMetric(median(shares), "kernel/plain")
-			b.ReportMetric(median(rates)/1e9, "kernel-GB/s")
-		})
+				kernel := func() time.Duration {
+					return each(func(t, i int) { sc[t].MatMul(outs[t], &ms[i], x, 1) })
+				}
+				plain := func() time.Duration {
+					return each(func(t, i int) { sums[t] += readBytes(ms[i].Q) })
+				}
+				var shares, rates []float64
+				for b.Loop() {
+					var tk, tp time.Duration
+					if len(shares)%2 == 0 {
+						tk, tp = kernel(), plain()
+					} else {
+						tp, tk = plain(), kernel()
+					}
+					rate := kernelBytes / tk.Seconds()
+					shares = append(shares, rate/(plainBytes/tp.Seconds()))
+					rates = append(rates, rate)
+				}
+				readSink.Add(sums[0] + sums[1])
+				b.ReportMetric(median(shares), "kernel/plain")
+				b.ReportMetric(median(rates)/1e9, "kernel-GB/s")
+			})
+		}
+		free()
 	}
 }
 

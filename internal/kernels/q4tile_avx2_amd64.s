@@ -861,9 +861,10 @@ b1part:
 	DOT((R8)(BX*1), Y6) \
 	DOT((R8)(BX*2), Y7)
 
-// PF4 prefetches 4 lines from R12 on, the bytes of the next tile that
-// correspond to one group of this one: that tile lies right after this
-// one, so it is read sequentially while this tile computes, and its lines
+// PF4 prefetches 4 lines from R12 on, the bytes of a later tile (the
+// next, or PFMIN's distance on) that correspond to one group of this one:
+// that tile lies after this one, so it is read sequentially while this
+// tile computes, and its lines
 // are in flight long before the 8 interleaved row streams reach them (the
 // hardware prefetchers follow 8 streams 1 KB apart poorly).
 #define PF4 \
@@ -911,6 +912,15 @@ b1part:
 #define L_RSOFF 96             // scales' bytes,
 #define L_RBOFF 104            // biases' bytes,
 #define L_ROOFF 112            // and out's bytes
+#define L_RPFQ 120             // the software prefetch's distance: weights' bytes,
+#define L_RPFS 160             // scales' (and biases') bytes
+// PFMIN is the least distance the software prefetch reads ahead of the
+// tile being computed, rounded up to whole tiles: a tile of 512 columns
+// (2 KB) is read too soon after its prefetch for the memory's latency,
+// and down projections of 512 columns (Qwen3.5-35B-A3B's experts) ran
+// 9-15% faster from memory at 8 KB ahead (one thread; 8-12% on two),
+// where a tile of 2048 columns is already that far.
+#define PFMIN 8192
 // The second tile's widened scales and biases lie RST2 bytes past the
 // first's (L_RST's), in the frame the tiled path leaves unused (L_XSX);
 // a multiple of 64, so that both are aligned alike.
@@ -935,7 +945,7 @@ b1part:
 // apart; ng groups, their scales and biases halves) against one activation row; out[i] receives row i's
 // result, dotQ4I8's bit for bit. mode's bits (q4RowsVNNI, q4RowsPrefetch
 // and q4RowsZMM in q4tile.go): 1 VPDPBUSD for the integer part, else
-// VPMADDUBSW; 4 software prefetch of the next tile; 8 (with 1 and 4) two
+// VPMADDUBSW; 4 software prefetch of a later tile (PFMIN); 8 (with 1 and 4) two
 // groups at a time on Z registers, for at most ZNG groups (more take the
 // Y path); 16 the tiled layout (Mat.Tiled): a tile's group g at g·256
 // bytes from its start, bytes 8k..8k+7 of its row r at k·64 + r·8 in it,
@@ -1001,6 +1011,19 @@ rzexp:
 	VMOVDQU64 (AX), Z16
 	VMOVDQU64 64(AX), Z17
 rzoff:
+	// The prefetch's distance: D whole tiles, D·8·qstride >= PFMIN.
+	MOVQ qstride+8(FP), BX
+	SHLQ $3, BX
+	MOVQ $(PFMIN-1), AX
+	ADDQ BX, AX
+	XORQ DX, DX
+	DIVQ BX
+	IMULQ AX, BX
+	MOVQ BX, L_RPFQ(SP)
+	MOVQ ng+32(FP), DX
+	SHLQ $4, DX
+	IMULQ DX, AX
+	MOVQ AX, L_RPFS(SP)
 	MOVQ q+0(FP), R13           // the tile's first row
 	MOVQ scales+16(FP), R14
 	MOVQ biases+24(FP), AX
@@ -1015,15 +1038,16 @@ rtile:
 	MOVQ $0, L_RG0(SP)
 	CMPB L_RPAIR(SP), $0
 	JEQ rstep
-	// The scales and biases of the pair's next tile, a line at a time
-	// (the first rows' below).
-	MOVQ ng+32(FP), AX
-	SHLQ $4, AX
+	// The scales and biases of the pair's tile the prefetch reaches, a
+	// line at a time (the first rows' below).
+	MOVQ L_RPFS(SP), AX
 	LEAQ (R14)(AX*1), SI
 	ADDQ L_RSOFF(SP), SI
 	MOVQ L_RB(SP), DI
 	ADDQ AX, DI
 	ADDQ L_RBOFF(SP), DI
+	MOVQ ng+32(FP), AX
+	SHLQ $4, AX
 	ADDQ $63, AX
 	SHRQ $6, AX
 rpfs2:
@@ -1034,24 +1058,24 @@ rpfs2:
 	DECQ AX
 	JNE rpfs2
 rstep:
-	// R12: the next tile's weights, for PF4 (rtz2 prefetches the pair's,
-	// L_RPOFF bytes on). Without the prefetch mode, this tile's: TLOOP
+	// R12: the weights of the tile the prefetch reaches (L_RPFQ bytes
+	// on), for PF4 (rtz2 prefetches the pair's, L_RPOFF bytes on). Without the prefetch mode, this tile's: TLOOP
 	// prefetches whatever the mode, so that its loop tests nothing but
 	// its count (a test of the mode a group cost 1-4% of the rate from
 	// memory), and lines this tile reads anyway cost the memory nothing.
 	MOVQ R13, R12
 	TESTB $4, mode+80(FP)
 	JEQ rchunk
-	MOVQ qstride+8(FP), R12
-	SHLQ $3, R12
-	ADDQ R13, R12
-	// The scales and biases of that tile (ng·16 bytes each, after this
-	// tile's), a line at a time.
-	MOVQ ng+32(FP), AX
-	SHLQ $4, AX
+	MOVQ R13, R12
+	ADDQ L_RPFQ(SP), R12
+	// The scales and biases of that tile (ng·16 bytes each, D tiles'
+	// after this tile's), a line at a time.
+	MOVQ L_RPFS(SP), AX
 	LEAQ (R14)(AX*1), SI
 	MOVQ L_RB(SP), DI
 	ADDQ AX, DI
+	MOVQ ng+32(FP), AX
+	SHLQ $4, AX
 	ADDQ $63, AX
 	SHRQ $6, AX
 rpfs:
