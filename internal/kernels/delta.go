@@ -8,11 +8,27 @@ package kernels
 // is scratch of dv floats. Each element's arithmetic depends only on its own
 // head's inputs, so the result does not depend on batching or threads.
 func DeltaRule(S, k, q, v, kv, o []float32, decay, beta float32) {
+	DeltaRuleAhead(S, nil, k, q, v, kv, o, decay, beta)
+}
+
+// DeltaRuleAhead is DeltaRule that also brings next (the state the
+// caller steps after this one, of S's size, or nil) into the cache while
+// it computes, with the same results. The step reads S from memory a few
+// lines a row in column blocks, then computes from the cache; without the
+// next state on its way during that computation, a decode's delta rule
+// moved its state at about half the memory's bandwidth.
+func DeltaRuleAhead(S, next, k, q, v, kv, o []float32, decay, beta float32) {
 	dk, dv := len(k), len(v)
 	if useAVX2 && dv%8 == 0 && dk > 0 {
 		_, _, _, _ = S[dk*dv-1], q[dk-1], kv[dv-1], o[dv-1]
 		if dv%32 == 0 {
-			deltaRule32AVX2(&S[0], &k[0], &q[0], &v[0], &kv[0], &o[0], decay, beta, dk, dv)
+			// Each of the kernel's row steps prefetches one line: dv/32
+			// blocks × 2 passes × dk rows cover dk·dv floats' lines.
+			pf, step := &S[0], 0
+			if len(next) >= dk*dv {
+				pf, step = &next[0], 64
+			}
+			deltaRule32AVX2(&S[0], &k[0], &q[0], &v[0], &kv[0], &o[0], decay, beta, dk, dv, pf, step)
 			return
 		}
 		deltaRuleAVX2(&S[0], &k[0], &q[0], &v[0], &kv[0], &o[0], decay, beta, dk, dv)

@@ -37,7 +37,7 @@ func addAVX2(y, x *float32, n int)
 // results.
 //
 //go:noescape
-func deltaRule32AVX2(S, k, q, v, kv, o *float32, decay, beta float32, dk, dv int)
+func deltaRule32AVX2(S, k, q, v, kv, o *float32, decay, beta float32, dk, dv int, pf *float32, pfstep int)
 
 // readAVX2 sums n blocks of 256 bytes as uint64 lanes (ReadBandwidth).
 //

@@ -181,7 +181,9 @@ adone:
 // columns at a time: the block's kv and o stay in registers across the dk
 // rows instead of being loaded and stored for every row. Each element sees
 // the same operations in the same order, so the results are identical.
-TEXT ·deltaRule32AVX2(SB), NOSPLIT, $0-72
+TEXT ·deltaRule32AVX2(SB), NOSPLIT, $0-88
+	MOVQ pf+72(FP), R14
+	MOVQ pfstep+80(FP), AX
 	MOVQ S+0(FP), SI
 	MOVQ k+8(FP), R8
 	MOVQ q+16(FP), R9
@@ -204,6 +206,8 @@ d32block:
 	MOVQ R8, R13
 	MOVQ dk+56(FP), CX
 d32p1:
+	PREFETCHT0 (R14)
+	ADDQ AX, R14
 	VBROADCASTSS (R13), Y8
 	VMULPS 0(DI), Y14, Y9
 	VMOVUPS Y9, 0(DI)
@@ -248,6 +252,8 @@ d32p1:
 	MOVQ R9, R15
 	MOVQ dk+56(FP), CX
 d32p2:
+	PREFETCHT0 (R14)
+	ADDQ AX, R14
 	VBROADCASTSS (R13), Y8
 	VBROADCASTSS (R15), Y10
 	VMOVUPS 0(DI), Y9

@@ -38,7 +38,7 @@ func dotF32x4AVX2(w, x *float32, xstride, n int, out *float32, ostride int) {
 	dotF32x4NEON(w, x, xstride, n, out, ostride)
 }
 
-func deltaRule32AVX2(S, k, q, v, kv, o *float32, decay, beta float32, dk, dv int) {
+func deltaRule32AVX2(S, k, q, v, kv, o *float32, decay, beta float32, dk, dv int, pf *float32, pfstep int) {
 	deltaRuleAVX2(S, k, q, v, kv, o, decay, beta, dk, dv)
 }
 

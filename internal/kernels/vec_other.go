@@ -12,7 +12,7 @@ func dotF32x4AVX2(w, x *float32, xstride, n int, out *float32, ostride int) { pa
 func mulSetAVX2(s, w, x *float32, n int) { panic("unreachable") }
 func addAVX2(y, x *float32, n int)       { panic("unreachable") }
 
-func deltaRule32AVX2(S, k, q, v, kv, o *float32, decay, beta float32, dk, dv int) {
+func deltaRule32AVX2(S, k, q, v, kv, o *float32, decay, beta float32, dk, dv int, pf *float32, pfstep int) {
 	panic("unreachable")
 }
 

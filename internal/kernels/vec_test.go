@@ -4,6 +4,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+	"time"
 )
 
 // MulAdd matches the scalar s += w*x loop bit for bit at every length,
@@ -155,10 +156,16 @@ func TestDeltaRule32(t *testing.T) {
 		for _, dk := range []int{1, 16, 64} {
 			S, k, q, v := vec(dk*dv), vec(dk), vec(dk), vec(dv)
 			S2 := append([]float32(nil), S...)
+			next := vec(dk * dv)
 			kv, o, kv2, o2 := make([]float32, dv), make([]float32, dv), make([]float32, dv), make([]float32, dv)
 			for step := 0; step < 3; step++ {
 				deltaRuleAVX2(&S[0], &k[0], &q[0], &v[0], &kv[0], &o[0], 0.93, 0.6, dk, dv)
-				deltaRule32AVX2(&S2[0], &k[0], &q[0], &v[0], &kv2[0], &o2[0], 0.93, 0.6, dk, dv)
+				// With the next state's prefetch on every other step.
+				pf, pfstep := &S2[0], 0
+				if step%2 == 0 {
+					pf, pfstep = &next[0], 64
+				}
+				deltaRule32AVX2(&S2[0], &k[0], &q[0], &v[0], &kv2[0], &o2[0], 0.93, 0.6, dk, dv, pf, pfstep)
 				for _, c := range []struct {
 					name string
 					a, b []float32
@@ -193,9 +200,51 @@ func BenchmarkDeltaRule(b *testing.B) {
 	})
 	b.Run("cols32", func(b *testing.B) {
 		for b.Loop() {
-			deltaRule32AVX2(&S[0], &k[0], &q[0], &v[0], &kv[0], &o[0], 0.9, 0.5, dk, dv)
+			deltaRule32AVX2(&S[0], &k[0], &q[0], &v[0], &kv[0], &o[0], 0.9, 0.5, dk, dv, &S[0], 0)
 		}
 	})
+}
+
+// BenchmarkDeltaRuleDRAM steps Qwen3.5-35B-A3B's decode states (30 layers
+// of 32 heads of 128×128 floats, 60 MiB, beyond the last-level cache)
+// head after head, as a decode's delta rule does, with DeltaRuleAhead
+// bringing in the next head's state ("ahead") and without ("alone"), the
+// two alternating pass by pass: "ahead/alone" is the median of the
+// rounds' ratios of speed. Use -benchtime Nx for N rounds.
+func BenchmarkDeltaRuleDRAM(b *testing.B) {
+	if !useAVX2 {
+		b.Skip("no AVX2/FMA")
+	}
+	const dk, dv, heads = 128, 128, 30 * 32
+	rng := rand.New(rand.NewPCG(19, 20))
+	S := randVec(rng, heads*dk*dv)
+	k, q, v := randVec(rng, dk), randVec(rng, dk), randVec(rng, dv)
+	kv, o := make([]float32, dv), make([]float32, dv)
+	pass := func(ahead bool) time.Duration {
+		t0 := time.Now()
+		for h := range heads {
+			var next []float32
+			if ahead && h+1 < heads {
+				next = S[(h+1)*dk*dv : (h+2)*dk*dv]
+			}
+			// A decay below 1 and a small beta keep the state bounded.
+			DeltaRuleAhead(S[h*dk*dv:(h+1)*dk*dv], next, k, q, v, kv, o, 0.5, 0.01)
+		}
+		return time.Since(t0)
+	}
+	var ratios, rates []float64
+	for b.Loop() {
+		var ta, tn time.Duration
+		if len(ratios)%2 == 0 {
+			ta, tn = pass(true), pass(false)
+		} else {
+			tn, ta = pass(false), pass(true)
+		}
+		ratios = append(ratios, tn.Seconds()/ta.Seconds())
+		rates = append(rates, float64(2*4*len(S))/ta.Seconds()/1e9)
+	}
+	b.ReportMetric(median(ratios), "ahead/alone")
+	b.ReportMetric(median(rates), "ahead-GB/s(r+w)")
 }
 
 // BenchmarkAttendMix is AttendMix at a head of 128 over 512 positions

@@ -176,7 +176,11 @@ func (t *dnTask) Run(lo, hi int) {
 			if dv > len(mem) {
 				kv = make([]float32, dv) // heads wider than 256 are not in any known model
 			}
-			kernels.DeltaRule(S, k, q, v, kv, d.o[i*vd+h*dv:i*vd+(h+1)*dv], decay, beta)
+			var next []float32 // the next head's state, on its way while this one computes
+			if i == 0 && h+1 < hi {
+				next = t.rec[(h+1)*dk*dv : (h+2)*dk*dv]
+			}
+			kernels.DeltaRuleAhead(S, next, k, q, v, kv, d.o[i*vd+h*dv:i*vd+(h+1)*dv], decay, beta)
 			if _, sr := t.st.snapRow(t.li, i); sr != nil {
 				copy(sr[h*dk*dv:(h+1)*dk*dv], S)
 			}
