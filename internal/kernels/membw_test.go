@@ -108,16 +108,10 @@ func BenchmarkMemBWStreams(b *testing.B) {
 				return time.Since(t0)
 			}
 			one := func(p []byte) uint64 { return readAVX2(&p[0], len(p)/256) }
-			var ratios, rates []float64
-			for b.Loop() {
-				var t4, t1 time.Duration
-				if len(ratios)%2 == 0 {
-					t4, t1 = pass(readBytes), pass(one)
-				} else {
-					t1, t4 = pass(one), pass(readBytes)
-				}
-				ratios = append(ratios, t1.Seconds()/t4.Seconds())
-				rates = append(rates, float64(n)/t4.Seconds()/1e9)
+			ratios, t4 := alternating(b, func() time.Duration { return pass(readBytes) }, func() time.Duration { return pass(one) })
+			rates := make([]float64, len(t4))
+			for i, t := range t4 {
+				rates[i] = float64(n) / t.Seconds() / 1e9
 			}
 			b.ReportMetric(median(ratios), "4streams/1")
 			b.ReportMetric(median(rates), "GB/s")
@@ -230,17 +224,11 @@ func BenchmarkQ4DecodeShare(b *testing.B) {
 				plain := func() time.Duration {
 					return each(func(t, i int) { sums[t] += readBytes(ms[i].Q) })
 				}
-				var shares, rates []float64
-				for b.Loop() {
-					var tk, tp time.Duration
-					if len(shares)%2 == 0 {
-						tk, tp = kernel(), plain()
-					} else {
-						tp, tk = plain(), kernel()
-					}
-					rate := kernelBytes / tk.Seconds()
-					shares = append(shares, rate/(plainBytes/tp.Seconds()))
-					rates = append(rates, rate)
+				shares, tk := alternating(b, kernel, plain)
+				rates := make([]float64, len(tk))
+				for i, t := range tk {
+					shares[i] *= kernelBytes / plainBytes
+					rates[i] = kernelBytes / t.Seconds()
 				}
 				readSink.Add(sums[0] + sums[1])
 				b.ReportMetric(median(shares), "kernel/plain")
@@ -249,6 +237,24 @@ func BenchmarkQ4DecodeShare(b *testing.B) {
 		}
 		free()
 	}
+}
+
+// alternating runs b's rounds, each a pass of x and a pass of y, which
+// goes first alternating, so that the memory's swings from one minute to
+// the next fall on both, and returns each round's time of y over x's
+// (x's speed as a multiple of y's) and x's times.
+func alternating(b *testing.B, x, y func() time.Duration) (ratios []float64, tx []time.Duration) {
+	for b.Loop() {
+		var dx, dy time.Duration
+		if len(ratios)%2 == 0 {
+			dx, dy = x(), y()
+		} else {
+			dy, dx = y(), x()
+		}
+		ratios = append(ratios, dy.Seconds()/dx.Seconds())
+		tx = append(tx, dx)
+	}
+	return ratios, tx
 }
 
 // median returns the median of v (the upper one of an even count),

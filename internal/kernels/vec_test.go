@@ -232,16 +232,10 @@ func BenchmarkDeltaRuleDRAM(b *testing.B) {
 		}
 		return time.Since(t0)
 	}
-	var ratios, rates []float64
-	for b.Loop() {
-		var ta, tn time.Duration
-		if len(ratios)%2 == 0 {
-			ta, tn = pass(true), pass(false)
-		} else {
-			tn, ta = pass(false), pass(true)
-		}
-		ratios = append(ratios, tn.Seconds()/ta.Seconds())
-		rates = append(rates, float64(2*4*len(S))/ta.Seconds()/1e9)
+	ratios, ta := alternating(b, func() time.Duration { return pass(true) }, func() time.Duration { return pass(false) })
+	rates := make([]float64, len(ta))
+	for i, t := range ta {
+		rates[i] = float64(2*4*len(S)) / t.Seconds() / 1e9
 	}
 	b.ReportMetric(median(ratios), "ahead/alone")
 	b.ReportMetric(median(rates), "ahead-GB/s(r+w)")
