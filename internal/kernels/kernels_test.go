@@ -8,6 +8,7 @@ import (
 
 	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/quant"
+	"github.com/sluicelm/sluice/internal/testutil/ref"
 )
 
 // encodeMat builds a Mat of kind k from float32 weights via the packer's
@@ -175,15 +176,8 @@ func TestNormsAndActivations(t *testing.T) {
 	}
 	s := append([]float32(nil), x[:16]...)
 	Softmax(s)
-	var sum, mx float64
-	for _, v := range x[:16] {
-		mx = math.Max(mx, float64(v))
-	}
-	for _, v := range x[:16] {
-		sum += math.Exp(float64(v) - mx)
-	}
-	for i, v := range x[:16] {
-		if d := math.Abs(float64(s[i]) - math.Exp(float64(v)-mx)/sum); d > 1e-6 {
+	for i, want := range ref.Softmax(x[:16]) {
+		if d := math.Abs(float64(s[i]) - want); d > 1e-6 {
 			t.Fatalf("Softmax[%d] off by %g", i, d)
 		}
 	}

@@ -11,7 +11,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"math"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -24,6 +23,7 @@ import (
 	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/pack"
 	"github.com/sluicelm/sluice/internal/testutil/jsonfile"
+	"github.com/sluicelm/sluice/internal/testutil/ref"
 )
 
 // Models are the shared test checkpoints, one per family.
@@ -499,21 +499,5 @@ func ProcStatus(t testing.TB, key string) int64 {
 	return 0
 }
 
-// LogSoftmax is x's log-probabilities in float64, for the tests' NLL
-// figures: finer than the engine's float32 sample.LogSoftmax, so that two
-// backends' NLLs compare without its rounding.
-func LogSoftmax(x []float32) []float64 {
-	mx := math.Inf(-1)
-	for _, v := range x {
-		mx = math.Max(mx, float64(v))
-	}
-	var s float64
-	for _, v := range x {
-		s += math.Exp(float64(v) - mx)
-	}
-	out := make([]float64, len(x))
-	for i, v := range x {
-		out[i] = float64(v) - mx - math.Log(s)
-	}
-	return out
-}
+// LogSoftmax is ref.LogSoftmax, for the tests that already use testutil.
+func LogSoftmax(x []float32) []float64 { return ref.LogSoftmax(x) }
