@@ -864,9 +864,9 @@ b1part:
 // PF4 prefetches 4 lines from R12 on, the bytes of a later tile (the
 // next, or PFMIN's distance on) that correspond to one group of this one:
 // that tile lies after this one, so it is read sequentially while this
-// tile computes, and its lines
-// are in flight long before the 8 interleaved row streams reach them (the
-// hardware prefetchers follow 8 streams 1 KB apart poorly).
+// tile computes, and its lines are in flight long before the 8
+// interleaved row streams reach them (the hardware prefetchers follow 8
+// streams 1 KB apart poorly).
 #define PF4 \
 	PREFETCHT0 (R12) \
 	PREFETCHT0 64(R12) \
@@ -1059,14 +1059,14 @@ rpfs2:
 	JNE rpfs2
 rstep:
 	// R12: the weights of the tile the prefetch reaches (L_RPFQ bytes
-	// on), for PF4 (rtz2 prefetches the pair's, L_RPOFF bytes on). Without the prefetch mode, this tile's: TLOOP
-	// prefetches whatever the mode, so that its loop tests nothing but
-	// its count (a test of the mode a group cost 1-4% of the rate from
-	// memory), and lines this tile reads anyway cost the memory nothing.
+	// on), for PF4 (rtz2 prefetches the pair's, L_RPOFF bytes on).
+	// Without the prefetch mode, this tile's: TLOOP prefetches whatever
+	// the mode, so that its loop tests nothing but its count (a test of
+	// the mode a group cost 1-4% of the rate from memory), and lines this
+	// tile reads anyway cost the memory nothing.
 	MOVQ R13, R12
 	TESTB $4, mode+80(FP)
 	JEQ rchunk
-	MOVQ R13, R12
 	ADDQ L_RPFQ(SP), R12
 	// The scales and biases of that tile (ng·16 bytes each, D tiles'
 	// after this tile's), a line at a time.
