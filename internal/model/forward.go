@@ -2,6 +2,7 @@ package model
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/sluicelm/sluice/internal/block"
 	"github.com/sluicelm/sluice/internal/kernels"
@@ -25,6 +26,10 @@ type Runner struct {
 	// (a benchmark replaying recorded routes on a synthetic model); the
 	// weights stay the router's probabilities of the chosen experts.
 	Routes RouteFunc
+	// Ops, when set, receives the wall time of each of the trunk's
+	// operations and of the logits (sluice bench --ops): where a step's
+	// time goes. The MTP head's are not counted.
+	Ops *block.OpTimes
 
 	x, h, y   []float32 // [rows][hidden] residual, normed input, block output
 	final     []float32 // [rows][hidden] final-normed hidden (for MTP and tracing)
@@ -152,12 +157,23 @@ func (r *Runner) step(st *State, tokens []int, logits []float32, allRows bool) e
 	defer func() { r.st = nil }()
 	r.trace("embed", -1, nb, H, r.x)
 	r.ropeTables(nb)
-	if err := a.Forward(r); err != nil {
+	var b block.Backend = r
+	if r.Ops != nil {
+		b = block.Timed(r, r.Ops)
+	}
+	if err := a.Forward(b); err != nil {
 		return err
 	}
+	t0 := time.Now()
 	r.norm(r.final, r.x, r.y, &a.Norm, nb)
+	if r.Ops != nil {
+		r.Ops.Add(block.OpNorm, t0)
+	}
 	r.trace("layer_out", len(a.Layers)-1, nb, H, r.x)
 	r.trace("final_norm", -1, nb, H, r.final)
+	if r.Ops != nil && logits != nil {
+		defer r.Ops.Add(block.OpLMHead, time.Now())
+	}
 	switch {
 	case logits == nil:
 	case allRows:
