@@ -34,6 +34,7 @@ func cmdBench(ctx context.Context, args []string) error {
 	phases := fs.Bool("gpu-phases", false, "on the GPU, time the phases of the last trial's decode steps with CUDA events and print where the time goes (stderr)")
 	disk := fs.Bool("disk", false, "also measure the uncached (O_DIRECT, F_NOCACHE, FILE_FLAG_NO_BUFFERING) random-read bandwidth of the expert store at the record size and queue depth in use")
 	drafts := fs.Int("drafts", 0, "MTP drafts per decode step (speculative decoding; 0 = off): the decode's tok/s then counts every token a step decides")
+	opsFlag := fs.Bool("ops", false, "time each of the CPU backend's operations during the decode (norms, projections, attention, delta rule, router, experts, logits) and print where a token's time goes")
 	membw := fs.Bool("membw", false, "also measure the memory's read bandwidth and print the decode speed it allows: the weights a token reads ÷ bandwidth")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -108,6 +109,9 @@ func cmdBench(ctx context.Context, args []string) error {
 	if g, ok := e.Fwd.(interface{ SetGraphs(bool) }); ok {
 		g.SetGraphs(*graphs)
 	}
+	if *opsFlag && e.Fwd != engine.Forwarder(e.Runner) {
+		return fmt.Errorf("--ops times the CPU's operations (device %s); on the GPU, --gpu-phases", e.Device)
+	}
 	if *phases {
 		p, ok := e.Fwd.(engine.Profiler)
 		if !ok {
@@ -155,7 +159,7 @@ func cmdBench(ctx context.Context, args []string) error {
 			bws = append(bws, mem.measure())
 		}
 		depthUsed = len(ctxToks)
-		bt, err := runTrial(ctx, e, st, prompt, ctxToks, *genN, *drafts)
+		bt, err := runTrial(ctx, e, st, prompt, ctxToks, *genN, *drafts, *opsFlag)
 		if err != nil {
 			return err
 		}
@@ -269,6 +273,11 @@ func cmdBench(ctx context.Context, args []string) error {
 		res["decode_cpu_sys_ms_per_token"] = median(cpuSys)
 		res["decode_cores_busy"] = median(busy)
 	}
+	var ops *opsSummary
+	if *opsFlag {
+		ops = summariseOps(trials)
+		res["decode_ops"] = ops
+	}
 	if *asJSON {
 		return json.NewEncoder(os.Stdout).Encode(res)
 	}
@@ -292,6 +301,9 @@ func cmdBench(ctx context.Context, args []string) error {
 			fmt.Printf("; the dispatching thread ran %.0f%% of the workers' parts itself", 100*median(self))
 		}
 		fmt.Println()
+	}
+	if ops != nil {
+		ops.print(os.Stdout)
 	}
 	if lim != nil {
 		fmt.Printf("memory read bandwidth %.1f GB/s (%d threads, median around the trials; 1 thread %.1f); a token reads %.1f MB of weights (%.1f MB per layer) and moves %.1f MB of state: decode limit %.1f tok/s (%.1f over the weights alone); each trial reached %s of the limit its own bandwidth set (median %.0f%%, %.0f%% over the weights alone)\n",

@@ -6,6 +6,7 @@ import (
 	"io"
 	"time"
 
+	"github.com/sluicelm/sluice/internal/block"
 	"github.com/sluicelm/sluice/internal/engine"
 	"github.com/sluicelm/sluice/internal/experts"
 	"github.com/sluicelm/sluice/internal/model"
@@ -32,13 +33,18 @@ type benchTrial struct {
 	cpuOK                 bool
 	// trace is the records the decode's steps asked for.
 	trace experts.Trace
+	// ops is the decode's time by operation (--ops; nil without it).
+	ops *block.OpTimes
 }
 
 // runTrial times a prefill of prompt from an empty context, then a decode
 // of gen tokens greedily after a context of ctxToks (when ctxToks is prompt
 // itself, the decode continues the timed prefill). The pool's counters are
 // snapshotted around the decode so that per-layer figures are decode-only.
-func runTrial(ctx context.Context, e *engine.Engine, st *model.State, prompt, ctxToks []int, gen, drafts int) (benchTrial, error) {
+//
+// With ops set, the decode's steps are timed by operation into bt.ops
+// (the CPU's runner only).
+func runTrial(ctx context.Context, e *engine.Engine, st *model.State, prompt, ctxToks []int, gen, drafts int, ops bool) (benchTrial, error) {
 	var bt benchTrial
 	same := len(ctxToks) == len(prompt) && &ctxToks[0] == &prompt[0]
 	opts := engine.GenOptions{MaxTokens: gen, IgnoreEOS: true, Sample: sample.Params{}, Drafts: drafts}
@@ -72,11 +78,17 @@ func runTrial(ctx context.Context, e *engine.Engine, st *model.State, prompt, ct
 	if p, ok := e.Fwd.(engine.Profiler); ok {
 		p.ResetProfile() // the phase profile covers the decode only
 	}
+	if ops {
+		bt.ops = new(block.OpTimes)
+		e.Runner.Ops = bt.ops
+		defer func() { e.Runner.Ops = nil }()
+	}
 	for !q.Done() {
 		if _, _, err := q.Step(ctx); err != nil {
 			return bt, err
 		}
 	}
+	e.Runner.Ops = nil
 	bt.wall = time.Since(t0)
 	if u1, s1, ok1 := platform.CPUTime(); ok0 && ok1 {
 		bt.cpuUser, bt.cpuSys, bt.cpuOK = u1-u0, s1-s0, true

@@ -379,6 +379,55 @@ func TestBench(t *testing.T) {
 	}
 }
 
+// bench --ops times the decode by operation: on the bundled Qwen3.5-MoE
+// model every operation of its blocks, and none it lacks, with the
+// shares of the decode's wall time under 1 together.
+func TestBenchOps(t *testing.T) {
+	out, _ := ok(t, "bench", "--prompt", "4", "--gen", "8", "--repeat", "1", "--threads", "2", "--ops", "--json")
+	var b struct {
+		Ops *struct {
+			Ops []struct {
+				Op    string  `json:"op"`
+				MS    float64 `json:"ms_per_token"`
+				Calls float64 `json:"calls_per_token"`
+				Share float64 `json:"share"`
+			} `json:"ops"`
+			MS    float64 `json:"decode_ms_per_token"`
+			Share float64 `json:"ops_share"`
+		} `json:"decode_ops"`
+	}
+	decode(t, out, &b)
+	if b.Ops == nil || !(b.Ops.MS > 0) || !(b.Ops.Share > 0) || b.Ops.Share > 1 {
+		t.Fatalf("bench --ops: %s", out)
+	}
+	seen := map[string]bool{}
+	var sum float64
+	for i, o := range b.Ops.Ops {
+		seen[o.Op] = true
+		sum += o.Share
+		if !(o.MS > 0) || !(o.Calls > 0) || i > 0 && o.MS > b.Ops.Ops[i-1].MS {
+			t.Errorf("op %s: %+v (not timed, or out of order)", o.Op, o)
+		}
+	}
+	for _, op := range []string{"norm", "attn_project", "attend", "dn_project", "conv", "delta_rule", "dn_out", "router", "experts", "lm_head"} {
+		if !seen[op] {
+			t.Errorf("bench --ops: no %s: %s", op, out)
+		}
+	}
+	for _, op := range []string{"mla_project", "dense"} {
+		if seen[op] {
+			t.Errorf("bench --ops: %s on a model without it: %s", op, out)
+		}
+	}
+	if math.Abs(sum-b.Ops.Share) > 1e-6 {
+		t.Errorf("bench --ops: shares sum to %v, ops_share %v", sum, b.Ops.Share)
+	}
+	text, _ := ok(t, "bench", "--prompt", "4", "--gen", "8", "--repeat", "1", "--threads", "2", "--ops")
+	if !strings.Contains(text, "decode by operation") || !strings.Contains(text, "experts") {
+		t.Errorf("bench --ops prints no table: %s", text)
+	}
+}
+
 // --host-cache-mb is --pool-mb under the GPU's name for the host's tier:
 // the same pool, named as given in the plan.
 func TestHostCacheFlag(t *testing.T) {

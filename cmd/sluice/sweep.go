@@ -452,7 +452,7 @@ func sweepPool(ctx context.Context, open func(poolSpec, bool) (*engine.Engine, e
 		if tty {
 			fmt.Fprintf(os.Stderr, "\rpool %s: trial %d/%d ", p.label(), t, repeat)
 		}
-		bt, err := runTrial(ctx, e, st, prompt, ctxToks, genN, 0)
+		bt, err := runTrial(ctx, e, st, prompt, ctxToks, genN, 0, false)
 		if tty {
 			fmt.Fprint(os.Stderr, "\r\033[K")
 		}
