@@ -88,7 +88,6 @@ func runTrial(ctx context.Context, e *engine.Engine, st *model.State, prompt, ct
 			return bt, err
 		}
 	}
-	e.Runner.Ops = nil
 	bt.wall = time.Since(t0)
 	if u1, s1, ok1 := platform.CPUTime(); ok0 && ok1 {
 		bt.cpuUser, bt.cpuSys, bt.cpuOK = u1-u0, s1-s0, true

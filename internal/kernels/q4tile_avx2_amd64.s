@@ -928,7 +928,7 @@ b1part:
 // experts' pages for the first time in tokens, and a page first reached
 // costs it: on the 2-core Zen 5 VM a MoE step took 1.2-1.6x as long on
 // the experts the router chose as on experts used a few layers before,
-// and reading a byte of every 4 KB of them first made the step 12%
+// and reading a byte of every 4 KB of them first made the step 6-12%
 // faster (every 64 KB: no faster). In one process, decode steps with it
 // and without it in turn, the qwen3.5-35b-a3b synth's steps ran
 // 1.034-1.060x as fast with it (four runs), qwen3-30b-a3b's 1.061x; on
