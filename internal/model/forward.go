@@ -164,7 +164,10 @@ func (r *Runner) step(st *State, tokens []int, logits []float32, allRows bool) e
 	if err := a.Forward(b); err != nil {
 		return err
 	}
-	t0 := time.Now()
+	var t0 time.Time
+	if r.Ops != nil {
+		t0 = time.Now()
+	}
 	r.norm(r.final, r.x, r.y, &a.Norm, nb)
 	if r.Ops != nil {
 		r.Ops.Add(block.OpNorm, t0)
