@@ -30,6 +30,10 @@ type Runner struct {
 	// operations and of the logits (sluice bench --ops): where a step's
 	// time goes. The MTP head's are not counted.
 	Ops *block.OpTimes
+	// timed is block.Timed over the runner for timedFor, made once for
+	// each Ops rather than on every step (an interface value escapes).
+	timed    block.Backend
+	timedFor *block.OpTimes
 
 	x, h, y   []float32 // [rows][hidden] residual, normed input, block output
 	final     []float32 // [rows][hidden] final-normed hidden (for MTP and tracing)
@@ -159,7 +163,10 @@ func (r *Runner) step(st *State, tokens []int, logits []float32, allRows bool) e
 	r.ropeTables(nb)
 	var b block.Backend = r
 	if r.Ops != nil {
-		b = block.Timed(r, r.Ops)
+		if r.timedFor != r.Ops {
+			r.timed, r.timedFor = block.Timed(r, r.Ops), r.Ops
+		}
+		b = r.timed
 	}
 	if err := a.Forward(b); err != nil {
 		return err
