@@ -123,6 +123,11 @@ func simulate(tr Trace, slots int, p Policy, layers, experts int, oracle func(st
 		where[i] = -1
 	}
 	ev := newEvictor(p, layers, experts)
+	vs := newVictimSet(slots, layers)
+	slot := func(si int32) (int32, int64, bool, bool) {
+		sl := &pool[si]
+		return sl.rec, sl.last, false, !sl.held
+	}
 	var clock int64
 	var miss []int32
 	for i, step := range tr {
@@ -144,6 +149,7 @@ func simulate(tr Trace, slots int, p Policy, layers, experts int, oracle func(st
 			if si := where[r]; si >= 0 {
 				hits++
 				pool[si].last, pool[si].held = clock, true
+				vs.touch(layer)
 				continue
 			}
 			miss = append(miss, r)
@@ -152,23 +158,26 @@ func simulate(tr Trace, slots int, p Policy, layers, experts int, oracle func(st
 			if where[r] >= 0 {
 				continue // asked for twice in one step
 			}
-			si := -1
-			var best float64
-			for j := range pool {
-				sl := &pool[j]
-				if sl.rec < 0 {
-					si = j
-					break
-				}
-				if sl.held {
-					continue
-				}
-				sc := ev.score(sl.rec, sl.last, false)
-				if oracle != nil {
-					sc += oracle(i, sl.rec)
-				}
-				if si < 0 || sc < best {
-					si, best = j, sc
+			si := int32(-1)
+			if oracle == nil {
+				si = vs.pick(&ev, slot)
+			} else {
+				// Every slot scored, the oracle's bonus added: a test's
+				// ceiling, not the pool's order.
+				var best float64
+				for j := range pool {
+					sl := &pool[j]
+					if sl.rec < 0 {
+						si = int32(j)
+						break
+					}
+					if sl.held {
+						continue
+					}
+					sc := ev.score(sl.rec, sl.last, false) + oracle(i, sl.rec)
+					if si < 0 || sc < best {
+						si, best = int32(j), sc
+					}
 				}
 			}
 			if si < 0 {
@@ -176,15 +185,18 @@ func simulate(tr Trace, slots int, p Policy, layers, experts int, oracle func(st
 			}
 			if old := pool[si].rec; old >= 0 {
 				where[old] = -1
+				vs.drop(si, int(old)/experts)
 			}
 			pool[si] = simSlot{rec: r, last: clock, held: true}
-			where[r] = int32(si)
+			where[r] = si
+			vs.take(si, layer)
 		}
 		for _, r := range step {
 			if si := where[r]; si >= 0 {
 				pool[si].held = false
 			}
 		}
+		vs.touch(layer)
 	}
 	return hits, total, nil
 }

@@ -126,6 +126,7 @@ func (m *markov) finish(v *evictor) {
 		m.prev[l] = m.prevBuf[l]
 	}
 	m.estimate(l, float64(max(len(m.cur), 1)))
+	v.changed[l] = true
 }
 
 // frequencies sets prior to each of layer l's experts' share of LRFU's
@@ -209,16 +210,4 @@ func (m *markov) estimate(l int, k float64) {
 			pred[e] += float64(float64(float64(row[e])+float64(float64(mkAlpha*k)*prior[e])) * d)
 		}
 	}
-}
-
-// score ranks rec for eviction: its estimated use on its layer's next
-// step (a pending prefetch counts as a certain one), scaled by how soon
-// that step comes.
-func (m *markov) score(v *evictor, rec int32, pre bool) float64 {
-	m.finish(v)
-	p := m.pred[rec]
-	if pre {
-		p++
-	}
-	return float64(p * v.scale[v.layerOf[rec]])
 }

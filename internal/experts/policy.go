@@ -85,23 +85,19 @@ type evictor struct {
 	w      float64   // weight of a use now (LRFU)
 	perRow float64   // weight of one row of the current step's uses, in uses (rowWeight)
 	last   int       // the last step's layer (L before the first)
-	// LRFU's scale of a record of each layer during the current step:
-	// the records' layers are kept rather than divided out on every
-	// score, as victim scores every slot on every miss.
-	scale   []float64 // [layer]
-	layerOf []uint16  // [record]
-	mk      *markov   // Markov's state; it also keeps LRFU's
+	scale  []float64 // [layer] LRFU's scale of a record of the layer during the current step
+	mk     *markov   // Markov's state; it also keeps LRFU's
+	// changed[l] says the bases of layer l's records may have changed
+	// since victimSet last looked, all that every layer's may have.
+	changed []bool
+	all     bool
 }
 
 func newEvictor(p Policy, L, E int) evictor {
-	v := evictor{p: p, L: L, E: E, credit: float64(L), freq: make([]float32, L*E), w: 1, perRow: 1, last: L}
+	v := evictor{p: p, L: L, E: E, credit: float64(L), freq: make([]float32, L*E), w: 1, perRow: 1, last: L, changed: make([]bool, L)}
 	if p == LRFU || p == Markov {
 		v.key = make([]float64, L*E)
 		v.scale = make([]float64, L)
-		v.layerOf = make([]uint16, L*E)
-		for r := range v.layerOf {
-			v.layerOf[r] = uint16(r / E)
-		}
 	}
 	if p == Markov {
 		v.mk = newMarkov(L, E)
@@ -112,7 +108,7 @@ func newEvictor(p Policy, L, E int) evictor {
 // evictorBytes is what policy p's state takes for L layers of E experts,
 // for the memory budget.
 func evictorBytes(p Policy, L, E int) int64 {
-	n := int64(L)*int64(E)*(4+8+2) + int64(L)*8 // freq, key, layerOf; scale
+	n := int64(L)*int64(E)*(4+8) + int64(L)*(8+1) // freq, key; scale, changed
 	if p == Markov {
 		n += markovBytes(L, E)
 	}
@@ -153,6 +149,7 @@ func (v *evictor) tick(clock int64, layer, tokens int) {
 		for i := range v.freq {
 			v.freq[i] *= 0.5
 		}
+		v.all = v.all || v.p == FLRU
 	}
 	if v.key != nil && start {
 		v.grow(lrfuGrowth)
@@ -162,6 +159,7 @@ func (v *evictor) tick(clock int64, layer, tokens int) {
 // grow multiplies the weight of a use by f (at most lrfuRescale),
 // rescaling every count once the weight passes lrfuRescale.
 func (v *evictor) grow(f float64) {
+	v.all = v.all || v.p == LRFU // a prefetched record's base has a use's weight in it
 	v.w *= f
 	if v.w >= lrfuRescale {
 		for i := range v.key {
@@ -195,6 +193,7 @@ func (v *evictor) newText() {
 	for i := range v.freq {
 		v.freq[i] /= newTextAge
 	}
+	v.all = v.all || v.p == FLRU
 	if v.key != nil {
 		v.grow(newTextAge)
 	}
@@ -204,6 +203,7 @@ func (v *evictor) newText() {
 // prefill expert outside its layer's share, which LRFU then does not
 // credit, so that its slot is recycled first (as LRU's old stamp does).
 func (v *evictor) use(rec int32, rows int, recent bool) {
+	v.changed[int(rec)/v.E] = true
 	v.freq[rec] += float32(rows)
 	if v.key != nil && recent {
 		u := float64(float64(rows) * v.perRow)
@@ -237,6 +237,24 @@ func (v *evictor) rowWeight(tokens int) {
 // prefetch read it for a step still to come, which LRFU counts as a use
 // now so that the next miss does not evict it before that step.
 func (v *evictor) score(rec int32, last int64, pre bool) float64 {
+	v.prepare()
+	return float64(v.base(rec, last, pre) * v.layerScale(int(rec)/v.E))
+}
+
+// prepare brings the policy's estimates up to date with the current step
+// before records are scored (Markov learns from the step once, before its
+// first eviction).
+func (v *evictor) prepare() {
+	if v.mk != nil {
+		v.mk.finish(v)
+	}
+}
+
+// base is the part of rec's score that is its own: score is base times
+// its layer's scale (layerScale), which the policy changes for every
+// layer at every step; a base changes only with a use of the record, a
+// step's estimates for its layer (changed) or a new token (all).
+func (v *evictor) base(rec int32, last int64, pre bool) float64 {
 	switch v.p {
 	case LRU:
 		return float64(last)
@@ -245,37 +263,41 @@ func (v *evictor) score(rec int32, last int64, pre bool) float64 {
 		// and add, so arm64 ranks as amd64 does.
 		return float64(last) + float64(v.credit*float64(v.freq[rec]))
 	case Markov:
-		return v.mk.score(v, rec, pre)
+		p := v.mk.pred[rec]
+		if pre {
+			p++
+		}
+		return p
 	}
 	k := v.key[rec]
 	if pre {
 		k += v.w
 	}
-	return k * v.scale[v.layerOf[rec]]
+	return k
+}
+
+// layerScale is what the bases of layer l's records are multiplied by
+// during the current step: how soon the layer comes round again for LRFU
+// and Markov, 1 for LRU and FLRU.
+func (v *evictor) layerScale(l int) float64 {
+	if v.scale == nil {
+		return 1
+	}
+	return v.scale[l]
 }
 
 // victim returns a free slot, else the slot the policy evicts among those
-// neither held by the current step nor being read; -1 when there is none.
-// Ties go to the lowest slot. A linear scan: at most a few thousand slots,
-// a few hundred misses per token, far below the cost of computing one
-// expert.
+// neither held by the current step nor being read; -1 when there is none
+// (victimSet: the lowest free slot first, else the lowest score, ties to
+// the lower base, then the lower slot).
 func (s *Stream) victim() int32 {
-	best := int32(-1)
-	var bestScore float64
-	for i := range s.slots {
-		sl := &s.slots[i]
-		if sl.state == free {
-			return int32(i)
-		}
-		if sl.held || sl.state != ready {
-			continue
-		}
-		score := s.ev.score(sl.rec, sl.last, sl.pre)
-		if best < 0 || score < bestScore {
-			best, bestScore = int32(i), score
-		}
-	}
-	return best
+	return s.vs.pick(&s.ev, s.evictable)
+}
+
+// evictable is what victimSet asks of slot si.
+func (s *Stream) evictable(si int32) (rec int32, last int64, pre, ok bool) {
+	sl := &s.slots[si]
+	return sl.rec, sl.last, sl.pre, !sl.held && sl.state == ready
 }
 
 // DefaultPolicy is the eviction policy when none is asked for: Markov hit

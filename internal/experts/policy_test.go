@@ -289,25 +289,33 @@ func TestSimulateMatchesStream(t *testing.T) {
 }
 
 // BenchmarkPolicies replays the tiny Qwen3.5 model's recorded decode
-// through a 10% pool under each policy: ns/op is one replay, ns/request
-// the cost of a request including the victim scans of its misses, and
-// of_optimal the policy's hits as a fraction of Belady's.
+// through a 10% pool, and the replayed qwen3.5-35b-a3b synth's (40 layers
+// of 256 experts) through a 25% pool of 2560 slots, under each policy:
+// ns/op is one replay, ns/request the cost of a request including the
+// victim searches of its misses, and of_optimal the policy's hits as a
+// fraction of Belady's.
 func BenchmarkPolicies(b *testing.B) {
-	x := routeTraces(b)[0]
-	slots := x.L * x.E / 10
-	opt, _ := BeladyHits(x.tr, slots)
-	for _, p := range Policies {
-		b.Run(string(p), func(b *testing.B) {
-			var h, n int
-			for b.Loop() {
-				var err error
-				if h, n, err = SimulateHits(x.tr, slots, p, x.L, x.E); err != nil {
-					b.Fatal(err)
+	traces := routeTraces(b)
+	for _, c := range []struct {
+		x     routeTrace
+		share int
+	}{{traces[0], 10}, {traces[1], 25}} {
+		x := c.x
+		slots := x.L * x.E * c.share / 100
+		opt, _ := BeladyHits(x.tr, slots)
+		for _, p := range Policies {
+			b.Run(fmt.Sprintf("%s/%d%%/%s", x.name, c.share, p), func(b *testing.B) {
+				var h, n int
+				for b.Loop() {
+					var err error
+					if h, n, err = SimulateHits(x.tr, slots, p, x.L, x.E); err != nil {
+						b.Fatal(err)
+					}
 				}
-			}
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/request")
-			b.ReportMetric(float64(h)/float64(opt), "of_optimal")
-		})
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/request")
+				b.ReportMetric(float64(h)/float64(opt), "of_optimal")
+			})
+		}
 	}
 }
 

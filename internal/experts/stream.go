@@ -185,6 +185,7 @@ type Stream struct {
 	slots         []slot
 	where         []int32 // [record] slot, or -1
 	ev            evictor // the eviction policy's state
+	vs            victimSet
 
 	demand, pre chan request
 	done        chan completion
@@ -357,6 +358,7 @@ func Open(dir string, man *format.Manifest, o Options) (*Stream, error) {
 		s.where[i] = -1
 	}
 	s.ev = newEvictor(o.Policy, s.L, s.E)
+	s.vs = newVictimSet(o.Slots, s.L)
 	s.slotOf = make([]int32, s.E)
 	s.look = NewLookGate(s.L, c.TopK, LookMinPrecision)
 	s.isMiss = make([]bool, s.E)
@@ -523,6 +525,7 @@ func (s *Stream) Begin(layer int, ids []int, hint model.Hint) error {
 		}
 		sl := &s.slots[si]
 		sl.held, sl.last, sl.cut = true, stamp, false
+		s.vs.touch(layer)
 		s.slotOf[i] = si
 		ls.Hits.Add(1)
 		if sl.pre {
@@ -659,6 +662,7 @@ func (s *Stream) issueMisses() {
 		rec := int32(s.layer*s.E + s.ids[i])
 		sl := s.evict(si)
 		sl.rec, sl.state, sl.held, sl.demand, sl.last, sl.prefetch = rec, loading, true, i, s.stamp(i), -1
+		s.vs.take(si, s.layer)
 		s.where[rec] = si
 		s.slotOf[i] = si
 		s.waiting++
@@ -678,12 +682,21 @@ func (s *Stream) recStride(low bool) int64 {
 	return s.st.Stride
 }
 
+// touched tells the victim set that slot si changed what the policy sees
+// of it (held, loading or ready, prefetched).
+func (s *Stream) touched(si int32) {
+	if r := s.slots[si].rec; r >= 0 {
+		s.vs.touch(int(r) / s.E)
+	}
+}
+
 // evict frees slot si for a new record.
 func (s *Stream) evict(si int32) *slot {
 	sl := &s.slots[si]
 	if sl.rec >= 0 {
 		s.where[sl.rec] = -1
 		s.stats.Evictions.Add(1)
+		s.vs.drop(si, int(sl.rec)/s.E)
 	}
 	sl.rec, sl.state, sl.pre, sl.cut, sl.low = -1, free, false, false, false
 	sl.cancel.Store(false)
@@ -772,10 +785,12 @@ func (s *Stream) Ready(pos []int, ex []*model.Expert) ([]int, []*model.Expert, e
 func (s *Stream) release() {
 	if s.cur >= 0 {
 		s.slots[s.cur].held = false
+		s.touched(s.cur)
 		s.cur = -1
 	}
 	for _, si := range s.batch {
 		s.slots[si].held = false
+		s.touched(si)
 	}
 	s.batch = s.batch[:0]
 }
@@ -794,6 +809,7 @@ func (s *Stream) endStep() {
 	for _, si := range s.slotOf[:len(s.ids)] {
 		sl := &s.slots[si]
 		sl.held = false
+		s.touched(si)
 		if sl.demand >= 0 {
 			sl.demand = -1
 			sl.cut = true // still loading: lands as a plain pool entry
@@ -837,6 +853,7 @@ func (s *Stream) complete(c completion) error {
 		}
 		d := sl.demand
 		s.where[sl.rec] = -1
+		s.vs.drop(c.slot, int(sl.rec)/s.E)
 		sl.rec, sl.state, sl.demand, sl.held, sl.pre = -1, free, -1, false, false
 		sl.cancel.Store(false)
 		if d >= 0 {
@@ -853,6 +870,7 @@ func (s *Stream) complete(c completion) error {
 		return nil
 	}
 	sl.state = ready
+	s.touched(c.slot)
 	sl.low = sl.readLow
 	n := s.recStride(sl.readLow)
 	s.stats.BytesRead.Add(n)
@@ -885,6 +903,7 @@ func (s *Stream) cutOne() (int32, bool) {
 		if sl.demand >= 0 && sl.state == loading && w[sl.demand] < s.o.CutWeak {
 			i := sl.demand
 			sl.demand, sl.held, sl.cut = -1, false, true
+			s.touched(int32(si))
 			s.waiting--
 			if s.isMiss[i] {
 				s.isMiss[i] = false
@@ -921,6 +940,7 @@ func (s *Stream) Prefetch(layer int, ids []int) {
 		}
 		sl := s.evict(si)
 		sl.rec, sl.state, sl.pre, sl.last, sl.readLow = rec, loading, true, s.clock, false
+		s.vs.take(si, layer)
 		sl.prefetch = layer
 		s.where[rec] = si
 		s.prefs = append(s.prefs, si)
@@ -943,6 +963,7 @@ func (s *Stream) accountPrefetches(layer int) {
 		}
 		s.stats.LookWasted.Add(1)
 		sl.pre = false
+		s.touched(si)
 		if sl.state == loading {
 			sl.cancel.Store(true)
 		}

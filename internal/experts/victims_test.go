@@ -1,0 +1,158 @@
+package experts
+
+import (
+	"math/rand/v2"
+	"testing"
+)
+
+// scanHits is simulate without an oracle as the pool evicted before
+// victimSet: every slot scored on every miss, the lowest free slot first,
+// else the lowest score, ties to the lowest slot.
+func scanHits(tr Trace, slots int, p Policy, layers, experts int) (hits int) {
+	type simSlot struct {
+		rec  int32
+		last int64
+		held bool
+	}
+	pool := make([]simSlot, slots)
+	for i := range pool {
+		pool[i].rec = -1
+	}
+	where := make([]int32, layers*experts)
+	for i := range where {
+		where[i] = -1
+	}
+	ev := newEvictor(p, layers, experts)
+	var clock int64
+	for _, step := range tr {
+		layer := int(step[0]) / experts
+		clock++
+		ev.tick(clock, layer, 1)
+		var miss []int32
+		for _, r := range step {
+			ev.use(r, 1, true)
+			if si := where[r]; si >= 0 {
+				hits++
+				pool[si].last, pool[si].held = clock, true
+				continue
+			}
+			miss = append(miss, r)
+		}
+		for _, r := range miss {
+			if where[r] >= 0 {
+				continue
+			}
+			si := -1
+			var best float64
+			for j := range pool {
+				sl := &pool[j]
+				if sl.rec < 0 {
+					si = j
+					break
+				}
+				if sl.held {
+					continue
+				}
+				if sc := ev.score(sl.rec, sl.last, false); si < 0 || sc < best {
+					si, best = j, sc
+				}
+			}
+			if si < 0 {
+				continue
+			}
+			if old := pool[si].rec; old >= 0 {
+				where[old] = -1
+			}
+			pool[si] = simSlot{rec: r, last: clock, held: true}
+			where[r] = int32(si)
+		}
+		for _, r := range step {
+			if si := where[r]; si >= 0 {
+				pool[si].held = false
+			}
+		}
+	}
+	return hits
+}
+
+// TestVictimSetMatchesScan requires the replay, which finds victims
+// through victimSet (the pool's search), to hit exactly as scoring every
+// slot on every miss does, under every policy, on the recorded decodes
+// at five pool sizes and on random skewed routes with a step's experts
+// repeated (a record asked for twice). Comparing the layers' candidates
+// without their layers' scales fails it, and so does keeping a layer's
+// candidate after the policy's estimates for the layer changed (without
+// the policy's change flags and the check of the candidate's base).
+func TestVictimSetMatchesScan(t *testing.T) {
+	traces := routeTraces(t)
+	rng := rand.New(rand.NewPCG(3, 5))
+	const L, E, K = 5, 32, 4
+	var tr Trace
+	for range 300 * L {
+		l := len(tr) % L
+		step := make([]int32, K)
+		for k := range step {
+			e := int(float64(E) * rng.Float64() * rng.Float64()) // skewed to the low experts
+			step[k] = int32(l*E + e)
+		}
+		tr = append(tr, step)
+	}
+	traces = append(traces, routeTrace{name: "random", L: L, E: E, K: K, tr: tr})
+	for _, x := range traces {
+		if x.L*x.E > 4096 {
+			continue // the synths' 10,240 records: slow to scan, and the tiny models' routes
+		}
+		for _, share := range []int{3, 10, 25, 50} {
+			slots := max(x.L*x.E*share/100, x.K)
+			for _, p := range Policies {
+				want := scanHits(x.tr, slots, p, x.L, x.E)
+				got, _, err := SimulateHits(x.tr, slots, p, x.L, x.E)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got != want {
+					t.Errorf("%s, %d slots, %s: %d hits through victimSet, %d scoring every slot", x.name, slots, p, got, want)
+				}
+			}
+		}
+	}
+}
+
+// TestVictimSetDrop checks the set's bookkeeping on its own: slots taken
+// and dropped in any order come back free lowest first, and a layer with
+// no evictable slot offers none.
+func TestVictimSetDrop(t *testing.T) {
+	ev := newEvictor(LRU, 2, 4)
+	v := newVictimSet(5, 2)
+	last := []int64{5, 3, 9, 1, 7}
+	held := make([]bool, 5)
+	slot := func(si int32) (int32, int64, bool, bool) { return si, last[si], false, !held[si] }
+	for si := range int32(5) {
+		if got := v.pick(&ev, slot); got != si {
+			t.Fatalf("free slot %d, want %d", got, si)
+		}
+		v.take(si, int(si)%2)
+	}
+	if got := v.pick(&ev, slot); got != 3 {
+		t.Fatalf("victim %d, want 3 (last use 1)", got)
+	}
+	held[3] = true
+	v.touch(1)
+	if got := v.pick(&ev, slot); got != 1 {
+		t.Fatalf("victim %d with 3 held, want 1 (last use 3)", got)
+	}
+	v.drop(2, 0)
+	v.drop(0, 0)
+	if got := v.pick(&ev, slot); got != 0 {
+		t.Fatalf("after drops: %d, want the lowest free slot 0", got)
+	}
+	v.take(0, 0)
+	v.take(2, 0)
+	held = []bool{true, true, true, true, true}
+	for l := range 2 {
+		v.touch(l)
+	}
+	if got := v.pick(&ev, slot); got != -1 {
+		t.Fatalf("every slot held: %d, want -1", got)
+	}
+}
