@@ -99,6 +99,27 @@ func SimulateHits(tr Trace, slots int, p Policy, layers, experts int) (hits, tot
 	return simulate(tr, slots, p, layers, experts, nil)
 }
 
+// simSlot is a slot of simulate's pool.
+type simSlot struct {
+	rec  int32 // -1 when free
+	last int64
+	held bool
+}
+
+// simPool returns an empty pool of slots and, for each of records
+// records, the slot holding it (-1: none).
+func simPool(slots, records int) ([]simSlot, []int32) {
+	pool := make([]simSlot, slots)
+	for i := range pool {
+		pool[i].rec = -1
+	}
+	where := make([]int32, records)
+	for i := range where {
+		where[i] = -1
+	}
+	return pool, where
+}
+
 // simulate is SimulateHits with, when oracle is not nil, oracle(step, rec)
 // added to the policy's score of each resident record at that step: the
 // tests rank policies that could see some of the future against the rest.
@@ -109,19 +130,7 @@ func simulate(tr Trace, slots int, p Policy, layers, experts int, oracle func(st
 	if slots < 1 || layers < 1 || experts < 1 {
 		return 0, 0, fmt.Errorf("simulate: %d slots, %d layers, %d experts", slots, layers, experts)
 	}
-	type simSlot struct {
-		rec  int32 // -1 when free
-		last int64
-		held bool
-	}
-	pool := make([]simSlot, slots)
-	for i := range pool {
-		pool[i].rec = -1
-	}
-	where := make([]int32, layers*experts)
-	for i := range where {
-		where[i] = -1
-	}
+	pool, where := simPool(slots, layers*experts)
 	ev := newEvictor(p, layers, experts)
 	vs := newVictimSet(slots, layers)
 	slot := func(si int32) (int32, int64, bool, bool) {

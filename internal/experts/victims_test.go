@@ -9,19 +9,7 @@ import (
 // victimSet: every slot scored on every miss, the lowest free slot first,
 // else the lowest score, ties to the lowest slot.
 func scanHits(tr Trace, slots int, p Policy, layers, experts int) (hits int) {
-	type simSlot struct {
-		rec  int32
-		last int64
-		held bool
-	}
-	pool := make([]simSlot, slots)
-	for i := range pool {
-		pool[i].rec = -1
-	}
-	where := make([]int32, layers*experts)
-	for i := range where {
-		where[i] = -1
-	}
+	pool, where := simPool(slots, layers*experts)
 	ev := newEvictor(p, layers, experts)
 	var clock int64
 	for _, step := range tr {
