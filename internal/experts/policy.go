@@ -291,8 +291,15 @@ func (v *evictor) layerScale(l int) float64 {
 // (victimSet: the lowest free slot first, else the lowest score, ties to
 // the lower base, then the lower slot).
 func (s *Stream) victim() int32 {
-	return s.vs.pick(&s.ev, s.evictable)
+	si := s.vs.pick(&s.ev, s.evictable)
+	if victimCheck != nil {
+		victimCheck(s, si)
+	}
+	return si
 }
+
+// victimCheck, set by tests only, sees every victim the stream picks.
+var victimCheck func(s *Stream, si int32)
 
 // evictable is what victimSet asks of slot si.
 func (s *Stream) evictable(si int32) (rec int32, last int64, pre, ok bool) {

@@ -3,6 +3,9 @@ package experts
 import (
 	"math/rand/v2"
 	"testing"
+
+	"github.com/sluicelm/sluice/internal/model"
+	"github.com/sluicelm/sluice/internal/testutil"
 )
 
 // scanHits is simulate without an oracle as the pool evicted before
@@ -142,5 +145,93 @@ func TestVictimSetDrop(t *testing.T) {
 	}
 	if got := v.pick(&ev, slot); got != -1 {
 		t.Fatalf("every slot held: %d, want -1", got)
+	}
+}
+
+// TestStreamVictims drives a pool through a recorded decode the ways a
+// forward does (fewer readers than a step's experts, so that later misses
+// recycle slots the step released; the next layer's experts prefetched,
+// with wrong guesses among them, some left unused and cancelled) and
+// checks every victim it picks against scoring every slot: a free slot
+// while one is free, else one of the lowest score. Not telling the victim
+// set that a read landed (the touch in complete) leaves a stale candidate
+// and fails it; the other touches are also covered by the policy's change
+// flags of the step's layer or concern slots too recently used to be
+// chosen, so leaving one of them out changes no victim here.
+func TestStreamVictims(t *testing.T) {
+	const name = "tiny-qwen3-5-moe"
+	r := testutil.LoadRefs(t, name)
+	if len(r.Routes) == 0 {
+		t.Skip("no recorded routes")
+	}
+	dir, man := testutil.PackedManifest(t, name, 4)
+	L, E, K := man.ExpertLayers, man.Experts, man.Config.TopK
+	tr := stepsFrom(r.Routes, E, len(r.Routes[0])-60)
+	var checked int
+	victimCheck = func(s *Stream, got int32) {
+		want, wantScore := int32(-1), 0.0
+		for i := range s.slots {
+			sl := &s.slots[i]
+			if sl.state == free {
+				want = int32(i)
+				break
+			}
+			if sl.held || sl.state != ready {
+				continue
+			}
+			if sc := s.ev.score(sl.rec, sl.last, sl.pre); want < 0 || sc < wantScore {
+				want, wantScore = int32(i), sc
+			}
+		}
+		checked++
+		switch {
+		case got == want:
+		case got < 0 || want < 0 || s.slots[want].state == free:
+			t.Fatalf("victim %d, want %d", got, want)
+		default:
+			sl := &s.slots[got]
+			if sl.held || sl.state != ready || s.ev.score(sl.rec, sl.last, sl.pre) != wantScore {
+				t.Fatalf("victim %d (score %v), want %d (score %v)", got, s.ev.score(sl.rec, sl.last, sl.pre), want, wantScore)
+			}
+		}
+	}
+	defer func() { victimCheck = nil }()
+	rng := rand.New(rand.NewPCG(9, 9))
+	for _, p := range Policies {
+		s, err := Open(dir, man, Options{Slots: L * E / 10, Readers: 2, Policy: p, Lookahead: true, Prefetch: 3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids := make([]int, 0, K)
+		for i, step := range tr {
+			ids = ids[:0]
+			for _, rec := range step {
+				ids = append(ids, int(rec)%E)
+			}
+			layer := int(step[0]) / E
+			if err := s.Begin(layer, ids, model.Hint{}); err != nil {
+				t.Fatal(err)
+			}
+			if i+1 < len(tr) && int(tr[i+1][0])/E == layer+1 {
+				var next []int
+				for _, rec := range tr[i+1] {
+					if rng.IntN(3) == 0 {
+						next = append(next, rng.IntN(E)) // a wrong guess, most likely
+					} else {
+						next = append(next, int(rec)%E)
+					}
+				}
+				s.Prefetch(layer+1, next)
+			}
+			for range ids {
+				if _, _, err := s.Next(); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		s.Close()
+	}
+	if checked == 0 {
+		t.Fatal("no victim picked")
 	}
 }
