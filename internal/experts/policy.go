@@ -339,6 +339,9 @@ func NewEvictor(p Policy, layers, experts int) (*Evictor, error) {
 	return &Evictor{newEvictor(p, layers, experts)}, nil
 }
 
+// Layers is the expert layers the policy ranks.
+func (e *Evictor) Layers() int { return e.v.L }
+
 // Tick moves the policy to layer step clock (counted from 1), a step of
 // layer of tokens rows.
 func (e *Evictor) Tick(clock int64, layer, tokens int) { e.v.tick(clock, layer, tokens) }

@@ -69,11 +69,29 @@ func (v *victimSet) touch(layer int) { v.dirty[layer] = true }
 // slot's record, last use and prefetch mark, and whether it may be
 // evicted.
 func (v *victimSet) pick(ev *evictor, slot func(si int32) (rec int32, last int64, pre, ok bool)) int32 {
-	for w, b := range v.free {
+	if si := v.nextFree(-1); si >= 0 {
+		return si
+	}
+	return v.evict(ev, slot)
+}
+
+// nextFree returns the lowest free slot above after, or -1.
+func (v *victimSet) nextFree(after int32) int32 {
+	i := int(after) + 1
+	for w := i / 64; w < len(v.free); w++ {
+		b := v.free[w]
+		if w == i/64 {
+			b &^= 1<<(i%64) - 1
+		}
 		if b != 0 {
 			return int32(w*64 + bits.TrailingZeros64(b))
 		}
 	}
+	return -1
+}
+
+// evict is pick among the slots that hold a record.
+func (v *victimSet) evict(ev *evictor, slot func(si int32) (rec int32, last int64, pre, ok bool)) int32 {
 	ev.prepare()
 	if ev.all {
 		for l := range v.dirty {
@@ -120,4 +138,38 @@ func (v *victimSet) pick(ev *evictor, slot func(si int32) (rec int32, last int64
 		}
 	}
 	return best
+}
+
+// Victims is the pool's victim search (see Stream) for a pool kept
+// outside this package, driven by an Evictor: the GPU's. Take and Drop
+// follow which layer's record each slot holds, Touch says a slot of the
+// layer changed what the policy sees of it (held or released, its last
+// use), and the Evictor's own changes are followed by itself.
+type Victims struct{ v victimSet }
+
+// NewVictims returns the search for slots slots, all free, of a model of
+// layers expert layers.
+func NewVictims(slots, layers int) *Victims { return &Victims{newVictimSet(slots, layers)} }
+
+// Take records that slot now holds a record of layer.
+func (x *Victims) Take(slot int32, layer int) { x.v.take(slot, layer) }
+
+// Drop records that slot, which held a record of layer, is free.
+func (x *Victims) Drop(slot int32, layer int) { x.v.drop(slot, layer) }
+
+// Touch says that a slot of layer was held, released or used.
+func (x *Victims) Touch(layer int) { x.v.touch(layer) }
+
+// NextFree returns the lowest free slot above after (-1: from the first),
+// or -1.
+func (x *Victims) NextFree(after int32) int32 { return x.v.nextFree(after) }
+
+// Evict returns the slot, among those holding a record that slot reports
+// evictable, of the lowest score under e (Evictor.Score), ties to the
+// lower base, then the lower slot; -1 when there is none.
+func (x *Victims) Evict(e *Evictor, slot func(si int32) (rec int32, last int64, ok bool)) int32 {
+	return x.v.evict(&e.v, func(si int32) (int32, int64, bool, bool) {
+		rec, last, ok := slot(si)
+		return rec, last, false, ok
+	})
 }

@@ -535,3 +535,115 @@ func TestSupportedRouting(t *testing.T) {
 		t.Errorf("q4 experts: Supported = %v", err)
 	}
 }
+
+// scanVictims is victims as it was before experts.Victims: every slot
+// scored once for the wave, the n lowest by (score, slot) after the free
+// ones.
+func scanVictims(t *slotTable, n int) []int {
+	var out []int
+	for s, o := range t.owner {
+		if len(out) == n {
+			return out
+		}
+		if o < 0 && t.used[s] != t.now {
+			out = append(out, s)
+		}
+	}
+	type cand struct {
+		s  int
+		sc float64
+	}
+	var cs []cand
+	for s, u := range t.used {
+		if u == t.now || t.owner[s] < 0 {
+			continue
+		}
+		cs = append(cs, cand{s, t.ev.Score(t.owner[s], t.last[s])})
+	}
+	slices.SortFunc(cs, func(a, b cand) int {
+		if a.sc != b.sc {
+			if a.sc < b.sc {
+				return -1
+			}
+			return 1
+		}
+		return a.s - b.s
+	})
+	for _, c := range cs {
+		if len(out) == n {
+			break
+		}
+		out = append(out, c.s)
+	}
+	return out
+}
+
+// TestVictimsMatchScan drives slot tables through random decode and
+// prefill waves (several waves a step, hits, misses, a prefill's unkept
+// experts, the lookahead's records of the next layer, a failed step
+// forgetting every slot) and requires each wave's victims to be the ones
+// scoring every slot gives: the same free slots, then slots of the same
+// scores in the same order (a slot of another score would be a layer's
+// stale candidate).
+func TestVictimsMatchScan(t *testing.T) {
+	const L, E = 6, 32
+	rng := rand.New(rand.NewPCG(5, 8))
+	for _, p := range experts.Policies {
+		for _, slots := range []int{12, 40, 96} {
+			ev, _ := experts.NewEvictor(p, L, E)
+			tab := newSlotTable(L*E, slots, ev)
+			for step := range 600 {
+				layer := step % L
+				rows := 1
+				if step%97 < 6 {
+					rows = 8 // a prefill chunk's step
+				}
+				tab.step(layer, rows)
+				if step == 300 {
+					tab.forget()
+				}
+				ids := rng.Perm(E)[:2+rng.IntN(5)]
+				for _, e := range ids {
+					tab.use(layer*E+e, rows, rows == 1 || e%2 == 0)
+				}
+				for w := 0; w < len(ids); w += 3 {
+					if w > 0 {
+						tab.begin()
+					}
+					var miss []int
+					for _, e := range ids[w:min(w+3, len(ids))] {
+						if tab.lookup(layer*E+e, rows == 1 || e%2 == 0) < 0 {
+							miss = append(miss, layer*E+e)
+						}
+					}
+					want := scanVictims(&tab, len(miss))
+					got := tab.victims(nil, len(miss))
+					if len(got) != len(want) {
+						t.Fatalf("%s, %d slots, step %d: victims %v, scanning %v", p, slots, step, got, want)
+					}
+					for i := range got {
+						if got[i] == want[i] {
+							continue
+						}
+						g, w := got[i], want[i]
+						if tab.owner[g] < 0 || tab.owner[w] < 0 || tab.ev.Score(tab.owner[g], tab.last[g]) != tab.ev.Score(tab.owner[w], tab.last[w]) {
+							t.Fatalf("%s, %d slots, step %d: victims %v, scanning %v", p, slots, step, got, want)
+						}
+					}
+					for i, rec := range miss[:len(got)] {
+						tab.assign(rec, got[i], rows == 1)
+					}
+				}
+				if next := (layer + 1) % L; rng.IntN(2) == 0 {
+					// The lookahead's records of the next layer.
+					e := rng.IntN(E)
+					if tab.slotOf[next*E+e] < 0 {
+						if v := tab.victims(nil, 1); len(v) == 1 {
+							tab.assign(next*E+e, v[0], true)
+						}
+					}
+				}
+			}
+		}
+	}
+}
