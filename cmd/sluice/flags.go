@@ -163,6 +163,7 @@ type expertFlags struct {
 	memoryGB   float64
 	memorySet  bool // --memory-gb given, where 0 would mean "not set"
 	lookahead  bool
+	lookDepth  int
 	evict      string
 	missBits   int
 	cutWeak    float64
@@ -184,6 +185,7 @@ func (m *modelFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&x.gpuPoolMB, "gpu-pool-mb", "", "on the GPU, stream experts through a device pool of N MiB, or N% of the expert store, filled from host memory (default: every expert on the GPU if they fit, else a pool of the memory left)")
 	fs.Var(setFloat{&x.memoryGB, &x.memorySet}, "memory-gb", "total memory budget in GiB (dense + state + scratch + expert pool); experts stream when they do not fit")
 	fs.BoolVar(&x.lookahead, "lookahead", true, "prefetch the next layer's predicted experts while this layer computes (steps are timed with and without predicting, and predicting pauses where it is slower)")
+	fs.IntVar(&x.lookDepth, "lookahead-depth", experts.DefaultLookDepth, fmt.Sprintf("how many layers ahead the lookahead predicts and reads, 1 to %d (each layer's guesses are gated by how often they prove right)", experts.MaxLookDepth))
 	fs.StringVar(&x.evict, "evict", "", "expert pool eviction: markov (each layer's expert-to-expert transitions), lrfu (recency-weighted use counts, by layer order), flru (frequency-weighted LRU) or lru; default markov")
 	fs.IntVar(&x.missBits, "miss-bits", 0, "lossy: read missed experts from the 3- or 2-bit store (sluice pack --low-bits)")
 	fs.Float64Var(&x.cutWeak, "cut-weak", 0, "lossy: skip a late-arriving expert whose routing weight is below W in every row")
@@ -296,10 +298,13 @@ func (f poolFlag) Set(v string) error {
 
 // options converts the flags; verbose notes go to log.
 func (x *expertFlags) options(log io.Writer) (engine.ExpertOptions, error) {
-	o := engine.ExpertOptions{MemoryBytes: int64(x.memoryGB * (1 << 30)), NoLookahead: !x.lookahead,
+	o := engine.ExpertOptions{MemoryBytes: int64(x.memoryGB * (1 << 30)), NoLookahead: !x.lookahead, LookDepth: x.lookDepth,
 		Policy: experts.Policy(x.evict), MissBits: x.missBits, CutWeak: x.cutWeak, Readers: x.readers, PrefetchReaders: x.preReaders, Log: log}
 	if len(x.poolNames) > 1 {
 		return o, fmt.Errorf("%s and %s both size the host's pool: give one", x.poolNames[0], x.poolNames[1])
+	}
+	if x.lookDepth < 1 || x.lookDepth > experts.MaxLookDepth {
+		return o, fmt.Errorf("--lookahead-depth %d: give 1 to %d layers", x.lookDepth, experts.MaxLookDepth)
 	}
 	if x.poolMB != "" {
 		name := "--pool-mb"

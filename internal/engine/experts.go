@@ -22,6 +22,7 @@ type ExpertOptions struct {
 	PoolShare       float64        // --pool-mb N%: a pool of this share (0..1] of the expert store
 	MemoryBytes     int64          // --memory-gb: total budget; the pool gets what the rest leaves
 	NoLookahead     bool           // --lookahead=false
+	LookDepth       int            // --lookahead-depth; 0 = experts.DefaultLookDepth
 	Policy          experts.Policy // --evict; "" = experts.DefaultPolicy
 	MissBits        int            // --miss-bits 3|2 (lossy)
 	CutWeak         float64        // --cut-weak W (lossy)
@@ -167,7 +168,7 @@ func openExperts(ctx context.Context, m *model.Model, o Options, avail int64, av
 		pol = experts.DefaultPolicy
 	}
 	s, err := experts.Open(m.Dir, m.Manifest, experts.Options{Slots: plan.Slots, Readers: xo.Readers, PrefetchReaders: xo.PrefetchReaders, Lookahead: !xo.NoLookahead,
-		Policy: pol, MissBits: xo.MissBits, CutWeak: float32(xo.CutWeak), Log: xo.Log,
+		LookDepth: xo.LookDepth, Policy: pol, MissBits: xo.MissBits, CutWeak: float32(xo.CutWeak), Log: xo.Log,
 		// Tiling a record costs a pass over it as it lands: it pays where
 		// the record then stays, not in a pool that evicts (under a
 		// memory cap the user CPU went up by 47 and 49 ms a token in two
@@ -199,7 +200,10 @@ func openExperts(ctx context.Context, m *model.Model, o Options, avail int64, av
 	if !s.Direct() {
 		how = "buffered reads"
 	}
-	la := "lookahead on"
+	la := fmt.Sprintf("lookahead on (%d layers ahead)", s.Options().LookDepth)
+	if s.Options().LookDepth == 1 {
+		la = "lookahead on (the next layer)"
+	}
 	if xo.NoLookahead {
 		la = "lookahead off"
 	}

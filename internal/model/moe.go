@@ -324,6 +324,8 @@ func (r *Runner) Dense(m *block.MLP) {
 // layer's MoE output and the next layer's mixer output, so the prediction
 // is approximate; it only decides what to read early, never what is
 // computed. Issued after Begin so that this layer's misses queue first.
+// A DeepPrefetcher also gets the layers after the next, each by its own
+// router and norm over the same residual, in order of distance.
 func (r *Runner) lookahead(L *block.MoE, nb int) {
 	pf, ok := r.M.Experts.(Prefetcher)
 	layers := r.M.Arch.Layers
@@ -334,19 +336,35 @@ func (r *Runner) lookahead(L *block.MoE, nb int) {
 	if lw != nil && !lw.Predicting(nb) {
 		return
 	}
-	c := &r.M.Config
-	s := &r.moe
-	H, E, K := c.Hidden, c.Experts, c.TopK
 	next := layers[L.Layer+1].MoE()
 	if next == nil {
 		return
 	}
-	pre := next.Pre
+	pf.Prefetch(L.Layer+1, r.predict(next, nb))
+	dp, ok := pf.(DeepPrefetcher)
+	if !ok {
+		return
+	}
+	for d := 2; d <= dp.LookDepth() && L.Layer+d < len(layers); d++ {
+		if m := layers[L.Layer+d].MoE(); m != nil {
+			dp.PrefetchAhead(L.Layer+d, d, r.predict(m, nb))
+		}
+	}
+}
+
+// predict returns the experts m's router would choose for the residual
+// stream as it is (under m's norm): each row's top k by logit, the union
+// over the rows in that order, in moe.pred until the next call.
+func (r *Runner) predict(m *block.MoE, nb int) []int {
+	c := &r.M.Config
+	s := &r.moe
+	H, E, K := c.Hidden, c.Experts, c.TopK
+	pre := m.Pre
 	for i := 0; i < nb; i++ {
 		kernels.RMSNorm(s.pnorm[i*H:(i+1)*H], r.x[i*H:(i+1)*H], pre.W, pre.Eps, pre.ZeroCentred)
 	}
-	r.Pool.MatMul(s.plogits, &next.Router.Mat, s.pnorm, nb)
-	if b := next.RouterBias; b != nil {
+	r.Pool.MatMul(s.plogits, &m.Router.Mat, s.pnorm, nb)
+	if b := m.RouterBias; b != nil {
 		for i := 0; i < nb; i++ {
 			kernels.Add(s.plogits[i*E:(i+1)*E], b)
 		}
@@ -373,7 +391,7 @@ func (r *Runner) lookahead(L *block.MoE, nb int) {
 	for _, e := range s.pred {
 		s.pmark[e] = false
 	}
-	pf.Prefetch(L.Layer+1, s.pred)
+	return s.pred
 }
 
 // runExpert computes distinct expert di for the rows that chose it into its

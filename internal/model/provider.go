@@ -79,6 +79,16 @@ type Prefetcher interface {
 	Prefetch(layer int, ids []int)
 }
 
+// DeepPrefetcher is a Prefetcher that also reads further ahead: after the
+// next layer's prediction, the forward predicts each layer up to
+// LookDepth layers on (that layer's router applied to the current hidden
+// state, as for the next) and passes it to PrefetchAhead with its
+// distance, nearest first, under the same rules as Prefetch.
+type DeepPrefetcher interface {
+	LookDepth() int
+	PrefetchAhead(layer, depth int, ids []int)
+}
+
 // LookWeigher is a Prefetcher that weighs whether predictions pay at
 // all: the forward asks Predicting before each one, with the step's row
 // count, and skips it on false (the step runs without predictions).

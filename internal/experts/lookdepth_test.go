@@ -1,0 +1,112 @@
+package experts
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/sluicelm/sluice/internal/model"
+	"github.com/sluicelm/sluice/internal/testutil"
+)
+
+// TestLookDepth drives a stream through decode steps whose routes change
+// every token, with predictions one layer ahead (Prefetch) and two layers
+// ahead (PrefetchAhead). A prefetch two layers ahead must wait through the
+// step between (not be counted wasted or cancelled there) and count as
+// useful at its own layer's step; its gate must stop a layer whose
+// predictions miss and keep one whose predictions hit.
+func TestLookDepth(t *testing.T) {
+	dir, man := testutil.PackedManifest(t, "tiny-qwen3-moe", 4)
+	L, E := man.ExpertLayers, man.Experts
+	if L < 4 {
+		t.Skip("needs 4 expert layers")
+	}
+	const K = 4
+	route := func(tok, l int) []int { // a different set every token
+		ids := make([]int, K)
+		for k := range ids {
+			ids[k] = (tok*K*3 + l*7 + k) % E
+		}
+		return ids
+	}
+	wrong := func(ids []int) []int {
+		w := make([]int, len(ids))
+		for k, e := range ids {
+			w[k] = (e + E/2) % E
+		}
+		return w
+	}
+	// run decodes tokens [from, to). Only the predictions two layers
+	// ahead are made (depth 1 predicts nothing), so every useful
+	// prefetch is one of theirs; those for layer 2 are wrong when
+	// badLayer2 is set.
+	run := func(s *Stream, from, to int, badLayer2 bool) {
+		for tok := from; tok < to; tok++ {
+			for l := 0; l < L; l++ {
+				if err := s.Begin(l, route(tok, l), model.Hint{}); err != nil {
+					t.Fatal(err)
+				}
+				for range K {
+					if _, _, err := s.Next(); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if l+2 < L {
+					pred := route(tok, l+2)
+					if badLayer2 && l+2 == 2 {
+						pred = wrong(pred)
+					}
+					s.PrefetchAhead(l+2, 2, pred)
+					s.PrefetchAhead(l+2, 3, pred) // beyond the depth: reads nothing
+				}
+			}
+		}
+	}
+	open := func(depth int) *Stream {
+		s, err := Open(dir, man, Options{Slots: L * E / 2, Readers: 2, Lookahead: true, LookDepth: depth, Policy: LRU, Prefetch: 16})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	}
+
+	s := open(2)
+	run(s, 0, 20, false)
+	st := s.Stats()
+	if st.LookIssued == 0 || st.LookWasted != 0 || st.LookUseful != st.LookIssued {
+		t.Fatalf("right predictions two layers ahead: issued %d, useful %d, wasted %d; want every one useful",
+			st.LookIssued, st.LookUseful, st.LookWasted)
+	}
+
+	s = open(2)
+	run(s, 0, 30, true)
+	even := s.ahead[0][0] // depth 2's gate of the even layers
+	if even.LayerOn(2) {
+		t.Fatal("layer 2's wrong predictions two ahead are still read")
+	}
+	if L > 4 && !even.LayerOn(4) {
+		t.Fatal("layer 4's right predictions two ahead were stopped")
+	}
+	if !s.ahead[0][1].LayerOn(3) {
+		t.Fatal("layer 3's right predictions two ahead were stopped")
+	}
+	if st := s.Stats(); st.LookWasted == 0 || st.LookSkip == 0 {
+		t.Fatalf("wrong predictions: wasted %d, skipped %d; want both counted", st.LookWasted, st.LookSkip)
+	}
+	run(s, 30, 60, false)
+	if !s.ahead[0][0].LayerOn(2) {
+		t.Fatal("layer 2 did not resume once its predictions two ahead hit")
+	}
+
+	// Depth 1 takes no predictions two ahead.
+	s = open(1)
+	run(s, 0, 5, false)
+	if st := s.Stats(); st.LookIssued != 0 {
+		t.Fatalf("depth 1: %d prefetches issued two layers ahead", st.LookIssued)
+	}
+	for _, d := range []int{-1, MaxLookDepth + 1} {
+		if _, err := Open(dir, man, Options{Slots: L * E / 2, Lookahead: true, LookDepth: d}); err == nil || !strings.Contains(err.Error(), "lookahead depth") {
+			t.Errorf("depth %d: got %v, want an error naming the lookahead depth", d, err)
+		}
+	}
+}
