@@ -79,20 +79,7 @@ func TestAdaptiveLookahead(t *testing.T) {
 	}
 	defer s.Close()
 	const K = 4
-	route := func(tok, l int) []int { // a different set every token
-		ids := make([]int, K)
-		for k := range ids {
-			ids[k] = (tok*K*3 + l*7 + k) % E
-		}
-		return ids
-	}
-	wrong := func(ids []int) []int {
-		w := make([]int, len(ids))
-		for k, e := range ids {
-			w[k] = (e + E/2) % E
-		}
-		return w
-	}
+	route, wrong := lookRoutes(E, K)
 	run := func(from, to int, goodOdd bool) {
 		for tok := from; tok < to; tok++ {
 			for l := 0; l < L; l++ {

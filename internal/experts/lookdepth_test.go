@@ -21,20 +21,7 @@ func TestLookDepth(t *testing.T) {
 		t.Skip("needs 4 expert layers")
 	}
 	const K = 4
-	route := func(tok, l int) []int { // a different set every token
-		ids := make([]int, K)
-		for k := range ids {
-			ids[k] = (tok*K*3 + l*7 + k) % E
-		}
-		return ids
-	}
-	wrong := func(ids []int) []int {
-		w := make([]int, len(ids))
-		for k, e := range ids {
-			w[k] = (e + E/2) % E
-		}
-		return w
-	}
+	route, wrong := lookRoutes(E, K)
 	// run decodes tokens [from, to). Only the predictions two layers
 	// ahead are made (depth 1 predicts nothing), so every useful
 	// prefetch is one of theirs; those for layer 2 are wrong when
@@ -109,4 +96,26 @@ func TestLookDepth(t *testing.T) {
 			t.Errorf("depth %d: got %v, want an error naming the lookahead depth", d, err)
 		}
 	}
+}
+
+// lookRoutes returns the lookahead tests' routes: route gives K experts of
+// E for a token's layer, a different set every token, and wrong the
+// experts half the layer away from each of a set, none of which route
+// chose for it when E is at least 2K.
+func lookRoutes(E, K int) (route func(tok, l int) []int, wrong func(ids []int) []int) {
+	route = func(tok, l int) []int {
+		ids := make([]int, K)
+		for k := range ids {
+			ids[k] = (tok*K*3 + l*7 + k) % E
+		}
+		return ids
+	}
+	wrong = func(ids []int) []int {
+		w := make([]int, len(ids))
+		for k, e := range ids {
+			w[k] = (e + E/2) % E
+		}
+		return w
+	}
+	return route, wrong
 }
