@@ -3,7 +3,6 @@ package experts
 import (
 	"testing"
 
-	"github.com/sluicelm/sluice/internal/model"
 	"github.com/sluicelm/sluice/internal/testutil"
 )
 
@@ -83,14 +82,7 @@ func TestAdaptiveLookahead(t *testing.T) {
 	run := func(from, to int, goodOdd bool) {
 		for tok := from; tok < to; tok++ {
 			for l := 0; l < L; l++ {
-				if err := s.Begin(l, route(tok, l), model.Hint{}); err != nil {
-					t.Fatal(err)
-				}
-				for range K {
-					if _, _, err := s.Next(); err != nil {
-						t.Fatal(err)
-					}
-				}
+				decodeStep(t, s, l, route(tok, l))
 				if l+1 < L {
 					pred := route(tok, l+1)
 					if (l+1)%2 == 1 && !goodOdd {

@@ -29,14 +29,7 @@ func TestLookDepth(t *testing.T) {
 	run := func(s *Stream, from, to int, badLayer2 bool) {
 		for tok := from; tok < to; tok++ {
 			for l := 0; l < L; l++ {
-				if err := s.Begin(l, route(tok, l), model.Hint{}); err != nil {
-					t.Fatal(err)
-				}
-				for range K {
-					if _, _, err := s.Next(); err != nil {
-						t.Fatal(err)
-					}
-				}
+				decodeStep(t, s, l, route(tok, l))
 				if l+2 < L {
 					pred := route(tok, l+2)
 					if badLayer2 && l+2 == 2 {
@@ -118,4 +111,18 @@ func lookRoutes(E, K int) (route func(tok, l int) []int, wrong func(ids []int) [
 		return w
 	}
 	return route, wrong
+}
+
+// decodeStep runs one decode step of layer l through s: Begin with ids,
+// then every expert taken.
+func decodeStep(t *testing.T, s *Stream, l int, ids []int) {
+	t.Helper()
+	if err := s.Begin(l, ids, model.Hint{}); err != nil {
+		t.Fatal(err)
+	}
+	for range ids {
+		if _, _, err := s.Next(); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
