@@ -239,3 +239,64 @@ func TestCrewOneProcessor(t *testing.T) {
 		}
 	}
 }
+
+// TestCrewLateWorker follows a worker that wakes only after the
+// dispatcher has taken its part, as a worker parked through an expert's
+// read does: the dispatcher must take the part at once rather than wait
+// its patience for rows that no thread has published, and the worker,
+// finding its part taken, must take rows of it. The results are the
+// one-thread ones bit for bit.
+func TestCrewLateWorker(t *testing.T) {
+	r := rand.New(rand.NewPCG(9, 10))
+	m := crewMats(t, r)[0]
+	p := NewPool(2)
+	defer p.Close()
+	// Waiting out the patience would take 10 s; the worker waits for the
+	// dispatcher to start on its part for 3 s at most.
+	p.crew.patience = 10 * time.Second
+	var late, started, timedOut atomic.Bool
+	p.hookClaim = func(int) {
+		if !late.Load() {
+			return
+		}
+		end := time.Now().Add(3 * time.Second)
+		for !started.Load() && time.Now().Before(end) {
+			time.Sleep(20 * time.Microsecond)
+		}
+		timedOut.Store(!started.Load())
+	}
+	// Part 1's owner marks that it started, then holds on to its first
+	// chunk until a chunk is taken (at most 2 s), so that the worker has
+	// rows left to take whatever the machine's speed.
+	var before atomic.Uint64
+	p.crew.hookChunk = func(self int) {
+		if self != 1 || !late.Load() || started.Swap(true) {
+			return
+		}
+		for end := time.Now().Add(2 * time.Second); p.crew.Stolen() == before.Load() && time.Now().Before(end); {
+			time.Sleep(20 * time.Microsecond)
+		}
+	}
+	x := randVec(r, m.Cols)
+	want := make([]float32, m.Rows)
+	var sc Scratch
+	sc.MatMul(want, &m, x, 1)
+	for round := range 3 {
+		got := make([]float32, m.Rows)
+		started.Store(false)
+		timedOut.Store(false)
+		before.Store(p.crew.Stolen())
+		late.Store(true)
+		p.MatMul(got, &m, x, 1)
+		late.Store(false)
+		if timedOut.Load() {
+			t.Fatalf("round %d: the dispatcher did not start on the late worker's part within 3 s", round)
+		}
+		if p.crew.Stolen() == before.Load() {
+			t.Errorf("round %d: the late worker took no rows of its part", round)
+		}
+		if i := firstDiff(got, want); i >= 0 {
+			t.Fatalf("round %d: element %d is %v, on one thread %v", round, i, got[i], want[i])
+		}
+	}
+}

@@ -51,10 +51,19 @@ type Pool struct {
 	// (Scratch.Join).
 	crew  *Crew
 	crewT crewTask
+	// crewOp says the current operation's parts share their products
+	// through the crew (ParallelCrew): a worker whose part the
+	// dispatcher took helps with it instead (Crew.help). late are the
+	// workers' rooms for widened scales when they do.
+	crewOp atomic.Bool
+	late   [][][]float32
 	// hookDone, set by tests only (before the first operation), runs in a
 	// worker right after it reports its part done: it widens the window in
 	// which the dispatcher may already be on its next operation.
 	hookDone func(worker, left int)
+	// hookClaim, set by tests only, runs in a worker just before it
+	// claims its part: a worker that wakes late.
+	hookClaim func(worker int)
 	// dispatches counts operations handed to the workers (Parallel calls
 	// that split), for the per-token figures of sluice bench.
 	dispatches uint64
@@ -101,6 +110,10 @@ func NewPool(threads int) *Pool {
 		p.sc.rooms[i] = make([]float32, scaleRoom)
 	}
 	p.crew = NewCrew(threads)
+	p.late = make([][][]float32, threads)
+	for i := range p.late {
+		p.late[i] = [][]float32{make([]float32, scaleRoom)}
+	}
 	for i := 1; i < threads; i++ {
 		go p.worker(i)
 	}
@@ -146,8 +159,20 @@ func (p *Pool) worker(i int) {
 		if p.closed.Load() {
 			return
 		}
+		if p.hookClaim != nil {
+			p.hookClaim(i)
+		}
 		if !p.claims[i].CompareAndSwap(0, 1) {
-			continue // the dispatcher took this part (and counts it)
+			// The dispatcher took this part (and counts it). Take rows
+			// of it, or of any part still running: self -1 leaves no
+			// slot out, since the dispatcher now owns this worker's.
+			if p.crewOp.Load() {
+				p.crew.help(-1, p.late[i])
+			}
+			continue
+		}
+		if p.crewOp.Load() && p.spans[i].hi > p.spans[i].lo {
+			p.crew.unclaimed.Add(-1)
 		}
 		if s := p.spans[i]; s.hi > s.lo {
 			p.task.Run(s.lo, s.hi)
@@ -234,10 +259,15 @@ func (p *Pool) Parallel(n, grain int, t Task) {
 	}
 	t.Run(0, min(step, n))
 	for i := 1; i < p.n; i++ {
-		// A worker that has not started yet has probably lost its core.
+		// A worker that has not started yet has probably lost its core,
+		// or is still waking.
 		if p.claims[i].CompareAndSwap(0, 1) {
 			p.selfRuns++
 			if s := p.spans[i]; s.hi > s.lo {
+				if p.crewOp.Load() {
+					p.crew.unclaimed.Add(-1)
+					p.crew.disp.Store(int32(i))
+				}
 				t.Run(s.lo, s.hi)
 			}
 			p.pending.Add(-1)
@@ -461,8 +491,20 @@ func (p *Pool) run(rows, grain int) {
 // so that a part done early keeps helping until the slowest has started
 // and finished.
 func (p *Pool) ParallelCrew(n, grain int, t Task) {
-	parts, _ := p.split(n, grain)
+	parts, step := p.split(n, grain)
 	p.crew.expect(parts)
+	if parts > 1 {
+		w := 0 // the workers' non-empty parts
+		for i := 1; i < parts; i++ {
+			if i*step < n {
+				w++
+			}
+		}
+		p.crew.unclaimed.Store(int32(w))
+		p.crew.disp.Store(0)
+		p.crewOp.Store(true)
+		defer p.crewOp.Store(false)
+	}
 	p.Parallel(n, grain, t)
 }
 

@@ -184,3 +184,28 @@ func TestPoolSelfRuns(t *testing.T) {
 		t.Fatalf("dispatcher waiting for the worker: %d dispatches, %d self-runs; want 100 and 50", d, s)
 	}
 }
+
+// busyTask spins for d in each part.
+type busyTask struct{ d time.Duration }
+
+func (t *busyTask) Run(lo, hi int) {
+	for end := time.Now().Add(t.d); time.Now().Before(end); {
+	}
+}
+
+// BenchmarkPoolAfterIdle dispatches a two-part operation of 200 µs a part
+// after 1 ms with nothing to do, as a streamed decode dispatches an
+// expert's product once its read lands: the workers have parked by then.
+// self-runs/op is the share of the worker's parts the dispatcher ran
+// because the worker had not woken by the end of its own part.
+func BenchmarkPoolAfterIdle(b *testing.B) {
+	p := NewPool(2)
+	defer p.Close()
+	t := &busyTask{d: 200 * time.Microsecond}
+	s0 := p.SelfRuns()
+	for b.Loop() {
+		time.Sleep(time.Millisecond)
+		p.Parallel(2, 1, t)
+	}
+	b.ReportMetric(float64(p.SelfRuns()-s0)/float64(b.N), "self-runs/op")
+}
