@@ -137,9 +137,15 @@ type poolBench struct {
 	LookRecall       float64 `json:"lookahead_recall"`
 	LookWaste        float64 `json:"lookahead_waste_per_useful"`
 	LookSkipped      float64 `json:"lookahead_skipped"` // share of predicted records not prefetched (their rank paused)
-	LookPaused       float64 `json:"lookahead_paused"`  // share of steps without predictions (timed slower than without)
-	LookGainMS       float64 `json:"lookahead_gain_ms"` // the step time predicting saved (negative: added), as the stream's trial last timed it
-	LookSteps        int64   `json:"lookahead_steps"`   // decode steps the lookahead's trial saw, all trials (0: the lookahead was off)
+	// The same split off for the predictions made two or more layers
+	// ahead (--lookahead-depth): their share of the useful prefetches,
+	// their waste per useful one, and their share not prefetched.
+	AheadUseful  float64 `json:"lookahead_ahead_useful_share"`
+	AheadWaste   float64 `json:"lookahead_ahead_waste_per_useful"`
+	AheadSkipped float64 `json:"lookahead_ahead_skipped"`
+	LookPaused   float64 `json:"lookahead_paused"`  // share of steps without predictions (timed slower than without)
+	LookGainMS   float64 `json:"lookahead_gain_ms"` // the step time predicting saved (negative: added), as the stream's trial last timed it
+	LookSteps    int64   `json:"lookahead_steps"`   // decode steps the lookahead's trial saw, all trials (0: the lookahead was off)
 	// The decode's requests replayed offline from an empty pool of the same
 	// size: under the optimal eviction (Belady's; no policy hits more),
 	// under the pool's own policy without lookahead, and under each policy.
@@ -161,6 +167,7 @@ func summarisePool(e *engine.Engine, trials []benchTrial) *poolBench {
 	pb := &poolBench{Slots: s.Slots(), PoolMB: float64(int64(s.Slots())*s.Stride()) / 1e6,
 		PoolShare: float64(s.Slots()) / float64(man.ExpertLayers*man.Experts)}
 	var hit, landed, mbt, pmbt, iow, mst, rbw, busy, load, util, rec, waste, skip, paused, opt, cut []float64
+	var aUse, aWaste, aSkip []float64
 	sim := map[experts.Policy][]float64{}
 	nl := 0
 	for _, t := range trials {
@@ -201,6 +208,13 @@ func summarisePool(e *engine.Engine, trials []benchTrial) *poolBench {
 		if d.LookIssued+d.LookSkip > 0 {
 			skip = append(skip, float64(d.LookSkip)/float64(d.LookIssued+d.LookSkip))
 		}
+		if d.LookUseful > 0 {
+			aUse = append(aUse, float64(d.AheadUseful)/float64(d.LookUseful))
+		}
+		if d.AheadIssued+d.AheadSkip > 0 {
+			aWaste = append(aWaste, float64(d.AheadWasted)/float64(max(d.AheadUseful, 1)))
+			aSkip = append(aSkip, float64(d.AheadSkip)/float64(d.AheadIssued+d.AheadSkip))
+		}
 		if d.LookSteps > 0 {
 			paused = append(paused, float64(d.LookPaused)/float64(d.LookSteps))
 		}
@@ -211,6 +225,7 @@ func summarisePool(e *engine.Engine, trials []benchTrial) *poolBench {
 	pb.HitRate, pb.MBPerToken, pb.PrefillMBTok, pb.IOWaitMSTok, pb.MSPerToken = median(hit), median(mbt), median(pmbt), median(iow), median(mst)
 	pb.ReadMBs, pb.ReadBusy, pb.LoadMBs, pb.LoadUtil, pb.LookRecall, pb.LookWaste, pb.LookSkipped = median(rbw), median(busy), median(load), median(util), median(rec), median(waste), median(skip)
 	pb.LookPaused = median(paused)
+	pb.AheadUseful, pb.AheadWaste, pb.AheadSkipped = median(aUse), median(aWaste), median(aSkip)
 	pb.OptimalHitRate, pb.PolicyHitRate, pb.CutsPerToken = median(opt), median(sim[s.Options().Policy]), median(cut)
 	pb.PolicyHitRates = map[string]float64{}
 	for p, r := range sim {
@@ -276,6 +291,10 @@ func (pb *poolBench) print(w io.Writer, e *engine.Engine) {
 	if e.Stream.Lookahead() {
 		fmt.Fprintf(w, "lookahead recall %.1f%%, waste %.2f per useful, %.1f%% of predictions not prefetched (their rank's predictions did not pay); %.1f%% of steps without predictions (timed: predicting saved %.2f ms a step)\n",
 			100*pb.LookRecall, pb.LookWaste, 100*pb.LookSkipped, 100*pb.LookPaused, pb.LookGainMS)
+		if e.Stream.LookDepth() > 1 {
+			fmt.Fprintf(w, "of those, the predictions 2 or more layers ahead: %.1f%% of the useful prefetches, waste %.2f per useful, %.1f%% not prefetched\n",
+				100*pb.AheadUseful, pb.AheadWaste, 100*pb.AheadSkipped)
+		}
 	}
 	fmt.Fprintf(w, "%6s %9s %10s %12s\n", "layer", "hit rate", "MB/token", "io ms/token")
 	for l, lb := range pb.Layers {

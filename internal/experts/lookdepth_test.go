@@ -57,6 +57,9 @@ func TestLookDepth(t *testing.T) {
 		t.Fatalf("right predictions two layers ahead: issued %d, useful %d, wasted %d; want every one useful",
 			st.LookIssued, st.LookUseful, st.LookWasted)
 	}
+	if st.AheadIssued != st.LookIssued || st.AheadUseful != st.LookUseful {
+		t.Fatalf("predictions two layers ahead only: %d issued and %d useful counted as ahead, of %d and %d", st.AheadIssued, st.AheadUseful, st.LookIssued, st.LookUseful)
+	}
 
 	s = open(2)
 	run(s, 0, 30, true)
@@ -70,8 +73,9 @@ func TestLookDepth(t *testing.T) {
 	if !s.ahead[0][1].LayerOn(3) {
 		t.Fatal("layer 3's right predictions two ahead were stopped")
 	}
-	if st := s.Stats(); st.LookWasted == 0 || st.LookSkip == 0 {
-		t.Fatalf("wrong predictions: wasted %d, skipped %d; want both counted", st.LookWasted, st.LookSkip)
+	if st := s.Stats(); st.LookWasted == 0 || st.LookSkip == 0 || st.AheadWasted != st.LookWasted || st.AheadSkip != st.LookSkip {
+		t.Fatalf("wrong predictions: wasted %d, skipped %d (as ahead: %d, %d); want both counted, all as ahead",
+			st.LookWasted, st.LookSkip, st.AheadWasted, st.AheadSkip)
 	}
 	run(s, 30, 60, false)
 	if !s.ahead[0][0].LayerOn(2) {
@@ -81,8 +85,28 @@ func TestLookDepth(t *testing.T) {
 	// Depth 1 takes no predictions two ahead.
 	s = open(1)
 	run(s, 0, 5, false)
-	if st := s.Stats(); st.LookIssued != 0 {
-		t.Fatalf("depth 1: %d prefetches issued two layers ahead", st.LookIssued)
+	if st := s.Stats(); st.LookIssued != 0 || st.AheadIssued != 0 {
+		t.Fatalf("depth 1: %d prefetches issued two layers ahead (%d counted as ahead)", st.LookIssued, st.AheadIssued)
+	}
+
+	// The next layer's predictions are not counted as ahead, wrong ones
+	// included.
+	s = open(2)
+	for tok := range 20 {
+		for l := 0; l < L; l++ {
+			decodeStep(t, s, l, route(tok, l))
+			if l+1 < L {
+				pred := route(tok, l+1)
+				if tok%4 != 0 { // wrong often enough that the gate skips
+					pred = wrong(pred)
+				}
+				s.Prefetch(l+1, pred)
+			}
+		}
+	}
+	if st := s.Stats(); st.LookUseful == 0 || st.LookWasted == 0 || st.LookSkip == 0 || st.AheadIssued+st.AheadUseful+st.AheadWasted+st.AheadSkip != 0 {
+		t.Fatalf("next layer's predictions: useful %d, wasted %d, skipped %d; counted as ahead: issued %d, useful %d, wasted %d, skipped %d; want none",
+			st.LookUseful, st.LookWasted, st.LookSkip, st.AheadIssued, st.AheadUseful, st.AheadWasted, st.AheadSkip)
 	}
 	for _, d := range []int{-1, MaxLookDepth + 1} {
 		if _, err := Open(dir, man, Options{Slots: L * E / 2, Lookahead: true, LookDepth: d}); err == nil || !strings.Contains(err.Error(), "lookahead depth") {

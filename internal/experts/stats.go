@@ -27,6 +27,10 @@ type Stats struct {
 	// LookSkipped counts predicted records not prefetched because their
 	// rank's predictions in their layer were not paying (LookGate).
 	LookSkipped atomic.Int64
+	// Of the four counts above, those of predictions made two or more
+	// layers ahead (Options.LookDepth): whether the deeper guesses pay
+	// is told apart from the next layer's.
+	AheadIssued, AheadUseful, AheadWasted, AheadSkipped atomic.Int64
 	// LookSteps counts the steps the lookahead's trial saw (lookTrial),
 	// LookPaused those it spent without predictions; LookGainNs is the
 	// trial's estimate of the step time predicting saves (negative: adds),
@@ -104,17 +108,22 @@ type Snapshot struct {
 	PrefetchReaders int `json:"prefetch_readers"`
 	// The time with at least 4 reads in flight and the bytes of the reads
 	// that ended in it (Stats.DeepNs, DeepBytes).
-	DeepMS           float64         `json:"deep_ms"`
-	DeepBytes        int64           `json:"deep_bytes"`
-	PrefetchSwitches int64           `json:"prefetch_switches"`
-	LookIssued       int64           `json:"-"`
-	LookUseful       int64           `json:"-"`
-	LookWasted       int64           `json:"-"`
-	LookSkip         int64           `json:"-"`
-	LookSteps        int64           `json:"-"`
-	LookPaused       int64           `json:"-"`
-	LookGainMS       float64         `json:"-"` // the trial's estimate when taken (Sub keeps the later)
-	Layers           []LayerSnapshot `json:"-"`
+	DeepMS           float64 `json:"deep_ms"`
+	DeepBytes        int64   `json:"deep_bytes"`
+	PrefetchSwitches int64   `json:"prefetch_switches"`
+	LookIssued       int64   `json:"-"`
+	LookUseful       int64   `json:"-"`
+	LookWasted       int64   `json:"-"`
+	LookSkip         int64   `json:"-"`
+	// Of those, the predictions made two or more layers ahead.
+	AheadIssued int64           `json:"-"`
+	AheadUseful int64           `json:"-"`
+	AheadWasted int64           `json:"-"`
+	AheadSkip   int64           `json:"-"`
+	LookSteps   int64           `json:"-"`
+	LookPaused  int64           `json:"-"`
+	LookGainMS  float64         `json:"-"` // the trial's estimate when taken (Sub keeps the later)
+	Layers      []LayerSnapshot `json:"-"`
 }
 
 // LayerSnapshot is one layer's counters.
@@ -132,6 +141,7 @@ func (s *Stream) Stats() Snapshot {
 	st := &s.stats
 	o := Snapshot{PoolSlots: st.Slots, BytesRead: st.BytesRead.Load(), Evictions: st.Evictions.Load(), Cuts: st.Cuts.Load(),
 		LookIssued: st.LookIssued.Load(), LookUseful: st.LookUseful.Load(), LookWasted: st.LookWasted.Load(), LookSkip: st.LookSkipped.Load(), LookSteps: st.LookSteps.Load(), LookPaused: st.LookPaused.Load(), LookGainMS: float64(st.LookGainNs.Load()) / 1e6, ReadBusyMS: float64(st.ReadBusyNs.Load()) / 1e6,
+		AheadIssued: st.AheadIssued.Load(), AheadUseful: st.AheadUseful.Load(), AheadWasted: st.AheadWasted.Load(), AheadSkip: st.AheadSkipped.Load(),
 		PrefetchReaders: s.PrefetchReaders(), PrefetchSwitches: st.PrefetchSwitches.Load(),
 		DeepMS: float64(st.DeepNs.Load()) / 1e6, DeepBytes: st.DeepBytes.Load()}
 	o.Layers = make([]LayerSnapshot, len(st.layers))
@@ -152,6 +162,7 @@ func (a Snapshot) Sub(b Snapshot) Snapshot {
 	o := Snapshot{PoolSlots: a.PoolSlots, Hits: a.Hits - b.Hits, Landed: a.Landed - b.Landed, Misses: a.Misses - b.Misses, BytesRead: a.BytesRead - b.BytesRead,
 		IOWaitMS: a.IOWaitMS - b.IOWaitMS, Evictions: a.Evictions - b.Evictions, Cuts: a.Cuts - b.Cuts,
 		LookIssued: a.LookIssued - b.LookIssued, LookUseful: a.LookUseful - b.LookUseful, LookWasted: a.LookWasted - b.LookWasted, LookSkip: a.LookSkip - b.LookSkip, LookSteps: a.LookSteps - b.LookSteps, LookPaused: a.LookPaused - b.LookPaused, LookGainMS: a.LookGainMS, ReadBusyMS: a.ReadBusyMS - b.ReadBusyMS,
+		AheadIssued: a.AheadIssued - b.AheadIssued, AheadUseful: a.AheadUseful - b.AheadUseful, AheadWasted: a.AheadWasted - b.AheadWasted, AheadSkip: a.AheadSkip - b.AheadSkip,
 		PrefetchReaders: a.PrefetchReaders, PrefetchSwitches: a.PrefetchSwitches - b.PrefetchSwitches,
 		DeepMS: a.DeepMS - b.DeepMS, DeepBytes: a.DeepBytes - b.DeepBytes}
 	if len(a.Layers) == len(b.Layers) {

@@ -278,8 +278,9 @@ func (s *Stream) RecordTrace(on bool) {
 // Trace returns what was recorded since RecordTrace(true).
 func (s *Stream) Trace() Trace { return s.trace }
 
-// LookaheadOn reports whether any rank of the predictions for layer is
-// currently prefetched (LookGate).
+// LookaheadOn reports whether any rank of the next layer's predictions
+// for layer (those made one layer ahead) is currently prefetched
+// (LookGate); the deeper predictions have gates of their own.
 func (s *Stream) LookaheadOn(layer int) bool {
 	return s.o.Lookahead && s.look.LayerOn(layer)
 }
@@ -580,6 +581,9 @@ func (s *Stream) Begin(layer int, ids []int, hint model.Hint) error {
 		s.slotOf[i] = si
 		ls.Hits.Add(1)
 		if sl.pre {
+			if sl.ahead {
+				s.stats.AheadUseful.Add(1)
+			}
 			sl.pre, sl.ahead = false, false
 			s.stats.LookUseful.Add(1)
 		}
@@ -992,6 +996,9 @@ func (s *Stream) prefetch(g *LookGate, layer int, ids []int, ahead bool) {
 	}
 	on := g.Predict(layer, ids, func(e int) bool { return e < s.E && s.where[layer*s.E+e] < 0 })
 	s.stats.LookSkipped.Add(int64(g.WouldFetch() - len(on)))
+	if ahead {
+		s.stats.AheadSkipped.Add(int64(g.WouldFetch() - len(on)))
+	}
 	for _, e := range on {
 		rec := int32(layer*s.E + e)
 		if s.preInflight >= s.o.Prefetch {
@@ -1013,6 +1020,9 @@ func (s *Stream) prefetch(g *LookGate, layer int, ids []int, ahead bool) {
 		s.inflight++
 		s.preInflight++
 		s.stats.LookIssued.Add(1)
+		if ahead {
+			s.stats.AheadIssued.Add(1)
+		}
 		s.pre <- request{slot: si, off: int64(rec) * s.st.Stride}
 	}
 }
@@ -1038,7 +1048,10 @@ func (s *Stream) accountPrefetches(layer int) {
 			continue // already used or evicted, or Begin counts it useful
 		}
 		s.stats.LookWasted.Add(1)
-		sl.pre = false
+		if sl.ahead {
+			s.stats.AheadWasted.Add(1)
+		}
+		sl.pre, sl.ahead = false, false
 		s.touched(si)
 		if sl.state == loading {
 			sl.cancel.Store(true)
