@@ -196,8 +196,10 @@ func BenchmarkQ4DecodeShare(b *testing.B) {
 	}
 	// 768×2048 is a dense projection's shape, 2048×512 a down projection
 	// of Qwen3.5-35B-A3B's experts: tiles of 2 KB, which the software
-	// prefetch reaches PFMIN ahead rather than one tile.
-	for _, sh := range [][2]int{{768, 2048}, {2048, 512}} {
+	// prefetch reaches PFMIN ahead rather than one tile. 2048×4096 is the
+	// same model's output projections (attention and DeltaNet): tiles of
+	// 16 KB, which it reaches PFMIN ahead rather than a whole tile.
+	for _, sh := range [][2]int{{768, 2048}, {2048, 512}, {2048, 768}, {2048, 4096}} {
 		rows, cols := sh[0], sh[1]
 		ms, free := dramMats(b, rows, cols, 1<<30)
 		var tmp []byte

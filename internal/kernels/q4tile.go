@@ -197,7 +197,7 @@ func (t *matmulTask) restQ4(w *Mat, out []float32, lo, hi, a, n8, r int, room *[
 // The variants of the decode kernel q4Rows, bits of its mode.
 const (
 	q4RowsVNNI     = 1 // VPDPBUSD for the integer part, else VPMADDUBSW
-	q4RowsPrefetch = 4 // software prefetch of a later tile of rows, at least 8 KB ahead
+	q4RowsPrefetch = 4 // software prefetch of later rows, 4 KB ahead or more (PFMIN)
 	q4RowsZMM      = 8 // with both others: two groups at a time on 512-bit registers
 	// q4RowsTiled reads the tiled layout (Mat.Tiled): a tile is one
 	// sequential stream, and each 64-byte line of it holds 8 bytes of

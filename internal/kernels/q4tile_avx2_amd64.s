@@ -914,13 +914,21 @@ b1part:
 #define L_ROOFF 112            // and out's bytes
 #define L_RPFQ 120             // the software prefetch's distance: weights' bytes,
 #define L_RPFS 160             // scales' (and biases') bytes
-// PFMIN is the least distance the software prefetch reads ahead of the
-// tile being computed, rounded up to whole tiles: a tile of 512 columns
-// (2 KB) is read too soon after its prefetch for the memory's latency,
-// and down projections of 512 columns (Qwen3.5-35B-A3B's experts) ran
-// 9-15% faster from memory at 8 KB ahead (one thread; 8-12% on two),
-// where a tile of 2048 columns is already that far.
-#define PFMIN 8192
+// PFMIN is the software prefetch's distance ahead of the tile being
+// computed: rounded up to whole tiles for tiles smaller than it, exactly
+// PFMIN for larger ones (the tiles of a matrix are one stream, so the
+// prefetch may reach into the middle of the next). A tile of 512 columns
+// (2 KB) is read too soon after its prefetch for the memory's latency:
+// down projections of 512 columns (Qwen3.5-35B-A3B's experts) ran 9-15%
+// faster from memory at 8 KB ahead than one tile ahead (one thread; 8-12%
+// on two). Farther is worse for large tiles: a whole tile ahead, a matrix
+// of 4096 columns (16 KB tiles) streamed at 0.55-0.60 of plain reads on
+// one thread of a 2-core Zen 4, 0.67-0.72 at 8 KB and 0.74-0.78 at 4 KB;
+// 2048 columns (8 KB tiles) at 0.80-0.86 a tile ahead and 0.85-0.88 at
+// 4 KB, and 2 and 3 KB tiles at 0.86-0.90 rounded up from 8 KB against
+// 0.88-0.92 from 4 KB (BenchmarkQ4DecodeShare, alternating builds; the
+// 512-bit variant gained alike in BenchmarkQ4DecodeDRAM's whole1).
+#define PFMIN 4096
 // PFFAR is how far ahead of the tile being computed the kernel touches
 // each 4 KB page of its weights (a line, PREFETCHT2), so that the page's
 // address translation and the hardware prefetcher's start on it are
@@ -1025,7 +1033,8 @@ rzexp:
 	VMOVDQU64 (AX), Z16
 	VMOVDQU64 64(AX), Z17
 rzoff:
-	// The prefetch's distance: D whole tiles, D·8·qstride >= PFMIN.
+	// The prefetch's distance: D whole tiles, D·8·qstride >= PFMIN, or
+	// PFMIN itself where one tile reaches it.
 	MOVQ qstride+8(FP), BX
 	SHLQ $3, BX
 	MOVQ $(PFMIN-1), AX
@@ -1033,6 +1042,10 @@ rzoff:
 	XORQ DX, DX
 	DIVQ BX
 	IMULQ AX, BX
+	CMPQ AX, $1
+	JNE rpfq
+	MOVQ $PFMIN, BX
+rpfq:
 	MOVQ BX, L_RPFQ(SP)
 	MOVQ ng+32(FP), DX
 	SHLQ $4, DX
