@@ -150,3 +150,73 @@ func decodeStep(t *testing.T, s *Stream, l int, ids []int) {
 		}
 	}
 }
+
+// TestPrefsListedOnce: a slot that a prediction two layers ahead filled,
+// taken by another prediction before its layer came, is listed once
+// among the prefetches still to settle (Stream.prefs), and every slot
+// holding an unused prefetch is listed. A pool of two steps' experts
+// makes the predictions evict each other's slots.
+func TestPrefsListedOnce(t *testing.T) {
+	dir, man := testutil.PackedManifest(t, "tiny-qwen3-moe", 4)
+	L, E := man.ExpertLayers, man.Experts
+	if L < 4 {
+		t.Skip("needs 4 expert layers")
+	}
+	const K = 4
+	route, wrong := lookRoutes(E, K)
+	s, err := Open(dir, man, Options{Slots: 2 * K, Readers: 1, Lookahead: true, LookDepth: 2, Policy: LRU, Prefetch: 2 * K})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	// settle lands every read in flight, so that its slot can be evicted.
+	settle := func() {
+		for s.inflight > 0 {
+			if err := s.complete(<-s.done); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	retaken := 0
+	for tok := range 12 {
+		for l := 0; l < L; l++ {
+			decodeStep(t, s, l, route(tok, l))
+			settle()
+			// The records the listed slots held before this step's
+			// predictions.
+			before := map[int32]int32{}
+			for _, si := range s.prefs {
+				before[si] = s.slots[si].rec
+			}
+			for d := 2; d >= 1; d-- {
+				if l+d < L {
+					// Wrong every other token, so that some stay unused.
+					pred := route(tok, l+d)
+					if tok%2 == 1 {
+						pred = wrong(pred)
+					}
+					s.PrefetchAhead(l+d, d, pred)
+					settle()
+				}
+			}
+			seen := map[int32]bool{}
+			for _, si := range s.prefs {
+				if seen[si] {
+					t.Fatalf("token %d, layer %d: slot %d listed twice among the prefetches %v", tok, l, si, s.prefs)
+				}
+				seen[si] = true
+				if rec, ok := before[si]; ok && s.slots[si].pre && s.slots[si].rec != rec {
+					retaken++
+				}
+			}
+			for si := range s.slots {
+				if sl := &s.slots[si]; sl.pre && !seen[int32(si)] {
+					t.Fatalf("token %d, layer %d: slot %d holds an unused prefetch but is not listed", tok, l, si)
+				}
+			}
+		}
+	}
+	if retaken == 0 {
+		t.Fatal("no listed slot was taken by a later prediction: the test does not reach the case")
+	}
+}

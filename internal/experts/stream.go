@@ -178,6 +178,10 @@ type slot struct {
 	readLow  bool // the read in flight targets the low-bit store
 	prefetch int  // layer a prefetch was issued for
 	ahead    bool // a prefetch more than one layer ahead (Options.LookDepth)
+	// listed says the slot is in Stream.prefs. A slot prefetched, then
+	// evicted and prefetched again before accountPrefetches runs is
+	// listed once, so that a kept prediction is not carried twice.
+	listed bool
 }
 
 type request struct {
@@ -1016,7 +1020,10 @@ func (s *Stream) prefetch(g *LookGate, layer int, ids []int, ahead bool) {
 		s.vs.take(si, layer)
 		sl.prefetch, sl.ahead = layer, ahead
 		s.where[rec] = si
-		s.prefs = append(s.prefs, si)
+		if !sl.listed {
+			s.prefs = append(s.prefs, si)
+			sl.listed = true
+		}
 		s.inflight++
 		s.preInflight++
 		s.stats.LookIssued.Add(1)
@@ -1044,6 +1051,7 @@ func (s *Stream) accountPrefetches(layer int) {
 			keep = append(keep, si)
 			continue
 		}
+		sl.listed = false
 		if !sl.pre || s.isNeeded(sl.rec, layer) {
 			continue // already used or evicted, or Begin counts it useful
 		}
