@@ -194,11 +194,12 @@ func BenchmarkQ4DecodeShare(b *testing.B) {
 	if !useAVX2 {
 		b.Skip("no AVX2")
 	}
-	// 768×2048 is a dense projection's shape, 2048×512 a down projection
-	// of Qwen3.5-35B-A3B's experts: tiles of 2 KB, which the software
-	// prefetch reaches PFMIN ahead rather than one tile. 2048×4096 is the
-	// same model's output projections (attention and DeltaNet): tiles of
-	// 16 KB, which it reaches PFMIN ahead rather than a whole tile.
+	// 768×2048 is a dense projection's shape (8 KB tiles), 2048×512 a down
+	// projection of Qwen3.5-35B-A3B's experts and 2048×768 of
+	// Qwen3-30B-A3B's: tiles of 2 and 3 KB, which the software prefetch
+	// reaches PFMIN ahead rounded up to whole tiles. 2048×4096 is
+	// Qwen3.5's output projections (attention and DeltaNet): tiles of 16
+	// KB, which it reaches PFMIN ahead rather than a whole tile.
 	for _, sh := range [][2]int{{768, 2048}, {2048, 512}, {2048, 768}, {2048, 4096}} {
 		rows, cols := sh[0], sh[1]
 		ms, free := dramMats(b, rows, cols, 1<<30)
@@ -209,36 +210,45 @@ func BenchmarkQ4DecodeShare(b *testing.B) {
 		}
 		x := randVec(rand.New(rand.NewPCG(1, 1)), cols)
 		kernelBytes := float64(len(ms) * (len(ms[0].Q) + 4*len(ms[0].Scales)))
-		plainBytes := float64(len(ms) * len(ms[0].Q))
 		for _, th := range []int{1, 2} {
 			b.Run(fmt.Sprintf("%dx%d/%d", rows, cols, th), func(b *testing.B) {
-				var sc [2]Scratch
-				outs := [2][]float32{make([]float32, rows), make([]float32, rows)}
-				var sums [2]uint64
-				each := func(f func(t, i int)) time.Duration {
-					t0 := time.Now()
-					onThreads(th, len(ms), f)
-					return time.Since(t0)
-				}
-				kernel := func() time.Duration {
-					return each(func(t, i int) { sc[t].MatMul(outs[t], &ms[i], x, 1) })
-				}
-				plain := func() time.Duration {
-					return each(func(t, i int) { sums[t] += readBytes(ms[i].Q) })
-				}
-				shares, tk := alternating(b, kernel, plain)
-				rates := make([]float64, len(tk))
-				for i, t := range tk {
-					shares[i] *= kernelBytes / plainBytes
-					rates[i] = kernelBytes / t.Seconds()
-				}
-				readSink.Add(sums[0] + sums[1])
-				b.ReportMetric(median(shares), "kernel/plain")
-				b.ReportMetric(median(rates)/1e9, "kernel-GB/s")
+				benchShare(b, ms, x, kernelBytes, th)
 			})
 		}
 		free()
 	}
+}
+
+// benchShare reports the decode kernel's rate over ms on th threads (1
+// or 2, whole matrices in turn) as a share of plain reads of the same
+// matrices' weights, pass by pass (alternating), kernelBytes counting
+// what the kernel reads, scales included.
+func benchShare(b *testing.B, ms []Mat, x []float32, kernelBytes float64, th int) {
+	rows := ms[0].Rows
+	plainBytes := float64(len(ms) * len(ms[0].Q))
+	var sc [2]Scratch
+	outs := [2][]float32{make([]float32, rows), make([]float32, rows)}
+	var sums [2]uint64
+	each := func(f func(t, i int)) time.Duration {
+		t0 := time.Now()
+		onThreads(th, len(ms), f)
+		return time.Since(t0)
+	}
+	kernel := func() time.Duration {
+		return each(func(t, i int) { sc[t].MatMul(outs[t], &ms[i], x, 1) })
+	}
+	plain := func() time.Duration {
+		return each(func(t, i int) { sums[t] += readBytes(ms[i].Q) })
+	}
+	shares, tk := alternating(b, kernel, plain)
+	rates := make([]float64, len(tk))
+	for i, t := range tk {
+		shares[i] *= kernelBytes / plainBytes
+		rates[i] = kernelBytes / t.Seconds()
+	}
+	readSink.Add(sums[0] + sums[1])
+	b.ReportMetric(median(shares), "kernel/plain")
+	b.ReportMetric(median(rates)/1e9, "kernel-GB/s")
 }
 
 // alternating runs b's rounds, each a pass of x and a pass of y, which
@@ -454,6 +464,11 @@ func BenchmarkMXFP4DecodeDRAM(b *testing.B) {
 	}
 	b.Run("whole2-tiled", func(b *testing.B) { benchWhole(b, ms, x, vb, 2) })
 	b.Run("whole1-tiled", func(b *testing.B) { benchWhole(b, ms, x, vb, 1) })
+	// The tiled kernel against plain reads of the same codes, pass by
+	// pass, as BenchmarkQ4DecodeShare.
+	for _, th := range []int{1, 2} {
+		b.Run(fmt.Sprintf("share%d-tiled", th), func(b *testing.B) { benchShare(b, ms, x, float64(len(ms))*float64(vb), th) })
+	}
 }
 
 // TestReadBytes: the bandwidth reader, its four streams and the blocks
