@@ -929,6 +929,12 @@ b1part:
 // 0.88-0.92 from 4 KB (BenchmarkQ4DecodeShare, alternating builds; the
 // 512-bit variant gained alike in BenchmarkQ4DecodeDRAM's whole1).
 #define PFMIN 4096
+// PFFLAT is the least distance for row-major rows, rounded up to whole
+// groups of 8 rows: there the prefetch walks the next group's 8 rows
+// (8·qstride bytes) as one sequence while the kernel reads 8 streams a
+// row apart, so that a distance short of a whole group would reach rows
+// the kernel is already reading.
+#define PFFLAT 8192
 // PFFAR is how far ahead of the tile being computed the kernel touches
 // each 4 KB page of its weights (a line, PREFETCHT2), so that the page's
 // address translation and the hardware prefetcher's start on it are
@@ -1034,14 +1040,21 @@ rzexp:
 	VMOVDQU64 64(AX), Z17
 rzoff:
 	// The prefetch's distance: D whole tiles, D·8·qstride >= PFMIN, or
-	// PFMIN itself where one tile reaches it.
+	// PFMIN itself where one tile reaches it; row-major rows, D whole
+	// groups of 8 rows, D·8·qstride >= PFFLAT.
 	MOVQ qstride+8(FP), BX
 	SHLQ $3, BX
+	MOVQ $(PFFLAT-1), AX
+	TESTB $16, mode+80(FP)
+	JEQ rpfd
 	MOVQ $(PFMIN-1), AX
+rpfd:
 	ADDQ BX, AX
 	XORQ DX, DX
 	DIVQ BX
 	IMULQ AX, BX
+	TESTB $16, mode+80(FP)
+	JEQ rpfq
 	CMPQ AX, $1
 	JNE rpfq
 	MOVQ $PFMIN, BX
