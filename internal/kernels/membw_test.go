@@ -200,6 +200,22 @@ func BenchmarkQ4DecodeShare(b *testing.B) {
 	// reaches PFMIN ahead rounded up to whole tiles. 2048×4096 is
 	// Qwen3.5's output projections (attention and DeltaNet): tiles of 16
 	// KB, which it reaches PFMIN ahead rather than a whole tile.
+	//
+	// First Qwen3.5-35B-A3B's expert shapes row-major ("-rows"), as a
+	// streamed pool computes them (the store's layout), where the
+	// prefetch walks whole groups of 8 rows (PFMIN ahead, rounded up).
+	for _, sh := range [][2]int{{512, 2048}, {2048, 512}} {
+		rows, cols := sh[0], sh[1]
+		ms, free := dramMats(b, rows, cols, 1<<30)
+		x := randVec(rand.New(rand.NewPCG(1, 1)), cols)
+		kernelBytes := float64(len(ms) * (len(ms[0].Q) + 4*len(ms[0].Scales)))
+		for _, th := range []int{1, 2} {
+			b.Run(fmt.Sprintf("%dx%d-rows/%d", rows, cols, th), func(b *testing.B) {
+				benchShare(b, ms, x, kernelBytes, th)
+			})
+		}
+		free()
+	}
 	for _, sh := range [][2]int{{768, 2048}, {2048, 512}, {2048, 768}, {2048, 4096}} {
 		rows, cols := sh[0], sh[1]
 		ms, free := dramMats(b, rows, cols, 1<<30)

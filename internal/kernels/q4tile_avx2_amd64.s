@@ -928,13 +928,15 @@ b1part:
 // 4 KB, and 2 and 3 KB tiles at 0.86-0.90 rounded up from 8 KB against
 // 0.88-0.92 from 4 KB (BenchmarkQ4DecodeShare, alternating builds; the
 // 512-bit variant gained alike in BenchmarkQ4DecodeDRAM's whole1).
+// Row-major rows are prefetched in whole groups of 8 rows: there the
+// prefetch walks the next group's 8 rows (8·qstride bytes) as one
+// sequence while the kernel reads 8 streams a row apart, so that a
+// distance short of a whole group would reach rows the kernel is already
+// reading. Rounded up from 4 KB rather than 8, the down projections of
+// 512 columns (2 KB groups) streamed at 0.83-0.84 of plain reads against
+// 0.77-0.80 (one thread, BenchmarkQ4DecodeShare's "-rows" cases), and
+// at 16 KB 0.65-0.66.
 #define PFMIN 4096
-// PFFLAT is the least distance for row-major rows, rounded up to whole
-// groups of 8 rows: there the prefetch walks the next group's 8 rows
-// (8·qstride bytes) as one sequence while the kernel reads 8 streams a
-// row apart, so that a distance short of a whole group would reach rows
-// the kernel is already reading.
-#define PFFLAT 8192
 // PFFAR is how far ahead of the tile being computed the kernel touches
 // each 4 KB page of its weights (a line, PREFETCHT2), so that the page's
 // address translation and the hardware prefetcher's start on it are
@@ -1039,16 +1041,12 @@ rzexp:
 	VMOVDQU64 (AX), Z16
 	VMOVDQU64 64(AX), Z17
 rzoff:
-	// The prefetch's distance: D whole tiles, D·8·qstride >= PFMIN, or
-	// PFMIN itself where one tile reaches it; row-major rows, D whole
-	// groups of 8 rows, D·8·qstride >= PFFLAT.
+	// The prefetch's distance: D whole tiles (of row-major rows, whole
+	// groups of 8 rows), D·8·qstride >= PFMIN; or, tiled, PFMIN itself
+	// where one tile reaches it.
 	MOVQ qstride+8(FP), BX
 	SHLQ $3, BX
-	MOVQ $(PFFLAT-1), AX
-	TESTB $16, mode+80(FP)
-	JEQ rpfd
 	MOVQ $(PFMIN-1), AX
-rpfd:
 	ADDQ BX, AX
 	XORQ DX, DX
 	DIVQ BX
