@@ -164,6 +164,11 @@ func ScratchBytes(c *format.Config, rows, threads, ctx int) int64 {
 		span *= 2
 	}
 	extra += T * 8 * span
+	// Each thread's rooms for widened scales (kernels.scaleRoom floats):
+	// the pool's for its part of a product, the pool's for a worker that
+	// helps with a part the dispatcher took (Pool.late), and its own
+	// Scratch's for the experts it runs.
+	extra += T * 3 * 4096
 	if f, err := family.Named(c.Family); err == nil {
 		if a, err := f.Build(c, block.Specs()); err == nil {
 			layers := a.Layers
