@@ -204,30 +204,25 @@ func BenchmarkQ4DecodeShare(b *testing.B) {
 	// First Qwen3.5-35B-A3B's expert shapes row-major ("-rows"), as a
 	// streamed pool computes them (the store's layout), where the
 	// prefetch walks whole groups of 8 rows (PFMIN ahead, rounded up).
-	for _, sh := range [][2]int{{512, 2048}, {2048, 512}} {
-		rows, cols := sh[0], sh[1]
-		ms, free := dramMats(b, rows, cols, 1<<30)
-		x := randVec(rand.New(rand.NewPCG(1, 1)), cols)
+	shapes := []struct {
+		rows, cols int
+		tiled      bool
+	}{{512, 2048, false}, {2048, 512, false}, {768, 2048, true}, {2048, 512, true}, {2048, 768, true}, {2048, 4096, true}}
+	for _, sh := range shapes {
+		ms, free := dramMats(b, sh.rows, sh.cols, 1<<30)
+		name := fmt.Sprintf("%dx%d-rows", sh.rows, sh.cols)
+		if sh.tiled {
+			var tmp []byte
+			for i := range ms {
+				tmp = TileQ4(ms[i].Q, sh.rows, sh.cols, tmp)
+				ms[i].Tiled = true
+			}
+			name = fmt.Sprintf("%dx%d", sh.rows, sh.cols)
+		}
+		x := randVec(rand.New(rand.NewPCG(1, 1)), sh.cols)
 		kernelBytes := float64(len(ms) * (len(ms[0].Q) + 4*len(ms[0].Scales)))
 		for _, th := range []int{1, 2} {
-			b.Run(fmt.Sprintf("%dx%d-rows/%d", rows, cols, th), func(b *testing.B) {
-				benchShare(b, ms, x, kernelBytes, th)
-			})
-		}
-		free()
-	}
-	for _, sh := range [][2]int{{768, 2048}, {2048, 512}, {2048, 768}, {2048, 4096}} {
-		rows, cols := sh[0], sh[1]
-		ms, free := dramMats(b, rows, cols, 1<<30)
-		var tmp []byte
-		for i := range ms {
-			tmp = TileQ4(ms[i].Q, rows, cols, tmp)
-			ms[i].Tiled = true
-		}
-		x := randVec(rand.New(rand.NewPCG(1, 1)), cols)
-		kernelBytes := float64(len(ms) * (len(ms[0].Q) + 4*len(ms[0].Scales)))
-		for _, th := range []int{1, 2} {
-			b.Run(fmt.Sprintf("%dx%d/%d", rows, cols, th), func(b *testing.B) {
+			b.Run(fmt.Sprintf("%s/%d", name, th), func(b *testing.B) {
 				benchShare(b, ms, x, kernelBytes, th)
 			})
 		}
