@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/model"
 	"github.com/sluicelm/sluice/internal/testutil"
 )
@@ -15,13 +16,8 @@ import (
 // useful at its own layer's step; its gate must stop a layer whose
 // predictions miss and keep one whose predictions hit.
 func TestLookDepth(t *testing.T) {
-	dir, man := testutil.PackedManifest(t, "tiny-qwen3-moe", 4)
+	dir, man, route, wrong := lookModel(t)
 	L, E := man.ExpertLayers, man.Experts
-	if L < 4 {
-		t.Skip("needs 4 expert layers")
-	}
-	const K = 4
-	route, wrong := lookRoutes(E, K)
 	// run decodes tokens [from, to). Only the predictions two layers
 	// ahead are made (depth 1 predicts nothing), so every useful
 	// prefetch is one of theirs; those for layer 2 are wrong when
@@ -115,6 +111,22 @@ func TestLookDepth(t *testing.T) {
 	}
 }
 
+// lookK is the experts a token's layer chooses in the lookahead tests.
+const lookK = 4
+
+// lookModel returns the lookahead tests' packed model (tiny-qwen3-moe at
+// 4 bits; the test is skipped where it has fewer than 4 expert layers)
+// and lookRoutes' routes over its experts, lookK a step.
+func lookModel(t *testing.T) (dir string, man *format.Manifest, route func(tok, l int) []int, wrong func(ids []int) []int) {
+	t.Helper()
+	dir, man = testutil.PackedManifest(t, "tiny-qwen3-moe", 4)
+	if man.ExpertLayers < 4 {
+		t.Skip("needs 4 expert layers")
+	}
+	route, wrong = lookRoutes(man.Experts, lookK)
+	return dir, man, route, wrong
+}
+
 // lookRoutes returns the lookahead tests' routes: route gives K experts of
 // E for a token's layer, a different set every token, and wrong the
 // experts half the layer away from each of a set, none of which route
@@ -157,14 +169,9 @@ func decodeStep(t *testing.T, s *Stream, l int, ids []int) {
 // holding an unused prefetch is listed. A pool of two steps' experts
 // makes the predictions evict each other's slots.
 func TestPrefsListedOnce(t *testing.T) {
-	dir, man := testutil.PackedManifest(t, "tiny-qwen3-moe", 4)
-	L, E := man.ExpertLayers, man.Experts
-	if L < 4 {
-		t.Skip("needs 4 expert layers")
-	}
-	const K = 4
-	route, wrong := lookRoutes(E, K)
-	s, err := Open(dir, man, Options{Slots: 2 * K, Readers: 1, Lookahead: true, LookDepth: 2, Policy: LRU, Prefetch: 2 * K})
+	dir, man, route, wrong := lookModel(t)
+	L := man.ExpertLayers
+	s, err := Open(dir, man, Options{Slots: 2 * lookK, Readers: 1, Lookahead: true, LookDepth: 2, Policy: LRU, Prefetch: 2 * lookK})
 	if err != nil {
 		t.Fatal(err)
 	}
