@@ -201,13 +201,15 @@ func BenchmarkQ4DecodeShare(b *testing.B) {
 	// Qwen3.5's output projections (attention and DeltaNet): tiles of 16
 	// KB, which it reaches PFMIN ahead rather than a whole tile.
 	//
-	// First Qwen3.5-35B-A3B's expert shapes row-major ("-rows"), as a
-	// streamed pool computes them (the store's layout), where the
-	// prefetch walks whole groups of 8 rows (PFMIN ahead, rounded up).
+	// First Qwen3.5-35B-A3B's and Qwen3-30B-A3B's expert shapes
+	// row-major ("-rows"), as a streamed pool computes them (the store's
+	// layout), where the prefetch walks whole groups of 8 rows (PFMIN
+	// ahead, rounded up) and the order of the rows' loads (RDOT8)
+	// matters for rows of 320 to 448 bytes.
 	shapes := []struct {
 		rows, cols int
 		tiled      bool
-	}{{512, 2048, false}, {2048, 512, false}, {768, 2048, true}, {2048, 512, true}, {2048, 768, true}, {2048, 4096, true}}
+	}{{512, 2048, false}, {2048, 512, false}, {768, 2048, false}, {2048, 768, false}, {768, 2048, true}, {2048, 512, true}, {2048, 768, true}, {2048, 4096, true}}
 	for _, sh := range shapes {
 		ms, free := dramMats(b, sh.rows, sh.cols, 1<<30)
 		name := fmt.Sprintf("%dx%d-rows", sh.rows, sh.cols)
