@@ -856,10 +856,11 @@ b1part:
 // from the 8 loads a group: in ascending order, rows of 320 to 448 bytes
 // (down projections of 640 to 896 columns, Qwen3-30B-A3B's 768 among
 // them) streamed from memory at 0.62-0.71 of plain reads on one thread
-// of a 2-core Zen 4, where rows of 256 or 512 bytes and more reached
-// 0.83-0.93; in descending order 0.72-0.83 (640 and 768 columns) and
+// of a 2-core Zen 4, where rows of 192, 256, 512 bytes and more reached
+// 0.73-0.93; in descending order 0.72-0.83 (640 and 768 columns) and
 // 0.94-0.97 (896), the others level or ahead (BenchmarkQ4DecodeShare's
-// "-rows" cases, builds alternating). The 512-bit path (ZDOT) keeps
+// "-rows" cases, builds alternating; VPDPBUSD, and without it 768
+// columns 0.73-0.81 against 0.62-0.65). The 512-bit path (ZDOT) keeps
 // ascending order: reversed there, on the same machine, 512 columns
 // lost what 640 and 768 gained.
 #define RDOT8(DOT) \
