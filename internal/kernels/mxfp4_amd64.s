@@ -757,8 +757,6 @@ TEXT ·mxfp4Rows16(SB), NOSPLIT, $0-64
 	MOVQ R8, R12
 	SHLQ $4, R12          // a row's code bytes: 16 a block
 	LEAQ (R12)(R12*2), R13
-	MOVQ R8, R15
-	IMULQ $15, R15
 	VBROADCASTI32X4 mxlut<>+16(SB), Z15
 	BCASTD($0x0f0f0f0f, X9, Z9)
 	BCASTD($128, X10, Z10)
@@ -774,6 +772,11 @@ r16tile:
 	LEAQ (SI)(R12*4), R9
 	LEAQ (R9)(R12*4), R10
 	LEAQ (R10)(R12*4), R11
+	// R15 walks the next group of 16 rows (16·R12 bytes on), 512 bytes
+	// a pair of blocks: its whole 16 rows once this group's are done,
+	// read in one sequence.
+	LEAQ (SI)(R12*8), R15
+	LEAQ (R15)(R12*8), R15
 	MOVQ xq+32(FP), AX
 	MOVQ sx12+40(FP), BX
 	MOVQ xs+48(FP), CX
@@ -781,6 +784,15 @@ r16tile:
 	VXORPS Z22, Z22, Z22
 
 r16pair:
+	PREFETCHT0 (R15)
+	PREFETCHT0 64(R15)
+	PREFETCHT0 128(R15)
+	PREFETCHT0 192(R15)
+	PREFETCHT0 256(R15)
+	PREFETCHT0 320(R15)
+	PREFETCHT0 384(R15)
+	PREFETCHT0 448(R15)
+	ADDQ $512, R15
 	VBROADCASTSS (CX), Z8
 	R16BLK(0, 0)
 	R16BLK(32, 4)
@@ -795,6 +807,8 @@ r16pair:
 	// SI and DI have passed one row: on to the next group's first row.
 	LEAQ (SI)(R13*4), SI
 	ADDQ R13, SI
+	MOVQ nblk+16(FP), R15
+	IMULQ $15, R15
 	ADDQ R15, DI
 	DECQ R14
 	JNZ  r16tile
