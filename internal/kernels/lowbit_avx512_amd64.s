@@ -1,6 +1,7 @@
 //go:build amd64
 
 #include "textflag.h"
+#include "prefetch_amd64.h"
 
 // The AVX-512 low-bit decode kernel (lowbit.go): 16 weight rows of
 // format.Q3 or format.Q2 against one int8 activation row, permuted by
@@ -215,10 +216,7 @@ pfs:
 	CMPQ b+80(FP), $3
 	JNE group2
 group3:
-	PREFETCHT0 (R15)
-	PREFETCHT0 64(R15)
-	PREFETCHT0 128(R15)
-	PREFETCHT0 192(R15)
+	PF4LINES(R15)
 	PREFETCHT0 256(R15)
 	PREFETCHT0 320(R15)
 	ADDQ $384, R15
@@ -233,10 +231,7 @@ group3:
 	JNE group3
 	JMP tiledone
 group2:
-	PREFETCHT0 (R15)
-	PREFETCHT0 64(R15)
-	PREFETCHT0 128(R15)
-	PREFETCHT0 192(R15)
+	PF4LINES(R15)
 	ADDQ $256, R15
 	ACTS
 	ROWS16(DOT2P)

@@ -1,6 +1,7 @@
 //go:build amd64
 
 #include "textflag.h"
+#include "prefetch_amd64.h"
 
 // BCASTD broadcasts the dword v to every lane of z (x: z's low 128 bits),
 // through AX.
@@ -784,14 +785,7 @@ r16tile:
 	VXORPS Z22, Z22, Z22
 
 r16pair:
-	PREFETCHT0 (R15)
-	PREFETCHT0 64(R15)
-	PREFETCHT0 128(R15)
-	PREFETCHT0 192(R15)
-	PREFETCHT0 256(R15)
-	PREFETCHT0 320(R15)
-	PREFETCHT0 384(R15)
-	PREFETCHT0 448(R15)
+	PF8LINES(R15)
 	ADDQ $512, R15
 	VBROADCASTSS (CX), Z8
 	R16BLK(0, 0)

@@ -1,6 +1,7 @@
 //go:build amd64
 
 #include "textflag.h"
+#include "prefetch_amd64.h"
 
 // The AVX2 q4 tile kernel: q4TileVNNI's design (see q4tile_avx512_amd64.s)
 // for 8 weight rows per tile, one per lane of a Y register. Without VNNI,
@@ -880,10 +881,7 @@ b1part:
 // interleaved row streams reach them (the hardware prefetchers follow 8
 // streams 1 KB apart poorly).
 #define PF4 \
-	PREFETCHT0 (R12) \
-	PREFETCHT0 64(R12) \
-	PREFETCHT0 128(R12) \
-	PREFETCHT0 192(R12) \
+	PF4LINES(R12) \
 	ADDQ $256, R12
 
 // The same for a pair of groups on Z registers (VNNI; AVX-512 F, BW):
@@ -901,14 +899,7 @@ b1part:
 
 // PF8 is PF4 for a pair of groups.
 #define PF8 \
-	PREFETCHT0 (R12) \
-	PREFETCHT0 64(R12) \
-	PREFETCHT0 128(R12) \
-	PREFETCHT0 192(R12) \
-	PREFETCHT0 256(R12) \
-	PREFETCHT0 320(R12) \
-	PREFETCHT0 384(R12) \
-	PREFETCHT0 448(R12) \
+	PF8LINES(R12) \
 	ADDQ $512, R12
 
 #define L_RACC 0               // the tile's accumulators while T2NET runs
