@@ -31,6 +31,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"sync"
 	"unsafe"
 
@@ -72,6 +73,23 @@ var (
 // cannot be loaded (no NVIDIA driver on this machine).
 var ErrNoDriver = errors.New("cuda: no NVIDIA driver (libcuda.so.1 not found)")
 
+// dlopen is purego.Dlopen on one thread: its error is dlerror's, a
+// per-thread message that a goroutine moved to another thread between
+// the two calls reads as empty (the user saw "libcuda.so.1 not found): "
+// with no reason).
+func dlopen(path string, mode int) (uintptr, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	return purego.Dlopen(path, mode)
+}
+
+// dlsym is purego.Dlsym on one thread, as dlopen.
+func dlsym(lib uintptr, name string) (uintptr, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	return purego.Dlsym(lib, name)
+}
+
 // load opens libcuda.so.1, resolves every entry point and runs cuInit.
 func load() error {
 	loadOnce.Do(func() { loadErr = loadDriver() })
@@ -86,11 +104,11 @@ func loadDriver() error {
 	if os.Getenv("CUDA_MODULE_LOADING") == "" {
 		os.Setenv("CUDA_MODULE_LOADING", "EAGER")
 	}
-	lib, err := purego.Dlopen("libcuda.so.1", purego.RTLD_NOW|purego.RTLD_GLOBAL)
+	lib, err := dlopen("libcuda.so.1", purego.RTLD_NOW|purego.RTLD_GLOBAL)
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrNoDriver, err)
 	}
-	getProc, err := purego.Dlsym(lib, "cuGetProcAddress_v2")
+	getProc, err := dlsym(lib, "cuGetProcAddress_v2")
 	if err != nil {
 		return fmt.Errorf("cuda: libcuda.so.1 has no cuGetProcAddress_v2 (driver older than CUDA 12): %v", err)
 	}
