@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+
+	"github.com/ebitengine/purego"
 )
 
 // TestDlopenErrorKeepsMessage checks that a failed dlopen reports the
@@ -32,7 +34,7 @@ func TestDlopenErrorKeepsMessage(t *testing.T) {
 	bad := 0
 	const tries = 20000
 	for range tries {
-		_, err := dlopen(name, 2)
+		_, err := dlopen(name, purego.RTLD_NOW)
 		if err == nil {
 			t.Fatalf("dlopen(%s) succeeded", name)
 		}
