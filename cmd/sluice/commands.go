@@ -36,7 +36,7 @@ func randomSeed() uint64 {
 func cmdPack(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("pack", flag.ContinueOnError)
 	bits := fs.Int("bits", 4, "16 (bf16, exact), 8 or 4")
-	force := fs.Bool("force", false, "replace DST if it exists")
+	force := fs.Bool("force", false, "replace DST if it is a packed model (nothing else is replaced)")
 	lowBits := fs.String("low-bits", "", "also write low-bit expert stores for lossy --miss-bits, e.g. 3,2")
 	layout := fs.String("layout", pack.LayoutRows, "how q4 expert records are stored: rows, tiled, or auto (as this CPU's decode kernel reads them)")
 	pos, err := parse(fs, args)

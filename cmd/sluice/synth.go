@@ -122,7 +122,7 @@ func cmdSynth(ctx context.Context, args []string) (err error) {
 	bits := fs.Int("bits", 4, "8 or 4")
 	mxfp4 := fs.Bool("mxfp4", true, "gpt-oss at --bits 4: MXFP4 expert records, as pack keeps the release's (false: q4)")
 	out := fs.String("out", "", "output directory (GBs; not inside the repository), written under a temporary name beside it and renamed when complete")
-	force := fs.Bool("force", false, "replace --out when it exists and is not empty")
+	force := fs.Bool("force", false, "replace --out when it holds a packed model (nothing else is replaced)")
 	refs := fs.String("routes", "", "refs JSON whose routes_long0 to replay (default: the embedded recording)")
 	route := fs.String("route", "replay", "replay: replay the recorded routes; router: route by the router weights")
 	ggufPath := fs.String("gguf", "", "also write the model as a GGUF file for llama.cpp, as its converter would write the real model")
@@ -281,28 +281,27 @@ func cmdSynth(ctx context.Context, args []string) (err error) {
 }
 
 // synthOut checks --out before synth writes anything: a missing or empty
-// directory is taken, anything else only with --force. It reports whether
+// directory is taken, a packed model only with --force, and nothing else
+// at all (pack.CheckReplace). It reports whether
 // out exists, to be replaced once the new model is complete.
 func synthOut(out string, force bool) (exists bool, err error) {
-	st, err := os.Stat(out)
-	if os.IsNotExist(err) {
+	if _, err := os.Stat(out); os.IsNotExist(err) {
 		return false, nil
-	}
-	if err != nil {
+	} else if err != nil {
 		return false, err
+	}
+	if err := pack.CheckReplace(out); err != nil {
+		return true, fmt.Errorf("--out: %v", err)
 	}
 	if force {
 		return true, nil
-	}
-	if !st.IsDir() {
-		return true, fmt.Errorf("--out %s exists and is not a directory (use --force to replace it)", out)
 	}
 	ents, err := os.ReadDir(out)
 	if err != nil {
 		return true, err
 	}
 	if len(ents) > 0 {
-		return true, fmt.Errorf("--out %s exists and is not empty (use --force to replace it)", out)
+		return true, fmt.Errorf("--out %s holds a packed model (use --force to replace it)", out)
 	}
 	return true, nil
 }

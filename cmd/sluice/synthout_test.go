@@ -61,8 +61,9 @@ func TestSynthFlagLimits(t *testing.T) {
 }
 
 // TestSynthOutput checks how synth writes --out: complete or not at all
-// (a cancelled run leaves nothing), an existing non-empty directory only
-// with --force, and nothing when the disk has too little room.
+// (a cancelled run leaves nothing), over a packed model only with
+// --force, over anything else not at all, and nothing when the disk has
+// too little room.
 func TestSynthOutput(t *testing.T) {
 	like := tinySynthShape(t)
 	parent := t.TempDir()
@@ -88,8 +89,8 @@ func TestSynthOutput(t *testing.T) {
 	if err := os.WriteFile(marker, []byte("mine"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := synth(bg); err == nil || !strings.Contains(err.Error(), "exists and is not empty (use --force") {
-		t.Errorf("synth onto a non-empty --out: err = %v", err)
+	if err := synth(bg); err == nil || !strings.Contains(err.Error(), "holds a packed model (use --force") {
+		t.Errorf("synth onto a packed model: err = %v", err)
 	}
 	if _, err := os.Stat(marker); err != nil {
 		t.Fatalf("a refused synth changed --out: %v", err)
@@ -102,6 +103,42 @@ func TestSynthOutput(t *testing.T) {
 	}
 	if names := entries(t, parent); len(names) != 1 || names[0] != "m" {
 		t.Errorf("after --force the parent holds %v, want [m]", names)
+	}
+
+	// What is not a packed model is never replaced, even with --force:
+	// replacing deletes it whole.
+	for _, c := range []struct {
+		name string
+		make func(path string) error
+		want string
+	}{
+		{"notes", func(p string) error {
+			if err := os.Mkdir(p, 0o755); err != nil {
+				return err
+			}
+			return os.WriteFile(filepath.Join(p, "keep.txt"), []byte("mine"), 0o644)
+		}, "is not a packed model: not replaced, even with --force"},
+		{"file", func(p string) error { return os.WriteFile(p, []byte("mine"), 0o644) }, "is a file, not a packed model"},
+	} {
+		out = filepath.Join(parent, c.name)
+		if err := c.make(out); err != nil {
+			t.Fatal(err)
+		}
+		for _, extra := range [][]string{nil, {"--force"}} {
+			if err := synth(bg, extra...); err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("synth %v onto %s: err = %v, want %q", extra, c.name, err, c.want)
+			}
+		}
+		kept := out
+		if c.name == "notes" {
+			kept = filepath.Join(out, "keep.txt")
+		}
+		if b, err := os.ReadFile(kept); err != nil || string(b) != "mine" {
+			t.Errorf("a refused synth changed %s: %q, %v", c.name, b, err)
+		}
+		if err := os.RemoveAll(out); err != nil {
+			t.Fatal(err)
+		}
 	}
 
 	// An empty directory is taken without --force.

@@ -108,8 +108,13 @@ func Pack(ctx context.Context, src, dst string, o Options) (err error) {
 	if err := checkApart(src, dst); err != nil {
 		return err
 	}
-	if _, err := os.Stat(dst); err == nil && !o.Force {
-		return fmt.Errorf("pack: %s already exists (use --force to replace it)", dst)
+	if _, err := os.Stat(dst); err == nil {
+		if err := CheckReplace(dst); err != nil {
+			return fmt.Errorf("pack: %v", err)
+		}
+		if !o.Force {
+			return fmt.Errorf("pack: %s already exists (use --force to replace it)", dst)
+		}
 	}
 	// A packed directory holds a copy of config.json, so hf.Open would
 	// take it for a checkpoint and blame its missing safetensors.
@@ -275,6 +280,36 @@ func unusedError(src string, names []string) error {
 		count = "1 tensor"
 	}
 	return fmt.Errorf("pack: checkpoint %s has %s that the model its config.json describes does not use (does num_hidden_layers or another size match the weights?): %s", src, count, list)
+}
+
+// CheckReplace refuses to replace dst, an existing path, unless it is an
+// empty directory or a packed model (a directory holding a manifest):
+// replacing deletes it whole, and a mistyped destination (a home or a
+// models directory, a checkpoint's parent) must not take what it holds
+// with it, whatever --force says.
+func CheckReplace(dst string) error {
+	st, err := os.Stat(dst)
+	if err != nil {
+		return err
+	}
+	if !st.IsDir() {
+		return fmt.Errorf("%s is a file, not a packed model: not replaced, even with --force (remove it, or pick another destination)", dst)
+	}
+	ents, err := os.ReadDir(dst)
+	if err != nil {
+		return err
+	}
+	if len(ents) == 0 {
+		return nil
+	}
+	if _, err := os.Stat(filepath.Join(dst, format.ManifestFile)); err != nil {
+		what := fmt.Sprintf("%d entries", len(ents))
+		if len(ents) == 1 {
+			what = "1 entry"
+		}
+		return fmt.Errorf("%s holds %s but no %s, so it is not a packed model: not replaced, even with --force (remove it, or pick another destination)", dst, what, format.ManifestFile)
+	}
+	return nil
 }
 
 // Install renames the finished directory tmp, written beside dst, to

@@ -464,29 +464,70 @@ func assertEmptyDir(t *testing.T, dir string) {
 
 // ---- pack behaviour ----
 
+// TestPackExistingDestination checks what pack does with a destination
+// that exists: a packed model is replaced only with Force, an empty
+// directory with Force, and anything else never (a file, a directory of
+// other things), leaving it as it was.
 func TestPackExistingDestination(t *testing.T) {
 	src := testutil.ModelDir(t, "tiny-qwen3-moe")
 	parent := t.TempDir()
-	dst := filepath.Join(parent, "out")
-	if err := os.Mkdir(dst, 0o755); err != nil {
+	names := func() []string {
+		ents, _ := os.ReadDir(parent)
+		var n []string
+		for _, e := range ents {
+			n = append(n, e.Name())
+		}
+		return n
+	}
+
+	// What is not a packed model is never replaced, even with Force:
+	// replacing deletes it whole.
+	notes := filepath.Join(parent, "notes")
+	if err := os.Mkdir(notes, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	marker := filepath.Join(dst, "keep.txt")
+	marker := filepath.Join(notes, "keep.txt")
+	if err := os.WriteFile(marker, []byte("mine"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(parent, "file")
+	if err := os.WriteFile(file, []byte("mine"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ dst, want, kept string }{
+		{notes, "is not a packed model: not replaced, even with --force", marker},
+		{file, "is a file, not a packed model", file},
+	} {
+		for _, force := range []bool{false, true} {
+			err := pack.Pack(context.Background(), src, c.dst, pack.Options{Bits: 4, Force: force})
+			if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), c.dst) {
+				t.Errorf("pack onto %s (Force %v): err = %v, want %q", c.dst, force, err, c.want)
+			}
+		}
+		if b, err := os.ReadFile(c.kept); err != nil || string(b) != "mine" {
+			t.Errorf("a refused pack changed %s: %q, %v", c.kept, b, err)
+		}
+	}
+	if n := names(); len(n) != 2 {
+		t.Errorf("the refused packs left %v, want [file notes]", n)
+	}
+
+	// A packed model: replaced only with Force.
+	dst := filepath.Join(parent, "out")
+	if err := pack.Pack(context.Background(), src, dst, pack.Options{Bits: 4}); err != nil {
+		t.Fatal(err)
+	}
+	marker = filepath.Join(dst, "keep.txt")
 	if err := os.WriteFile(marker, []byte("mine"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	err := pack.Pack(context.Background(), src, dst, pack.Options{Bits: 4})
-	if err == nil || !strings.Contains(err.Error(), "exists") || !strings.Contains(err.Error(), dst) {
-		t.Fatalf("pack onto an existing dir without Force: err = %v, want 'already exists'", err)
+	if err == nil || !strings.Contains(err.Error(), "already exists") || !strings.Contains(err.Error(), dst) {
+		t.Fatalf("pack onto a packed model without Force: err = %v, want 'already exists'", err)
 	}
-	ents, _ := os.ReadDir(dst)
-	if b, err := os.ReadFile(marker); err != nil || string(b) != "mine" || len(ents) != 1 {
-		t.Fatalf("existing destination was modified (%d entries, marker %q, %v)", len(ents), b, err)
+	if b, err := os.ReadFile(marker); err != nil || string(b) != "mine" {
+		t.Fatalf("existing destination was modified (marker %q, %v)", b, err)
 	}
-	if ents, _ := os.ReadDir(parent); len(ents) != 1 {
-		t.Errorf("parent holds %d entries, want only the destination", len(ents))
-	}
-
 	var progress bytes.Buffer
 	if err := pack.Pack(context.Background(), src, dst, pack.Options{Bits: 4, Force: true, Progress: &progress}); err != nil {
 		t.Fatalf("pack with Force: %v", err)
@@ -499,16 +540,20 @@ func TestPackExistingDestination(t *testing.T) {
 	if !strings.Contains(progress.String(), "packed "+dst) {
 		t.Errorf("progress output %q lacks the final line", progress.String())
 	}
-	ents, _ = os.ReadDir(parent)
-	if len(ents) != 1 || ents[0].Name() != "out" {
-		var names []string
-		for _, e := range ents {
-			names = append(names, e.Name())
-		}
-		t.Errorf("after Force the parent holds %v, want [out]", names)
+	if n := names(); len(n) != 3 || n[0] != "file" || n[1] != "notes" || n[2] != "out" {
+		t.Errorf("after Force the parent holds %v, want [file notes out]", n)
 	}
 
-	// Force onto a destination that does not exist yet also works.
+	// An empty directory is replaced with Force, and a destination that
+	// does not exist yet is made.
+	empty := filepath.Join(parent, "empty")
+	if err := os.Mkdir(empty, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := pack.Pack(context.Background(), src, empty, pack.Options{Bits: 4, Force: true}); err != nil {
+		t.Fatal(err)
+	}
+	readManifest(t, empty)
 	dst2 := filepath.Join(parent, "nested", "fresh")
 	if err := pack.Pack(context.Background(), src, dst2, pack.Options{Bits: 4, Force: true}); err != nil {
 		t.Fatal(err)
