@@ -116,6 +116,10 @@ if [ ! -f "$model/manifest.json" ] || { [ $peer = 1 ] && [ ! -f "$model.gguf" ];
     # beside it: write both again, so that they hold the same weights.
     echo "$model has no $(basename "$model").gguf beside it: writing the model again with one" >&2
     largs+=(--force)
+  elif [ $peer = 1 ] && [ -f "$model.gguf" ]; then
+    # A GGUF without its pack: both are written again, to hold the
+    # same weights.
+    largs+=(--force)
   fi
   "$work/sluice" synth --like "$like" "${largs[@]}" --route router --out "$model"
 fi

@@ -122,7 +122,7 @@ func cmdSynth(ctx context.Context, args []string) (err error) {
 	bits := fs.Int("bits", 4, "8 or 4")
 	mxfp4 := fs.Bool("mxfp4", true, "gpt-oss at --bits 4: MXFP4 expert records, as pack keeps the release's (false: q4)")
 	out := fs.String("out", "", "output directory (GBs; not inside the repository), written under a temporary name beside it and renamed when complete")
-	force := fs.Bool("force", false, "replace --out when it holds a packed model (nothing else is replaced)")
+	force := fs.Bool("force", false, "replace --out when it holds a packed model, and an existing --gguf file (nothing else is replaced)")
 	refs := fs.String("routes", "", "refs JSON whose routes_long0 to replay (default: the embedded recording)")
 	route := fs.String("route", "replay", "replay: replay the recorded routes; router: route by the router weights")
 	ggufPath := fs.String("gguf", "", "also write the model as a GGUF file for llama.cpp, as its converter would write the real model")
@@ -162,6 +162,20 @@ func cmdSynth(ctx context.Context, args []string) (err error) {
 	}
 	if *ggufPath != "" && (ggufFamilies[cfg.Family] == nil || *like == "deepseek-v3.2") {
 		return fmt.Errorf("--gguf: %s shapes cannot be written as GGUF", *like)
+	}
+	if *ggufPath != "" {
+		// A GGUF of GBs must not end a long synth by overwriting a file
+		// the user meant to keep.
+		if st, err := os.Stat(*ggufPath); err == nil {
+			if !st.Mode().IsRegular() {
+				return fmt.Errorf("--gguf %s exists and is not a file", *ggufPath)
+			}
+			if !*force {
+				return fmt.Errorf("--gguf %s exists (use --force to replace it)", *ggufPath)
+			}
+		} else if !os.IsNotExist(err) {
+			return fmt.Errorf("--gguf: %v", err)
+		}
 	}
 	if *layers < 0 || *layers > cfg.Layers {
 		return fmt.Errorf("--layers %d: %s has %d layers (0 = all)", *layers, *like, cfg.Layers)
@@ -264,7 +278,6 @@ func cmdSynth(ctx context.Context, args []string) (err error) {
 	if *ggufPath != "" {
 		t0 = time.Now()
 		if err := synthGGUF(m, *out, *ggufPath, gt); err != nil {
-			os.Remove(*ggufPath) // a partial GGUF is of no use
 			return err
 		}
 		fi, err := os.Stat(*ggufPath)

@@ -46,11 +46,22 @@ func synthGGUF(m *format.Manifest, dir, path string, gt gguf.Type) error {
 		return err
 	}
 	defer platform.Unmap(recs)
-	f, err := os.Create(path)
+	// Written beside path under a temporary name and renamed when
+	// complete: an error or Ctrl-C leaves no partial file, and a file
+	// --force replaces stays whole until then.
+	f, err := os.CreateTemp(filepath.Dir(filepath.Clean(path)), "."+filepath.Base(path)+".synth-")
 	if err != nil {
 		return err
 	}
-	defer f.Close()
+	defer func() {
+		f.Close()
+		if err != nil {
+			os.Remove(f.Name())
+		}
+	}()
+	if err = f.Chmod(0o644); err != nil {
+		return err
+	}
 	E := m.Config.Experts
 	var flat, tmp []byte // a tiled record untiled, and the scratch for it
 	err = gguf.Write(f, p.kvs, p.tensors, func(i int, w io.Writer) error {
@@ -77,7 +88,11 @@ func synthGGUF(m *format.Manifest, dir, path string, gt gguf.Type) error {
 	if err != nil {
 		return err
 	}
-	return f.Close()
+	if err = f.Close(); err != nil {
+		return err
+	}
+	err = os.Rename(f.Name(), path)
+	return err
 }
 
 // ggufFamilies plans each family's GGUF file as llama.cpp's converter

@@ -172,3 +172,47 @@ func TestSynthOutput(t *testing.T) {
 		t.Errorf("the cancelled and refused synths left %v, want [empty m]", names)
 	}
 }
+
+// TestSynthGGUFExisting checks that synth does not overwrite an existing
+// --gguf file without --force, checked before anything is written, and
+// that with --force the file is replaced by a complete GGUF, with no
+// temporary file left beside it.
+func TestSynthGGUFExisting(t *testing.T) {
+	like := tinySynthShape(t)
+	parent := t.TempDir()
+	out := filepath.Join(parent, "m")
+	g := filepath.Join(parent, "m.gguf")
+	if err := os.WriteFile(g, []byte("mine"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"--like", like, "--route", "router", "--out", out, "--gguf", g}
+	err := cmdSynth(context.Background(), args)
+	if err == nil || !strings.Contains(err.Error(), "exists (use --force to replace it)") {
+		t.Fatalf("synth onto an existing --gguf: err = %v", err)
+	}
+	if b, err := os.ReadFile(g); err != nil || string(b) != "mine" {
+		t.Fatalf("a refused synth changed the GGUF: %q, %v", b, err)
+	}
+	if names := entries(t, parent); len(names) != 1 {
+		t.Fatalf("a refused synth left %v, want [m.gguf]", names)
+	}
+	if err := cmdSynth(context.Background(), append(args, "--force")); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(g)
+	if err != nil || len(b) < 1024 || string(b[:4]) != "GGUF" {
+		t.Fatalf("after --force the GGUF holds %d bytes starting %q (%v), want a GGUF", len(b), b[:min(4, len(b))], err)
+	}
+	if names := entries(t, parent); len(names) != 2 || names[0] != "m" || names[1] != "m.gguf" {
+		t.Errorf("after --force the parent holds %v, want [m m.gguf]", names)
+	}
+	// A directory is never replaced.
+	d := filepath.Join(parent, "dir.gguf")
+	if err := os.Mkdir(d, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	args = []string{"--like", like, "--route", "router", "--out", filepath.Join(parent, "m2"), "--gguf", d, "--force"}
+	if err := cmdSynth(context.Background(), args); err == nil || !strings.Contains(err.Error(), "is not a file") {
+		t.Errorf("synth --gguf onto a directory: err = %v", err)
+	}
+}
