@@ -295,8 +295,8 @@ func cmdSynth(ctx context.Context, args []string) (err error) {
 
 // synthOut checks --out before synth writes anything: a missing or empty
 // directory is taken, a packed model only with --force, and nothing else
-// at all (pack.CheckReplace). It reports whether
-// out exists, to be replaced once the new model is complete.
+// at all (pack.CheckReplace). It reports whether out exists, to be
+// replaced once the new model is complete.
 func synthOut(out string, force bool) (exists bool, err error) {
 	if _, err := os.Stat(out); os.IsNotExist(err) {
 		return false, nil

@@ -118,7 +118,7 @@ func TestSynthOutput(t *testing.T) {
 			}
 			return os.WriteFile(filepath.Join(p, "keep.txt"), []byte("mine"), 0o644)
 		}, "is not a packed model: not replaced, even with --force"},
-		{"file", func(p string) error { return os.WriteFile(p, []byte("mine"), 0o644) }, "is a file, not a packed model"},
+		{"file", func(p string) error { return os.WriteFile(p, []byte("mine"), 0o644) }, "is not a directory, so not a packed model"},
 	} {
 		out = filepath.Join(parent, c.name)
 		if err := c.make(out); err != nil {

@@ -293,7 +293,7 @@ func CheckReplace(dst string) error {
 		return err
 	}
 	if !st.IsDir() {
-		return fmt.Errorf("%s is a file, not a packed model: not replaced, even with --force (remove it, or pick another destination)", dst)
+		return fmt.Errorf("%s is not a directory, so not a packed model: not replaced, even with --force (remove it, or pick another destination)", dst)
 	}
 	ents, err := os.ReadDir(dst)
 	if err != nil {

@@ -496,7 +496,7 @@ func TestPackExistingDestination(t *testing.T) {
 	}
 	for _, c := range []struct{ dst, want, kept string }{
 		{notes, "is not a packed model: not replaced, even with --force", marker},
-		{file, "is a file, not a packed model", file},
+		{file, "is not a directory, so not a packed model", file},
 	} {
 		for _, force := range []bool{false, true} {
 			err := pack.Pack(context.Background(), src, c.dst, pack.Options{Bits: 4, Force: force})
