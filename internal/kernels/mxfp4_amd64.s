@@ -798,12 +798,12 @@ r16pair:
 
 	VMOVUPS Z22, (DX)
 	ADDQ $64, DX
-	// SI and DI have passed one row: on to the next group's first row.
+	// SI and DI have passed one row: on to the next group's first row
+	// (DI: 15 rows of nblk scale bytes, R12 - nblk).
 	LEAQ (SI)(R13*4), SI
 	ADDQ R13, SI
-	MOVQ nblk+16(FP), R15
-	IMULQ $15, R15
-	ADDQ R15, DI
+	ADDQ R12, DI
+	SUBQ nblk+16(FP), DI
 	DECQ R14
 	JNZ  r16tile
 
