@@ -303,17 +303,11 @@ func synthOut(out string, force bool) (exists bool, err error) {
 	} else if err != nil {
 		return false, err
 	}
-	if err := pack.CheckReplace(out); err != nil {
+	empty, err := pack.CheckReplace(out)
+	if err != nil {
 		return true, fmt.Errorf("--out: %v", err)
 	}
-	if force {
-		return true, nil
-	}
-	ents, err := os.ReadDir(out)
-	if err != nil {
-		return true, err
-	}
-	if len(ents) > 0 {
+	if !empty && !force {
 		return true, fmt.Errorf("--out %s holds a packed model (use --force to replace it)", out)
 	}
 	return true, nil

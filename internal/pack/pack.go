@@ -109,7 +109,7 @@ func Pack(ctx context.Context, src, dst string, o Options) (err error) {
 		return err
 	}
 	if _, err := os.Stat(dst); err == nil {
-		if err := CheckReplace(dst); err != nil {
+		if _, err := CheckReplace(dst); err != nil {
 			return fmt.Errorf("pack: %v", err)
 		}
 		if !o.Force {
@@ -286,30 +286,30 @@ func unusedError(src string, names []string) error {
 // empty directory or a packed model (a directory holding a manifest):
 // replacing deletes it whole, and a mistyped destination (a home or a
 // models directory, a checkpoint's parent) must not take what it holds
-// with it, whatever --force says.
-func CheckReplace(dst string) error {
+// with it, whatever --force says. empty reports an empty directory.
+func CheckReplace(dst string) (empty bool, err error) {
 	st, err := os.Stat(dst)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if !st.IsDir() {
-		return fmt.Errorf("%s is not a directory, so not a packed model: not replaced, even with --force (remove it, or pick another destination)", dst)
+		return false, fmt.Errorf("%s is not a directory, so not a packed model: not replaced, even with --force (remove it, or pick another destination)", dst)
 	}
 	ents, err := os.ReadDir(dst)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if len(ents) == 0 {
-		return nil
+		return true, nil
 	}
 	if _, err := os.Stat(filepath.Join(dst, format.ManifestFile)); err != nil {
 		what := fmt.Sprintf("%d entries", len(ents))
 		if len(ents) == 1 {
 			what = "1 entry"
 		}
-		return fmt.Errorf("%s holds %s but no %s, so it is not a packed model: not replaced, even with --force (remove it, or pick another destination)", dst, what, format.ManifestFile)
+		return false, fmt.Errorf("%s holds %s but no %s, so it is not a packed model: not replaced, even with --force (remove it, or pick another destination)", dst, what, format.ManifestFile)
 	}
-	return nil
+	return false, nil
 }
 
 // Install renames the finished directory tmp, written beside dst, to
