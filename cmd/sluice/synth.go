@@ -122,7 +122,7 @@ func cmdSynth(ctx context.Context, args []string) (err error) {
 	bits := fs.Int("bits", 4, "8 or 4")
 	mxfp4 := fs.Bool("mxfp4", true, "gpt-oss at --bits 4: MXFP4 expert records, as pack keeps the release's (false: q4)")
 	out := fs.String("out", "", "output directory (GBs; not inside the repository), written under a temporary name beside it and renamed when complete")
-	force := fs.Bool("force", false, "replace --out when it holds a packed model, and an existing --gguf file (nothing else is replaced)")
+	force := fs.Bool("force", false, "replace --out when it holds a packed model, and an existing --gguf file that is a GGUF (nothing else is replaced)")
 	refs := fs.String("routes", "", "refs JSON whose routes_long0 to replay (default: the embedded recording)")
 	route := fs.String("route", "replay", "replay: replay the recorded routes; router: route by the router weights")
 	ggufPath := fs.String("gguf", "", "also write the model as a GGUF file for llama.cpp, as its converter would write the real model")
@@ -172,6 +172,12 @@ func cmdSynth(ctx context.Context, args []string) (err error) {
 			}
 			if !*force {
 				return fmt.Errorf("--gguf %s exists (use --force to replace it)", *ggufPath)
+			}
+			// As with --out, --force replaces only what synth could
+			// write again: a GGUF (or an empty file), never a file a
+			// mistyped path happened to name.
+			if err := checkGGUFFile(*ggufPath, st.Size()); err != nil {
+				return err
 			}
 		} else if !os.IsNotExist(err) {
 			return fmt.Errorf("--gguf: %v", err)
@@ -311,6 +317,24 @@ func synthOut(out string, force bool) (exists bool, err error) {
 		return true, fmt.Errorf("--out %s holds a packed model (use --force to replace it)", out)
 	}
 	return true, nil
+}
+
+// checkGGUFFile refuses to replace path, of size bytes, unless it is
+// empty or starts with the GGUF magic.
+func checkGGUFFile(path string, size int64) error {
+	if size == 0 {
+		return nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("--gguf: %v", err)
+	}
+	defer f.Close()
+	magic := make([]byte, len(gguf.Magic))
+	if _, err := io.ReadFull(f, magic); err != nil || string(magic) != gguf.Magic {
+		return fmt.Errorf("--gguf %s is not a GGUF file: not replaced, even with --force", path)
+	}
+	return nil
 }
 
 // freeBytes is the free space of a directory's file system; tests replace it.

@@ -174,9 +174,9 @@ func TestSynthOutput(t *testing.T) {
 }
 
 // TestSynthGGUFExisting checks that synth does not overwrite an existing
-// --gguf file without --force, checked before anything is written, and
-// that with --force the file is replaced by a complete GGUF, with no
-// temporary file left beside it.
+// --gguf file without --force, nor one that is not a GGUF with it,
+// checked before anything is written, and that with --force a GGUF is
+// replaced by a complete one, with no temporary file left beside it.
 func TestSynthGGUFExisting(t *testing.T) {
 	like := tinySynthShape(t)
 	parent := t.TempDir()
@@ -195,6 +195,21 @@ func TestSynthGGUFExisting(t *testing.T) {
 	}
 	if names := entries(t, parent); len(names) != 1 {
 		t.Fatalf("a refused synth left %v, want [m.gguf]", names)
+	}
+	// Nor with --force when the file is not a GGUF.
+	err = cmdSynth(context.Background(), append(args, "--force"))
+	if err == nil || !strings.Contains(err.Error(), "is not a GGUF file: not replaced, even with --force") {
+		t.Fatalf("synth --force onto a file that is not a GGUF: err = %v", err)
+	}
+	if b, err := os.ReadFile(g); err != nil || string(b) != "mine" {
+		t.Fatalf("a refused synth --force changed the file: %q, %v", b, err)
+	}
+	if names := entries(t, parent); len(names) != 1 {
+		t.Fatalf("a refused synth --force left %v, want [m.gguf]", names)
+	}
+	// A GGUF (here only its magic) is replaced with --force.
+	if err := os.WriteFile(g, []byte("GGUF old"), 0o644); err != nil {
+		t.Fatal(err)
 	}
 	if err := cmdSynth(context.Background(), append(args, "--force")); err != nil {
 		t.Fatal(err)
