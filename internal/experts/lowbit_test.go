@@ -17,6 +17,7 @@ import (
 	"github.com/sluicelm/sluice/internal/quant"
 	"github.com/sluicelm/sluice/internal/sample"
 	"github.com/sluicelm/sluice/internal/testutil"
+	"github.com/sluicelm/sluice/internal/testutil/ref"
 )
 
 // TestLowBits derives the 3- and 2-bit stores of a q4 model, checks that a
@@ -202,7 +203,7 @@ func TestMissBitsNLL(t *testing.T) {
 						t.Fatal(err)
 					}
 					for p := 0; p+1 < len(c.Prompt); p++ {
-						sum -= testutil.LogSoftmax(out[p*V : (p+1)*V])[c.Prompt[p+1]]
+						sum -= ref.LogSoftmax(out[p*V : (p+1)*V])[c.Prompt[p+1]]
 						n++
 					}
 				}

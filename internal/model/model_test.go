@@ -12,6 +12,7 @@ import (
 	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/sample"
 	"github.com/sluicelm/sluice/internal/testutil"
+	"github.com/sluicelm/sluice/internal/testutil/ref"
 )
 
 func TestMain(m *testing.M) {
@@ -183,7 +184,7 @@ func TestQuantisedNLL(t *testing.T) {
 						t.Fatal(err)
 					}
 					for p := 0; p+1 < len(c.Prompt); p++ {
-						sum -= testutil.LogSoftmax(out[p*V : (p+1)*V])[c.Prompt[p+1]]
+						sum -= ref.LogSoftmax(out[p*V : (p+1)*V])[c.Prompt[p+1]]
 						n++
 					}
 				}

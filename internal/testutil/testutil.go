@@ -23,7 +23,6 @@ import (
 	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/pack"
 	"github.com/sluicelm/sluice/internal/testutil/jsonfile"
-	"github.com/sluicelm/sluice/internal/testutil/ref"
 )
 
 // Models are the shared test checkpoints, one per family.
@@ -498,6 +497,3 @@ func ProcStatus(t testing.TB, key string) int64 {
 	t.Fatalf("no %s in /proc/self/status", key)
 	return 0
 }
-
-// LogSoftmax is ref.LogSoftmax, for the tests that already use testutil.
-func LogSoftmax(x []float32) []float64 { return ref.LogSoftmax(x) }

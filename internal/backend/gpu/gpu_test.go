@@ -35,6 +35,7 @@ import (
 	"github.com/sluicelm/sluice/internal/sample"
 	"github.com/sluicelm/sluice/internal/testutil"
 	"github.com/sluicelm/sluice/internal/testutil/enginetest"
+	"github.com/sluicelm/sluice/internal/testutil/ref"
 )
 
 // gpuModels are the models every GPU test runs: the shared checkpoints
@@ -365,7 +366,7 @@ func heldOutNLL(t *testing.T, e *engine.Engine, rf *testutil.Refs) float64 {
 	for _, c := range rf.Long {
 		out := all(t, e, c.Prompt)
 		for p := 0; p+1 < len(c.Prompt); p++ {
-			sum -= testutil.LogSoftmax(out[p*V : (p+1)*V])[c.Prompt[p+1]]
+			sum -= ref.LogSoftmax(out[p*V : (p+1)*V])[c.Prompt[p+1]]
 			n++
 		}
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/sluicelm/sluice/internal/pack"
 	"github.com/sluicelm/sluice/internal/sample"
 	"github.com/sluicelm/sluice/internal/testutil"
+	"github.com/sluicelm/sluice/internal/testutil/ref"
 )
 
 // mtpModel is the shared GPU model with a trained MTP head.
@@ -106,8 +107,8 @@ func mtpMatchesCPU(t *testing.T, name string, trained bool) {
 			if err := c.Runner.Forward(sc, tok, lc, false); err != nil {
 				t.Fatal(err)
 			}
-			trunkG -= testutil.LogSoftmax(lg)[p[i+1]]
-			trunkC -= testutil.LogSoftmax(lc)[p[i+1]]
+			trunkG -= ref.LogSoftmax(lg)[p[i+1]]
+			trunkC -= ref.LogSoftmax(lc)[p[i+1]]
 			trunkDiffs = append(trunkDiffs, relDiff(lg, lc))
 			if sample.Argmax(lg) == sample.Argmax(lc) {
 				trunkSame++
@@ -121,8 +122,8 @@ func mtpMatchesCPU(t *testing.T, name string, trained bool) {
 			if sg.MTPPos != sc.MTPPos || sg.MTPPos != i+1 {
 				t.Fatalf("case %d row %d: MTP rows consumed %d on the GPU, %d on the CPU, want %d", ci, i, sg.MTPPos, sc.MTPPos, i+1)
 			}
-			nllG -= testutil.LogSoftmax(lg)[p[i+2]]
-			nllC -= testutil.LogSoftmax(lc)[p[i+2]]
+			nllG -= ref.LogSoftmax(lg)[p[i+2]]
+			nllC -= ref.LogSoftmax(lc)[p[i+2]]
 			diffs = append(diffs, relDiff(lg, lc))
 			rows++
 			if sample.Argmax(lg) == sample.Argmax(lc) {
