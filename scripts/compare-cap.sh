@@ -55,8 +55,9 @@
 # while scripts/readload reads the expert store at the rate that run read
 # it, and prints the capped run's time over that one's.
 #
-# Environment: LIKE, LAYERS (0 = all), ROUNDS (2), THREADS (2), GEN (64),
-# LLAMA_GEN (GEN: tokens llama.cpp's runs decode, fewer where it pages
+# Environment: LIKE, LAYERS (0 = all), ROUNDS (2), THREADS (2), GEN (128,
+# llama-bench's default: a new text's first tokens miss more than the
+# rest, so fewer tokens weigh them more), LLAMA_GEN (GEN: tokens llama.cpp's runs decode, fewer where it pages
 # its weights from disk at a few seconds a token),
 # SPARE_MB (0: memory left beyond the budget, for the rest of the machine),
 # RUN_TIMEOUT (seconds a run may take, 1800), SLUICE, MEMHOLD and
@@ -81,7 +82,7 @@ like=${LIKE:-qwen3-30b-a3b}
 layers=${LAYERS:-0}
 rounds=${ROUNDS:-2}
 threads=${THREADS:-2}
-gen=${GEN:-64}
+gen=${GEN:-128}
 lgen=${LLAMA_GEN:-$gen}
 for v in "GEN=$gen" "LLAMA_GEN=$lgen" "ROUNDS=$rounds" "THREADS=$threads"; do
   case ${v#*=} in
