@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -186,27 +187,24 @@ func TestSynthGGUFExisting(t *testing.T) {
 		t.Fatal(err)
 	}
 	args := []string{"--like", like, "--route", "router", "--out", out, "--gguf", g}
-	err := cmdSynth(context.Background(), args)
-	if err == nil || !strings.Contains(err.Error(), "exists (use --force to replace it)") {
-		t.Fatalf("synth onto an existing --gguf: err = %v", err)
+	// refused runs synth with extra and wants it refused with want,
+	// before anything is written.
+	refused := func(extra []string, want string) {
+		t.Helper()
+		err := cmdSynth(context.Background(), append(slices.Clip(args), extra...))
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("synth %v onto an existing --gguf: err = %v, want %q", extra, err, want)
+		}
+		if b, err := os.ReadFile(g); err != nil || string(b) != "mine" {
+			t.Fatalf("a refused synth %v changed the file: %q, %v", extra, b, err)
+		}
+		if names := entries(t, parent); len(names) != 1 {
+			t.Fatalf("a refused synth %v left %v, want [m.gguf]", extra, names)
+		}
 	}
-	if b, err := os.ReadFile(g); err != nil || string(b) != "mine" {
-		t.Fatalf("a refused synth changed the GGUF: %q, %v", b, err)
-	}
-	if names := entries(t, parent); len(names) != 1 {
-		t.Fatalf("a refused synth left %v, want [m.gguf]", names)
-	}
+	refused(nil, "exists (use --force to replace it)")
 	// Nor with --force when the file is not a GGUF.
-	err = cmdSynth(context.Background(), append(args, "--force"))
-	if err == nil || !strings.Contains(err.Error(), "is not a GGUF file: not replaced, even with --force") {
-		t.Fatalf("synth --force onto a file that is not a GGUF: err = %v", err)
-	}
-	if b, err := os.ReadFile(g); err != nil || string(b) != "mine" {
-		t.Fatalf("a refused synth --force changed the file: %q, %v", b, err)
-	}
-	if names := entries(t, parent); len(names) != 1 {
-		t.Fatalf("a refused synth --force left %v, want [m.gguf]", names)
-	}
+	refused([]string{"--force"}, "is not a GGUF file: not replaced, even with --force")
 	// A GGUF (here only its magic) is replaced with --force.
 	if err := os.WriteFile(g, []byte("GGUF old"), 0o644); err != nil {
 		t.Fatal(err)
