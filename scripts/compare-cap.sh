@@ -57,8 +57,9 @@
 #
 # Environment: LIKE, LAYERS (0 = all), ROUNDS (2), THREADS (2), GEN (128,
 # llama-bench's default: a new text's first tokens miss more than the
-# rest, so fewer tokens weigh them more), LLAMA_GEN (GEN: tokens llama.cpp's runs decode, fewer where it pages
-# its weights from disk at a few seconds a token),
+# rest, so fewer tokens weigh them more), LLAMA_GEN (GEN: tokens
+# llama.cpp's runs decode, fewer where it pages its weights from disk at
+# a few seconds a token),
 # SPARE_MB (0: memory left beyond the budget, for the rest of the machine),
 # RUN_TIMEOUT (seconds a run may take, 1800), SLUICE, MEMHOLD and
 # READLOAD (a sluice binary and scripts/memhold and scripts/readload
