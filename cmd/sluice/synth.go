@@ -176,7 +176,7 @@ func cmdSynth(ctx context.Context, args []string) (err error) {
 			// As with --out, --force replaces only what synth could
 			// write again: a GGUF (or an empty file), never a file a
 			// mistyped path happened to name.
-			if err := checkGGUFFile(*ggufPath, st.Size()); err != nil {
+			if err := checkGGUFFile(*ggufPath); err != nil {
 				return err
 			}
 		} else if !os.IsNotExist(err) {
@@ -319,19 +319,20 @@ func synthOut(out string, force bool) (exists bool, err error) {
 	return true, nil
 }
 
-// checkGGUFFile refuses to replace path, of size bytes, unless it is
-// empty or starts with the GGUF magic.
-func checkGGUFFile(path string, size int64) error {
-	if size == 0 {
-		return nil
-	}
+// checkGGUFFile refuses to replace path unless it is empty or starts
+// with the GGUF magic.
+func checkGGUFFile(path string) error {
 	f, err := os.Open(path)
 	if err != nil {
 		return fmt.Errorf("--gguf: %v", err)
 	}
 	defer f.Close()
 	magic := make([]byte, len(gguf.Magic))
-	if _, err := io.ReadFull(f, magic); err != nil || string(magic) != gguf.Magic {
+	n, err := io.ReadFull(f, magic)
+	if n == 0 && err == io.EOF {
+		return nil // empty
+	}
+	if err != nil || string(magic) != gguf.Magic {
 		return fmt.Errorf("--gguf %s is not a GGUF file: not replaced, even with --force", path)
 	}
 	return nil

@@ -91,8 +91,7 @@ func synthGGUF(m *format.Manifest, dir, path string, gt gguf.Type) error {
 	if err = f.Close(); err != nil {
 		return err
 	}
-	err = os.Rename(f.Name(), path)
-	return err
+	return os.Rename(f.Name(), path)
 }
 
 // ggufFamilies plans each family's GGUF file as llama.cpp's converter
