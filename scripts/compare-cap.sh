@@ -113,14 +113,11 @@ if [ ! -f "$model/manifest.json" ] || { [ $peer = 1 ] && [ ! -f "$model.gguf" ];
   largs=()
   [ "$layers" = 0 ] || largs=(--layers "$layers")
   [ $peer = 0 ] || largs+=(--gguf "$model.gguf")
-  if [ -f "$model/manifest.json" ]; then
-    # A pack written for sluice alone (LLAMA_BENCH=none) has no GGUF
-    # beside it: write both again, so that they hold the same weights.
-    echo "$model has no $(basename "$model").gguf beside it: writing the model again with one" >&2
-    largs+=(--force)
-  elif [ $peer = 1 ] && [ -f "$model.gguf" ]; then
-    # A GGUF without its pack: both are written again, to hold the
-    # same weights.
+  if [ -f "$model/manifest.json" ] || { [ $peer = 1 ] && [ -f "$model.gguf" ]; }; then
+    # One of the pair without the other (a pack written for sluice alone,
+    # LLAMA_BENCH=none, has no GGUF beside it): write both again, so that
+    # they hold the same weights.
+    echo "$model and $(basename "$model").gguf are not both there: writing both again" >&2
     largs+=(--force)
   fi
   "$work/sluice" synth --like "$like" "${largs[@]}" --route router --out "$model"
