@@ -27,12 +27,14 @@ type routeModel struct {
 	next    [][][]float64 // [layer][p][e] the chance of e after a token that chose p (transitions; sums to K over e)
 }
 
-// Models fitted by fitRouteModel.
+// The models fitRouteModel fits, and their names.
 const (
 	independentTokens = iota
 	withRepeats
 	withTransitions
 )
+
+var modelNames = []string{"independent tokens", "repeats", "transitions"}
 
 // transitionPrior is how many tokens' worth of the layer's frequencies
 // each transition row starts from, so that an expert the recording
@@ -259,7 +261,7 @@ func TestOnlineBound(t *testing.T) {
 			}
 			rows[i] = fmt.Sprintf("%-22s %4d%% | %7.1f%% %6.2fx", x.name, shares[i], 100*float64(bh)/float64(n), float64(mh)/float64(bh))
 		}
-		for kind := range 3 {
+		for kind := range modelNames {
 			md := fitRouteModel(x, kind)
 			bound := make([]float64, len(slots))
 			opt := make([]int, len(slots))
@@ -296,11 +298,11 @@ func TestOnlineBound(t *testing.T) {
 			for i := range slots {
 				for p, h := range hits[i] {
 					if float64(h) > 1.01*bound[i] {
-						t.Errorf("%s, model %d, pool %d%%: %s hits %d, above the bound of %.0f", x.name, kind, shares[i], p, h, bound[i])
+						t.Errorf("%s, %s, pool %d%%: %s hits %d, above the bound of %.0f", x.name, modelNames[kind], shares[i], p, h, bound[i])
 					}
 				}
 				if shares[i] == 10 && x.L*x.E <= 512 && float64(oracle[i]) <= bound[i] {
-					t.Errorf("%s, model %d, pool 10%%: the next-token oracle hits %d, not above the bound of %.0f", x.name, kind, oracle[i], bound[i])
+					t.Errorf("%s, %s, pool 10%%: the next-token oracle hits %d, not above the bound of %.0f", x.name, modelNames[kind], oracle[i], bound[i])
 				}
 				o := float64(opt[i])
 				rows[i] += fmt.Sprintf(" | %6.2fx %6.2fx", bound[i]/o, float64(hits[i][DefaultPolicy])/o)
