@@ -122,7 +122,7 @@ func cmdBench(ctx context.Context, args []string) error {
 		}
 		defer func() { fmt.Fprint(os.Stderr, p.Profile()) }()
 	}
-	var pre, dec, disp, launches, self, cpuUser, cpuSys, busy []float64
+	var pre, dec, disp, launches, self, cpuUser, cpuSys, busy, steal []float64
 	var mtp *engine.MTPStats // the last trial's drafts
 	var trials []benchTrial
 	var diskBefore float64
@@ -190,6 +190,9 @@ func cmdBench(ctx context.Context, args []string) error {
 			cpuUser = append(cpuUser, bt.cpuUser.Seconds()*1e3/steps)
 			cpuSys = append(cpuSys, bt.cpuSys.Seconds()*1e3/steps)
 			busy = append(busy, (bt.cpuUser+bt.cpuSys).Seconds()/bt.wall.Seconds())
+		}
+		if bt.machine > 0 {
+			steal = append(steal, float64(bt.steal)/float64(bt.machine))
 		}
 		launches = append(launches, float64(bt.launches)/steps)
 		if isTerminal(os.Stderr) && !*asJSON {
@@ -273,6 +276,12 @@ func cmdBench(ctx context.Context, args []string) error {
 		res["decode_cpu_sys_ms_per_token"] = median(cpuSys)
 		res["decode_cores_busy"] = median(busy)
 	}
+	if len(steal) > 0 {
+		// The share of the machine's processor time during the decode
+		// that its host took (steal, on a virtual machine): time the
+		// compute wanted that the process's own CPU time does not show.
+		res["decode_cpu_steal_share"] = median(steal)
+	}
 	var ops *opsSummary
 	if *opsFlag {
 		ops = summariseOps(trials)
@@ -299,6 +308,9 @@ func cmdBench(ctx context.Context, args []string) error {
 			median(cpuUser), median(cpuSys), median(busy), e.Runner.Pool.Threads())
 		if len(self) > 0 {
 			fmt.Printf("; the dispatching thread ran %.0f%% of the workers' parts itself", 100*median(self))
+		}
+		if len(steal) > 0 && median(steal) >= 0.001 {
+			fmt.Printf("; the host took %.1f%% of the machine's processor time (steal)", 100*median(steal))
 		}
 		fmt.Println()
 	}

@@ -31,6 +31,10 @@ type benchTrial struct {
 	// over wall (cpuOK false where the platform gives none).
 	cpuUser, cpuSys, wall time.Duration
 	cpuOK                 bool
+	// steal and machine are the machine's processor time during the
+	// decode that its host took, and all of it (platform.MachineCPU;
+	// machine 0 where the platform gives none).
+	steal, machine uint64
 	// trace is the records the decode's steps asked for.
 	trace experts.Trace
 	// ops is the decode's time by operation (--ops; nil without it).
@@ -74,6 +78,7 @@ func runTrial(ctx context.Context, e *engine.Engine, st *model.State, prompt, ct
 	}
 	d0, r0, l0 := e.Runner.Pool.Dispatches(), e.Runner.Pool.SelfRuns(), e.Launches()
 	u0, s0, ok0 := platform.CPUTime()
+	st0, m0, mok0 := platform.MachineCPU()
 	t0 := time.Now()
 	if p, ok := e.Fwd.(engine.Profiler); ok {
 		p.ResetProfile() // the phase profile covers the decode only
@@ -91,6 +96,9 @@ func runTrial(ctx context.Context, e *engine.Engine, st *model.State, prompt, ct
 	bt.wall = time.Since(t0)
 	if u1, s1, ok1 := platform.CPUTime(); ok0 && ok1 {
 		bt.cpuUser, bt.cpuSys, bt.cpuOK = u1-u0, s1-s0, true
+	}
+	if st1, m1, mok1 := platform.MachineCPU(); mok0 && mok1 && m1 > m0 {
+		bt.steal, bt.machine = st1-st0, m1-m0
 	}
 	bt.dispatches = e.Runner.Pool.Dispatches() - d0
 	bt.selfRuns = e.Runner.Pool.SelfRuns() - r0

@@ -357,6 +357,9 @@ func TestBench(t *testing.T) {
 			Sys  *float64 `json:"decode_cpu_sys_ms_per_token"`
 			Busy *float64 `json:"decode_cores_busy"`
 			Self *float64 `json:"decode_self_run_share"`
+			// Only on Linux, and only when the machine's clock ticked
+			// during the decode.
+			Steal *float64 `json:"decode_cpu_steal_share"`
 			// The bundled model's dense weights are read, not mapped.
 			Tiled *bool `json:"q4_tiled"`
 			// The bundled model is packed with --layout rows.
@@ -375,6 +378,21 @@ func TestBench(t *testing.T) {
 		}
 		if (b.Self != nil) != (threads > 1) || b.Self != nil && (*b.Self < 0 || *b.Self > 1) {
 			t.Errorf("bench --threads %d: self-run share: %s", threads, out)
+		}
+		if b.Steal != nil && (runtime.GOOS != "linux" || *b.Steal < 0 || *b.Steal > 1) {
+			t.Errorf("bench --threads %d: steal share: %s", threads, out)
+		}
+	}
+	// On Linux a decode long enough for the machine's clock to tick
+	// (100 Hz a processor) reports the share its host took, a fraction.
+	if runtime.GOOS == "linux" {
+		out, _ := ok(t, "bench", "--prompt", "4", "--gen", "512", "--repeat", "1", "--threads", "1", "--json")
+		var b struct {
+			Steal *float64 `json:"decode_cpu_steal_share"`
+		}
+		decode(t, out, &b)
+		if b.Steal == nil || *b.Steal < 0 || *b.Steal > 1 {
+			t.Errorf("bench --gen 512: steal share missing or not a fraction: %s", out)
 		}
 	}
 }

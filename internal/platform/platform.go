@@ -162,3 +162,13 @@ func mib(n int64) string { return fmt.Sprintf("%.0f MiB", float64(n)/(1<<20)) }
 // cores the compute threads fill, the kernel's share is time the compute
 // did not get, which sluice bench reports per decoded token.
 func CPUTime() (user, sys time.Duration, ok bool) { return cpuTime() }
+
+// MachineCPU is the machine's CPU time so far, summed over its processors
+// in the system's clock ticks: total, and of it the time a hypervisor ran
+// something else on the processors this (virtual) machine was given
+// (steal). Between two readings, steal over total is the share of the
+// machine's processor time it lost to its host, time the compute threads
+// wanted and the process's own CPU time does not show; on a VM the host's
+// emulation of the disk takes some of it while experts stream. ok is
+// false where the platform gives no figure (Linux only).
+func MachineCPU() (steal, total uint64, ok bool) { return machineCPU() }
