@@ -53,7 +53,10 @@
 # host's disk emulation takes time from the guest's cores that the guest
 # never sees), so after each capped run it also runs the resident decode
 # while scripts/readload reads the expert store at the rate that run read
-# it, and prints the capped run's time over that one's.
+# it, and prints the capped run's time over that one's, and the share of
+# the machine's processor time the host took (steal, on a virtual
+# machine; bench's decode_cpu_steal_share, Linux) during each capped
+# decode and each resident decode beside the reads.
 #
 # Environment: LIKE, LAYERS (0 = all), ROUNDS (2), THREADS (2), GEN (128,
 # llama-bench's default: a new text's first tokens miss more than the
@@ -386,6 +389,18 @@ lo = [(1000 / d["decode_tok_s"]) / d["loaded_ms"] for d in sok if d.get("loaded_
 if lo:
     print("       over its resident decode while the same reads run beside it: %s (median %.2f); that decode: %s ms/token" % (
         " ".join("%.2f" % v for v in lo), med(lo), " ".join("%.1f" % d["loaded_ms"] for d in sok if d.get("loaded_ms"))))
+def steal(ds):
+    # The share of the machine's processor time the host took during each
+    # decode (bench's decode_cpu_steal_share: Linux, a virtual machine).
+    return " ".join("%.1f%%" % (100 * d["decode_cpu_steal_share"]) for d in ds if d and "decode_cpu_steal_share" in d)
+def loaded(r):
+    try:
+        return json.load(open("%s/r.sluice.%d.load" % (work, r)))
+    except (OSError, ValueError):
+        return None
+if steal(sok):
+    print("       the host's steal of the machine's processor time: %s capped; %s resident beside the reads" % (
+        steal(sok), steal([loaded(r) for r in range(1, rounds + 1)]) or "none"))
 if sok:
     print("       sluice: %s" % sok[-1].get("experts_plan", ""))
 PY
