@@ -306,16 +306,19 @@ def load(p):
     if p.split("/")[-1].startswith("r.llama-norepack."):
         return [json.loads(l) for l in text.splitlines() if l.startswith("{")] or None
     return json.loads(text)
-def resident_run(r, ext):
-    # ms a token of round r's resident decode in r.sluice.R.EXT (res: just
-    # before the capped run; res2: just after it; load: after that, beside
-    # readload), 0 if none.
+def resident_doc(r, ext):
+    # round r's resident decode, r.sluice.R.EXT (res: just before the
+    # capped run; res2: just after it; load: after that, beside readload),
+    # None if there is none.
     try:
-        d = json.load(open("%s/r.sluice.%d.%s" % (work, r, ext)))
-        if not d.get("experts") and d["decode_tok_s"] > 0:
-            return 1000 / d["decode_tok_s"]
-    except (OSError, ValueError, KeyError):
-        pass
+        return json.load(open("%s/r.sluice.%d.%s" % (work, r, ext)))
+    except (OSError, ValueError):
+        return None
+def resident_run(r, ext):
+    # ms a token of that decode, 0 if none.
+    d = resident_doc(r, ext)
+    if d and not d.get("experts") and d.get("decode_tok_s", 0) > 0:
+        return 1000 / d["decode_tok_s"]
     return 0
 def resident(r):
     # The mean of the resident decodes measured just before and just
@@ -393,14 +396,10 @@ def steal(ds):
     # The share of the machine's processor time the host took during each
     # decode (bench's decode_cpu_steal_share: Linux, a virtual machine).
     return " ".join("%.1f%%" % (100 * d["decode_cpu_steal_share"]) for d in ds if d and "decode_cpu_steal_share" in d)
-def loaded(r):
-    try:
-        return json.load(open("%s/r.sluice.%d.load" % (work, r)))
-    except (OSError, ValueError):
-        return None
-if steal(sok):
+capped_steal = steal(sok)
+if capped_steal:
     print("       the host's steal of the machine's processor time: %s capped; %s resident beside the reads" % (
-        steal(sok), steal([loaded(r) for r in range(1, rounds + 1)]) or "none"))
+        capped_steal, steal([resident_doc(r, "load") for r in range(1, rounds + 1)]) or "none"))
 if sok:
     print("       sluice: %s" % sok[-1].get("experts_plan", ""))
 PY
