@@ -242,9 +242,13 @@ func TestOnlineBound(t *testing.T) {
 	fmt.Fprintf(&tab, "%-22s %5s | %8s %7s | %15s | %15s | %15s\n", "trace", "pool", "optimum", "markov",
 		"independent", "repeats", "transitions")
 	for _, x := range routeTraces(t) {
+		// The synth shapes cost the most (10 to 40 times the tiny
+		// traces' steps a token): one draw, the default policy only, and
+		// no oracle there.
+		tiny := x.L*x.E <= 512
 		seeds := uint64(2)
-		if x.L*x.E > 512 {
-			seeds = 1 // the synth shapes: the most costly, and 10 to 40 times the tiny traces' steps a token
+		if !tiny {
+			seeds = 1
 		}
 		T := len(x.tr) / x.L
 		shares := []int{5, 10, 25}
@@ -277,8 +281,8 @@ func TestOnlineBound(t *testing.T) {
 						hits[i] = map[Policy]int{}
 					}
 					for _, p := range Policies {
-						if x.L*x.E > 512 && p != DefaultPolicy {
-							continue // the tiny traces check the rest; these cost the most
+						if !tiny && p != DefaultPolicy {
+							continue
 						}
 						h, _, err := SimulateHits(tr, s, p, x.L, x.E)
 						if err != nil {
@@ -286,7 +290,7 @@ func TestOnlineBound(t *testing.T) {
 						}
 						hits[i][p] += h
 					}
-					if shares[i] == 10 && x.L*x.E <= 512 {
+					if shares[i] == 10 && tiny {
 						h, _, err := simulate(tr, s, DefaultPolicy, x.L, x.E, nextTokenOracle(tr, x.L, x.E))
 						if err != nil {
 							t.Fatal(err)
@@ -301,7 +305,7 @@ func TestOnlineBound(t *testing.T) {
 						t.Errorf("%s, %s, pool %d%%: %s hits %d, above the bound of %.0f", x.name, modelNames[kind], shares[i], p, h, bound[i])
 					}
 				}
-				if shares[i] == 10 && x.L*x.E <= 512 && float64(oracle[i]) <= bound[i] {
+				if shares[i] == 10 && tiny && float64(oracle[i]) <= bound[i] {
 					t.Errorf("%s, %s, pool 10%%: the next-token oracle hits %d, not above the bound of %.0f", x.name, modelNames[kind], oracle[i], bound[i])
 				}
 				o := float64(opt[i])
