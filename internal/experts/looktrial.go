@@ -41,6 +41,7 @@ type lookTrial struct {
 	pair, all lookSums
 	last      int64 // when the last step ended (s.now), 0 before the first
 	maxRows   int   // the largest row count Predicting saw this step
+	always    bool  // predict at every step, untimed (Options.lookAlways)
 }
 
 // lookSums are timed steps without [0] and with [1] predictions: how
@@ -80,6 +81,10 @@ func (s *Stream) stepLookahead() {
 	s.stats.LookSteps.Add(1)
 	if !t.on {
 		s.stats.LookPaused.Add(1)
+	}
+	if t.always {
+		t.on = true
+		return
 	}
 	if first || rows == 0 || gap <= 0 || gap > adaptMaxGap {
 		// The first step, a step without predictions asked for (a model

@@ -62,6 +62,11 @@ type Options struct {
 	// widen makes a low-bit miss widen into the main kind before use,
 	// sluice's original path, which tests compare the direct one with.
 	widen bool
+	// lookAlways keeps the lookahead predicting at every step instead of
+	// timing the steps both ways (lookTrial): a test's hit rates must not
+	// depend on how fast its machine computes. The gates still choose
+	// which predictions are read.
+	lookAlways bool
 }
 
 // DefaultReaders is the default queue depth, chosen by BenchmarkQueueDepth
@@ -431,6 +436,7 @@ func Open(dir string, man *format.Manifest, o Options) (*Stream, error) {
 	s.wake.Store(&wake)
 	s.now = func() int64 { return time.Now().UnixNano() }
 	s.trial.begin()
+	s.trial.always = o.lookAlways
 	pre := o.PrefetchReaders
 	if pre == 0 { // following the disk, from prefetchReaders
 		pre = min(prefetchReaders, o.Readers)
