@@ -149,17 +149,23 @@ func (v *evictor) tick(clock int64, layer, tokens int) {
 		for i := range v.freq {
 			v.freq[i] *= 0.5
 		}
-		v.all = v.all || v.p == FLRU
+		v.rebased(FLRU)
 	}
 	if v.key != nil && start {
 		v.grow(lrfuGrowth)
 	}
 }
 
+// rebased says that, under policy p, every record's base has changed
+// (counts halved or divided, a use's weight grown): when p is the
+// evictor's, victimSet rescans every layer at its next eviction instead
+// of the layers it was told of.
+func (v *evictor) rebased(p Policy) { v.all = v.all || v.p == p }
+
 // grow multiplies the weight of a use by f (at most lrfuRescale),
 // rescaling every count once the weight passes lrfuRescale.
 func (v *evictor) grow(f float64) {
-	v.all = v.all || v.p == LRFU // a prefetched record's base has a use's weight in it
+	v.rebased(LRFU) // a prefetched record's base has a use's weight in it
 	v.w *= f
 	if v.w >= lrfuRescale {
 		for i := range v.key {
@@ -193,7 +199,7 @@ func (v *evictor) newText() {
 	for i := range v.freq {
 		v.freq[i] /= newTextAge
 	}
-	v.all = v.all || v.p == FLRU
+	v.rebased(FLRU)
 	if v.key != nil {
 		v.grow(newTextAge)
 	}
