@@ -109,6 +109,56 @@ func routeTraces(t testing.TB) []routeTrace {
 			out = append(out, routeTrace{name: like.name, L: like.L, E: like.E, K: like.K, tr: stepsFrom(syn, like.E, benchPrompt)})
 		}
 	}
+	return append(out, extraRouteTraces(t)...)
+}
+
+// extraRouteTraces loads the route files that $SLUICE_ROUTES lists (paths
+// separated as in $PATH), each in RoutesFile's format ({"experts": E,
+// "routes": [layer][position][k]}), so that the policy tables and the
+// bound can be measured on routes recorded from any model: a model's
+// routes on a long text, each position once.
+func extraRouteTraces(t testing.TB) []routeTrace {
+	t.Helper()
+	var out []routeTrace
+	for _, f := range filepath.SplitList(os.Getenv("SLUICE_ROUTES")) {
+		if f == "" {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r struct {
+			Experts int       `json:"experts"`
+			Routes  [][][]int `json:"routes"`
+		}
+		if err := json.Unmarshal(b, &r); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		if r.Experts <= 0 || len(r.Routes) == 0 || len(r.Routes[0]) <= benchPrompt || len(r.Routes[0][0]) == 0 {
+			t.Fatalf("%s: %d experts, %d layers: want experts, and routes of more than %d positions", f, r.Experts, len(r.Routes), benchPrompt)
+		}
+		K := len(r.Routes[0][0])
+		for l, rl := range r.Routes {
+			if len(rl) != len(r.Routes[0]) {
+				t.Fatalf("%s: layer %d has %d positions, layer 0 %d", f, l, len(rl), len(r.Routes[0]))
+			}
+			for p, ids := range rl {
+				seen := map[int]bool{}
+				for _, e := range ids {
+					if e < 0 || e >= r.Experts || seen[e] {
+						t.Fatalf("%s: layer %d, position %d: experts %v, want %d distinct in [0,%d)", f, l, p, ids, K, r.Experts)
+					}
+					seen[e] = true
+				}
+				if len(ids) != K {
+					t.Fatalf("%s: layer %d, position %d: %d experts, want %d", f, l, p, len(ids), K)
+				}
+			}
+		}
+		name := strings.TrimSuffix(filepath.Base(f), filepath.Ext(f))
+		out = append(out, routeTrace{name: name, L: len(r.Routes), E: r.Experts, K: K, tr: stepsFrom(r.Routes, r.Experts, benchPrompt)})
+	}
 	return out
 }
 
