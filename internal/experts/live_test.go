@@ -45,9 +45,10 @@ func liveDecode(t *testing.T, dir string, prompt []int, o Options) liveRun {
 	return liveRun{st: s.Stats().Sub(before), tr: s.Trace(), stride: s.Stride()}
 }
 
-// TestLookaheadAgainstOptimum decodes the tail of each shared tiny
-// model's first long reference prompt (positions 512 on, as the replays
-// of TestPolicyTable) through a pool of 10% of its records, with the
+// TestLookaheadAgainstOptimum decodes the tail of each tiny test model's
+// first long reference prompt (the four shared models' and the
+// repository's two; positions 512 on, as the replays of
+// TestPolicyTable) through a pool of 10% of its records, with the
 // lookahead off and with it predicting at every step, and sets each
 // decode's hits against Belady's on the same requests. Eviction alone
 // cannot reach 0.9× of the optimum on such decodes (TestOnlineBound):
