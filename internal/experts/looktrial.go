@@ -41,7 +41,6 @@ type lookTrial struct {
 	pair, all lookSums
 	last      int64 // when the last step ended (s.now), 0 before the first
 	maxRows   int   // the largest row count Predicting saw this step
-	always    bool  // predict at every step, untimed (Options.lookAlways)
 }
 
 // lookSums are timed steps without [0] and with [1] predictions: how
@@ -82,7 +81,7 @@ func (s *Stream) stepLookahead() {
 	if !t.on {
 		s.stats.LookPaused.Add(1)
 	}
-	if t.always {
+	if s.o.lookAlways { // predict at every step, untimed
 		t.on = true
 		return
 	}

@@ -436,7 +436,6 @@ func Open(dir string, man *format.Manifest, o Options) (*Stream, error) {
 	s.wake.Store(&wake)
 	s.now = func() int64 { return time.Now().UnixNano() }
 	s.trial.begin()
-	s.trial.always = o.lookAlways
 	pre := o.PrefetchReaders
 	if pre == 0 { // following the disk, from prefetchReaders
 		pre = min(prefetchReaders, o.Readers)
