@@ -138,6 +138,9 @@ func Open(ctx context.Context, dir string, o Options) (*Engine, error) {
 		chunk = defaultChunk
 	}
 	e.Runner = model.NewRunner(m, o.Threads, chunk)
+	if stream != nil && stream.KernelReads() {
+		e.Runner.Pool.SetPatience(experts.ReadSpin)
+	}
 	e.scoreRows, e.maxDrafts = scoreRows(o, chunk), draftCap(o, chunk)
 	if e.Runner.Routes, err = experts.LoadRoutes(packed, &m.Config); err != nil {
 		e.Close()

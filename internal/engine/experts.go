@@ -197,6 +197,9 @@ func openExperts(ctx context.Context, m *model.Model, o Options, avail int64, av
 	m.Experts = s
 	why := plan.Why
 	how := platform.UncachedName
+	if s.KernelReads() {
+		how += " (asynchronous)"
+	}
 	if !s.Direct() {
 		how = "buffered reads"
 	}

@@ -179,7 +179,11 @@ func TestPrefsListedOnce(t *testing.T) {
 	// settle lands every read in flight, so that its slot can be evicted.
 	settle := func() {
 		for s.inflight > 0 {
-			if err := s.complete(<-s.done); err != nil {
+			c, _, err := s.finished(true)
+			if err == nil {
+				err = s.complete(c)
+			}
+			if err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -16,6 +16,7 @@
 package experts
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -62,6 +63,10 @@ type Options struct {
 	// widen makes a low-bit miss widen into the main kind before use,
 	// sluice's original path, which tests compare the direct one with.
 	widen bool
+	// goroutineReads reads in the reader goroutines even where the
+	// kernel's asynchronous reads would serve (kernelReads): tests run
+	// both ways.
+	goroutineReads bool
 	// lookAlways keeps the lookahead predicting at every step instead of
 	// timing the steps both ways (lookTrial): a test's hit rates must not
 	// depend on how fast its machine computes. The gates still choose
@@ -222,6 +227,7 @@ type Stream struct {
 
 	demand, pre chan request
 	done        chan completion
+	kr          *kernelReads // the kernel's asynchronous reads, or nil: the reader goroutines
 	stop        context.CancelFunc
 	wg          sync.WaitGroup
 	inflight    int // reads issued and not yet completed
@@ -443,6 +449,9 @@ func Open(dir string, man *format.Manifest, o Options) (*Stream, error) {
 	s.preLimit.Store(int32(pre))
 	ctx, cancel := context.WithCancel(context.Background())
 	s.stop = cancel
+	if s.kr = s.openReads(); s.kr != nil {
+		return s, nil
+	}
 	for i := range o.Readers {
 		s.wg.Add(1)
 		go s.reader(ctx, int32(i))
@@ -606,7 +615,7 @@ func (s *Stream) Begin(layer int, ids []int, hint model.Hint) error {
 	}
 	before := s.missOut
 	s.issueMisses()
-	if s.missOut > before {
+	if s.missOut > before && s.kr == nil {
 		// Let a reader take this thread's processor now: the readers the
 		// sends woke otherwise wait for one until the forward blocks in
 		// Next, with both cores computing the layer's hits, so the demand
@@ -735,7 +744,7 @@ func (s *Stream) issueMisses() {
 		low := s.low != nil
 		sl.readLow = low
 		s.inflight++
-		s.demand <- request{slot: si, off: int64(rec) * s.recStride(low), low: low}
+		s.send(request{slot: si, off: int64(rec) * s.recStride(low), low: low}, false)
 	}
 }
 
@@ -797,8 +806,11 @@ func (s *Stream) Next() (int, *model.Expert, error) {
 			return -1, nil, fmt.Errorf("expert stream: %d experts outstanding but no read in flight (pool of %d slots all held)", s.left, len(s.slots))
 		}
 		t0 := time.Now()
-		c := <-s.done
+		c, _, err := s.finished(true)
 		s.stats.layers[s.layer].IOWaitNs.Add(time.Since(t0).Nanoseconds())
+		if err != nil {
+			return -1, nil, err
+		}
 		if err := s.complete(c); err != nil {
 			return -1, nil, err
 		}
@@ -892,13 +904,12 @@ func (s *Stream) endStep() {
 func (s *Stream) drain() error {
 	var first error
 	for {
-		select {
-		case c := <-s.done:
-			if err := s.complete(c); err != nil && first == nil {
-				first = err
-			}
-		default:
-			return first
+		c, ok, err := s.finished(false)
+		if err != nil || !ok {
+			return cmp.Or(first, err)
+		}
+		if err := s.complete(c); err != nil && first == nil {
+			first = err
 		}
 	}
 }
@@ -1035,7 +1046,7 @@ func (s *Stream) prefetch(g *LookGate, layer int, ids []int, ahead bool) {
 		if ahead {
 			s.stats.AheadIssued.Add(1)
 		}
-		s.pre <- request{slot: si, off: int64(rec) * s.st.Stride}
+		s.send(request{slot: si, off: int64(rec) * s.st.Stride}, true)
 	}
 }
 
@@ -1213,14 +1224,27 @@ func (s *Stream) Close() error {
 		s.slots[i].cancel.Store(true)
 	}
 	// Wait for what is in flight before the slots' memory goes away.
+	var werr error
 	for s.inflight > 0 {
-		<-s.done
+		if _, ok, err := s.finished(true); !ok {
+			// The kernel's reads failed to report: the memory they
+			// write to is not released.
+			werr = cmp.Or(err, fmt.Errorf("expert stream: %d reads unaccounted for", s.inflight))
+			break
+		}
 		s.inflight--
 	}
 	s.stop()
 	s.wg.Wait()
 	s.stop = nil
+	if s.kr != nil {
+		werr = cmp.Or(werr, s.kr.r.Close())
+	}
 	s.closeFiles()
+	if werr != nil {
+		s.mem = nil
+		return werr
+	}
 	err := platform.Free(s.mem)
 	s.mem = nil
 	return err

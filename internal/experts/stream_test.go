@@ -17,6 +17,7 @@ import (
 	"github.com/sluicelm/sluice/internal/format"
 	"github.com/sluicelm/sluice/internal/kernels"
 	"github.com/sluicelm/sluice/internal/model"
+	"github.com/sluicelm/sluice/internal/platform"
 	"github.com/sluicelm/sluice/internal/sample"
 	"github.com/sluicelm/sluice/internal/testutil"
 )
@@ -68,7 +69,9 @@ func greedy(t testing.TB, m *model.Model, prompt []int, n, rows int) []int {
 // through the smallest legal pool, a quarter of the experts and all of
 // them, with lookahead on and off, and requires the tokens of the exact
 // mode with every expert resident (the reference's, which model.TestGreedy
-// holds them to) every time: the pool changes speed, never results.
+// holds them to) every time: the pool changes speed, never results. Where
+// the kernel's asynchronous reads serve (kernelReads), the quarter pool
+// also reads through the reader goroutines.
 func TestGreedyAnyPool(t *testing.T) {
 	for _, name := range testutil.Models {
 		refs := testutil.LoadRefs(t, name)
@@ -76,12 +79,23 @@ func TestGreedyAnyPool(t *testing.T) {
 		exact := residentGreedy(t, dir, refs.Cases)
 		n := man.ExpertLayers * man.Experts
 		for _, v := range []struct {
-			slots int
-			look  bool
-			cases int // 0 = all
-		}{{MinSlots(&man.Config), true, 0}, {n / 4, true, 0}, {n, true, 0}, {n / 4, false, 3}} {
-			t.Run(fmt.Sprintf("%s/slots=%d/lookahead=%v", name, v.slots, v.look), func(t *testing.T) {
-				m, s := loadStream(t, name, 16, Options{Slots: v.slots, Lookahead: v.look})
+			slots      int
+			look       bool
+			cases      int // 0 = all
+			goroutines bool
+		}{{MinSlots(&man.Config), true, 0, false}, {n / 4, true, 0, false}, {n, true, 0, false}, {n / 4, false, 3, false}, {n / 4, true, 3, true}} {
+			t.Run(fmt.Sprintf("%s/slots=%d/lookahead=%v/goroutines=%v", name, v.slots, v.look, v.goroutines), func(t *testing.T) {
+				m, s := loadStream(t, name, 16, Options{Slots: v.slots, Lookahead: v.look, goroutineReads: v.goroutines})
+				if v.goroutines && s.kr != nil {
+					t.Fatal("goroutineReads ignored")
+				}
+				if !v.goroutines && s.Direct() && s.kr == nil {
+					// Only where the platform has no asynchronous reads.
+					if r, err := platform.NewReads(1); err == nil {
+						r.Close()
+						t.Fatal("uncached reads through goroutines where the kernel's asynchronous reads serve")
+					}
+				}
 				cases := refs.Cases
 				if testing.Short() || v.cases > 0 {
 					cases = cases[:3]
@@ -522,9 +536,10 @@ func TestReadErrorSurfaces(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, ready := range []bool{false, true} {
+	for _, v := range []struct{ ready, buffered bool }{{false, true}, {true, true}, {false, false}, {true, false}} {
+		ready := v.ready
 		dir := testutil.CopyDir(t, src)
-		s, err := Open(dir, man, Options{Slots: MinSlots(&man.Config), Buffered: true})
+		s, err := Open(dir, man, Options{Slots: MinSlots(&man.Config), Buffered: v.buffered})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -541,8 +556,13 @@ func TestReadErrorSurfaces(t *testing.T) {
 		if ready {
 			// Let every read fail before the first Ready, so that Ready
 			// is the call that meets the failures.
-			for deadline := time.Now().Add(10 * time.Second); len(s.done) < s.inflight && time.Now().Before(deadline); {
+			for deadline := time.Now().Add(10 * time.Second); s.kr == nil && len(s.done) < s.inflight && time.Now().Before(deadline); {
 				time.Sleep(time.Millisecond)
+			}
+			for s.kr != nil && s.kr.out[0]+s.kr.out[1] > 0 {
+				if err := s.collect(true); err != nil {
+					t.Fatal(err)
+				}
 			}
 		}
 		var got error
@@ -557,7 +577,7 @@ func TestReadErrorSurfaces(t *testing.T) {
 		}
 		s.Close()
 		if got == nil || !strings.Contains(got.Error(), "reading layer 0") {
-			t.Errorf("ready=%v: a step over a truncated store gave %v, want the read's error", ready, got)
+			t.Errorf("ready=%v, buffered=%v: a step over a truncated store gave %v, want the read's error", ready, v.buffered, got)
 		}
 	}
 }

@@ -39,6 +39,9 @@ type Pool struct {
 	wake    []chan struct{}
 	closed  atomic.Bool
 	task    Task
+	// patience is how long an idle worker polls before parking, in ns
+	// (spinFor unless SetPatience changed it).
+	patience atomic.Int64
 	// The dispatching thread parks the same way while it waits for the
 	// workers (spinning only pays while every thread has a core): it sets
 	// mainParkedBit in pending, and the worker whose decrement leaves just
@@ -109,6 +112,7 @@ func NewPool(threads int) *Pool {
 	for i := range p.sc.rooms {
 		p.sc.rooms[i] = make([]float32, scaleRoom)
 	}
+	p.patience.Store(int64(spinFor))
 	p.crew = NewCrew(threads)
 	p.late = make([][][]float32, threads)
 	for i := range p.late {
@@ -119,6 +123,14 @@ func NewPool(threads int) *Pool {
 	}
 	return p
 }
+
+// SetPatience sets how long an idle worker polls for the next operation
+// before it parks (spinFor by default). A worker that parked is woken
+// through the scheduler, which on a virtual machine whose idle processors
+// halt took hundreds of microseconds (experts.ReadSpin): a decode that
+// waits for the disk between operations keeps its workers awake through
+// such waits with a patience as long as them.
+func (p *Pool) SetPatience(d time.Duration) { p.patience.Store(int64(max(d, spinFor))) }
 
 // Crew is the pool's crew, for tasks whose threads run products of their
 // own: each such thread's Scratch joins it under the index of the part it
@@ -137,7 +149,7 @@ func (p *Pool) worker(i int) {
 		if g == seen {
 			start := time.Now()
 			for spins := 0; g == seen; spins++ {
-				if spins&255 == 255 && time.Since(start) > spinFor {
+				if spins&255 == 255 && time.Since(start) > time.Duration(p.patience.Load()) {
 					// Park; re-check after announcing it so that a dispatch
 					// racing with us is never missed.
 					p.parked[i].Store(true)
