@@ -189,7 +189,7 @@ func (m *modelFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&x.evict, "evict", "", "expert pool eviction: markov (each layer's expert-to-expert transitions), lrfu (recency-weighted use counts, by layer order), flru (frequency-weighted LRU) or lru; default markov")
 	fs.IntVar(&x.missBits, "miss-bits", 0, "lossy: read missed experts from the 3- or 2-bit store (sluice pack --low-bits)")
 	fs.Float64Var(&x.cutWeak, "cut-weak", 0, "lossy: skip a late-arriving expert whose routing weight is below W in every row")
-	fs.IntVar(&x.readers, "readers", 0, "expert reads in flight at most, i.e. read queue depth: kernel asynchronous reads for uncached reads on Linux, else as many reader goroutines (0 = 8)")
+	fs.IntVar(&x.readers, "readers", 0, "expert reads in flight at most, i.e. read queue depth: kernel asynchronous reads for uncached reads on Linux (except where records are tiled as they land), else as many reader goroutines (0 = 8)")
 	fs.IntVar(&x.preReaders, "prefetch-readers", 0, "of the readers, how many also take lookahead prefetches (0 = follow the disk: 2 while the reads take most of its bandwidth, all while it has room)")
 }
 

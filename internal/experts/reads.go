@@ -1,6 +1,7 @@
 package experts
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -59,7 +60,9 @@ func (s *Stream) openReads() *kernelReads {
 	}
 	r, err := platform.NewReads(s.o.Readers)
 	if err != nil {
-		fmt.Fprintf(s.o.Log, "experts: %v; reading in %d goroutines\n", err, s.o.Readers)
+		if !errors.Is(err, errors.ErrUnsupported) {
+			fmt.Fprintf(s.o.Log, "experts: %v; reading in %d goroutines\n", err, s.o.Readers)
+		}
 		return nil
 	}
 	return &kernelReads{r: r}
@@ -87,7 +90,8 @@ func (s *Stream) send(r request, pre bool) {
 // submit hands queued requests to the kernel while fewer than Readers are
 // in flight: demand misses first, prefetches while fewer than preLimit of
 // those are. force submits one prefetch past preLimit when nothing is in
-// flight, for a step waiting on a prefetched record. A request whose slot
+// flight, so that a step waiting on a prefetched record cannot wait
+// forever whatever preLimit is (it is at least 1 today). A request whose slot
 // was cancelled completes as cancelled without a read; one the kernel
 // refuses is read here, blocking.
 func (s *Stream) submit(force bool) {
@@ -104,8 +108,14 @@ func (s *Stream) submit(force bool) {
 			i = 1
 		}
 		r := k.queue[i][k.head[i]]
-		if k.head[i]++; k.head[i] == len(k.queue[i]) {
+		switch k.head[i]++; {
+		case k.head[i] == len(k.queue[i]):
 			k.queue[i], k.head[i] = k.queue[i][:0], 0
+		case k.head[i] >= 64 && 2*k.head[i] >= len(k.queue[i]):
+			// A queue that never empties (prefetches held back by
+			// preLimit) must not grow without end.
+			n := copy(k.queue[i], k.queue[i][k.head[i]:])
+			k.queue[i], k.head[i] = k.queue[i][:n], 0
 		}
 		sl := &s.slots[r.slot]
 		if sl.cancel.Load() {
@@ -148,8 +158,14 @@ func (s *Stream) collect(wait bool) error {
 		n := s.recStride(low)
 		s.stats.readEnd(n)
 		k.out[i]--
-		if d.Err == nil && d.N != n {
-			d.Err = fmt.Errorf("read %d of %d bytes at record %d (truncated?)", d.N, n, s.slots[si].rec)
+		if d.Err == nil && d.N < n {
+			// A short read (the file ends, or a filesystem that reads
+			// in parts): the rest as pread would, here.
+			f, buf := s.file, s.slots[si].buf[:n]
+			if low {
+				f = s.lowFile
+			}
+			d.Err = preadFull(f, buf[d.N:], int64(s.slots[si].rec)*n+d.N)
 		}
 		k.done = append(k.done, completion{slot: si, err: d.Err})
 	}

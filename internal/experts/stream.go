@@ -555,7 +555,11 @@ func (s *Stream) Begin(layer int, ids []int, hint model.Hint) error {
 		return fmt.Errorf("expert stream: layer %d outside [0,%d)", layer, s.L)
 	}
 	s.endStep()
-	s.drain() // endStep left no position waiting: no error to report
+	// endStep left no position waiting, so no read's error is reported
+	// here; a failure to collect the kernel's reads is.
+	if err := s.drain(); err != nil {
+		return err
+	}
 	s.adaptReaders()
 	s.clock++
 	s.ev.tick(s.clock, layer, s.stepTokens(hint))
@@ -1146,6 +1150,10 @@ type adaptMark struct{ bytes, deepNs, deepBytes int64 }
 // the count, so none waits under a count it did not see.
 func (s *Stream) setPreLimit(n int) {
 	s.preLimit.Store(int32(n))
+	if s.kr != nil {
+		s.submit(false) // the kernel's reads: prefetches the limit held back
+		return
+	}
 	wake := make(chan struct{})
 	close(*s.wake.Swap(&wake))
 }
@@ -1238,16 +1246,22 @@ func (s *Stream) Close() error {
 	s.wg.Wait()
 	s.stop = nil
 	if s.kr != nil {
-		werr = cmp.Or(werr, s.kr.r.Close())
-	}
-	s.closeFiles()
-	if werr != nil {
+		// io_destroy returns once the kernel's reads are done with the
+		// pool; if it fails, the pool's memory is not released.
+		if err := s.kr.r.Close(); err != nil {
+			s.closeFiles()
+			s.mem = nil
+			return cmp.Or(werr, err)
+		}
+	} else if werr != nil {
+		s.closeFiles()
 		s.mem = nil
 		return werr
 	}
+	s.closeFiles()
 	err := platform.Free(s.mem)
 	s.mem = nil
-	return err
+	return cmp.Or(werr, err)
 }
 
 func (s *Stream) closeFiles() {

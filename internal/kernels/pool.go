@@ -125,7 +125,8 @@ func NewPool(threads int) *Pool {
 }
 
 // SetPatience sets how long an idle worker polls for the next operation
-// before it parks (spinFor by default). A worker that parked is woken
+// before it parks: spinFor by default, and never less (the crew's
+// patience within an operation is not changed). A worker that parked is woken
 // through the scheduler, which on a virtual machine whose idle processors
 // halt took hundreds of microseconds (experts.ReadSpin): a decode that
 // waits for the disk between operations keeps its workers awake through

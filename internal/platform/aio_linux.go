@@ -9,8 +9,10 @@ import (
 
 // Reads is Linux's kernel asynchronous I/O (io_setup, io_submit) for the
 // uncached reads of an expert pool: the goroutine that needs a record
-// submits its read and collects the completion, and no goroutine blocks in
-// a read. A goroutine blocked in pread keeps its scheduler slot (its P)
+// submits its read and collects the completion, and no goroutine waits in
+// a read (io_submit itself pins the buffer's pages and builds the block
+// requests: 0.09-0.25 ms for a 2.65 MB read on the development VM). A
+// goroutine blocked in pread keeps its scheduler slot (its P)
 // until the runtime's monitor takes it back, which it checks for every 20
 // µs to 10 ms; with GOMAXPROCS at the core count, a read in flight so held
 // one of the two slots of a 2-core machine, and a runtime trace of a
@@ -82,7 +84,7 @@ func NewReads(depth int) (*Reads, error) {
 	// The context is the ring's address in this process: memory the
 	// kernel mapped, not Go's, so it does not move.
 	ring := *(**aioRing)(unsafe.Pointer(&ctx))
-	if ring.magic == aioRingMagic && ring.headerLn == uint32(unsafe.Sizeof(aioRing{})) && ring.incompat == 0 {
+	if ring.magic == aioRingMagic && ring.headerLn == uint32(unsafe.Sizeof(aioRing{})) && ring.incompat == 0 && ring.nr > 0 {
 		r.ring, r.nr = ring, ring.nr
 	}
 	r.cbs[0] = &r.cb
@@ -109,12 +111,16 @@ func (r *Reads) Submit(f *File, buf []byte, off int64, tag uint64) error {
 }
 
 // Collect appends the reads that have finished to out, without blocking
-// unless wait is set and none has: then it waits for at least one.
+// unless wait is set and none has: then it waits for at least one. With
+// the ring readable, a collect that finds none and does not wait makes no
+// system call (the kernel posts every completion to the ring).
 func (r *Reads) Collect(out []ReadDone, wait bool) ([]ReadDone, error) {
 	if r.ring != nil {
 		head := atomic.LoadUint32(&r.ring.head)
 		tail := atomic.LoadUint32(&r.ring.tail)
-		if head != tail {
+		if head >= r.nr || tail >= r.nr {
+			r.ring = nil // not the ring this reads: the system call from now on
+		} else if head != tail {
 			base := unsafe.Add(unsafe.Pointer(r.ring), unsafe.Sizeof(aioRing{}))
 			for ; head != tail; head = (head + 1) % r.nr {
 				ev := (*aioEvent)(unsafe.Add(base, uintptr(head)*unsafe.Sizeof(aioEvent{})))
@@ -122,19 +128,18 @@ func (r *Reads) Collect(out []ReadDone, wait bool) ([]ReadDone, error) {
 			}
 			atomic.StoreUint32(&r.ring.head, head)
 			return out, nil
+		} else if !wait {
+			return out, nil
 		}
 	}
 	least := uintptr(0)
-	if wait {
-		least = 1
-	}
 	var zero syscall.Timespec
-	tp := uintptr(unsafe.Pointer(&zero))
+	tsp := &zero
 	if wait {
-		tp = 0 // no timeout
+		least, tsp = 1, nil // no timeout
 	}
 	for {
-		n, _, e := syscall.Syscall6(syscall.SYS_IO_GETEVENTS, r.ctx, least, uintptr(len(r.evs)), uintptr(unsafe.Pointer(&r.evs[0])), tp, 0)
+		n, _, e := syscall.Syscall6(syscall.SYS_IO_GETEVENTS, r.ctx, least, uintptr(len(r.evs)), uintptr(unsafe.Pointer(&r.evs[0])), uintptr(unsafe.Pointer(tsp)), 0)
 		if e == syscall.EINTR {
 			continue
 		}

@@ -15,10 +15,9 @@ type ReadDone struct {
 	Err error
 }
 
-// NewReads fails: no asynchronous reads on this platform.
-func NewReads(depth int) (*Reads, error) {
-	return nil, errors.New("no kernel asynchronous reads on this platform")
-}
+// NewReads fails with errors.ErrUnsupported: no asynchronous reads on
+// this platform.
+func NewReads(depth int) (*Reads, error) { return nil, errors.ErrUnsupported }
 
 // Submit is never called: NewReads gave no Reads.
 func (r *Reads) Submit(f *File, buf []byte, off int64, tag uint64) error {
