@@ -28,9 +28,9 @@ import (
 // qwen3-30b-a3b synth, a runtime trace of the decode had the second
 // thread waiting to run for 7% of the time and both threads asleep on
 // reads for 17% with no polling; polling both, the cores were busy 1.99
-// of the time against 1.79 without (1.76 with reader goroutines), and the
-// decode ran 1.11x its limit against 1.25x (README, "Reads that hold no
-// thread").
+// of the time against 1.79 without (1.76 with reader goroutines), and
+// the decode ran 1.02x its limit against 1.25x with the goroutines
+// (README, "Reads that hold no thread").
 const ReadSpin = 3 * time.Millisecond
 
 // KernelReads reports whether the stream's reads go through the kernel's
