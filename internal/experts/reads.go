@@ -122,10 +122,7 @@ func (s *Stream) submit(force bool) {
 			k.done = append(k.done, completion{slot: r.slot, cancelled: true})
 			continue
 		}
-		f, buf := s.file, sl.buf
-		if r.low {
-			f, buf = s.lowFile, sl.buf[:s.low.Stride]
-		}
+		f, buf := s.readInto(sl, r.low)
 		s.stats.readStart()
 		tag := uint64(r.slot)<<2 | uint64(i)
 		if r.low {
@@ -161,10 +158,7 @@ func (s *Stream) collect(wait bool) error {
 		if d.Err == nil && d.N < n {
 			// A short read (the file ends, or a filesystem that reads
 			// in parts): the rest as pread would, here.
-			f, buf := s.file, s.slots[si].buf[:n]
-			if low {
-				f = s.lowFile
-			}
+			f, buf := s.readInto(&s.slots[si], low)
 			d.Err = preadFull(f, buf[d.N:], int64(s.slots[si].rec)*n+d.N)
 		}
 		k.done = append(k.done, completion{slot: si, err: d.Err})

@@ -752,6 +752,15 @@ func (s *Stream) issueMisses() {
 	}
 }
 
+// readInto gives the file a record is read from and the part of slot sl
+// it lands in: the low-bit store's records fill the start of a slot.
+func (s *Stream) readInto(sl *slot, low bool) (*platform.File, []byte) {
+	if low {
+		return s.lowFile, sl.buf[:s.low.Stride]
+	}
+	return s.file, sl.buf
+}
+
 func (s *Stream) recStride(low bool) int64 {
 	if low {
 		return s.low.Stride
@@ -1205,10 +1214,9 @@ func (s *Stream) reader(ctx context.Context, i int32) {
 			if err = preadFull(s.lowFile, stage, r.off); err == nil {
 				err = expandLow(sl.buf, stage, &s.st, s.low)
 			}
-		case r.low:
-			err = preadFull(s.lowFile, sl.buf[:s.low.Stride], r.off)
 		default:
-			err = preadFull(s.file, sl.buf, r.off)
+			f, buf := s.readInto(sl, r.low)
+			err = preadFull(f, buf, r.off)
 		}
 		s.stats.readEnd(n)
 		if err == nil && s.o.Tile && (!r.low || s.o.widen) {
