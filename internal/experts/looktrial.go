@@ -17,11 +17,18 @@ package experts
 // so far with each older pair's steps weighing lookKeep times the next
 // one's. Once the difference is at least twice its standard error, or
 // after lookPairs pairs, it runs the faster way for a stretch, then times
-// another pair; a pair that leaves the difference within its error keeps
-// the way it ran. The stretch is lookRun steps, twice the last one after
+// another pair. The stretch is lookRun steps, twice the last one after
 // a pair that confirms the way, up to lookRunMax, so that where one way
 // is plainly faster the trials' own cost (a window in the slower way)
-// fades, and back to lookRun when the way changes. Only steps of the
+// fades, and back to lookRun when the way changes. Where the timing
+// cannot tell the ways apart (after lookPairs pairs, or a pair after a
+// run), the trial predicts if its prefetches were used more often than
+// read for nothing, over the same weighted pairs: at equal speed the way
+// whose steps wait on fewer misses is the one that holds up when the
+// disk slows (another process reading, a page cache gone cold), and its
+// extra reads cost the disk less than one a miss it hides (the tiny
+// models waste about 0.15 reads a useful one, a synthetic model's
+// replayed routes about 20). Only steps of the
 // pair's row count are timed (a prefill chunk is not a decode step), and
 // a gap longer than adaptMaxGap is idle time, not a step; a pair with
 // fewer than half its steps timed on either side is dropped. What is
@@ -39,6 +46,10 @@ type lookTrial struct {
 	// The timed steps: the current pair's, and the weighted sums over
 	// the pairs before.
 	pair, all lookSums
+	// The prefetches used and wasted since the last pair ended, the
+	// weighted sums over the pairs before, and the counters' values at
+	// the last step.
+	use, allUse, seen [2]int64
 	last      int64 // when the last step ended (s.now), 0 before the first
 	maxRows   int   // the largest row count Predicting saw this step
 }
@@ -85,6 +96,11 @@ func (s *Stream) stepLookahead() {
 		t.on = true
 		return
 	}
+	use := [2]int64{s.stats.LookUseful.Load(), s.stats.LookWasted.Load()}
+	for i := range 2 {
+		t.use[i] += use[i] - t.seen[i]
+	}
+	t.seen = use
 	if first || rows == 0 || gap <= 0 || gap > adaptMaxGap {
 		// The first step, a step without predictions asked for (a model
 		// whose forward does not weigh them), or idle time: untimed, and
@@ -154,7 +170,9 @@ func (s *Stream) endPair() {
 		a.n[i] = lookKeep*a.n[i] + t.pair.n[i]
 		a.sum[i] = lookKeep*a.sum[i] + t.pair.sum[i]
 		a.sq[i] = lookKeep*a.sq[i] + t.pair.sq[i]
+		t.allUse[i] = int64(lookKeep*float64(t.allUse[i])) + t.use[i]
 	}
+	t.use = [2]int64{}
 	t.pairs++
 	// The mean step time each way, the variance of a step about it, and
 	// the standard error of the difference of the means.
@@ -171,8 +189,8 @@ func (s *Stream) endPair() {
 		return
 	}
 	on := d < 0
-	if !clear && t.run > 0 {
-		on = t.runOn // within its error: the way stands
+	if !clear {
+		on = t.allUse[0] > t.allUse[1] // within its error: predict if mostly used
 	}
 	if t.run == 0 || on != t.runOn {
 		t.run = lookRun

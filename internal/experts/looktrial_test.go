@@ -7,7 +7,8 @@ import "testing"
 // longer after each pair that confirms it (up to lookRunMax), and the
 // shortest run again once the other way is clearly faster; steps of
 // another row count (a prefill chunk), idle gaps and steps that asked
-// nothing are not timed.
+// nothing are not timed. Where the times cannot tell the ways apart, it
+// predicts if the prefetches are used more often than wasted.
 func TestLookTrial(t *testing.T) {
 	clock := int64(1e9)
 	s := &Stream{o: Options{Lookahead: true}, now: func() int64 { return clock }}
@@ -141,6 +142,31 @@ func TestLookTrial(t *testing.T) {
 	}
 	if k != 1+2*lookWindow*lookPairs {
 		t.Errorf("noisy steps: first run after %d steps, want %d", k, 1+2*lookWindow*lookPairs)
+	}
+	if noisy.trial.on {
+		t.Error("noisy steps, no prefetch used: the first run predicts")
+	}
+	// As fast either way, the way is the prefetches' usefulness: a run
+	// predicting while they are mostly used, without once the reads
+	// they waste outnumber them.
+	for _, c := range []struct {
+		useful, wasted int64
+		want           bool
+	}{{3, 1, true}, {1, 3, false}, {5, 0, true}} {
+		for n := 0; ; n++ {
+			if n > 1024+2*lookWindow*lookPairs {
+				t.Fatalf("%d used, %d wasted a step: no run predicting %v", c.useful, c.wasted, c.want)
+			}
+			if noisy.Predicting(1) {
+				noisy.stats.LookUseful.Add(c.useful)
+				noisy.stats.LookWasted.Add(c.wasted)
+			}
+			clock += int64(80e6 + 40e6*(n%2))
+			noisy.stepLookahead()
+			if noisy.trial.window == 0 && noisy.trial.left == noisy.trial.run && noisy.trial.on == c.want {
+				break
+			}
+		}
 	}
 	// Off: nothing counted.
 	off := &Stream{now: func() int64 { return clock }}
