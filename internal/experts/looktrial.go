@@ -50,8 +50,8 @@ type lookTrial struct {
 	// weighted sums over the pairs before, and the counters' values at
 	// the last step.
 	use, allUse, seen [2]int64
-	last      int64 // when the last step ended (s.now), 0 before the first
-	maxRows   int   // the largest row count Predicting saw this step
+	last              int64 // when the last step ended (s.now), 0 before the first
+	maxRows           int   // the largest row count Predicting saw this step
 }
 
 // lookSums are timed steps without [0] and with [1] predictions: how
