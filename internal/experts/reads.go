@@ -47,7 +47,25 @@ type kernelReads struct {
 	done    []completion
 	doneH   int
 	scratch []platform.ReadDone
-	refused bool // a submission was refused (said once)
+	refused bool  // a submission was refused (said once)
+	err     error // a failure to collect in Poll, for the next wait
+}
+
+// Poll collects the reads the kernel has finished and submits the queued
+// requests they leave room for, without waiting; it does nothing where
+// the stream's reads are not the kernel's. The forward's goroutine calls
+// it while it computes, between its calls into the stream (the engine
+// sets it as the compute pool's idle hook, kernels.Pool.SetIdle): without
+// it a read that finishes during a layer's compute leaves its place empty
+// until the forward next calls the stream, and the read's end is counted
+// only then, which inflates the time the stream's statistics see reads in
+// flight and so understates the disk's bandwidth to adaptReaders.
+func (s *Stream) Poll() {
+	k := s.kr
+	if k == nil || k.err != nil || s.stop == nil {
+		return
+	}
+	k.err = s.collect(false)
 }
 
 // openReads starts the kernel's asynchronous reads for the stream when its
@@ -181,6 +199,9 @@ func (s *Stream) finished(wait bool) (completion, bool, error) {
 		default:
 			return completion{}, false, nil
 		}
+	}
+	if k.err != nil {
+		return completion{}, false, k.err
 	}
 	var t0 time.Time
 	for k.doneH == len(k.done) {

@@ -37,11 +37,22 @@ func loadStream(t testing.TB, name string, bits int, o Options) (*model.Model, *
 
 func records(m *model.Model) int { return m.Manifest.ExpertLayers * m.Manifest.Experts }
 
-// greedy prefills prompt in chunks of rows and decodes n tokens greedily.
+// greedy prefills prompt in chunks of rows and decodes n tokens greedily,
+// with the compute pool polling a stream's reads as the engine has it
+// (Stream.Poll).
 func greedy(t testing.TB, m *model.Model, prompt []int, n, rows int) []int {
+	t.Helper()
+	return greedyPoll(t, m, prompt, n, rows, true)
+}
+
+// greedyPoll is greedy, with the pool polling a stream's reads or not.
+func greedyPoll(t testing.TB, m *model.Model, prompt []int, n, rows int, poll bool) []int {
 	t.Helper()
 	r := model.NewRunner(m, 2, rows)
 	defer r.Close()
+	if s, ok := m.Experts.(*Stream); ok && poll {
+		r.Pool.SetIdle(s.Poll)
+	}
 	st, err := m.NewState(len(prompt) + n)
 	if err != nil {
 		t.Fatal(err)
@@ -71,7 +82,8 @@ func greedy(t testing.TB, m *model.Model, prompt []int, n, rows int) []int {
 // mode with every expert resident (the reference's, which model.TestGreedy
 // holds them to) every time: the pool changes speed, never results. Where
 // the kernel's asynchronous reads serve (kernelReads), the quarter pool
-// also reads through the reader goroutines.
+// also reads through the reader goroutines, and without the compute
+// polling the reads between operations (Stream.Poll).
 func TestGreedyAnyPool(t *testing.T) {
 	for _, name := range testutil.Models {
 		refs := testutil.LoadRefs(t, name)
@@ -83,8 +95,9 @@ func TestGreedyAnyPool(t *testing.T) {
 			look       bool
 			cases      int // 0 = all
 			goroutines bool
-		}{{MinSlots(&man.Config), true, 0, false}, {n / 4, true, 0, false}, {n, true, 0, false}, {n / 4, false, 3, false}, {n / 4, true, 3, true}} {
-			t.Run(fmt.Sprintf("%s/slots=%d/lookahead=%v/goroutines=%v", name, v.slots, v.look, v.goroutines), func(t *testing.T) {
+			noPoll     bool
+		}{{MinSlots(&man.Config), true, 0, false, false}, {n / 4, true, 0, false, false}, {n, true, 0, false, false}, {n / 4, false, 3, false, false}, {n / 4, true, 3, true, false}, {n / 4, true, 3, false, true}} {
+			t.Run(fmt.Sprintf("%s/slots=%d/lookahead=%v/goroutines=%v/poll=%v", name, v.slots, v.look, v.goroutines, !v.noPoll), func(t *testing.T) {
 				m, s := loadStream(t, name, 16, Options{Slots: v.slots, Lookahead: v.look, goroutineReads: v.goroutines})
 				if v.goroutines && s.kr != nil {
 					t.Fatal("goroutineReads ignored")
@@ -101,7 +114,7 @@ func TestGreedyAnyPool(t *testing.T) {
 					cases = cases[:3]
 				}
 				for ci, c := range cases {
-					got := greedy(t, m, c.Prompt, len(c.Greedy), 64)
+					got := greedyPoll(t, m, c.Prompt, len(c.Greedy), 64, !v.noPoll)
 					if !slices.Equal(got, exact[ci]) {
 						t.Fatalf("case %d: greedy %v, want %v", ci, got, exact[ci])
 					}

@@ -67,6 +67,9 @@ type Pool struct {
 	// hookClaim, set by tests only, runs in a worker just before it
 	// claims its part: a worker that wakes late.
 	hookClaim func(worker int)
+	// idle, when set (SetIdle), runs on the dispatching goroutine once an
+	// operation, when its own parts are done and a worker's is not.
+	idle func()
 	// dispatches counts operations handed to the workers (Parallel calls
 	// that split), for the per-token figures of sluice bench.
 	dispatches uint64
@@ -132,6 +135,15 @@ func NewPool(threads int) *Pool {
 // waits for the disk between operations keeps its workers awake through
 // such waits with a patience as long as them.
 func (p *Pool) SetPatience(d time.Duration) { p.patience.Store(int64(max(d, spinFor))) }
+
+// SetIdle sets f to run on the dispatching goroutine while it waits for a
+// worker's part of an operation (once an operation, after its own parts),
+// or unsets it with nil. The expert stream uses it to hand the disk its
+// next read as soon as one finishes, rather than at the forward's next
+// call into the stream, up to a layer's compute later
+// (experts.Stream.Poll). f must be quick and must not dispatch. Set it
+// between operations, on the dispatching goroutine.
+func (p *Pool) SetIdle(f func()) { p.idle = f }
 
 // Crew is the pool's crew, for tasks whose threads run products of their
 // own: each such thread's Scratch joins it under the index of the part it
@@ -285,6 +297,9 @@ func (p *Pool) Parallel(n, grain int, t Task) {
 			}
 			p.pending.Add(-1)
 		}
+	}
+	if p.idle != nil && p.pending.Load() != 0 {
+		p.idle()
 	}
 	// The other parts are as long as ours, so they usually finish within
 	// microseconds: spin briefly, then park (a worker that lost its core to

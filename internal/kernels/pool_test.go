@@ -209,3 +209,49 @@ func BenchmarkPoolAfterIdle(b *testing.B) {
 	}
 	b.ReportMetric(float64(p.SelfRuns()-s0)/float64(b.N), "self-runs/op")
 }
+
+// sleepTask's part 0 (the dispatcher's) waits until part 1 has begun,
+// which then takes a millisecond: the dispatcher always finishes first.
+type sleepTask struct{ begun atomic.Bool }
+
+func (t *sleepTask) Run(lo, hi int) {
+	if lo > 0 {
+		t.begun.Store(true)
+		time.Sleep(time.Millisecond)
+		return
+	}
+	for !t.begun.Load() {
+		runtime.Gosched()
+	}
+	t.begun.Store(false)
+}
+
+// TestPoolIdle: the idle hook runs once an operation while a worker's part
+// is still running, on the dispatching goroutine (before Parallel
+// returns), and not once unset.
+func TestPoolIdle(t *testing.T) {
+	p := NewPool(2)
+	defer p.Close()
+	task := &sleepTask{}
+	var calls int
+	in := false
+	p.SetIdle(func() {
+		if !in {
+			t.Error("idle hook outside Parallel")
+		}
+		calls++
+	})
+	for range 10 {
+		in = true
+		p.Parallel(2, 1, task)
+		in = false
+	}
+	if calls != 10 {
+		t.Errorf("idle hook ran %d times in 10 operations with a slow worker, want 10", calls)
+	}
+	p.SetIdle(nil)
+	p.Parallel(2, 1, task)
+	if calls != 10 {
+		t.Errorf("idle hook ran %d times after SetIdle(nil)", calls-10)
+	}
+}
