@@ -150,7 +150,7 @@ func Open(ctx context.Context, dir string, o Options) (*Engine, error) {
 		e.Close()
 		return nil, err
 	}
-	if stream != nil && e.Device == "cpu" {
+	if stream != nil && stream.KernelReads() && e.Device == "cpu" {
 		// The CPU's forward computes and calls the stream on one
 		// goroutine, never both at once, so the pool's dispatcher may
 		// poll the stream's reads between operations. The GPU's forward

@@ -23,7 +23,9 @@ package experts
 // fades, and back to lookRun when the way changes. Where the timing
 // cannot tell the ways apart (after lookPairs pairs, or a pair after a
 // run), the trial predicts if its prefetches were used more often than
-// read for nothing, over the same weighted pairs: at equal speed the way
+// read for nothing, counted over the decode steps since it began (those
+// of at most lookMaxRows rows), each earlier pair's and the run before
+// it weighing lookKeep times the next's: at equal speed the way
 // whose steps wait on fewer misses is the one that holds up when the
 // disk slows (another process reading, a page cache gone cold), and its
 // extra reads cost the disk less than one a miss it hides (the tiny
@@ -46,9 +48,9 @@ type lookTrial struct {
 	// The timed steps: the current pair's, and the weighted sums over
 	// the pairs before.
 	pair, all lookSums
-	// The prefetches used and wasted since the last pair ended, the
-	// weighted sums over the pairs before, and the counters' values at
-	// the last step.
+	// The prefetches used and wasted in the timed kind of step since the
+	// last pair ended, the weighted sums over the pairs before, and the
+	// counters' values at the last step.
 	use, allUse, seen [2]int64
 	last              int64 // when the last step ended (s.now), 0 before the first
 	maxRows           int   // the largest row count Predicting saw this step
@@ -96,9 +98,14 @@ func (s *Stream) stepLookahead() {
 		t.on = true
 		return
 	}
+	// The prefetches settled during the step count where it is one the
+	// trial would time (a prefill chunk's predictions, a union over its
+	// rows, are nearly all used, and would outweigh a decode's waste).
 	use := [2]int64{s.stats.LookUseful.Load(), s.stats.LookWasted.Load()}
-	for i := range 2 {
-		t.use[i] += use[i] - t.seen[i]
+	if rows > 0 && rows <= lookMaxRows {
+		for i := range 2 {
+			t.use[i] += use[i] - t.seen[i]
+		}
 	}
 	t.seen = use
 	if first || rows == 0 || gap <= 0 || gap > adaptMaxGap {

@@ -168,6 +168,49 @@ func TestLookTrial(t *testing.T) {
 			}
 		}
 	}
+	// A clear difference in time outweighs the prefetches' usefulness,
+	// and a prefill chunk's prefetches (nearly all used) do not count:
+	// the first run of each fresh trial is without predictions.
+	for _, c := range []struct {
+		what             string
+		prefill          bool
+		onNs, offNs      int64
+		useful, wasted   int64
+		pUseful, pWasted int64 // a prefill chunk's, every fourth step
+	}{
+		{"predicting clearly slower, prefetches all used", false, 100e6, 90e6, 5, 0, 0, 0},
+		{"as fast, decode prefetches mostly wasted between used prefill ones", true, 0, 0, 1, 3, 100, 0},
+	} {
+		tr := &Stream{o: Options{Lookahead: true}, now: func() int64 { return clock }}
+		tr.stats.init(2, 16, 4)
+		tr.trial.begin()
+		for n := 0; tr.trial.window != 0; n++ {
+			if n > 20*lookWindow*lookPairs {
+				t.Fatalf("%s: no run", c.what)
+			}
+			rows, u, w := 1, c.useful, c.wasted
+			if c.prefill && n%4 == 3 {
+				rows, u, w = 512, c.pUseful, c.pWasted
+			}
+			on := tr.Predicting(rows)
+			if on {
+				tr.stats.LookUseful.Add(u)
+				tr.stats.LookWasted.Add(w)
+			}
+			switch {
+			case c.onNs == 0:
+				clock += int64(80e6 + 40e6*(n%2))
+			case on:
+				clock += c.onNs
+			default:
+				clock += c.offNs
+			}
+			tr.stepLookahead()
+		}
+		if tr.trial.on {
+			t.Errorf("%s: the first run predicts", c.what)
+		}
+	}
 	// Off: nothing counted.
 	off := &Stream{now: func() int64 { return clock }}
 	off.stats.init(1, 8, 1)

@@ -60,12 +60,17 @@ type kernelReads struct {
 // until the forward next calls the stream, and the read's end is counted
 // only then, which inflates the time the stream's statistics see reads in
 // flight and so understates the disk's bandwidth to adaptReaders.
+//
+// It must not block the compute: it submits only while the kernel takes
+// the reads (a refused one would be read right there, and once one was,
+// the queue waits for the forward's own calls), and where the kernel's
+// ring cannot be read it costs a zero-timeout io_getevents.
 func (s *Stream) Poll() {
 	k := s.kr
 	if k == nil || k.err != nil || s.stop == nil {
 		return
 	}
-	k.err = s.collect(false)
+	k.err = s.collect(false, !k.refused)
 }
 
 // openReads starts the kernel's asynchronous reads for the stream when its
@@ -161,8 +166,9 @@ func (s *Stream) submit(force bool) {
 }
 
 // collect moves the reads the kernel has finished to the completions,
-// waiting for one when wait is set, and submits what they leave room for.
-func (s *Stream) collect(wait bool) error {
+// waiting for one when wait is set, and submits what they leave room for
+// when submit is set.
+func (s *Stream) collect(wait, submit bool) error {
 	k := s.kr
 	var err error
 	if k.scratch, err = k.r.Collect(k.scratch[:0], wait); err != nil {
@@ -181,7 +187,9 @@ func (s *Stream) collect(wait bool) error {
 		}
 		k.done = append(k.done, completion{slot: si, err: d.Err})
 	}
-	s.submit(false)
+	if submit {
+		s.submit(false)
+	}
 	return nil
 }
 
@@ -200,13 +208,15 @@ func (s *Stream) finished(wait bool) (completion, bool, error) {
 			return completion{}, false, nil
 		}
 	}
-	if k.err != nil {
-		return completion{}, false, k.err
-	}
 	var t0 time.Time
 	for k.doneH == len(k.done) {
+		if k.err != nil {
+			// Poll failed to collect: what it did collect is served
+			// first.
+			return completion{}, false, k.err
+		}
 		k.done, k.doneH = k.done[:0], 0
-		if err := s.collect(false); err != nil {
+		if err := s.collect(false, true); err != nil {
 			return completion{}, false, err
 		}
 		if len(k.done) > 0 || !wait {
@@ -224,7 +234,7 @@ func (s *Stream) finished(wait bool) (completion, bool, error) {
 		if time.Since(t0) < ReadSpin {
 			continue // poll the ring again
 		}
-		if err := s.collect(true); err != nil {
+		if err := s.collect(true, true); err != nil {
 			return completion{}, false, err
 		}
 	}

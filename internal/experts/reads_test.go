@@ -9,9 +9,10 @@ import (
 
 // TestPoll: between calls into the stream, Poll takes the reads the kernel
 // has finished and submits queued ones in the places they free. With one
-// read at a time, a step's demand misses and the next layer's prefetches
-// queued behind them are all read by polling alone, one after another, and
-// the step then gets each expert without waiting.
+// read at a time, a step's first miss (the step issues its misses a queue
+// depth at a time) and the next layer's prefetches queued behind it are
+// all read by polling alone, one after another; the step then gets every
+// expert.
 func TestPoll(t *testing.T) {
 	m, s := loadStream(t, "tiny-qwen3-moe", 4, Options{Slots: 64, Readers: 1, Lookahead: true})
 	if s.kr == nil {

@@ -573,7 +573,7 @@ func TestReadErrorSurfaces(t *testing.T) {
 				time.Sleep(time.Millisecond)
 			}
 			for s.kr != nil && s.kr.out[0]+s.kr.out[1] > 0 {
-				if err := s.collect(true); err != nil {
+				if err := s.collect(true, true); err != nil {
 					t.Fatal(err)
 				}
 			}

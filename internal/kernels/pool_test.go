@@ -210,14 +210,18 @@ func BenchmarkPoolAfterIdle(b *testing.B) {
 	b.ReportMetric(float64(p.SelfRuns()-s0)/float64(b.N), "self-runs/op")
 }
 
-// sleepTask's part 0 (the dispatcher's) waits until part 1 has begun,
-// which then takes a millisecond: the dispatcher always finishes first.
-type sleepTask struct{ begun atomic.Bool }
+// idleTask's part 0 (the dispatcher's) waits until part 1 has begun, and
+// part 1 until the pool's idle hook has run (or a second has passed), so
+// that the dispatcher always finishes first, whatever the scheduler does.
+type idleTask struct{ begun, idled atomic.Bool }
 
-func (t *sleepTask) Run(lo, hi int) {
+func (t *idleTask) Run(lo, hi int) {
 	if lo > 0 {
 		t.begun.Store(true)
-		time.Sleep(time.Millisecond)
+		for start := time.Now(); !t.idled.Load() && time.Since(start) < time.Second; {
+			runtime.Gosched()
+		}
+		t.idled.Store(false)
 		return
 	}
 	for !t.begun.Load() {
@@ -232,7 +236,7 @@ func (t *sleepTask) Run(lo, hi int) {
 func TestPoolIdle(t *testing.T) {
 	p := NewPool(2)
 	defer p.Close()
-	task := &sleepTask{}
+	task := &idleTask{}
 	var calls int
 	in := false
 	p.SetIdle(func() {
@@ -240,6 +244,7 @@ func TestPoolIdle(t *testing.T) {
 			t.Error("idle hook outside Parallel")
 		}
 		calls++
+		task.idled.Store(true)
 	})
 	for range 10 {
 		in = true
@@ -250,6 +255,7 @@ func TestPoolIdle(t *testing.T) {
 		t.Errorf("idle hook ran %d times in 10 operations with a slow worker, want 10", calls)
 	}
 	p.SetIdle(nil)
+	task.idled.Store(true) // no hook to let part 1 go
 	p.Parallel(2, 1, task)
 	if calls != 10 {
 		t.Errorf("idle hook ran %d times after SetIdle(nil)", calls-10)
