@@ -133,7 +133,7 @@ type poolBench struct {
 	ReadMBs      float64 `json:"read_mb_s"`       // achieved: bytes / wall time with reads in flight
 	DiskMBs      float64 `json:"disk_mb_s"`       // --disk: O_DIRECT limit at the same record size and depth
 	ReadBusy     float64 `json:"read_busy_share"` // share of the decode's wall time with reads in flight
-	// The disk's throughput while 4 or more reads were in flight, and the
+	// The disk's throughput under load (experts.Stats.DeepNs), and the
 	// share of it the decode's reads took over its wall time: what the
 	// prefetch readers' count follows.
 	LoadMBs  float64 `json:"disk_under_load_mb_s"`
@@ -286,7 +286,7 @@ func (pb *poolBench) print(w io.Writer, e *engine.Engine) {
 		fmt.Fprintf(w, " = %.0f%% of the disk's %.0f MB/s (%s, %s records, depth %d)", 100*pb.ReadMBs/pb.DiskMBs, pb.DiskMBs, platform.UncachedName, fmtMB(e.Stream.Stride()), e.Stream.Options().Readers)
 	}
 	if pb.LoadMBs > 0 {
-		fmt.Fprintf(w, "; the decode read at %.0f%% of the %.0f MB/s the disk gave with 4 or more reads in flight", 100*pb.LoadUtil, pb.LoadMBs)
+		fmt.Fprintf(w, "; the decode read at %.0f%% of the %.0f MB/s the disk gave under load", 100*pb.LoadUtil, pb.LoadMBs)
 	}
 	fmt.Fprintf(w, "; readers taking prefetches at each trial's end %v (%d changes)\n", pb.PrefetchReaders, pb.PrefetchSwitches)
 	if pb.PoolShare >= 1 {

@@ -54,3 +54,37 @@ func TestPoll(t *testing.T) {
 	s.Close()
 	s.Poll()
 }
+
+// TestDeepReads: the disk's throughput under load counts a stretch from
+// deepReads reads in flight to none, with the bytes of every read that
+// ends in it; reads that never reach deepReads in flight count nothing.
+func TestDeepReads(t *testing.T) {
+	var s Stats
+	s.init(1, 8, 8)
+	const n = 1 << 20
+	for range 3 { // shallow: never deepReads in flight
+		s.readStart()
+	}
+	for range 3 {
+		s.readEnd(n)
+	}
+	if s.DeepBytes.Load() != 0 || s.DeepNs.Load() != 0 {
+		t.Fatalf("3 reads in flight counted as load: %d bytes, %d ns", s.DeepBytes.Load(), s.DeepNs.Load())
+	}
+	for range 8 { // a step's reads, issued together
+		s.readStart()
+	}
+	time.Sleep(time.Millisecond)
+	for range 8 {
+		s.readEnd(n)
+	}
+	if b := s.DeepBytes.Load(); b != 8*n {
+		t.Errorf("8 reads under load: %d bytes counted, want %d", b, 8*n)
+	}
+	if ns := s.DeepNs.Load(); ns < int64(time.Millisecond) {
+		t.Errorf("8 reads under load for 1 ms: %d ns counted", ns)
+	}
+	if s.deep.Load() || s.active.Load() != 0 {
+		t.Error("a stretch left open with no read in flight")
+	}
+}

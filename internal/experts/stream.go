@@ -130,8 +130,8 @@ const MaxLookDepth = 3
 // waits on latency, the guesses cost little: on a Zen 5 whose decode read at about a third of its 6 GB/s,
 // all 8 readers taking prefetches decoded faster (median 1.10x). So over
 // each window of adaptWindow of step time the stream sets the bytes it
-// read against the throughput the disk gave while deepReads or more reads
-// were in flight (the disk's bandwidth under load, learnt from the
+// read against the throughput the disk gave from deepReads reads in
+// flight until none was (the disk's bandwidth under load, learnt from the
 // stream's own reads, so no probe spends memory or time and a disk that
 // slows down is seen): below utilLow every reader takes prefetches, above
 // utilHigh prefetchReaders again, and between the two the count stays, so
@@ -1150,7 +1150,7 @@ func (s *Stream) adaptReaders() {
 }
 
 // adaptMark is where a window of adaptReaders began: the stream's bytes
-// read, and the time and bytes with deepReads or more reads in flight.
+// read, and the time and bytes under load (Stats.DeepNs).
 type adaptMark struct{ bytes, deepNs, deepBytes int64 }
 
 // setPreLimit lets readers [0, n) take prefetches and wakes the waiting
