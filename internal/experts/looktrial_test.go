@@ -11,9 +11,14 @@ import "testing"
 // predicts if the prefetches are used more often than wasted.
 func TestLookTrial(t *testing.T) {
 	clock := int64(1e9)
-	s := &Stream{o: Options{Lookahead: true}, now: func() int64 { return clock }}
-	s.stats.init(2, 16, 4)
-	s.trial.begin()
+	// trial gives a stream whose trial has just begun, on clock.
+	trial := func() *Stream {
+		s := &Stream{o: Options{Lookahead: true}, now: func() int64 { return clock }}
+		s.stats.init(2, 16, 4)
+		s.trial.begin()
+		return s
+	}
+	s := trial()
 	// step runs one step of rows rows taking onNs with predictions and
 	// offNs without, and reports whether it predicted.
 	step := func(rows int, onNs, offNs int64) bool {
@@ -131,9 +136,7 @@ func TestLookTrial(t *testing.T) {
 	}
 	// Noisy steps, as fast either way: no difference is clear, so the
 	// first run waits for lookPairs pairs.
-	noisy := &Stream{o: Options{Lookahead: true}, now: func() int64 { return clock }}
-	noisy.stats.init(2, 16, 4)
-	noisy.trial.begin()
+	noisy := trial()
 	k := 0
 	for ; noisy.trial.window != 0; k++ {
 		noisy.Predicting(1)
@@ -181,9 +184,7 @@ func TestLookTrial(t *testing.T) {
 		{"predicting clearly slower, prefetches all used", false, 100e6, 90e6, 5, 0, 0, 0},
 		{"as fast, decode prefetches mostly wasted between used prefill ones", true, 0, 0, 1, 3, 100, 0},
 	} {
-		tr := &Stream{o: Options{Lookahead: true}, now: func() int64 { return clock }}
-		tr.stats.init(2, 16, 4)
-		tr.trial.begin()
+		tr := trial()
 		for n := 0; tr.trial.window != 0; n++ {
 			if n > 20*lookWindow*lookPairs {
 				t.Fatalf("%s: no run", c.what)

@@ -85,13 +85,12 @@ func (s *Stats) readStart() {
 func (s *Stats) readEnd(n int64) {
 	now := time.Now().UnixNano()
 	a := s.active.Add(-1) + 1 // in flight with this one
-	deep := s.deep.Load()
-	if deep {
+	if s.deep.Load() {
 		s.DeepBytes.Add(n)
 	}
 	if a == 1 {
 		s.ReadBusyNs.Add(now - s.busySince.Load())
-		if deep && s.deep.CompareAndSwap(true, false) {
+		if s.deep.CompareAndSwap(true, false) {
 			s.DeepNs.Add(now - s.deepSince.Load())
 		}
 	}
